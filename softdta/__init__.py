@@ -1,0 +1,3 @@
+"""softdta: Direct Telemetry Access in software."""
+
+__version__ = "0.1.0"

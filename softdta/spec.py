@@ -1,0 +1,355 @@
+"""The one declarative description of every wire header, opcode, counter and translator table.
+
+Python codecs (`softdta.codec`), the BPF C header (`bpf/softdta_spec.h`) and the P4 definitions
+(`p4/softdta_spec.p4`) are all derived from the objects in this module; nothing else spells out a layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+@dataclass(frozen=True)
+class Field:
+    """An unsigned big-endian integer field of `bits` bits (bit fields are packed MSB first)."""
+
+    name: str
+    bits: int
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A fixed number of opaque bytes, copied as they are (keys and data)."""
+
+    name: str
+    size: int
+    doc: str = ""
+
+    @property
+    def bits(self) -> int:
+        return self.size * 8
+
+
+@dataclass(frozen=True)
+class Var:
+    """Trailing bytes whose length is `unit` times the value of the integer field `length_from`."""
+
+    name: str
+    length_from: str
+    unit: int = 1
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Header:
+    """A wire header: a fixed part of `Field`/`Raw` entries, optionally followed by `Var` parts."""
+
+    name: str
+    fields: tuple[Field | Raw, ...]
+    doc: str
+    tail: tuple[Var, ...] = ()
+
+    def __post_init__(self) -> None:
+        bits = sum(f.bits for f in self.fields)
+        if bits % 8:
+            raise ValueError(f"header {self.name} is {bits} bits, not a whole number of bytes")
+        names = {f.name for f in self.fields}
+        for var in self.tail:
+            if var.length_from not in names:
+                raise ValueError(f"{self.name}.{var.name} takes its length from unknown field {var.length_from}")
+
+    @property
+    def size(self) -> int:
+        """Size of the fixed part in bytes."""
+        return sum(f.bits for f in self.fields) // 8
+
+
+# --------------------------------------------------------------------------------------------------
+# Constants
+
+DTA_PORT = 40040
+DTA_NACK_PORT = 40044
+ROCE_PORT = 4791
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+IPPROTO_UDP = 17
+DEFAULT_PKEY = 0xFFFF
+CM_QKEY = 0x80010000
+
+# The extended base header starts with this byte. dta-v1 opcodes are 1..4, so a set top bit can never be a
+# dta-v1 report, and a dta-v1-only parser rejects it as an unknown opcode instead of misreading it.
+EXTENDED_MARKER = 0x80
+EXTENDED_VERSION = 1
+EXTENDED_FIRST_BYTE = EXTENDED_MARKER | EXTENDED_VERSION
+
+MAX_REDUNDANCY = 4
+MAX_APPEND_BATCH = 16
+MAX_KEY_LEN = 32
+MAX_DATA_LEN = 64
+MAX_SKETCH_ROWS = 16
+MAX_POSTCARD_HOPS = 8
+DTA_V1_POSTCARD_HOPS = 5
+KEY_CHECKSUM_LEN = 4
+POSTCARD_CACHE_ENTRIES = 32768
+DEFAULT_GRACE_NS = 1_000_000
+
+# Polynomials (normal notation) of the per-hop Postcarding checksums in dta-v1; dta-v1 names them "seeds".
+POSTCARD_HOP_POLYNOMIALS = (0x1E12A700, 0x65B96595, 0x49CF878B, 0x36518F0D, 0x7A40A908,
+                            0x2F5C6C59, 0x5A2B4F1B, 0x1D8E3C27)
+
+
+class DtaOpcode(IntEnum):
+    KEY_WRITE = 1
+    APPEND = 2
+    KEY_INCREMENT = 3
+    POSTCARDING = 4
+    SKETCH_MERGE = 5  # extended profile only
+
+
+DTA_V1_OPCODES = (DtaOpcode.KEY_WRITE, DtaOpcode.APPEND, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING)
+
+
+class NackKind(IntEnum):
+    SEQUENCE = 1  # value = last in-order report seqnum
+    SKETCH_COLUMN = 2  # value = the column the reporter must resend from
+
+
+class RoceOpcode(IntEnum):
+    RC_SEND_ONLY = 0x04
+    RC_WRITE_ONLY = 0x0A
+    RC_WRITE_ONLY_IMM = 0x0B
+    RC_ACK = 0x11
+    RC_ATOMIC_ACK = 0x12
+    RC_COMPARE_SWAP = 0x13
+    RC_FETCH_ADD = 0x14
+    UC_WRITE_ONLY = 0x2A
+    UC_WRITE_ONLY_IMM = 0x2B
+    UD_SEND_ONLY = 0x64
+    CNP = 0x81
+
+
+class AethKind(IntEnum):
+    """Top three bits of the AETH syndrome."""
+
+    ACK = 0
+    RNR_NAK = 1
+    NAK = 3
+
+
+class NakCode(IntEnum):
+    PSN_SEQUENCE_ERROR = 0
+    INVALID_REQUEST = 1
+    REMOTE_ACCESS_ERROR = 2
+    REMOTE_OPERATIONAL_ERROR = 3
+
+
+class Transport(IntEnum):
+    RC = 0
+    UC = 1
+
+
+class Primitive(IntEnum):
+    """Translator structure kinds; values equal the DTA opcodes that feed them."""
+
+    KEY_WRITE = 1
+    APPEND = 2
+    KEY_INCREMENT = 3
+    POSTCARDING = 4
+    SKETCH_MERGE = 5
+
+
+class SketchMerge(IntEnum):
+    SUM = 0
+    MAX = 1
+
+
+class QpState(IntEnum):
+    ACTIVE = 0
+    GRACE = 1  # after a sequence-error NAK, until the grace period ends
+    FAILED = 2  # after a remote-access or operational NAK; only the control plane revives it
+
+
+class Counter(IntEnum):
+    """Per-CPU translator counters. Names starting with DROP_ are drops, each with its reason."""
+
+    RX_REPORTS = 0
+    TX_FRAMES = 1
+    TX_NACKS = 2
+    APPEND_BATCHED = 3
+    POSTCARD_CACHED = 4
+    SKETCH_MERGED = 5
+    POSTCARD_EVICTIONS = 6
+    RX_ACKS = 7
+    RX_NAK_SEQUENCE = 8
+    RX_NAK_FATAL = 9
+    RX_RNR_NAKS = 10
+    ESSENTIAL_DEFERRED = 11
+    APPEND_FLUSHES = 12
+    DROP_TRUNCATED = 16
+    DROP_BAD_LENGTH = 17
+    DROP_UNKNOWN_OPCODE = 18
+    DROP_BAD_REDUNDANCY = 19
+    DROP_UNKNOWN_COLLECTOR = 20
+    DROP_UNKNOWN_LIST = 21
+    DROP_UNKNOWN_REPORTER = 22
+    DROP_BAD_HOP = 23
+    DROP_GRACE = 24
+    DROP_QP_FAILED = 25
+    DROP_SEQUENCE_GAP = 26
+    DROP_DUPLICATE = 27
+    DROP_SKETCH_GAP = 28
+    DROP_SKETCH_STALE = 29
+    DROP_BAD_PROFILE = 30
+    DROP_UNKNOWN_QP = 31
+    DROP_BAD_ICRC = 32
+    DROP_OUT_OF_REGION = 33
+
+
+COUNTER_SLOTS = 48
+
+
+# --------------------------------------------------------------------------------------------------
+# L2-L4 headers (outer headers of both DTA and RoCEv2 frames)
+
+ETHERNET = Header("ethernet", (Raw("dst", 6), Raw("src", 6), Field("ethertype", 16)), "Ethernet II")
+IPV4 = Header("ipv4", (
+    Field("version", 4), Field("ihl", 4), Field("dscp", 6), Field("ecn", 2), Field("total_length", 16),
+    Field("identification", 16), Field("flags", 3), Field("fragment_offset", 13), Field("ttl", 8),
+    Field("protocol", 8), Field("checksum", 16), Raw("src", 4), Raw("dst", 4),
+), "IPv4 without options")
+IPV6 = Header("ipv6", (
+    Field("version", 4), Field("traffic_class", 8), Field("flow_label", 20), Field("payload_length", 16),
+    Field("next_header", 8), Field("hop_limit", 8), Raw("src", 16), Raw("dst", 16),
+), "IPv6 fixed header")
+UDP = Header("udp", (Field("sport", 16), Field("dport", 16), Field("length", 16), Field("checksum", 16)), "UDP")
+
+# --------------------------------------------------------------------------------------------------
+# DTA base headers
+
+DTA_BASE_V1_SHORT = Header("dta_base_v1_short", (
+    Field("opcode", 8), Field("immediate", 1), Field("reserved", 7),
+), "dta-v1 variant A (2 bytes): what the original Reporter P4 emits")
+DTA_BASE_V1_SEQ = Header("dta_base_v1_seq", (
+    Field("opcode", 8), Field("seqnum", 8), Field("immediate", 1), Field("retransmit", 1), Field("reserved", 6),
+), "dta-v1 variant B (3 bytes, with seqnum): what the original generators emit")
+DTA_BASE_EXT = Header("dta_base_ext", (
+    Field("marker", 8, "EXTENDED_FIRST_BYTE: top bit set, low 7 bits the extension version"),
+    Field("opcode", 8), Field("immediate", 1), Field("essential", 1), Field("retransmit", 1),
+    Field("reserved", 5), Field("seqnum", 8),
+), "softdta extended base header (4 bytes)")
+
+# --------------------------------------------------------------------------------------------------
+# DTA primitive sub-headers
+
+KEY_WRITE_V1 = Header("key_write_v1", (Field("redundancy", 8), Raw("key", 4), Raw("data", 4)),
+                      "dta-v1 Key-Write")
+KEY_INCREMENT_V1 = Header("key_increment_v1", (Field("redundancy", 8), Raw("key", 4), Field("counter", 64)),
+                          "dta-v1 Key-Increment")
+APPEND_V1 = Header("append_v1", (Field("list_id", 32), Raw("data", 4)), "dta-v1 Append")
+POSTCARD_V1 = Header("postcard_v1", (Raw("key", 4), Field("hop", 8, "1-based hop index"), Raw("data", 4)),
+                     "dta-v1 Postcarder")
+
+KEY_WRITE_EXT = Header("key_write_ext", (
+    Field("redundancy", 8), Field("key_len", 8), Field("data_len", 8),
+), "extended Key-Write", (Var("key", "key_len"), Var("data", "data_len")))
+KEY_INCREMENT_EXT = Header("key_increment_ext", (
+    Field("redundancy", 8), Field("key_len", 8), Field("counter", 64),
+), "extended Key-Increment", (Var("key", "key_len"),))
+APPEND_EXT = Header("append_ext", (Field("list_id", 32), Field("data_len", 8)), "extended Append",
+                    (Var("data", "data_len"),))
+POSTCARD_EXT = Header("postcard_ext", (
+    Field("hop", 8, "1-based hop index"), Field("path_length", 8, "hops on this path, 0 = use the table's"),
+    Field("key_len", 8), Raw("data", 4),
+), "extended Postcarding", (Var("key", "key_len"),))
+SKETCH_MERGE_EXT = Header("sketch_merge_ext", (
+    Field("reporter", 16), Field("column", 16), Field("rows", 8),
+), "extended Sketch-Merge: one sketch column of `rows` 32-bit counters", (Var("counters", "rows", 4),))
+
+NACK_V1 = Header("nack_v1", (Field("seqnum", 8), Field("nack", 1), Field("reserved", 7)),
+                 "dta-v1 NACK (UDP 40044): last in-order seqnum")
+NACK_EXT = Header("nack_ext", (
+    Field("marker", 8), Field("kind", 8), Field("reporter", 16), Field("value", 32),
+), "extended NACK (UDP 40044)")
+
+DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, KEY_INCREMENT_V1, APPEND_V1,
+               POSTCARD_V1, KEY_WRITE_EXT, KEY_INCREMENT_EXT, APPEND_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT,
+               NACK_V1, NACK_EXT)
+
+# --------------------------------------------------------------------------------------------------
+# RoCEv2 transport headers
+
+BTH = Header("bth", (
+    Field("opcode", 8), Field("solicited", 1), Field("migreq", 1), Field("pad_count", 2), Field("tver", 4),
+    Field("pkey", 16), Field("fecn", 1), Field("becn", 1), Field("reserved6", 6), Field("dest_qp", 24),
+    Field("ack_req", 1), Field("reserved7", 7), Field("psn", 24),
+), "Base Transport Header")
+RETH = Header("reth", (Field("va", 64), Field("rkey", 32), Field("dma_length", 32)), "RDMA Extended Transport Header")
+ATOMIC_ETH = Header("atomic_eth", (
+    Field("va", 64), Field("rkey", 32), Field("swap_add", 64), Field("compare", 64),
+), "Atomic Extended Transport Header")
+IMMDT = Header("immdt", (Field("immediate", 32),), "Immediate Data")
+AETH = Header("aeth", (Field("syndrome", 8), Field("msn", 24)), "ACK Extended Transport Header")
+ATOMIC_ACK_ETH = Header("atomic_ack_eth", (Field("original", 64),), "Atomic ACK Extended Transport Header")
+DETH = Header("deth", (Field("qkey", 32), Field("reserved", 8), Field("src_qp", 24)), "Datagram Extended Transport Header")
+ICRC_LEN = 4
+
+ROCE_HEADERS = (BTH, RETH, ATOMIC_ETH, IMMDT, AETH, ATOMIC_ACK_ETH, DETH)
+
+# Extended transport headers that follow the BTH, per opcode (in wire order).
+ROCE_OPCODE_HEADERS: dict[RoceOpcode, tuple[Header, ...]] = {
+    RoceOpcode.RC_SEND_ONLY: (),
+    RoceOpcode.RC_WRITE_ONLY: (RETH,),
+    RoceOpcode.RC_WRITE_ONLY_IMM: (RETH, IMMDT),
+    RoceOpcode.RC_ACK: (AETH,),
+    RoceOpcode.RC_ATOMIC_ACK: (AETH, ATOMIC_ACK_ETH),
+    RoceOpcode.RC_COMPARE_SWAP: (ATOMIC_ETH,),
+    RoceOpcode.RC_FETCH_ADD: (ATOMIC_ETH,),
+    RoceOpcode.UC_WRITE_ONLY: (RETH,),
+    RoceOpcode.UC_WRITE_ONLY_IMM: (RETH, IMMDT),
+    RoceOpcode.UD_SEND_ONLY: (DETH,),
+}
+
+# --------------------------------------------------------------------------------------------------
+# Translator tables: the contract between control plane and data plane (BPF maps, P4 tables).
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    key: tuple[Field | Raw, ...]
+    value: tuple[Field | Raw, ...]
+    max_entries: int
+    doc: str
+
+
+TRANSLATOR_TABLES = (
+    Table("translator_config", (Field("index", 32),), (
+        Raw("src_mac", 6), Field("udp_sport", 16), Field("src_ip", 32, "network order"),
+        Field("dscp", 8), Field("ttl", 8), Field("profile", 8, "0 dta-v1 short, 1 dta-v1 seq, 2 extended"),
+        Field("ack_req_interval", 8, "set AckReq every 2^n frames on RC, 0 = never"),
+        Field("grace_ns", 64),
+    ), 1, "global translator settings"),
+    Table("qp", (Field("qp_index", 32),), (
+        Field("remote_qpn", 32), Field("local_qpn", 32, "translator's virtual QPN, DestQP of replies"),
+        Field("rkey", 32), Field("collector_ip", 32, "network order"), Raw("collector_mac", 6),
+        Field("transport", 8), Field("pad", 8),
+        Field("start_psn", 32), Field("base_va", 64), Field("length", 64),
+    ), 4096, "one RDMA queue pair towards one collector memory region"),
+    Table("qp_state", (Field("qp_index", 32),), (
+        Field("next_psn", 32), Field("state", 32), Field("grace_until_ns", 64),
+    ), 4096, "per-QP dynamic state (PSN, grace, failure)"),
+    Table("qp_by_local_qpn", (Field("local_qpn", 32),), (Field("qp_index", 32),), 4096,
+          "reply demultiplexing: DestQP of an ACK/NAK to the QP"),
+    Table("structure", (Field("collector_ip", 32, "network order"), Field("primitive", 32)), (
+        Field("qp_index", 32), Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
+        Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("rows", 32), Field("reporters", 32),
+        Field("batch", 32), Field("state_index", 32, "index into the primitive's state maps"),
+    ), 1024, "a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP"),
+    Table("append_list", (Field("list_id", 32),), (
+        Field("qp_index", 32), Field("first_slot", 32, "ring start within the region, in entries"),
+        Field("slot_count", 32, "ring size in entries"), Field("entry_size", 32), Field("batch", 32),
+        Field("state_index", 32),
+    ), 131072, "an Append list: its ring inside a QP's region"),
+)
