@@ -3,6 +3,9 @@
 Key-Write and Key-Increment hash the key bytes *reversed* (for a 32-bit key: its little-endian form, which is
 what dta-v1's P4 byte-swap produces), followed by one byte holding the copy index n. Extended keys of any
 length follow the same rule: all key bytes reversed. Postcarding hashes the key in wire order.
+
+Two slot-hash schemes exist (`spec.KeyHash`): dta-v1's CRC32(k || n), whose copies are correlated, and
+INDEPENDENT, which gives copy n its own CRC polynomial.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from functools import cache
 
 import numpy as np
 
-from .spec import POSTCARD_HOP_POLYNOMIALS
+from .spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS, KeyHash
 
 _MASK32 = 0xFFFFFFFF
 
@@ -58,14 +61,16 @@ def key_checksum(key: bytes) -> int:
     return zlib.crc32(key[::-1])
 
 
-def key_slot_hash(key: bytes, copy: int) -> int:
-    """Unbounded 32-bit slot hash of copy `copy` (0-based): CRC32(reversed key ‖ copy)."""
-    return zlib.crc32(bytes([copy]), zlib.crc32(key[::-1]))
+def key_slot_hash(key: bytes, copy: int, scheme: KeyHash = KeyHash.DTA_V1) -> int:
+    """Unbounded 32-bit slot hash of copy `copy` (0-based) over reversed key ‖ copy."""
+    if scheme is KeyHash.DTA_V1:
+        return zlib.crc32(bytes([copy]), zlib.crc32(key[::-1]))
+    return crc32_poly(KEY_HASH_POLYNOMIALS[copy], key[::-1] + bytes([copy]))
 
 
-def key_slot(key: bytes, copy: int, slot_count: int) -> int:
+def key_slot(key: bytes, copy: int, slot_count: int, scheme: KeyHash = KeyHash.DTA_V1) -> int:
     """Slot of copy `copy` in a store of `slot_count` (a power of two) slots."""
-    return key_slot_hash(key, copy) & (slot_count - 1)
+    return key_slot_hash(key, copy, scheme) & (slot_count - 1)
 
 
 def postcard_hop_hash(key: bytes, hop: int) -> int:
@@ -109,7 +114,8 @@ def keys_to_rows(keys: np.ndarray | list, key_len: int = 4) -> np.ndarray:
     return ((values[:, None] >> shifts) & np.uint64(0xFF)).astype(np.uint8)
 
 
-def key_hashes_rows(key_rows: np.ndarray, copies: int) -> tuple[np.ndarray, np.ndarray]:
+def key_hashes_rows(key_rows: np.ndarray, copies: int,
+                    scheme: KeyHash = KeyHash.DTA_V1) -> tuple[np.ndarray, np.ndarray]:
     """Checksums (count,) and unbounded slot hashes (copies, count) for wire-order key rows."""
     reversed_rows = np.ascontiguousarray(key_rows[:, ::-1])
     start = np.full(key_rows.shape[0], _MASK32, dtype=np.uint32)
@@ -118,6 +124,11 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int) -> tuple[np.ndarray, np.n
     slot_hashes = np.empty((copies, key_rows.shape[0]), dtype=np.uint32)
     table = _np_table()
     for copy in range(copies):
-        index = (state ^ np.uint32(copy)) & 0xFF
-        slot_hashes[copy] = (table[index] ^ (state >> np.uint32(8))) ^ np.uint32(_MASK32)
+        if scheme is KeyHash.DTA_V1:
+            # dta-v1 copies share the key's CRC state; one more byte (the copy index) finishes each.
+            index = (state ^ np.uint32(copy)) & 0xFF
+            slot_hashes[copy] = (table[index] ^ (state >> np.uint32(8))) ^ np.uint32(_MASK32)
+        else:
+            copy_column = np.full((key_rows.shape[0], 1), copy, dtype=np.uint8)
+            slot_hashes[copy] = crc32_rows(np.hstack([reversed_rows, copy_column]), KEY_HASH_POLYNOMIALS[copy])
     return checksums, slot_hashes

@@ -8,7 +8,7 @@ import numpy as np
 
 from .hashing import crc32_rows, key_hashes_rows, keys_to_rows
 from .regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion
-from .spec import MAX_REDUNDANCY, POSTCARD_HOP_POLYNOMIALS
+from .spec import MAX_REDUNDANCY, POSTCARD_HOP_POLYNOMIALS, KeyHash
 
 BLANK = -1
 
@@ -37,7 +37,8 @@ def _data_words(region: KeyWriteRegion) -> np.ndarray:
     return region.data.view(dtype).reshape(region.slot_count)
 
 
-def keywrite_query(region: KeyWriteRegion, keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1) -> KeyWriteAnswer:
+def keywrite_query(region: KeyWriteRegion, keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1,
+                   key_hash: KeyHash = KeyHash.DTA_V1) -> KeyWriteAnswer:
     """Look keys up over `redundancy` copies; the plurality value wins if it has at least `consensus` votes.
 
     Copies whose stored checksum differs from the key's are ignored. A tie between different values returns
@@ -47,7 +48,7 @@ def keywrite_query(region: KeyWriteRegion, keys, redundancy: int = MAX_REDUNDANC
     if not 1 <= redundancy <= MAX_REDUNDANCY:
         raise ValueError(f"redundancy must be 1..{MAX_REDUNDANCY}")
     key_rows = as_key_rows(keys)
-    checksums, hashes = key_hashes_rows(key_rows, redundancy)
+    checksums, hashes = key_hashes_rows(key_rows, redundancy, key_hash)
     slots = hashes & np.uint32(region.slot_count - 1)
     matches = region.checksums[slots] == checksums
     words = _data_words(region)[slots]
@@ -67,9 +68,10 @@ def keywrite_query(region: KeyWriteRegion, keys, redundancy: int = MAX_REDUNDANC
     return KeyWriteAnswer(found, best_words, np.where(found, best_votes, 0))
 
 
-def keyincrement_query(region: CounterRegion, keys, redundancy: int) -> np.ndarray:
+def keyincrement_query(region: CounterRegion, keys, redundancy: int,
+                       key_hash: KeyHash = KeyHash.DTA_V1) -> np.ndarray:
     """Count-Min estimate: the minimum of the key's `redundancy` counters (u64)."""
-    _, hashes = key_hashes_rows(as_key_rows(keys), redundancy)
+    _, hashes = key_hashes_rows(as_key_rows(keys), redundancy, key_hash)
     return region.counters[hashes & np.uint32(region.slot_count - 1)].min(axis=0)
 
 

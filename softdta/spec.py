@@ -100,6 +100,20 @@ POSTCARD_HOP_POLYNOMIALS = (0x1E12A700, 0x65B96595, 0x49CF878B, 0x36518F0D, 0x7A
                             0x2F5C6C59, 0x5A2B4F1B, 0x1D8E3C27)
 
 
+class KeyHash(IntEnum):
+    """How Key-Write and Key-Increment derive the slot of copy n from the reversed key bytes k."""
+
+    # dta-v1: CRC32(k || n). CRC is affine, so copy n's hash is copy 0's XOR a constant: two keys that
+    # collide in one copy collide in all of them, and redundancy does not protect against overwrites.
+    DTA_V1 = 0
+    # Copy n hashes k || n with its own polynomial KEY_HASH_POLYNOMIALS[n]; copy 0 equals dta-v1's.
+    INDEPENDENT = 1
+
+
+# CRC-32, CRC-32C (Castagnoli), CRC-32K (Koopman), CRC-32Q, in normal notation.
+KEY_HASH_POLYNOMIALS = (0x04C11DB7, 0x1EDC6F41, 0x741B8CD7, 0x814141AB)
+
+
 class DtaOpcode(IntEnum):
     KEY_WRITE = 1
     APPEND = 2
@@ -344,7 +358,8 @@ TRANSLATOR_TABLES = (
           "reply demultiplexing: DestQP of an ACK/NAK to the QP"),
     Table("structure", (Field("collector_ip", 32, "network order"), Field("primitive", 32)), (
         Field("qp_index", 32), Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
-        Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("rows", 32), Field("reporters", 32),
+        Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("key_hash", 32, "spec.KeyHash"),
+        Field("rows", 32), Field("reporters", 32),
         Field("batch", 32), Field("state_index", 32, "index into the primitive's state maps"),
     ), 1024, "a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP"),
     Table("append_list", (Field("list_id", 32),), (

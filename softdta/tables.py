@@ -13,12 +13,15 @@ from pathlib import Path
 from .dta import Profile
 from .frames import ip_bytes, ip_str, mac_bytes
 from .spec import (DEFAULT_GRACE_NS, DTA_V1_POSTCARD_HOPS, KEY_CHECKSUM_LEN, MAX_APPEND_BATCH, MAX_DATA_LEN,
-                   MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, Primitive,
+                   MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, KeyHash, Primitive,
                    SketchMerge, Transport)
 
 PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.KEY_INCREMENT,
                    "append": Primitive.APPEND, "postcarding": Primitive.POSTCARDING,
                    "sketch-merge": Primitive.SKETCH_MERGE}
+
+
+KEY_HASH_NAMES = {"dta-v1": KeyHash.DTA_V1, "independent": KeyHash.INDEPENDENT}
 
 
 class TableError(ValueError):
@@ -80,6 +83,7 @@ class Structure:
     reporters: int = 1
     merge: SketchMerge = SketchMerge.SUM
     batch: int = 1
+    key_hash: KeyHash = KeyHash.DTA_V1
     slot_size: int = 0
     slot_count: int = 0
 
@@ -282,6 +286,9 @@ def _from_dict(document: dict) -> Tables:
         qp = _qp_from(entry["qp"], collector, entry["qp"].get("name", f"{kind}@{collector['name']}"),
                       default_transport)
         qps.append(qp)
+        key_hash = entry.get("hash", "dta-v1")
+        if key_hash not in KEY_HASH_NAMES:
+            raise TableError(f"{kind} structure: hash {key_hash!r} must be one of {sorted(KEY_HASH_NAMES)}")
         merge = entry.get("merge", "sum")
         if merge not in ("sum", "max"):
             raise TableError(f"{kind} structure: merge {merge!r} must be \"sum\" or \"max\"")
@@ -291,7 +298,7 @@ def _from_dict(document: dict) -> Tables:
             cache_entries=int(entry.get("cache_entries", POSTCARD_CACHE_ENTRIES)),
             columns=int(entry.get("columns", 0)), rows=int(entry.get("rows", 0)),
             reporters=int(entry.get("reporters", 1)), merge=SketchMerge[merge.upper()],
-            batch=int(entry.get("batch", 1))))
+            batch=int(entry.get("batch", 1)), key_hash=KEY_HASH_NAMES[key_hash]))
     for entry in document.get("append", []):
         collector = collector_of(entry, "append lists")
         first = int(entry.get("first_list", 0))

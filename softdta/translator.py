@@ -199,7 +199,7 @@ class Translator:
         payload = key_checksum(report.key).to_bytes(4, "little") + report.data
         out = Output()
         for copy in range(report.redundancy):
-            offset = key_slot(report.key, copy, structure.slot_count) * structure.slot_size
+            offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
             out.frames.append(self._write(structure.qp, offset, payload, report, key_checksum(report.key)))
         return out
 
@@ -213,7 +213,7 @@ class Translator:
         qp = structure.qp
         out = Output()
         for copy in range(report.redundancy):
-            offset = key_slot(report.key, copy, structure.slot_count) * structure.slot_size
+            offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
             atomic = {"va": qp.base_va + offset, "rkey": qp.rkey, "swap_add": report.counter, "compare": 0}
             out.frames.append(self._emit(qp, RoceOpcode.RC_FETCH_ADD, {"atomic_eth": atomic}, b""))
         return out
