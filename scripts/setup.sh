@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs everything softdta needs on a fresh Debian machine (root): system packages, then the package itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(tshark clang llvm libbpf-dev linux-libc-dev gcc make iproute2)
+missing=()
+for package in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v -e "Running pip as the 'root' user" -e "is ignored: it is neither" || true
+python3 -c "import softdta, scapy, numpy" || { echo "setup: python packages failed to install" >&2; exit 1; }
