@@ -216,15 +216,20 @@ def encode_nack(nack: Nack) -> bytes:
 
 
 def decode_nack(payload: bytes) -> Nack:
-    if payload and payload[0] & EXTENDED_MARKER:
-        fields, end = codec(NACK_EXT).unpack(payload)
-        _expect_nack_end(payload, end)
-        return Nack(NackKind(fields["kind"]), fields["value"], fields["reporter"], True, fields)
-    fields, end = codec(NACK_V1).unpack(payload)
-    _expect_nack_end(payload, end)
-    return Nack(NackKind.SEQUENCE, fields["seqnum"], raw=fields)
-
-
-def _expect_nack_end(payload: bytes, end: int) -> None:
-    if end != len(payload):
-        raise WireError("BAD_LENGTH", f"NACK is {end} bytes but the UDP payload is {len(payload)}")
+    """Parse a NACK; the two formats differ in length (2 bytes dta-v1, 8 bytes extended)."""
+    if len(payload) == NACK_EXT.size:
+        fields, _ = codec(NACK_EXT).unpack(payload)
+        if fields["marker"] != EXTENDED_FIRST_BYTE:
+            raise WireError("BAD_PROFILE", f"extended NACK version byte 0x{fields['marker']:02x} is not supported")
+        try:
+            kind = NackKind(fields["kind"])
+        except ValueError:
+            raise WireError("UNKNOWN_OPCODE", f"NACK kind {fields['kind']} is unknown") from None
+        return Nack(kind, fields["value"], fields["reporter"], True, fields)
+    if len(payload) == NACK_V1.size:
+        fields, _ = codec(NACK_V1).unpack(payload)
+        if not fields["nack"]:
+            raise WireError("BAD_LENGTH", "dta-v1 NACK without its nack bit")
+        return Nack(NackKind.SEQUENCE, fields["seqnum"], raw=fields)
+    raise WireError("BAD_LENGTH", f"a NACK is {NACK_V1.size} (dta-v1) or {NACK_EXT.size} (extended) bytes, "
+                                  f"got {len(payload)}")

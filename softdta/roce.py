@@ -12,6 +12,7 @@ from .spec import (BTH, DEFAULT_PKEY, ICRC_LEN, ROCE_OPCODE_HEADERS, ROCE_PORT, 
 
 _BTH = codec(BTH)
 _ICRC_PREFIX = b"\xff" * 8
+_ETHERNET_LEN = 14
 
 
 def icrc(ip_packet: bytes) -> bytes:
@@ -65,10 +66,12 @@ def transport_payload(opcode: RoceOpcode, dest_qp: int, psn: int, headers: dict[
 
 def build_roce_frame(ends: UdpEndpoints, transport: bytes) -> bytes:
     """A complete RoCEv2 frame: UDP to port 4791 carrying `transport` and a correct iCRC."""
-    frame = bytearray(build_udp_frame(ends, transport + bytes(ICRC_LEN)))
-    ip_start = 14
-    frame[-ICRC_LEN:] = icrc(bytes(frame[ip_start:-ICRC_LEN]))
-    return bytes(frame)
+    frame = build_udp_frame(ends, transport + bytes(ICRC_LEN))
+    crc = icrc(frame[_ETHERNET_LEN:-ICRC_LEN])
+    if len(ends.src_ip) == 16:
+        # IPv6 needs a real UDP checksum, which covers the iCRC; the iCRC itself masks the UDP checksum.
+        return build_udp_frame(ends, transport + crc)
+    return frame[:-ICRC_LEN] + crc
 
 
 @dataclass
@@ -106,7 +109,7 @@ def parse_roce(frame: bytes, udp_frame: UdpFrame | None = None) -> RoceFrame:
     bth, offset = _BTH.unpack(body)
     try:
         extended: tuple[Header, ...] = ROCE_OPCODE_HEADERS[RoceOpcode(bth["opcode"])]
-    except ValueError:
+    except (ValueError, KeyError):
         raise WireError("UNKNOWN_OPCODE", f"RoCE opcode 0x{bth['opcode']:02x} is not supported") from None
     headers = {}
     for header in extended:
