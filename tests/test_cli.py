@@ -7,7 +7,7 @@ import sys
 from softdta.pcap import Packet, read_pcap, write_pcap
 from softdta.roce import parse_roce
 
-from conftest import EXAMPLE_TABLES
+from common import EXAMPLE_TABLES
 
 
 def softdta(*args, check=True):

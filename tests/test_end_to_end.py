@@ -9,7 +9,7 @@ from softdta.query import BLANK, keyincrement_query, keywrite_query, postcard_qu
 from softdta.spec import Counter, Primitive, Transport
 from softdta.translator import Translator
 
-from conftest import COLLECTOR_IP, frames_of
+from common import COLLECTOR_IP, frames_of
 
 
 def run(tables, frames, now_ns=0):

@@ -14,7 +14,7 @@ from softdta.spec import DTA_NACK_PORT, Counter, NackKind, Primitive, QpState, R
 from softdta.tables import Tables
 from softdta.translator import Translator
 
-from conftest import COLLECTOR_IP, EXAMPLE_TABLES
+from common import COLLECTOR_IP, EXAMPLE_TABLES
 
 
 def structure(tables, primitive):
