@@ -9,7 +9,7 @@ accepts them beside either dta-v1 variant without ambiguity.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from .codec import WireError, codec
@@ -203,7 +203,6 @@ class Nack:
     value: int
     reporter: int = 0
     extended: bool = False
-    raw: dict = field(default_factory=dict, compare=False)
 
 
 def encode_nack(nack: Nack) -> bytes:
@@ -225,11 +224,11 @@ def decode_nack(payload: bytes) -> Nack:
             kind = NackKind(fields["kind"])
         except ValueError:
             raise WireError("UNKNOWN_OPCODE", f"NACK kind {fields['kind']} is unknown") from None
-        return Nack(kind, fields["value"], fields["reporter"], True, fields)
+        return Nack(kind, fields["value"], fields["reporter"], True)
     if len(payload) == NACK_V1.size:
         fields, _ = codec(NACK_V1).unpack(payload)
         if not fields["nack"]:
             raise WireError("BAD_LENGTH", "dta-v1 NACK without its nack bit")
-        return Nack(NackKind.SEQUENCE, fields["seqnum"], raw=fields)
+        return Nack(NackKind.SEQUENCE, fields["seqnum"])
     raise WireError("BAD_LENGTH", f"a NACK is {NACK_V1.size} (dta-v1) or {NACK_EXT.size} (extended) bytes, "
                                   f"got {len(payload)}")
