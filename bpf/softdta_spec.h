@@ -475,8 +475,8 @@ struct translator_config_value {
 	__u32 src_ip; /* network order */
 	__u8 dscp;
 	__u8 ttl;
-	__u8 profile; /* 0 dta-v1 short, 1 dta-v1 seq, 2 extended */
-	__u8 ack_req_interval; /* set AckReq every 2^n frames on RC, 0 = never */
+	__u8 profile; /* 0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted */
+	__u8 ack_req_interval; /* set AckReq on every n-th frame of an RC QP, 0 = never */
 	__u64 grace_ns;
 };
 _Static_assert(sizeof(struct translator_config_value) == 24, "struct translator_config_value does not match softdta/spec.py");
@@ -548,10 +548,12 @@ struct structure_value {
 	__u32 key_hash; /* spec.KeyHash */
 	__u32 rows;
 	__u32 reporters;
+	__u32 columns;
+	__u32 cache_entries;
 	__u32 batch;
 	__u32 state_index; /* index into the primitive's state maps */
 };
-_Static_assert(sizeof(struct structure_value) == 36, "struct structure_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct structure_value) == 44, "struct structure_value does not match softdta/spec.py");
 
 /* append_list key: an Append list: its ring inside a QP's region */
 struct append_list_key {

@@ -407,8 +407,8 @@ struct translator_config_value_t {
     bit<32> src_ip; // network order
     bit<8> dscp;
     bit<8> ttl;
-    bit<8> profile; // 0 dta-v1 short, 1 dta-v1 seq, 2 extended
-    bit<8> ack_req_interval; // set AckReq every 2^n frames on RC, 0 = never
+    bit<8> profile; // 0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted
+    bit<8> ack_req_interval; // set AckReq on every n-th frame of an RC QP, 0 = never
     bit<64> grace_ns;
 }
 
@@ -471,6 +471,8 @@ struct structure_value_t {
     bit<32> key_hash; // spec.KeyHash
     bit<32> rows;
     bit<32> reporters;
+    bit<32> columns;
+    bit<32> cache_entries;
     bit<32> batch;
     bit<32> state_index; // index into the primitive's state maps
 }

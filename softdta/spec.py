@@ -341,8 +341,8 @@ class Table:
 TRANSLATOR_TABLES = (
     Table("translator_config", (Field("index", 32),), (
         Raw("src_mac", 6), Field("udp_sport", 16), Field("src_ip", 32, "network order"),
-        Field("dscp", 8), Field("ttl", 8), Field("profile", 8, "0 dta-v1 short, 1 dta-v1 seq, 2 extended"),
-        Field("ack_req_interval", 8, "set AckReq every 2^n frames on RC, 0 = never"),
+        Field("dscp", 8), Field("ttl", 8), Field("profile", 8, "0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted"),
+        Field("ack_req_interval", 8, "set AckReq on every n-th frame of an RC QP, 0 = never"),
         Field("grace_ns", 64),
     ), 1, "global translator settings"),
     Table("qp", (Field("qp_index", 32),), (
@@ -359,7 +359,7 @@ TRANSLATOR_TABLES = (
     Table("structure", (Field("collector_ip", 32, "network order"), Field("primitive", 32)), (
         Field("qp_index", 32), Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
         Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("key_hash", 32, "spec.KeyHash"),
-        Field("rows", 32), Field("reporters", 32),
+        Field("rows", 32), Field("reporters", 32), Field("columns", 32), Field("cache_entries", 32),
         Field("batch", 32), Field("state_index", 32, "index into the primitive's state maps"),
     ), 1024, "a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP"),
     Table("append_list", (Field("list_id", 32),), (

@@ -17,7 +17,7 @@ from .spec import (DEFAULT_GRACE_NS, DTA_V1_POSTCARD_HOPS, KEY_CHECKSUM_LEN, MAX
                    SketchMerge, Transport)
 
 PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.KEY_INCREMENT,
-                   "append": Primitive.APPEND, "postcarding": Primitive.POSTCARDING,
+                   "postcarding": Primitive.POSTCARDING,
                    "sketch-merge": Primitive.SKETCH_MERGE}
 
 
@@ -189,6 +189,10 @@ class Tables:
     def validate(self) -> None:
         if not 0 <= self.dscp < 64:
             raise TableError(f"translator: dscp {self.dscp} must be 0..63")
+        if not 1 <= self.ttl <= 255:
+            raise TableError(f"translator: ttl {self.ttl} must be 1..255")
+        if self.grace_ns < 0:
+            raise TableError("translator: grace_ms must not be negative")
         if not 0 < self.udp_sport < 1 << 16:
             raise TableError(f"translator: udp_sport {self.udp_sport} must be 1..65535")
         local_qpns: dict[int, str] = {}
@@ -279,7 +283,8 @@ def _from_dict(document: dict) -> Tables:
     for entry in document.get("structures", []):
         kind = entry["primitive"]
         if kind not in PRIMITIVE_NAMES:
-            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)}")
+            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)} "
+                             "(Append lists are declared under [[append]])")
         primitive = PRIMITIVE_NAMES[kind]
         collector = collector_of(entry, f"{kind} structure")
         default_transport = Transport.RC if primitive is Primitive.KEY_INCREMENT else Transport.UC
