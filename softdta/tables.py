@@ -182,6 +182,10 @@ class Tables:
     qps: list[QueuePair] = field(default_factory=list)
     structures: list[Structure] = field(default_factory=list)
     append_lists: list[AppendLists] = field(default_factory=list)
+    # Lookup indexes, rebuilt by validate() so that per-report lookups are dictionary hits.
+    _structure_index: dict = field(default_factory=dict, init=False, repr=False)
+    _local_qpn_index: dict = field(default_factory=dict, init=False, repr=False)
+    collector_ips: frozenset = field(default=frozenset(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -211,6 +215,9 @@ class Tables:
                 raise TableError(f"structure {structure.name}: a collector IP has at most one structure per "
                                  "primitive; give the second one its own collector IP")
             seen.add(key)
+        self._structure_index = {(s.qp.collector_ip, s.primitive): s for s in self.structures}
+        self._local_qpn_index = {qp.local_qpn: qp for qp in self.qps}
+        self.collector_ips = frozenset(qp.collector_ip for qp in self.qps)
         ranges = sorted((lists.first_list, lists.first_list + lists.lists) for lists in self.append_lists)
         for lists in self.append_lists:
             lists.validate()
@@ -219,10 +226,7 @@ class Tables:
                 raise TableError(f"append lists overlap at list id {start}; each list id belongs to one range")
 
     def structure(self, collector_ip: bytes, primitive: Primitive) -> Structure | None:
-        for structure in self.structures:
-            if structure.primitive is primitive and structure.qp.collector_ip == collector_ip:
-                return structure
-        return None
+        return self._structure_index.get((collector_ip, primitive))
 
     def append_range(self, list_id: int) -> AppendLists | None:
         for lists in self.append_lists:
@@ -231,10 +235,7 @@ class Tables:
         return None
 
     def qp_by_local_qpn(self, local_qpn: int) -> QueuePair | None:
-        for qp in self.qps:
-            if qp.local_qpn == local_qpn:
-                return qp
-        return None
+        return self._local_qpn_index.get(local_qpn)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "Tables":

@@ -60,7 +60,7 @@ class PostcardEntry:
 @dataclass
 class SketchRuntime:
     aggregate: list[list[int]]
-    contributions: list[int]
+    contributors: list[set[int]]
     next_column: dict[int, int] = field(default_factory=dict)
 
 
@@ -73,6 +73,9 @@ class Translator:
         self.postcard_cache: dict[int, dict[int, PostcardEntry]] = {}
         self.sketch_state: dict[int, SketchRuntime] = {}
         self.reporter_seqnum: dict[bytes, int] = {}
+        self._handlers = {DtaOpcode.KEY_WRITE: self._key_write, DtaOpcode.KEY_INCREMENT: self._key_increment,
+                          DtaOpcode.APPEND: self._append, DtaOpcode.POSTCARDING: self._postcard,
+                          DtaOpcode.SKETCH_MERGE: self._sketch}
 
     # ----------------------------------------------------------------------------------------------
     # entry points
@@ -87,7 +90,7 @@ class Translator:
         dport = udp.udp["dport"]
         if dport == DTA_PORT:
             return self._report(udp, now_ns)
-        if dport == ROCE_PORT and any(qp.collector_ip == udp.src_ip for qp in self.tables.qps):
+        if dport == ROCE_PORT and udp.src_ip in self.tables.collector_ips:
             return self._reply(frame, udp, now_ns)
         return Output(passed=True)
 
@@ -133,10 +136,7 @@ class Translator:
             verdict = self._check_sequence(udp, report)
             if verdict is not None:
                 return verdict
-        handler = {DtaOpcode.KEY_WRITE: self._key_write, DtaOpcode.KEY_INCREMENT: self._key_increment,
-                   DtaOpcode.APPEND: self._append, DtaOpcode.POSTCARDING: self._postcard,
-                   DtaOpcode.SKETCH_MERGE: self._sketch}[report.opcode]
-        out = handler(udp, report, now_ns)
+        out = self._handlers[report.opcode](udp, report, now_ns)
         self.counters[Counter.TX_FRAMES] += len(out.frames)
         self.counters[Counter.TX_NACKS] += len(out.to_reporter)
         return out
@@ -288,9 +288,10 @@ class Translator:
         if len(report.counters) != structure.rows or report.column >= structure.columns:
             return self._drop(Counter.DROP_BAD_LENGTH)
         runtime = self.sketch_state.setdefault(structure.qp.index, SketchRuntime(
-            [[0] * structure.rows for _ in range(structure.columns)], [0] * structure.columns))
+            [[0] * structure.rows for _ in range(structure.columns)], [set() for _ in range(structure.columns)]))
         expected = runtime.next_column.get(report.reporter, 0)
-        if report.column != expected:
+        # A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written.
+        if report.column != expected or report.reporter in runtime.contributors[expected]:
             out = self._drop(Counter.DROP_SKETCH_GAP if report.column > expected else Counter.DROP_SKETCH_STALE)
             nack = Nack(NackKind.SKETCH_COLUMN, expected, report.reporter, extended=True)
             out.to_reporter.append(self._nack_frame(udp, nack))
@@ -303,16 +304,16 @@ class Translator:
         for row, value in enumerate(report.counters):
             column[row] = max(column[row], value) if structure.merge is SketchMerge.MAX \
                 else (column[row] + value) & 0xFFFFFFFF
-        runtime.contributions[report.column] += 1
+        runtime.contributors[report.column].add(report.reporter)
         self.counters[Counter.SKETCH_MERGED] += 1
         first = report.column - report.column % structure.batch
         group = range(first, first + structure.batch)
-        if any(runtime.contributions[c] < structure.reporters for c in group):
+        if any(len(runtime.contributors[c]) < structure.reporters for c in group):
             return Output()
         payload = b"".join(v.to_bytes(4, "little") for c in group for v in runtime.aggregate[c])
         for c in group:
             runtime.aggregate[c] = [0] * structure.rows
-            runtime.contributions[c] = 0
+            runtime.contributors[c] = set()
         return Output(frames=[self._write(structure.qp, first * structure.slot_size, payload, report, first)])
 
     # ----------------------------------------------------------------------------------------------

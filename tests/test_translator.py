@@ -249,8 +249,8 @@ def test_idle_flush_writes_incomplete_paths(tables, reporter):
     send(translator, reporter, dta.postcard(8, 2, 22), now_ns=0)
     frames = [parse_roce(f) for f in translator.flush_idle(now_ns=10, idle_ns=5)]
     assert len(frames) == 1
-    assert frames[0].payload == _path_payload((8).to_bytes(4, "big"), [0, 22]).replace(
-        (0 ^ postcard_hop_hash((8).to_bytes(4, "big"), 1)).to_bytes(4, "big"), bytes(4), 1)
+    hop2 = 22 ^ postcard_hop_hash((8).to_bytes(4, "big"), 2)
+    assert frames[0].payload == bytes(4) + hop2.to_bytes(4, "big") + bytes(12)
 
 
 # -- Sketch-Merge -----------------------------------------------------------------------------------------------
@@ -293,6 +293,20 @@ def test_sketch_column_gap_draws_a_nack_and_is_not_merged(reporter):
     assert (nack.kind, nack.reporter, nack.value) == (NackKind.SKETCH_COLUMN, 1, 1)
     stale = send(translator, reporter, dta.sketch_column(1, 0, [1, 1, 1]))
     assert stale.drop is Counter.DROP_SKETCH_STALE
+
+
+def test_sketch_reporter_that_wraps_early_waits_for_the_others(reporter):
+    tables = _sketch_tables("sum", batch=2, columns=2, rows=1, reporters=2)
+    translator = Translator(tables)
+    for column in (0, 1):
+        assert not send(translator, reporter, dta.sketch_column(0, column, [1])).frames
+    early = send(translator, reporter, dta.sketch_column(0, 0, [100]))  # reporter 0's next epoch
+    assert early.drop is Counter.DROP_SKETCH_STALE
+    assert decode_nack(parse_udp_frame(early.to_reporter[0]).payload).value == 0
+    send(translator, reporter, dta.sketch_column(1, 0, [2]))
+    frames = requests(send(translator, reporter, dta.sketch_column(1, 1, [3])))
+    assert frames[0].payload == (3).to_bytes(4, "little") + (4).to_bytes(4, "little")
+    assert not send(translator, reporter, dta.sketch_column(0, 0, [100])).drop  # now accepted
 
 
 def test_sketch_unknown_reporter_and_bad_rows(reporter):

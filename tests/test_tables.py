@@ -1,0 +1,56 @@
+"""Translator table validation: tables that cannot work are refused with a message naming the fix."""
+
+import tomllib
+
+import pytest
+
+from softdta.tables import TableError, Tables
+
+from common import EXAMPLE_TABLES
+
+
+def document():
+    with open(EXAMPLE_TABLES, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def refused(change) -> str:
+    doc = document()
+    change(doc)
+    with pytest.raises(TableError) as error:
+        Tables.from_dict(doc)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("qpn", [0, 1, 1 << 24])
+def test_reserved_or_oversized_remote_qpns_are_refused(qpn):
+    assert "remote_qpn" in refused(lambda d: d["structures"][0]["qp"].update(remote_qpn=qpn))
+
+
+def test_hashed_structures_need_a_power_of_two_slot_count():
+    message = refused(lambda d: d["structures"][0]["qp"].update(length=1000))
+    assert "power of two" in message and "length" in message
+
+
+def test_append_rings_must_hold_whole_batches_and_fit_the_region():
+    assert "multiple of the batch" in refused(lambda d: d["append"][0].update(entries=250))
+    assert "need" in refused(lambda d: d["append"][0].update(lists=1000))
+
+
+def test_overlapping_append_ranges_and_shared_local_qpns_are_refused():
+    def overlap(d):
+        d["append"].append({**d["append"][0], "first_list": 10,
+                            "qp": {**d["append"][0]["qp"], "local_qpn": 0x999}})
+    assert "overlap" in refused(overlap)
+    assert "already used" in refused(lambda d: d["structures"][1]["qp"].update(local_qpn=0x201))
+
+
+def test_key_increment_needs_an_aligned_rc_region():
+    assert "8-byte aligned" in refused(lambda d: d["structures"][1]["qp"].update(base=0x7f0010000004))
+
+
+def test_unknown_names_and_missing_settings_say_what_to_do():
+    assert "[[append]]" in refused(lambda d: d["structures"][0].update(primitive="append"))
+    assert "hash" in refused(lambda d: d["structures"][0].update(hash="md5"))
+    assert "missing required setting 'mac'" in refused(lambda d: d["translator"].pop("mac"))
+    assert "ttl" in refused(lambda d: d["translator"].update(ttl=300))
