@@ -27,9 +27,12 @@
 #define MAX_POSTCARD_HOPS 8
 #define DTA_V1_POSTCARD_HOPS 5
 #define KEY_CHECKSUM_LEN 4
+#define MAX_WRITE_PAYLOAD 256
 #define POSTCARD_CACHE_ENTRIES 32768
 #define DEFAULT_GRACE_NS 1000000 /* 0xf4240 */
 #define COUNTER_SLOTS 48
+#define FANOUT_ETHERTYPE 34997
+#define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
 #define ICRC_LEN 4
 #define POSTCARD_HOP_POLYNOMIALS_0 504538880 /* 0x1e12a700 */
 #define POSTCARD_HOP_POLYNOMIALS_1 1706648981 /* 0x65b96595 */
@@ -128,6 +131,7 @@
 #define CNT_RX_RNR_NAKS 10
 #define CNT_ESSENTIAL_DEFERRED 11
 #define CNT_APPEND_FLUSHES 12
+#define CNT_POSTCARD_FLUSHES 13
 #define CNT_DROP_TRUNCATED 16
 #define CNT_DROP_BAD_LENGTH 17
 #define CNT_DROP_UNKNOWN_OPCODE 18
@@ -146,6 +150,8 @@
 #define CNT_DROP_UNKNOWN_QP 31
 #define CNT_DROP_BAD_ICRC 32
 #define CNT_DROP_OUT_OF_REGION 33
+#define CNT_DROP_DEFER_FULL 34
+#define CNT_DROP_NO_ROOM 35
 
 /* fixed header sizes in bytes */
 #define ETHERNET_SIZE 14
@@ -166,6 +172,7 @@
 #define SKETCH_MERGE_EXT_SIZE 5
 #define NACK_V1_SIZE 2
 #define NACK_EXT_SIZE 8
+#define FANOUT_SIZE 22
 #define BTH_SIZE 12
 #define RETH_SIZE 16
 #define ATOMIC_ETH_SIZE 28
@@ -190,9 +197,15 @@
 #define TRANSLATOR_CONFIG_MAX_ENTRIES 1
 #define QP_MAX_ENTRIES 4096
 #define QP_STATE_MAX_ENTRIES 4096
+#define COLLECTOR_MAX_ENTRIES 1024
 #define QP_BY_LOCAL_QPN_MAX_ENTRIES 4096
 #define STRUCTURE_MAX_ENTRIES 1024
-#define APPEND_LIST_MAX_ENTRIES 131072 /* 0x20000 */
+#define APPEND_LIST_MAX_ENTRIES 65536 /* 0x10000 */
+#define APPEND_STATE_MAX_ENTRIES 65536 /* 0x10000 */
+#define POSTCARD_CACHE_MAX_ENTRIES 131072 /* 0x20000 */
+#define SKETCH_COLUMN_MAX_ENTRIES 65536 /* 0x10000 */
+#define SKETCH_REPORTER_MAX_ENTRIES 65536 /* 0x10000 */
+#define REPORTER_SEQ_MAX_ENTRIES 65536 /* 0x10000 */
 
 /* Ethernet II */
 struct ethernet {
@@ -388,6 +401,18 @@ struct nack_ext {
 } __attribute__((packed));
 _Static_assert(sizeof(struct nack_ext) == NACK_EXT_SIZE, "struct nack_ext does not match softdta/spec.py");
 
+/* XDP-to-tc bundle of the frames of one report */
+struct fanout {
+	__u8 dst[6];
+	__u8 src[6];
+	__be16 ethertype;
+	__u8 count;
+	__u8 reserved;
+	__be16 frame_len;
+	__be32 ifindex; /* egress interface, 0 = the one the report came in on */
+} __attribute__((packed));
+_Static_assert(sizeof(struct fanout) == FANOUT_SIZE, "struct fanout does not match softdta/spec.py");
+
 /* Base Transport Header */
 struct bth {
 	__u8 opcode;
@@ -478,8 +503,9 @@ struct translator_config_value {
 	__u8 profile; /* 0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted */
 	__u8 ack_req_interval; /* set AckReq on every n-th frame of an RC QP, 0 = never */
 	__u64 grace_ns;
+	__u64 flush_idle_ns; /* idle time before a partial batch is flushed */
 };
-_Static_assert(sizeof(struct translator_config_value) == 24, "struct translator_config_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct translator_config_value) == 32, "struct translator_config_value does not match softdta/spec.py");
 
 /* qp key: one RDMA queue pair towards one collector memory region */
 struct qp_key {
@@ -497,7 +523,7 @@ struct qp_value {
 	__u8 transport;
 	__u8 pad;
 	__u32 start_psn;
-	__u8 _pad0[4];
+	__u32 ifindex; /* egress interface, 0 = the interface the report came in on */
 	__u64 base_va;
 	__u64 length;
 };
@@ -514,8 +540,24 @@ struct qp_state_value {
 	__u32 next_psn;
 	__u32 state;
 	__u64 grace_until_ns;
+	__u64 last_tx_ns; /* when the data path last emitted on this QP (idle flushes wait for it) */
+	__u32 frames_sent; /* drives the AckReq interval */
+	__u8 _pad0[4];
 };
-_Static_assert(sizeof(struct qp_state_value) == 16, "struct qp_state_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct qp_state_value) == 32, "struct qp_state_value does not match softdta/spec.py");
+
+/* collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes */
+struct collector_key {
+	__u32 ip; /* network order */
+};
+_Static_assert(sizeof(struct collector_key) == 4, "struct collector_key does not match softdta/spec.py");
+
+/* collector value: collectors whose RoCE replies (ACK, NAK) the translator consumes */
+struct collector_value {
+	__u8 mac[6];
+	__u16 pad;
+};
+_Static_assert(sizeof(struct collector_value) == 8, "struct collector_value does not match softdta/spec.py");
 
 /* qp_by_local_qpn key: reply demultiplexing: DestQP of an ACK/NAK to the QP */
 struct qp_by_local_qpn_key {
@@ -571,5 +613,80 @@ struct append_list_value {
 	__u32 state_index;
 };
 _Static_assert(sizeof(struct append_list_value) == 24, "struct append_list_value does not match softdta/spec.py");
+
+/* append_state key: per-list Append batch and ring head */
+struct append_state_key {
+	__u32 state_index;
+};
+_Static_assert(sizeof(struct append_state_key) == 4, "struct append_state_key does not match softdta/spec.py");
+
+/* append_state value: per-list Append batch and ring head */
+struct append_state_value {
+	__u32 head; /* next ring entry to write */
+	__u32 pending; /* entries waiting in the batch */
+	__u64 first_pending_ns;
+	__u8 data[256]; /* the batch being filled */
+};
+_Static_assert(sizeof(struct append_state_value) == 272, "struct append_state_value does not match softdta/spec.py");
+
+/* postcard_cache key: Postcarding translator cache (all structures share it, each from its state_index) */
+struct postcard_cache_key {
+	__u32 slot; /* structure state_index + cache index */
+};
+_Static_assert(sizeof(struct postcard_cache_key) == 4, "struct postcard_cache_key does not match softdta/spec.py");
+
+/* postcard_cache value: Postcarding translator cache (all structures share it, each from its state_index) */
+struct postcard_cache_value {
+	__u64 first_ns;
+	__u8 values[32]; /* encoded hop values, big-endian as written */
+	__u8 key[32];
+	__u8 key_len;
+	__u8 path_length;
+	__u8 hop_mask;
+	__u8 valid;
+	__u8 _pad0[4];
+};
+_Static_assert(sizeof(struct postcard_cache_value) == 80, "struct postcard_cache_value does not match softdta/spec.py");
+
+/* sketch_column key: Sketch-Merge aggregate of one column */
+struct sketch_column_key {
+	__u32 state_index;
+	__u32 column;
+};
+_Static_assert(sizeof(struct sketch_column_key) == 8, "struct sketch_column_key does not match softdta/spec.py");
+
+/* sketch_column value: Sketch-Merge aggregate of one column */
+struct sketch_column_value {
+	__u32 epoch; /* times this column was written out */
+	__u32 contributors;
+	__u8 counters[64]; /* aggregate, host-order u32 */
+};
+_Static_assert(sizeof(struct sketch_column_value) == 72, "struct sketch_column_value does not match softdta/spec.py");
+
+/* sketch_reporter key: Sketch-Merge progress of one reporter */
+struct sketch_reporter_key {
+	__u32 state_index;
+	__u32 reporter;
+};
+_Static_assert(sizeof(struct sketch_reporter_key) == 8, "struct sketch_reporter_key does not match softdta/spec.py");
+
+/* sketch_reporter value: Sketch-Merge progress of one reporter */
+struct sketch_reporter_value {
+	__u32 next_column;
+	__u32 wraps; /* times the reporter went past the last column */
+};
+_Static_assert(sizeof(struct sketch_reporter_value) == 8, "struct sketch_reporter_value does not match softdta/spec.py");
+
+/* reporter_seq key: go-back-N tracking of retransmitting reporters */
+struct reporter_seq_key {
+	__u32 reporter_ip; /* network order */
+};
+_Static_assert(sizeof(struct reporter_seq_key) == 4, "struct reporter_seq_key does not match softdta/spec.py");
+
+/* reporter_seq value: go-back-N tracking of retransmitting reporters */
+struct reporter_seq_value {
+	__u32 last_seqnum;
+};
+_Static_assert(sizeof(struct reporter_seq_value) == 4, "struct reporter_seq_value does not match softdta/spec.py");
 
 #endif /* SOFTDTA_SPEC_H */

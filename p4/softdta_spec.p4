@@ -24,9 +24,12 @@ const bit<8> MAX_SKETCH_ROWS = 16;
 const bit<8> MAX_POSTCARD_HOPS = 8;
 const bit<8> DTA_V1_POSTCARD_HOPS = 5;
 const bit<8> KEY_CHECKSUM_LEN = 4;
+const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
 const bit<8> COUNTER_SLOTS = 48;
+const bit<16> FANOUT_ETHERTYPE = 34997;
+const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<8> ICRC_LEN = 4;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_0 = 504538880;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_1 = 1706648981;
@@ -121,6 +124,7 @@ const bit<8> CNT_RX_NAK_FATAL = 9;
 const bit<8> CNT_RX_RNR_NAKS = 10;
 const bit<8> CNT_ESSENTIAL_DEFERRED = 11;
 const bit<8> CNT_APPEND_FLUSHES = 12;
+const bit<8> CNT_POSTCARD_FLUSHES = 13;
 const bit<8> CNT_DROP_TRUNCATED = 16;
 const bit<8> CNT_DROP_BAD_LENGTH = 17;
 const bit<8> CNT_DROP_UNKNOWN_OPCODE = 18;
@@ -139,6 +143,8 @@ const bit<8> CNT_DROP_BAD_PROFILE = 30;
 const bit<8> CNT_DROP_UNKNOWN_QP = 31;
 const bit<8> CNT_DROP_BAD_ICRC = 32;
 const bit<8> CNT_DROP_OUT_OF_REGION = 33;
+const bit<8> CNT_DROP_DEFER_FULL = 34;
+const bit<8> CNT_DROP_NO_ROOM = 35;
 
 // fixed header sizes in bytes
 const bit<8> ETHERNET_SIZE = 14;
@@ -159,6 +165,7 @@ const bit<8> POSTCARD_EXT_SIZE = 7;
 const bit<8> SKETCH_MERGE_EXT_SIZE = 5;
 const bit<8> NACK_V1_SIZE = 2;
 const bit<8> NACK_EXT_SIZE = 8;
+const bit<8> FANOUT_SIZE = 22;
 const bit<8> BTH_SIZE = 12;
 const bit<8> RETH_SIZE = 16;
 const bit<8> ATOMIC_ETH_SIZE = 28;
@@ -183,9 +190,15 @@ const bit<8> ROCE_EXT_LEN_UD_SEND_ONLY = 8;
 const bit<8> TRANSLATOR_CONFIG_MAX_ENTRIES = 1;
 const bit<16> QP_MAX_ENTRIES = 4096;
 const bit<16> QP_STATE_MAX_ENTRIES = 4096;
+const bit<16> COLLECTOR_MAX_ENTRIES = 1024;
 const bit<16> QP_BY_LOCAL_QPN_MAX_ENTRIES = 4096;
 const bit<16> STRUCTURE_MAX_ENTRIES = 1024;
-const bit<32> APPEND_LIST_MAX_ENTRIES = 131072;
+const bit<32> APPEND_LIST_MAX_ENTRIES = 65536;
+const bit<32> APPEND_STATE_MAX_ENTRIES = 65536;
+const bit<32> POSTCARD_CACHE_MAX_ENTRIES = 131072;
+const bit<32> SKETCH_COLUMN_MAX_ENTRIES = 65536;
+const bit<32> SKETCH_REPORTER_MAX_ENTRIES = 65536;
+const bit<32> REPORTER_SEQ_MAX_ENTRIES = 65536;
 
 // Ethernet II
 header ethernet_h {
@@ -340,6 +353,17 @@ header nack_ext_h {
     bit<32> value;
 }
 
+// XDP-to-tc bundle of the frames of one report
+header fanout_h {
+    bit<48> dst;
+    bit<48> src;
+    bit<16> ethertype;
+    bit<8> count;
+    bit<8> reserved;
+    bit<16> frame_len;
+    bit<32> ifindex; // egress interface, 0 = the one the report came in on
+}
+
 // Base Transport Header
 header bth_h {
     bit<8> opcode;
@@ -410,6 +434,7 @@ struct translator_config_value_t {
     bit<8> profile; // 0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted
     bit<8> ack_req_interval; // set AckReq on every n-th frame of an RC QP, 0 = never
     bit<64> grace_ns;
+    bit<64> flush_idle_ns; // idle time before a partial batch is flushed
 }
 
 // qp key: one RDMA queue pair towards one collector memory region
@@ -427,6 +452,7 @@ struct qp_value_t {
     bit<8> transport;
     bit<8> pad;
     bit<32> start_psn;
+    bit<32> ifindex; // egress interface, 0 = the interface the report came in on
     bit<64> base_va;
     bit<64> length;
 }
@@ -441,6 +467,19 @@ struct qp_state_value_t {
     bit<32> next_psn;
     bit<32> state;
     bit<64> grace_until_ns;
+    bit<64> last_tx_ns; // when the data path last emitted on this QP (idle flushes wait for it)
+    bit<32> frames_sent; // drives the AckReq interval
+}
+
+// collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes
+struct collector_key_t {
+    bit<32> ip; // network order
+}
+
+// collector value: collectors whose RoCE replies (ACK, NAK) the translator consumes
+struct collector_value_t {
+    bit<48> mac;
+    bit<16> pad;
 }
 
 // qp_by_local_qpn key: reply demultiplexing: DestQP of an ACK/NAK to the QP
@@ -490,6 +529,70 @@ struct append_list_value_t {
     bit<32> entry_size;
     bit<32> batch;
     bit<32> state_index;
+}
+
+// append_state key: per-list Append batch and ring head
+struct append_state_key_t {
+    bit<32> state_index;
+}
+
+// append_state value: per-list Append batch and ring head
+struct append_state_value_t {
+    bit<32> head; // next ring entry to write
+    bit<32> pending; // entries waiting in the batch
+    bit<64> first_pending_ns;
+    bit<2048> data; // the batch being filled
+}
+
+// postcard_cache key: Postcarding translator cache (all structures share it, each from its state_index)
+struct postcard_cache_key_t {
+    bit<32> slot; // structure state_index + cache index
+}
+
+// postcard_cache value: Postcarding translator cache (all structures share it, each from its state_index)
+struct postcard_cache_value_t {
+    bit<64> first_ns;
+    bit<256> values; // encoded hop values, big-endian as written
+    bit<256> key;
+    bit<8> key_len;
+    bit<8> path_length;
+    bit<8> hop_mask;
+    bit<8> valid;
+}
+
+// sketch_column key: Sketch-Merge aggregate of one column
+struct sketch_column_key_t {
+    bit<32> state_index;
+    bit<32> column;
+}
+
+// sketch_column value: Sketch-Merge aggregate of one column
+struct sketch_column_value_t {
+    bit<32> epoch; // times this column was written out
+    bit<32> contributors;
+    bit<512> counters; // aggregate, host-order u32
+}
+
+// sketch_reporter key: Sketch-Merge progress of one reporter
+struct sketch_reporter_key_t {
+    bit<32> state_index;
+    bit<32> reporter;
+}
+
+// sketch_reporter value: Sketch-Merge progress of one reporter
+struct sketch_reporter_value_t {
+    bit<32> next_column;
+    bit<32> wraps; // times the reporter went past the last column
+}
+
+// reporter_seq key: go-back-N tracking of retransmitting reporters
+struct reporter_seq_key_t {
+    bit<32> reporter_ip; // network order
+}
+
+// reporter_seq value: go-back-N tracking of retransmitting reporters
+struct reporter_seq_value_t {
+    bit<32> last_seqnum;
 }
 
 #endif // SOFTDTA_SPEC_P4

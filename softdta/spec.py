@@ -92,6 +92,9 @@ MAX_SKETCH_ROWS = 16
 MAX_POSTCARD_HOPS = 8
 DTA_V1_POSTCARD_HOPS = 5
 KEY_CHECKSUM_LEN = 4
+# Largest RDMA WRITE payload the translator builds (an Append batch, a Sketch-Merge group): it bounds the
+# per-list batch buffers kept in kernel maps and keeps every frame far below a 1500-byte MTU.
+MAX_WRITE_PAYLOAD = 256
 POSTCARD_CACHE_ENTRIES = 32768
 DEFAULT_GRACE_NS = 1_000_000
 
@@ -201,6 +204,7 @@ class Counter(IntEnum):
     RX_RNR_NAKS = 10
     ESSENTIAL_DEFERRED = 11
     APPEND_FLUSHES = 12
+    POSTCARD_FLUSHES = 13
     DROP_TRUNCATED = 16
     DROP_BAD_LENGTH = 17
     DROP_UNKNOWN_OPCODE = 18
@@ -219,6 +223,8 @@ class Counter(IntEnum):
     DROP_UNKNOWN_QP = 31
     DROP_BAD_ICRC = 32
     DROP_OUT_OF_REGION = 33
+    DROP_DEFER_FULL = 34  # the ring to userspace for essential reports was full
+    DROP_NO_ROOM = 35  # the driver gave no room to grow the frame
 
 
 COUNTER_SLOTS = 48
@@ -287,6 +293,16 @@ NACK_EXT = Header("nack_ext", (
     Field("marker", 8), Field("kind", 8), Field("reporter", 16), Field("value", 32),
 ), "extended NACK (UDP 40044)")
 
+# XDP hands the frames of one report that needs several (Key-Write/Key-Increment redundancy) to the tc stage
+# as one bundle: this header, then `count` frames of `frame_len` bytes. XDP also sets FANOUT_META_MAGIC as
+# packet metadata, which no frame from the wire can carry.
+FANOUT_ETHERTYPE = 0x88B5  # IEEE 802 local experimental
+FANOUT_META_MAGIC = 0x5D7A0F4E
+FANOUT = Header("fanout", (
+    Raw("dst", 6), Raw("src", 6), Field("ethertype", 16), Field("count", 8), Field("reserved", 8),
+    Field("frame_len", 16), Field("ifindex", 32, "egress interface, 0 = the one the report came in on"),
+), "XDP-to-tc bundle of the frames of one report")
+
 DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, KEY_INCREMENT_V1, APPEND_V1,
                POSTCARD_V1, KEY_WRITE_EXT, KEY_INCREMENT_EXT, APPEND_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT,
                NACK_V1, NACK_EXT)
@@ -343,17 +359,22 @@ TRANSLATOR_TABLES = (
         Raw("src_mac", 6), Field("udp_sport", 16), Field("src_ip", 32, "network order"),
         Field("dscp", 8), Field("ttl", 8), Field("profile", 8, "0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted"),
         Field("ack_req_interval", 8, "set AckReq on every n-th frame of an RC QP, 0 = never"),
-        Field("grace_ns", 64),
+        Field("grace_ns", 64), Field("flush_idle_ns", 64, "idle time before a partial batch is flushed"),
     ), 1, "global translator settings"),
     Table("qp", (Field("qp_index", 32),), (
         Field("remote_qpn", 32), Field("local_qpn", 32, "translator's virtual QPN, DestQP of replies"),
         Field("rkey", 32), Field("collector_ip", 32, "network order"), Raw("collector_mac", 6),
         Field("transport", 8), Field("pad", 8),
-        Field("start_psn", 32), Field("base_va", 64), Field("length", 64),
+        Field("start_psn", 32), Field("ifindex", 32, "egress interface, 0 = the interface the report came in on"),
+        Field("base_va", 64), Field("length", 64),
     ), 4096, "one RDMA queue pair towards one collector memory region"),
     Table("qp_state", (Field("qp_index", 32),), (
         Field("next_psn", 32), Field("state", 32), Field("grace_until_ns", 64),
+        Field("last_tx_ns", 64, "when the data path last emitted on this QP (idle flushes wait for it)"),
+        Field("frames_sent", 32, "drives the AckReq interval"),
     ), 4096, "per-QP dynamic state (PSN, grace, failure)"),
+    Table("collector", (Field("ip", 32, "network order"),), (Raw("mac", 6), Field("pad", 16)), 1024,
+          "collectors whose RoCE replies (ACK, NAK) the translator consumes"),
     Table("qp_by_local_qpn", (Field("local_qpn", 32),), (Field("qp_index", 32),), 4096,
           "reply demultiplexing: DestQP of an ACK/NAK to the QP"),
     Table("structure", (Field("collector_ip", 32, "network order"), Field("primitive", 32)), (
@@ -366,5 +387,24 @@ TRANSLATOR_TABLES = (
         Field("qp_index", 32), Field("first_slot", 32, "ring start within the region, in entries"),
         Field("slot_count", 32, "ring size in entries"), Field("entry_size", 32), Field("batch", 32),
         Field("state_index", 32),
-    ), 131072, "an Append list: its ring inside a QP's region"),
+    ), 65536, "an Append list: its ring inside a QP's region"),
+    # Translator state, written by the data path; the control plane reads it for stats and keeps it pinned.
+    Table("append_state", (Field("state_index", 32),), (
+        Field("head", 32, "next ring entry to write"), Field("pending", 32, "entries waiting in the batch"),
+        Field("first_pending_ns", 64), Raw("data", MAX_WRITE_PAYLOAD, "the batch being filled"),
+    ), 65536, "per-list Append batch and ring head"),
+    Table("postcard_cache", (Field("slot", 32, "structure state_index + cache index"),), (
+        Field("first_ns", 64), Raw("values", 4 * MAX_POSTCARD_HOPS, "encoded hop values, big-endian as written"),
+        Raw("key", MAX_KEY_LEN), Field("key_len", 8), Field("path_length", 8), Field("hop_mask", 8),
+        Field("valid", 8),
+    ), 131072, "Postcarding translator cache (all structures share it, each from its state_index)"),
+    Table("sketch_column", (Field("state_index", 32), Field("column", 32)), (
+        Field("epoch", 32, "times this column was written out"), Field("contributors", 32),
+        Raw("counters", 4 * MAX_SKETCH_ROWS, "aggregate, host-order u32"),
+    ), 65536, "Sketch-Merge aggregate of one column"),
+    Table("sketch_reporter", (Field("state_index", 32), Field("reporter", 32)), (
+        Field("next_column", 32), Field("wraps", 32, "times the reporter went past the last column"),
+    ), 65536, "Sketch-Merge progress of one reporter"),
+    Table("reporter_seq", (Field("reporter_ip", 32, "network order"),), (Field("last_seqnum", 32),), 65536,
+          "go-back-N tracking of retransmitting reporters"),
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 from .dta import Profile
 from .frames import ip_bytes, ip_str, mac_bytes
 from .spec import (DEFAULT_GRACE_NS, DTA_V1_POSTCARD_HOPS, KEY_CHECKSUM_LEN, MAX_APPEND_BATCH, MAX_DATA_LEN,
-                   MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, KeyHash, Primitive,
+                   MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_WRITE_PAYLOAD, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, KeyHash, Primitive,
                    SketchMerge, Transport)
 
 PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.KEY_INCREMENT,
@@ -50,6 +50,7 @@ class QueuePair:
     length: int
     start_psn: int = 0
     transport: Transport = Transport.UC
+    interface: str = ""  # egress interface of the XDP engine; "" = the one the reports arrive on
     index: int = 0
 
     def validate(self) -> None:
@@ -119,6 +120,9 @@ class Structure:
                 raise TableError(f"{where}: needs 1..{MAX_SKETCH_ROWS} rows and at least one column")
             if self.columns % self.batch:
                 raise TableError(f"{where}: batch {self.batch} must divide the column count {self.columns}")
+            if self.batch * self.slot_size > MAX_WRITE_PAYLOAD:
+                raise TableError(f"{where}: a write of {self.batch} columns x {self.rows} rows x 4 B exceeds "
+                                 f"{MAX_WRITE_PAYLOAD} B; lower batch or rows")
             if self.columns * self.slot_size > self.qp.length:
                 raise TableError(f"{where}: {self.columns} columns x {self.rows} rows x 4 B need "
                                  f"{self.columns * self.slot_size} B, the region has {self.qp.length}")
@@ -158,6 +162,9 @@ class AppendLists:
             raise TableError(f"{where}: list ids must be 32-bit")
         if not 1 <= self.data_len <= MAX_DATA_LEN:
             raise TableError(f"{where}: data_len {self.data_len} must be 1..{MAX_DATA_LEN}")
+        if self.batch * self.data_len > MAX_WRITE_PAYLOAD:
+            raise TableError(f"{where}: a batch of {self.batch} x {self.data_len} B exceeds {MAX_WRITE_PAYLOAD} B; "
+                             "lower batch or data_len")
         needed = self.lists * self.entries * self.data_len
         if needed > self.qp.length:
             raise TableError(f"{where}: {self.lists} lists x {self.entries} entries x {self.data_len} B need "
@@ -265,7 +272,8 @@ def _qp_from(entry: dict, collector: dict, name: str, default_transport: Transpo
     return QueuePair(name=name, collector_ip=ip_bytes(collector["ip"]), collector_mac=mac_bytes(collector["mac"]),
                      remote_qpn=int(entry["remote_qpn"]), local_qpn=int(entry["local_qpn"]),
                      rkey=int(entry["rkey"]), base_va=int(entry["base"]), length=int(entry["length"]),
-                     start_psn=int(entry.get("start_psn", 0)), transport=Transport[transport.upper()])
+                     start_psn=int(entry.get("start_psn", 0)), transport=Transport[transport.upper()],
+                     interface=str(collector.get("interface", "")))
 
 
 def _from_dict(document: dict) -> Tables:

@@ -1,0 +1,35 @@
+/* CRC-32 over bytes in a map value, slice-by-8 for the iCRC and byte-wise for short keys.
+ * `buf` indexes are masked with the buffer's power-of-two size so the verifier can bound every access. */
+#ifndef SOFTDTA_CRC_BPF_H
+#define SOFTDTA_CRC_BPF_H
+
+#include "softdta_crc.h"
+
+/* Raw (pre-xorout) CRC-32 state after `len` bytes of buf[start..], slice-by-8. */
+static __always_inline __u32 crc32_slice8_update(__u32 crc, const __u8 *buf, __u32 mask, __u32 start, __u32 len)
+{
+	__u32 i = 0;
+
+	for (int step = 0; step < 256 && i + 8 <= len; step++, i += 8) {
+		__u32 at = (start + i) & mask;
+		__u32 lo = crc ^ (buf[at] | buf[(at + 1) & mask] << 8 | buf[(at + 2) & mask] << 16 |
+				  (__u32)buf[(at + 3) & mask] << 24);
+		__u32 hi = buf[(at + 4) & mask] | buf[(at + 5) & mask] << 8 | buf[(at + 6) & mask] << 16 |
+			   (__u32)buf[(at + 7) & mask] << 24;
+
+		crc = crc32_slice8[7][lo & 0xff] ^ crc32_slice8[6][(lo >> 8) & 0xff] ^
+		      crc32_slice8[5][(lo >> 16) & 0xff] ^ crc32_slice8[4][lo >> 24] ^
+		      crc32_slice8[3][hi & 0xff] ^ crc32_slice8[2][(hi >> 8) & 0xff] ^
+		      crc32_slice8[1][(hi >> 16) & 0xff] ^ crc32_slice8[0][hi >> 24];
+	}
+	for (int step = 0; step < 8 && i < len; step++, i++)
+		crc = crc32_slice8[0][(crc ^ buf[(start + i) & mask]) & 0xff] ^ (crc >> 8);
+	return crc;
+}
+
+static __always_inline __u32 crc32_byte(const __u32 *table, __u32 crc, __u8 byte)
+{
+	return table[(crc ^ byte) & 0xff] ^ (crc >> 8);
+}
+
+#endif /* SOFTDTA_CRC_BPF_H */

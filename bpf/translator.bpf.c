@@ -1,0 +1,1431 @@
+// SPDX-License-Identifier: GPL-2.0
+/* softdta translator fast path: DTA reports in, RoCEv2 frames out, byte for byte like softdta.translator.
+ *
+ * softdta_xdp    translates reports and consumes collector ACK/NAKs (XDP, one frame out per frame in);
+ * softdta_fanout emits the N frames of a redundant report that XDP handed over as one bundle (tc ingress);
+ * softdta_flush  writes out one idle Append batch or Postcarding path per run (control plane, live test_run).
+ * Maps named after spec.TRANSLATOR_TABLES are the whole contract with the control plane.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "softdta_spec.h"
+#include "crc.h"
+
+#define RAW_MAX 160		/* longer than any report payload, so every length check sees all it needs */
+#define RAW_MASK 127		/* valid reports end before byte 128 (extended Key-Write: 7 + 32 + 64) */
+#define OUT_SIZE 2048		/* frames being built; a power of two for index masks */
+#define OUT_MASK (OUT_SIZE - 1)
+#define OUT_LIMIT 1024		/* longest output: headers of a bundle plus its frames */
+#define DEFER_FRAME_MAX 256	/* an essential report frame parked for userspace */
+#define ROCE_HEADERS (ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + BTH_SIZE)
+#define PSN_MASK 0xffffff
+#define SEQ_WINDOW 128
+#define DEFERRED 1		/* qp_blocked(): the report went to userspace */
+#define FLUSH_APPEND 1
+#define FLUSH_POSTCARD 2
+/* n (1 <= n <= mask + 1) in a form the verifier can bound away from zero for helper size arguments */
+#define NONZERO(n, mask) ((((n) - 1) & (mask)) + 1)
+
+struct report {
+	__u64 counter;
+	__u32 list_id;
+	__u16 reporter;
+	__u16 column;
+	__u8 opcode;
+	__u8 seqnum;
+	__u8 immediate;
+	__u8 essential;
+	__u8 retransmit;
+	__u8 extended;
+	__u8 redundancy;
+	__u8 key_len;
+	__u8 data_len;
+	__u8 hop;
+	__u8 path_length;
+	__u8 rows;
+	__u8 key[MAX_KEY_LEN];
+	__u8 data[MAX_DATA_LEN];
+	__u32 counters[MAX_SKETCH_ROWS];
+};
+
+struct frame_params {
+	__u64 va;
+	__u64 swap_add;
+	__u32 rkey;
+	__u32 immediate;
+	__u32 payload_len;
+	__u8 opcode;
+};
+
+/* Per-CPU working memory: XDP programs never run nested on one CPU. */
+struct scratch {
+	__u64 now_ns;
+	__u32 data_path;	/* frames come from reports (not a flush): they mark their QP busy */
+	__u32 src_ip;		/* of the report, network order */
+	__u32 dst_ip;
+	__u8 peer_mac[6];
+	__u8 raw[RAW_MAX];
+	struct report report;
+	struct frame_params frame;
+	__u32 out_count;	/* frames in out, from FANOUT_SIZE on */
+	__u32 out_frame_len;
+	__u32 out_ifindex;
+	__u8 out[OUT_SIZE];
+};
+
+struct flush_entry {
+	__u64 first_ns;
+	__u32 kind;
+	__u32 index;		/* append_state or postcard_cache slot */
+	__u32 owner;		/* list id (Append) or collector IP (Postcarding) */
+	__u32 pad;
+};
+
+struct deferred_report {
+	__u32 qp_index;
+	__u32 len;
+	__u8 frame[DEFER_FRAME_MAX];
+};
+
+#define TABLE(_name, _type, _key, _value, _max)                                                          \
+	struct {                                                                                         \
+		__uint(type, _type);                                                                     \
+		__type(key, _key);                                                                       \
+		__type(value, _value);                                                                   \
+		__uint(max_entries, _max);                                                               \
+	} _name SEC(".maps")
+
+TABLE(translator_config, BPF_MAP_TYPE_ARRAY, __u32, struct translator_config_value, 1);
+TABLE(qp, BPF_MAP_TYPE_ARRAY, __u32, struct qp_value, QP_MAX_ENTRIES);
+TABLE(qp_state, BPF_MAP_TYPE_ARRAY, __u32, struct qp_state_value, QP_STATE_MAX_ENTRIES);
+TABLE(qp_by_local_qpn, BPF_MAP_TYPE_HASH, struct qp_by_local_qpn_key, struct qp_by_local_qpn_value,
+      QP_BY_LOCAL_QPN_MAX_ENTRIES);
+TABLE(collector, BPF_MAP_TYPE_HASH, struct collector_key, struct collector_value, COLLECTOR_MAX_ENTRIES);
+TABLE(structure, BPF_MAP_TYPE_HASH, struct structure_key, struct structure_value, STRUCTURE_MAX_ENTRIES);
+TABLE(append_list, BPF_MAP_TYPE_HASH, struct append_list_key, struct append_list_value, APPEND_LIST_MAX_ENTRIES);
+TABLE(append_state, BPF_MAP_TYPE_ARRAY, __u32, struct append_state_value, APPEND_STATE_MAX_ENTRIES);
+TABLE(postcard_cache, BPF_MAP_TYPE_ARRAY, __u32, struct postcard_cache_value, POSTCARD_CACHE_MAX_ENTRIES);
+TABLE(sketch_column, BPF_MAP_TYPE_HASH, struct sketch_column_key, struct sketch_column_value,
+      SKETCH_COLUMN_MAX_ENTRIES);
+TABLE(sketch_reporter, BPF_MAP_TYPE_HASH, struct sketch_reporter_key, struct sketch_reporter_value,
+      SKETCH_REPORTER_MAX_ENTRIES);
+TABLE(reporter_seq, BPF_MAP_TYPE_LRU_HASH, struct reporter_seq_key, struct reporter_seq_value,
+      REPORTER_SEQ_MAX_ENTRIES);
+TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);
+TABLE(scratch, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct scratch, 1);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__type(value, struct flush_entry);
+	__uint(max_entries, 65536);
+} flush_queue SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} deferred SEC(".maps");
+
+static __always_inline struct scratch *scratch_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
+
+static __always_inline struct translator_config_value *config_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&translator_config, &zero);
+}
+
+static __always_inline void count(__u32 slot)
+{
+	__u64 *value = bpf_map_lookup_elem(&counters, &slot);
+
+	if (value)
+		*value += 1;
+}
+
+static __always_inline void count_n(__u32 slot, __u32 n)
+{
+	__u64 *value = bpf_map_lookup_elem(&counters, &slot);
+
+	if (value)
+		*value += n;
+}
+
+static __always_inline void put16(__u8 *p, __u16 v)
+{
+	p[0] = v >> 8;
+	p[1] = v;
+}
+
+static __always_inline void put32(__u8 *p, __u32 v)
+{
+	p[0] = v >> 24;
+	p[1] = v >> 16;
+	p[2] = v >> 8;
+	p[3] = v;
+}
+
+static __always_inline void put64(__u8 *p, __u64 v)
+{
+	put32(p, v >> 32);
+	put32(p + 4, v);
+}
+
+static __always_inline __u32 get32(const __u8 *p)
+{
+	return (__u32)p[0] << 24 | (__u32)p[1] << 16 | (__u32)p[2] << 8 | p[3];
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* report decoding: the same checks in the same order as softdta.dta.decode */
+
+static __always_inline __u32 decode_report_body(struct scratch *s, __u32 len, __u32 profile)
+{
+	struct report *r = &s->report;
+	const __u8 *p = s->raw;
+	__u32 off, end, key_at = 0, data_at = 0;
+
+	__builtin_memset(r, 0, sizeof(*r));
+	r->redundancy = 1;
+	if (len == 0)
+		return CNT_DROP_TRUNCATED;
+	if (p[0] & EXTENDED_MARKER) {
+		if (len < DTA_BASE_EXT_SIZE)
+			return CNT_DROP_TRUNCATED;
+		if (p[0] != EXTENDED_FIRST_BYTE)
+			return CNT_DROP_BAD_PROFILE;
+		r->opcode = p[1];
+		r->immediate = !!(p[2] & DTA_BASE_EXT_IMMEDIATE_MASK);
+		r->essential = !!(p[2] & DTA_BASE_EXT_ESSENTIAL_MASK);
+		r->retransmit = !!(p[2] & DTA_BASE_EXT_RETRANSMIT_MASK);
+		r->seqnum = p[3];
+		r->extended = 1;
+		off = DTA_BASE_EXT_SIZE;
+		switch (r->opcode) {
+		case DTA_OP_KEY_WRITE:
+			if (len < off + KEY_WRITE_EXT_SIZE)
+				return CNT_DROP_TRUNCATED;
+			r->redundancy = p[4];
+			r->key_len = p[5];
+			r->data_len = p[6];
+			key_at = off + KEY_WRITE_EXT_SIZE;
+			data_at = key_at + r->key_len;
+			end = data_at + r->data_len;
+			if (len < data_at || len < end)
+				return CNT_DROP_TRUNCATED;
+			break;
+		case DTA_OP_KEY_INCREMENT:
+			if (len < off + KEY_INCREMENT_EXT_SIZE)
+				return CNT_DROP_TRUNCATED;
+			r->redundancy = p[4];
+			r->key_len = p[5];
+			r->counter = (__u64)get32(p + 6) << 32 | get32(p + 10);
+			key_at = off + KEY_INCREMENT_EXT_SIZE;
+			end = key_at + r->key_len;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			break;
+		case DTA_OP_APPEND:
+			if (len < off + APPEND_EXT_SIZE)
+				return CNT_DROP_TRUNCATED;
+			r->list_id = get32(p + 4);
+			r->data_len = p[8];
+			data_at = off + APPEND_EXT_SIZE;
+			end = data_at + r->data_len;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			break;
+		case DTA_OP_POSTCARDING:
+			if (len < off + POSTCARD_EXT_SIZE)
+				return CNT_DROP_TRUNCATED;
+			r->hop = p[4];
+			r->path_length = p[5];
+			r->key_len = p[6];
+			r->data_len = 4;
+			data_at = 7;
+			key_at = off + POSTCARD_EXT_SIZE;
+			end = key_at + r->key_len;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			break;
+		case DTA_OP_SKETCH_MERGE:
+			if (len < off + SKETCH_MERGE_EXT_SIZE)
+				return CNT_DROP_TRUNCATED;
+			r->reporter = (__u16)p[4] << 8 | p[5];
+			r->column = (__u16)p[6] << 8 | p[7];
+			r->rows = p[8];
+			data_at = off + SKETCH_MERGE_EXT_SIZE;
+			end = data_at + 4 * r->rows;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			break;
+		default:
+			return CNT_DROP_UNKNOWN_OPCODE;
+		}
+	} else {
+		__u32 base = profile ? DTA_BASE_V1_SHORT_SIZE : DTA_BASE_V1_SEQ_SIZE;
+
+		if (len < base)
+			return CNT_DROP_TRUNCATED;
+		r->opcode = p[0];
+		if (profile) {
+			r->immediate = !!(p[1] & DTA_BASE_V1_SHORT_IMMEDIATE_MASK);
+		} else {
+			r->seqnum = p[1];
+			r->immediate = !!(p[2] & DTA_BASE_V1_SEQ_IMMEDIATE_MASK);
+			r->retransmit = !!(p[2] & DTA_BASE_V1_SEQ_RETRANSMIT_MASK);
+		}
+		off = base;
+		r->key_len = 4;
+		r->data_len = 4;
+		switch (r->opcode) {
+		case DTA_OP_KEY_WRITE:
+			end = off + KEY_WRITE_V1_SIZE;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			r->redundancy = p[off];
+			key_at = off + 1;
+			data_at = off + 5;
+			break;
+		case DTA_OP_KEY_INCREMENT:
+			end = off + KEY_INCREMENT_V1_SIZE;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			r->redundancy = p[off];
+			key_at = off + 1;
+			r->counter = (__u64)get32(p + off + 5) << 32 | get32(p + off + 9);
+			break;
+		case DTA_OP_APPEND:
+			end = off + APPEND_V1_SIZE;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			r->list_id = get32(p + off);
+			data_at = off + 4;
+			break;
+		case DTA_OP_POSTCARDING:
+			end = off + POSTCARD_V1_SIZE;
+			if (len < end)
+				return CNT_DROP_TRUNCATED;
+			key_at = off;
+			r->hop = p[off + 4];
+			data_at = off + 5;
+			break;
+		default:
+			return CNT_DROP_UNKNOWN_OPCODE;
+		}
+	}
+	if (end != len)
+		return CNT_DROP_BAD_LENGTH;
+	switch (r->opcode) {
+	case DTA_OP_KEY_WRITE:
+	case DTA_OP_KEY_INCREMENT:
+		if (r->redundancy < 1 || r->redundancy > MAX_REDUNDANCY)
+			return CNT_DROP_BAD_REDUNDANCY;
+	}
+	if (r->opcode != DTA_OP_APPEND && r->opcode != DTA_OP_SKETCH_MERGE &&
+	    (r->key_len < 1 || r->key_len > MAX_KEY_LEN))
+		return CNT_DROP_BAD_LENGTH;
+	if ((r->opcode == DTA_OP_KEY_WRITE || r->opcode == DTA_OP_APPEND) &&
+	    (r->data_len < 1 || r->data_len > MAX_DATA_LEN))
+		return CNT_DROP_BAD_LENGTH;
+	if (r->opcode == DTA_OP_POSTCARDING &&
+	    (r->hop < 1 || r->hop > MAX_POSTCARD_HOPS || r->path_length > MAX_POSTCARD_HOPS ||
+	     (r->path_length && r->hop > r->path_length)))
+		return CNT_DROP_BAD_HOP;
+	if (r->opcode == DTA_OP_SKETCH_MERGE && (r->rows < 1 || r->rows > MAX_SKETCH_ROWS))
+		return CNT_DROP_BAD_LENGTH;
+
+	if (r->opcode != DTA_OP_APPEND && r->opcode != DTA_OP_SKETCH_MERGE)
+		for (__u32 i = 0; i < MAX_KEY_LEN && i < r->key_len; i++)
+			r->key[i] = p[(key_at + i) & RAW_MASK];
+	if (r->opcode == DTA_OP_SKETCH_MERGE)
+		for (__u32 i = 0; i < MAX_SKETCH_ROWS && i < r->rows; i++)
+			r->counters[i] = get32(p + ((data_at + 4 * i) & RAW_MASK));
+	else if (r->opcode != DTA_OP_KEY_INCREMENT)
+		for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++)
+			r->data[i] = p[(data_at + i) & RAW_MASK];
+	return 0;
+}
+
+/* Global, so the verifier checks it once rather than once per call path. */
+__noinline __u32 decode_report(__u32 len, __u32 profile)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_TRUNCATED;
+	return decode_report_body(s, len, profile);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* hashes (softdta.hashing) */
+
+/* Raw CRC-32 state over the key bytes reversed, as Key-Write and Key-Increment hash them. */
+static __always_inline __u32 reversed_key_state(const struct report *r, const __u32 *table)
+{
+	__u32 crc = 0xffffffff;
+
+	for (__u32 i = 0; i < MAX_KEY_LEN && i < r->key_len; i++)
+		crc = crc32_byte(table, crc, r->key[(r->key_len - 1 - i) & (MAX_KEY_LEN - 1)]);
+	return crc;
+}
+
+static __always_inline __u32 key_checksum(const struct report *r)
+{
+	return reversed_key_state(r, crc32_slice8[0]) ^ 0xffffffff;
+}
+
+static __noinline __u32 key_slot_hash(const struct report *r, __u32 copy, __u32 scheme)
+{
+	const __u32 *table = crc32_slice8[0];
+
+	copy &= MAX_REDUNDANCY - 1;
+	if (scheme == KEY_HASH_INDEPENDENT)
+		table = crc32_key_hash[copy];
+	return crc32_byte(table, reversed_key_state(r, table), copy) ^ 0xffffffff;
+}
+
+/* CRC over the key in wire order with a byte table (Postcarding slot and hop hashes). */
+static __always_inline __u32 key_crc(const __u8 *key, __u32 key_len, const __u32 *table)
+{
+	__u32 crc = 0xffffffff;
+
+	for (__u32 i = 0; i < MAX_KEY_LEN && i < key_len; i++)
+		crc = crc32_byte(table, crc, key[i]);
+	return crc ^ 0xffffffff;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* frames */
+
+/* iCRC over s->out[start, start + len): a global function, so the verifier checks its loop only once. */
+__noinline __u32 out_crc(struct scratch *s, __u32 start, __u32 len)
+{
+	if (!s)
+		return 0;
+	return ~crc32_slice8_update(0xffffffff, s->out, OUT_MASK, start, len);
+}
+
+static __always_inline __u32 roce_ext_len(__u8 opcode)
+{
+	switch (opcode) {
+	case ROCE_OP_RC_WRITE_ONLY:
+	case ROCE_OP_UC_WRITE_ONLY:
+		return RETH_SIZE;
+	case ROCE_OP_RC_WRITE_ONLY_IMM:
+	case ROCE_OP_UC_WRITE_ONLY_IMM:
+		return RETH_SIZE + IMMDT_SIZE;
+	default:
+		return ATOMIC_ETH_SIZE;
+	}
+}
+
+static __always_inline void ipv4_header(__u8 *ip, __u16 total_len, __u32 src, __u32 dst)
+{
+	ip[0] = 0x45;
+	put16(ip + 2, total_len);
+	put32(ip + 4, 0x00004000);	/* identification 0, DF */
+	ip[9] = IPPROTO_UDP;
+	__builtin_memcpy(ip + 12, &src, 4);
+	__builtin_memcpy(ip + 16, &dst, 4);
+}
+
+static __always_inline void ipv4_finish(__u8 *ip, __u8 dscp, __u8 ttl)
+{
+	__u32 sum = 0;
+
+	ip[1] = dscp << 2;
+	ip[8] = ttl;
+	ip[10] = 0;
+	ip[11] = 0;
+	for (int i = 0; i < IPV4_SIZE; i += 2)
+		sum += (__u32)ip[i] << 8 | ip[i + 1];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	put16(ip + 10, ~sum);
+}
+
+/* One RoCEv2 frame at s->out[at] from s->frame; the payload already sits after the headers. Allocates the
+ * QP's next PSN. Returns the frame length, 0 if the frame would not fit. */
+static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_value *q, struct qp_state_value *qs,
+				   const struct translator_config_value *cfg)
+{
+	struct frame_params *fp = &s->frame;
+	__u32 ext = roce_ext_len(fp->opcode);
+	__u32 payload = fp->payload_len & 511;
+	__u32 pad = (4 - (payload & 3)) & 3;
+	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + payload + pad + ICRC_LEN;
+	__u32 ack_req = 0, crc;
+	__u8 *f, *ip, *udp, *bth, *eh;
+
+	if (at > OUT_LIMIT || ETHERNET_SIZE + ip_len > OUT_LIMIT)
+		return 0;
+	f = s->out + at;
+	ip = f + ETHERNET_SIZE;
+	udp = ip + IPV4_SIZE;
+	bth = udp + UDP_SIZE;
+	eh = bth + BTH_SIZE;
+
+	qs->frames_sent += 1;
+	if (s->data_path)
+		qs->last_tx_ns = s->now_ns;
+	if (q->transport == TRANSPORT_RC && cfg->ack_req_interval && qs->frames_sent % cfg->ack_req_interval == 0)
+		ack_req = 1;
+
+	ipv4_header(ip, ip_len, cfg->src_ip, q->collector_ip);
+	put16(udp, cfg->udp_sport);
+	put16(udp + 2, ROCE_PORT);
+	put16(udp + 4, ip_len - IPV4_SIZE);
+	bth[0] = fp->opcode;
+	bth[1] = 1 << 6 | pad << 4;	/* MigReq set, as rdma_rxe sends */
+	put16(bth + 2, DEFAULT_PKEY);
+	put32(bth + 4, q->remote_qpn & PSN_MASK);
+	put32(bth + 8, ack_req << 31 | (qs->next_psn & PSN_MASK));
+	qs->next_psn = (qs->next_psn + 1) & PSN_MASK;
+	put64(eh, fp->va);
+	put32(eh + 8, q->rkey);
+	if (ext == ATOMIC_ETH_SIZE) {
+		put64(eh + 12, fp->swap_add);
+		put64(eh + 20, 0);
+	} else {
+		put32(eh + 12, payload);
+		if (ext == RETH_SIZE + IMMDT_SIZE)
+			put32(eh + 16, fp->immediate);
+	}
+	for (__u32 i = 0; i < 3 && i < pad; i++)
+		s->out[(at + ROCE_HEADERS + ext + payload + i) & OUT_MASK] = 0;
+
+	/* iCRC: eight 0xff bytes stand for the LRH, then the IP packet with its variant fields set to ones. */
+	__builtin_memset(f + 6, 0xff, 8);
+	ip[1] = 0xff;
+	ip[8] = 0xff;
+	ip[10] = 0xff;
+	ip[11] = 0xff;
+	udp[6] = 0xff;
+	udp[7] = 0xff;
+	bth[4] = 0xff;
+	crc = out_crc(s, at + 6, 8 + ip_len - ICRC_LEN);
+	bth[4] = 0;
+	udp[6] = 0;
+	udp[7] = 0;
+	ipv4_finish(ip, cfg->dscp, cfg->ttl);
+	__builtin_memcpy(f, q->collector_mac, 6);
+	__builtin_memcpy(f + 6, cfg->src_mac, 6);
+	f[12] = ETH_P_IP >> 8;
+	f[13] = ETH_P_IP & 0xff;
+	for (int i = 0; i < 4; i++)
+		s->out[(at + ETHERNET_SIZE + ip_len - ICRC_LEN + i) & OUT_MASK] = crc >> (8 * i);
+	return ETHERNET_SIZE + ip_len;
+}
+
+/* Appends one RDMA WRITE (with Immediate if asked) of the payload already at the frame's payload offset. */
+static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const struct qp_value *q,
+					 struct qp_state_value *qs, const struct translator_config_value *cfg,
+					 __u64 offset, __u32 immediate)
+{
+	struct frame_params *fp = &s->frame;
+
+	if (offset + fp->payload_len > q->length) {
+		count(CNT_DROP_OUT_OF_REGION);
+		return 0;
+	}
+	fp->va = q->base_va + offset;
+	fp->rkey = q->rkey;
+	if (q->transport == TRANSPORT_RC)
+		fp->opcode = immediate ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_RC_WRITE_ONLY;
+	else
+		fp->opcode = immediate ? ROCE_OP_UC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY;
+	return build_roce(s, at, q, qs, cfg);
+}
+
+/* Where the payload of a WRITE built at FANOUT_SIZE starts. */
+static __always_inline __u32 write_payload_at(__u32 immediate)
+{
+	return FANOUT_SIZE + ROCE_HEADERS + RETH_SIZE + (immediate ? IMMDT_SIZE : 0);
+}
+
+static __always_inline void single_frame(struct scratch *s, __u32 len, __u32 ifindex)
+{
+	s->out_count = len ? 1 : 0;
+	s->out_frame_len = len;
+	s->out_ifindex = ifindex;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* queue pairs */
+
+static __always_inline int qp_ready(struct qp_state_value *qs, __u64 now)
+{
+	if (qs->state == QP_STATE_GRACE && now >= qs->grace_until_ns)
+		qs->state = QP_STATE_ACTIVE;
+	return qs->state == QP_STATE_ACTIVE;
+}
+
+/* Parks an essential report for userspace, which re-injects it once the QP can send again. */
+static __noinline __u32 defer_report(struct xdp_md *ctx, __u32 qp_index)
+{
+	__u32 len = ctx->data_end - ctx->data;
+	struct deferred_report *rec;
+
+	if (len > DEFER_FRAME_MAX)
+		return CNT_DROP_BAD_LENGTH;
+	rec = bpf_ringbuf_reserve(&deferred, sizeof(*rec), 0);
+	if (!rec)
+		return CNT_DROP_DEFER_FULL;
+	rec->qp_index = qp_index;
+	rec->len = len;
+	if (len < 1 || bpf_xdp_load_bytes(ctx, 0, rec->frame, NONZERO(len, DEFER_FRAME_MAX - 1))) {
+		bpf_ringbuf_discard(rec, 0);
+		return CNT_DROP_BAD_LENGTH;
+	}
+	bpf_ringbuf_submit(rec, 0);
+	count(CNT_ESSENTIAL_DEFERRED);
+	return DEFERRED;
+}
+
+/* 0 if the QP may send now; otherwise DEFERRED (an essential report) or the drop reason. */
+static __always_inline __u32 qp_blocked(struct xdp_md *ctx, struct scratch *s, __u32 qp_index,
+					struct qp_state_value *qs)
+{
+	if (qp_ready(qs, s->now_ns))
+		return 0;
+	if (s->report.essential)
+		return defer_report(ctx, qp_index);
+	return qs->state == QP_STATE_FAILED ? CNT_DROP_QP_FAILED : CNT_DROP_GRACE;
+}
+
+struct qp_ref {
+	struct qp_value *q;
+	struct qp_state_value *qs;
+};
+
+static __always_inline int qp_lookup(__u32 qp_index, struct qp_ref *ref)
+{
+	ref->q = bpf_map_lookup_elem(&qp, &qp_index);
+	ref->qs = bpf_map_lookup_elem(&qp_state, &qp_index);
+	return ref->q && ref->qs && ref->q->remote_qpn;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* reporter NACKs */
+
+static __noinline void build_nack(struct scratch *s, const struct translator_config_value *cfg, __u32 kind,
+				  __u32 value, __u32 reporter)
+{
+	__u8 *f = s->out + FANOUT_SIZE;
+	__u8 *ip = f + ETHERNET_SIZE, *udp = ip + IPV4_SIZE, *body = udp + UDP_SIZE;
+	__u32 body_len = s->report.extended ? NACK_EXT_SIZE : NACK_V1_SIZE;
+
+	__builtin_memcpy(f, s->peer_mac, 6);
+	__builtin_memcpy(f + 6, cfg->src_mac, 6);
+	f[12] = ETH_P_IP >> 8;
+	f[13] = ETH_P_IP & 0xff;
+	ipv4_header(ip, IPV4_SIZE + UDP_SIZE + body_len, s->dst_ip, s->src_ip);
+	ipv4_finish(ip, cfg->dscp, cfg->ttl);
+	put16(udp, DTA_PORT);
+	put16(udp + 2, DTA_NACK_PORT);
+	put16(udp + 4, UDP_SIZE + body_len);
+	put16(udp + 6, 0);
+	if (s->report.extended) {
+		body[0] = EXTENDED_FIRST_BYTE;
+		body[1] = kind;
+		put16(body + 2, reporter);
+		put32(body + 4, value);
+	} else {
+		body[0] = value;
+		body[1] = 0x80;
+	}
+	single_frame(s, ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + body_len, 0);
+	count(CNT_TX_NACKS);
+}
+
+/* Go-back-N per reporter IP: accept the next seqnum, NACK a gap, drop a duplicate. */
+static __always_inline __u32 check_sequence_body(struct scratch *s, const struct translator_config_value *cfg)
+{
+	struct reporter_seq_key key = { .reporter_ip = s->src_ip };
+	struct reporter_seq_value *last = bpf_map_lookup_elem(&reporter_seq, &key);
+	__u32 seq = s->report.seqnum;
+
+	if (!last || seq == ((last->last_seqnum + 1) & 0xff)) {
+		struct reporter_seq_value next = { .last_seqnum = seq };
+
+		bpf_map_update_elem(&reporter_seq, &key, &next, BPF_ANY);
+		return 0;
+	}
+	if (((last->last_seqnum - seq) & 0xff) < SEQ_WINDOW)
+		return CNT_DROP_DUPLICATE;
+	build_nack(s, cfg, NACK_KIND_SEQUENCE, last->last_seqnum, 0);
+	return CNT_DROP_SEQUENCE_GAP;
+}
+
+/* Global, so the verifier checks it once rather than once per call path. */
+__noinline __u32 check_sequence(void)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_TRUNCATED;
+	return check_sequence_body(s, cfg);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* primitives */
+
+static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
+{
+	struct report *r = &s->report;
+	struct structure_key sk = { .collector_ip = s->dst_ip, .primitive = r->opcode };
+	struct structure_value *st = bpf_map_lookup_elem(&structure, &sk);
+	struct frame_params *fp = &s->frame;
+	struct qp_ref ref;
+	__u32 blocked, checksum, frame_len = 0;
+
+	if (!st || !qp_lookup(st->qp_index, &ref))
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	if (r->key_len != st->key_len || (r->opcode == DTA_OP_KEY_WRITE && r->data_len != st->data_len))
+		return CNT_DROP_BAD_LENGTH;
+	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	if (blocked)
+		return blocked;
+	checksum = key_checksum(r);
+	for (__u32 copy = 0; copy < MAX_REDUNDANCY && copy < r->redundancy; copy++) {
+		__u64 offset = (__u64)(key_slot_hash(r, copy, st->key_hash) & (st->slot_count - 1)) * st->slot_size;
+		__u32 at = FANOUT_SIZE + copy * (frame_len & 255), len;
+
+		if (r->opcode == DTA_OP_KEY_WRITE) {
+			__u32 pos = at - FANOUT_SIZE + write_payload_at(r->immediate);
+
+			for (int i = 0; i < 4; i++)
+				s->out[(pos + i) & OUT_MASK] = checksum >> (8 * i);
+			for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++)
+				s->out[(pos + 4 + i) & OUT_MASK] = r->data[i];
+			fp->payload_len = 4 + r->data_len;
+			fp->immediate = checksum;
+			len = write_frame(s, at, ref.q, ref.qs, cfg, offset, r->immediate);
+		} else {
+			if (offset + 8 > ref.q->length)
+				return CNT_DROP_OUT_OF_REGION;
+			fp->opcode = ROCE_OP_RC_FETCH_ADD;
+			fp->va = ref.q->base_va + offset;
+			fp->rkey = ref.q->rkey;
+			fp->swap_add = r->counter;
+			fp->payload_len = 0;
+			len = build_roce(s, at, ref.q, ref.qs, cfg);
+		}
+		if (!len)
+			return CNT_DROP_OUT_OF_REGION;
+		frame_len = len;
+	}
+	s->out_count = r->redundancy;
+	s->out_frame_len = frame_len;
+	s->out_ifindex = ref.q->ifindex;
+	count_n(CNT_TX_FRAMES, r->redundancy);
+	return 0;
+}
+
+/* Global, so the verifier checks it once rather than once per call path. */
+__noinline __u32 on_keyed(struct xdp_md *ctx)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	return on_keyed_body(ctx, s, cfg);
+}
+
+static __noinline __u32 append_write(struct scratch *s, struct append_state_value *as,
+				     const struct append_list_value *al, const struct translator_config_value *cfg,
+				     __u32 list_id)
+{
+	__u32 immediate = s->data_path && s->report.immediate;
+	__u32 pos = write_payload_at(immediate), size = (al->batch * al->entry_size) & (MAX_WRITE_PAYLOAD * 2 - 1);
+	__u64 offset = ((__u64)al->first_slot + as->head) * al->entry_size;
+	struct qp_ref ref;
+
+	if (!qp_lookup(al->qp_index, &ref) || size > MAX_WRITE_PAYLOAD || !al->slot_count)
+		return CNT_DROP_UNKNOWN_LIST;
+	for (__u32 i = 0; i < MAX_WRITE_PAYLOAD && i < size; i++)
+		s->out[(pos + i) & OUT_MASK] = as->data[i];
+	as->pending = 0;
+	as->head = (as->head + al->batch) % al->slot_count;
+	s->frame.payload_len = size;
+	s->frame.immediate = list_id;
+	single_frame(s, write_frame(s, FANOUT_SIZE, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
+	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
+}
+
+static __always_inline void flush_later(__u32 kind, __u32 index, __u32 owner, __u64 now)
+{
+	struct flush_entry entry = { .first_ns = now, .kind = kind, .index = index, .owner = owner };
+
+	bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
+}
+
+static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
+{
+	struct report *r = &s->report;
+	struct append_list_key key = { .list_id = r->list_id };
+	struct append_list_value *al = bpf_map_lookup_elem(&append_list, &key);
+	struct append_state_value *as;
+	struct qp_ref ref;
+	__u32 blocked, pos, index;
+
+	if (!al)
+		return CNT_DROP_UNKNOWN_LIST;
+	if (r->data_len != al->entry_size)
+		return CNT_DROP_BAD_LENGTH;
+	index = al->state_index;
+	as = bpf_map_lookup_elem(&append_state, &index);
+	if (!as || !qp_lookup(al->qp_index, &ref))
+		return CNT_DROP_UNKNOWN_LIST;
+	blocked = qp_blocked(ctx, s, al->qp_index, ref.qs);
+	if (blocked)
+		return blocked;
+	pos = as->pending * al->entry_size;
+	if (pos + al->entry_size > MAX_WRITE_PAYLOAD)
+		return CNT_DROP_BAD_LENGTH;
+	if (!as->pending) {
+		as->first_pending_ns = s->now_ns;
+		flush_later(FLUSH_APPEND, index, r->list_id, s->now_ns);
+	}
+	/* 4- and 8-byte entries are integers, stored little-endian (host order) for the collector. */
+	for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++) {
+		__u32 from = (r->data_len == 4 || r->data_len == 8) ? r->data_len - 1 - i : i;
+
+		as->data[(pos + i) & (MAX_WRITE_PAYLOAD - 1)] = r->data[from & (MAX_DATA_LEN - 1)];
+	}
+	as->pending += 1;
+	if (as->pending < al->batch) {
+		count(CNT_APPEND_BATCHED);
+		return 0;
+	}
+	blocked = append_write(s, as, al, cfg, r->list_id);
+	if (!blocked)
+		count(CNT_TX_FRAMES);
+	return blocked;
+}
+
+/* Global, so the verifier checks it once rather than once per call path. */
+__noinline __u32 on_append(struct xdp_md *ctx)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_UNKNOWN_LIST;
+	return on_append_body(ctx, s, cfg);
+}
+
+static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_cache_value *entry,
+				       const struct structure_value *st, const struct translator_config_value *cfg,
+				       __u32 immediate)
+{
+	__u32 pos = write_payload_at(immediate), hops = st->hops & (MAX_POSTCARD_HOPS * 2 - 1);
+	__u64 offset = (__u64)(key_crc(entry->key, entry->key_len, crc32_slice8[0]) & (st->slot_count - 1)) *
+		       st->slot_size;
+	__u32 checksum = 0xffffffff;
+	struct qp_ref ref;
+
+	if (!qp_lookup(st->qp_index, &ref) || hops > MAX_POSTCARD_HOPS)
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	for (__u32 i = 0; i < MAX_KEY_LEN && i < entry->key_len; i++)
+		checksum = crc32_byte(crc32_slice8[0], checksum,
+				      entry->key[(entry->key_len - 1 - i) & (MAX_KEY_LEN - 1)]);
+	for (__u32 i = 0; i < 4 * MAX_POSTCARD_HOPS && i < 4 * hops; i++)
+		s->out[(pos + i) & OUT_MASK] = entry->values[i];
+	s->frame.payload_len = 4 * hops;
+	s->frame.immediate = checksum ^ 0xffffffff;
+	single_frame(s, write_frame(s, FANOUT_SIZE, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
+	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
+}
+
+static __always_inline int same_key(const struct postcard_cache_value *entry, const struct report *r)
+{
+	if (entry->key_len != r->key_len)
+		return 0;
+	for (__u32 i = 0; i < MAX_KEY_LEN && i < r->key_len; i++)
+		if (entry->key[i] != r->key[i])
+			return 0;
+	return 1;
+}
+
+static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
+{
+	struct report *r = &s->report;
+	struct structure_key sk = { .collector_ip = s->dst_ip, .primitive = PRIM_POSTCARDING };
+	struct structure_value *st = bpf_map_lookup_elem(&structure, &sk);
+	struct postcard_cache_value *entry;
+	struct qp_ref ref;
+	__u32 blocked, path_length, slot, encoded, hop = (r->hop - 1) & (MAX_POSTCARD_HOPS - 1);
+	int evicted = 0;
+
+	if (!st || !qp_lookup(st->qp_index, &ref))
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	if (r->key_len != st->key_len)
+		return CNT_DROP_BAD_LENGTH;
+	path_length = r->path_length ? r->path_length : st->hops;
+	if (r->hop > path_length || path_length > st->hops)
+		return CNT_DROP_BAD_HOP;
+	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	if (blocked)
+		return blocked;
+	slot = st->state_index + (key_crc(r->key, r->key_len, crc32_slice8[0]) & (st->cache_entries - 1));
+	entry = bpf_map_lookup_elem(&postcard_cache, &slot);
+	if (!entry)
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	encoded = get32(r->data) ^ key_crc(r->key, r->key_len, crc32_postcard_hop[hop]);
+	if (entry->valid && !same_key(entry, r)) {
+		if (path_length == 1) {
+			/* A one-hop path is complete on arrival: write it without evicting another flow's path. */
+			struct postcard_cache_value *single = (void *)s->raw;
+
+			__builtin_memset(single, 0, sizeof(*single));
+			__builtin_memcpy(single->key, r->key, MAX_KEY_LEN);
+			single->key_len = r->key_len;
+			put32(single->values + 4 * hop, encoded);
+			blocked = postcard_write(s, single, st, cfg, r->immediate);
+			if (!blocked)
+				count(CNT_TX_FRAMES);
+			return blocked;
+		}
+		count(CNT_POSTCARD_EVICTIONS);
+		blocked = postcard_write(s, entry, st, cfg, 0);
+		if (blocked)
+			return blocked;
+		entry->valid = 0;
+		evicted = 1;
+	}
+	if (!entry->valid) {
+		__builtin_memset(entry->values, 0, sizeof(entry->values));
+		__builtin_memcpy(entry->key, r->key, MAX_KEY_LEN);
+		entry->key_len = r->key_len;
+		entry->path_length = path_length;
+		entry->hop_mask = 0;
+		entry->first_ns = s->now_ns;
+		entry->valid = 1;
+		flush_later(FLUSH_POSTCARD, slot, s->dst_ip, s->now_ns);
+	}
+	put32(entry->values + 4 * hop, encoded);
+	entry->hop_mask |= 1 << hop;
+	if (__builtin_popcount(entry->hop_mask) >= entry->path_length) {
+		entry->valid = 0;
+		blocked = postcard_write(s, entry, st, cfg, r->immediate);
+	} else if (!evicted) {
+		count(CNT_POSTCARD_CACHED);
+	}
+	if (!blocked && s->out_count)
+		count(CNT_TX_FRAMES);
+	return blocked;
+}
+
+/* Global, so the verifier checks it once rather than once per call path. */
+__noinline __u32 on_postcard(struct xdp_md *ctx)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	return on_postcard_body(ctx, s, cfg);
+}
+
+/* Whether every column of the write group has all its reporters (global: verified once). */
+__noinline int sketch_group_complete(__u32 state_index, __u32 first, __u32 batch, __u32 reporters)
+{
+	struct sketch_column_key key = { .state_index = state_index };
+
+	for (__u32 c = 0; c < MAX_WRITE_PAYLOAD / 4 && c < batch; c++) {
+		struct sketch_column_value *column;
+
+		key.column = first + c;
+		column = bpf_map_lookup_elem(&sketch_column, &key);
+		if (!column || column->contributors < reporters)
+			return 0;
+	}
+	return 1;
+}
+
+/* Moves the group's aggregates into the frame payload at s->out[pos] (little-endian) and starts their next
+ * epoch. One flat loop over the group's counters keeps verification linear. */
+__noinline int sketch_group_take(__u32 state_index, __u32 first, __u32 batch, __u32 rows, __u32 pos)
+{
+	struct sketch_column_key key = { .state_index = state_index };
+	struct scratch *s = scratch_get();
+
+	if (!s || !rows)
+		return 0;
+	for (__u32 i = 0; i < MAX_WRITE_PAYLOAD / 4 && i < batch * rows; i++) {
+		__u32 row = i % rows, *cell;
+		struct sketch_column_value *column;
+
+		key.column = first + i / rows;
+		column = bpf_map_lookup_elem(&sketch_column, &key);
+		if (!column)
+			return 0;
+		cell = (__u32 *)column->counters + (row & (MAX_SKETCH_ROWS - 1));
+		for (int b = 0; b < 4; b++)
+			s->out[(pos + 4 * i + b) & OUT_MASK] = *cell >> (8 * b);
+		*cell = 0;
+		if (row + 1 == rows) {
+			column->contributors = 0;
+			column->epoch += 1;
+		}
+	}
+	return 1;
+}
+
+static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
+{
+	struct report *r = &s->report;
+	struct structure_key sk = { .collector_ip = s->dst_ip, .primitive = PRIM_SKETCH_MERGE };
+	struct structure_value *st = bpf_map_lookup_elem(&structure, &sk);
+	struct sketch_reporter_key rk = {};
+	struct sketch_reporter_value *progress, fresh = {};
+	struct sketch_column_key ck = {};
+	struct sketch_column_value *column, empty = {};
+	struct qp_ref ref;
+	__u32 blocked, expected, first, batch;
+
+	if (!st || !qp_lookup(st->qp_index, &ref))
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	if (r->reporter >= st->reporters)
+		return CNT_DROP_UNKNOWN_REPORTER;
+	if (r->rows != st->rows || r->column >= st->columns)
+		return CNT_DROP_BAD_LENGTH;
+	rk.state_index = st->state_index;
+	rk.reporter = r->reporter;
+	progress = bpf_map_lookup_elem(&sketch_reporter, &rk);
+	if (!progress) {
+		bpf_map_update_elem(&sketch_reporter, &rk, &fresh, BPF_NOEXIST);
+		progress = bpf_map_lookup_elem(&sketch_reporter, &rk);
+		if (!progress)
+			return CNT_DROP_UNKNOWN_REPORTER;
+	}
+	expected = progress->next_column;
+	ck.state_index = st->state_index;
+	ck.column = expected;
+	column = bpf_map_lookup_elem(&sketch_column, &ck);
+	/* A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written:
+	 * it has contributed to `expected` `wraps` times, the column was written `epoch` times. */
+	if (r->column != expected || (column && progress->wraps > column->epoch) || (!column && progress->wraps)) {
+		build_nack(s, cfg, NACK_KIND_SKETCH_COLUMN, expected, r->reporter);
+		return r->column > expected ? CNT_DROP_SKETCH_GAP : CNT_DROP_SKETCH_STALE;
+	}
+	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	if (blocked)
+		return blocked;
+	if (!column) {
+		bpf_map_update_elem(&sketch_column, &ck, &empty, BPF_NOEXIST);
+		column = bpf_map_lookup_elem(&sketch_column, &ck);
+		if (!column)
+			return CNT_DROP_BAD_LENGTH;
+	}
+	progress->next_column = expected + 1 == st->columns ? 0 : expected + 1;
+	if (expected + 1 == st->columns)
+		progress->wraps += 1;
+	for (__u32 row = 0; row < MAX_SKETCH_ROWS && row < r->rows; row++) {
+		__u32 *cell = (__u32 *)column->counters + row;
+		__u32 value = r->counters[row];
+
+		*cell = st->merge == SKETCH_MERGE_MAX ? (*cell > value ? *cell : value) : *cell + value;
+	}
+	column->contributors += 1;
+	count(CNT_SKETCH_MERGED);
+
+	batch = st->batch;
+	first = r->column - r->column % batch;
+	if (batch * r->rows * 4 > MAX_WRITE_PAYLOAD)
+		return CNT_DROP_BAD_LENGTH;
+	if (!sketch_group_complete(st->state_index, first, batch, st->reporters))
+		return 0;
+	sketch_group_take(st->state_index, first, batch, r->rows, write_payload_at(r->immediate));
+	s->frame.payload_len = batch * r->rows * 4;
+	s->frame.immediate = first;
+	single_frame(s, write_frame(s, FANOUT_SIZE, ref.q, ref.qs, cfg, (__u64)first * st->slot_size, r->immediate),
+		     ref.q->ifindex);
+	if (!s->out_count)
+		return CNT_DROP_OUT_OF_REGION;
+	count(CNT_TX_FRAMES);
+	return 0;
+}
+
+/* Global, so the verifier checks it once rather than once per call path. */
+__noinline __u32 on_sketch(struct xdp_md *ctx)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	return on_sketch_body(ctx, s, cfg);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* collector replies: ACK, NAK, Atomic ACK */
+
+static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s,
+						 const struct translator_config_value *cfg, __u32 ip_off,
+						 __u64 ip_header_len)
+{
+	__u64 ip_len, body_len;
+	__u32 ext, pad, crc, dest_qp, psn, syndrome;
+	struct qp_by_local_qpn_value *index;
+	struct qp_by_local_qpn_key key;
+	struct qp_ref ref;
+	__u8 *ip = s->out + 8, *body;
+
+	/* The frame was checked by the caller: ip_off + ip_len lies inside the packet. */
+	ip_len = s->frame.payload_len;
+	if (ip_len > OUT_LIMIT || ip_header_len > 60 || ip_len < ip_header_len + UDP_SIZE)
+		return CNT_DROP_BAD_LENGTH;
+	body_len = ip_len - ip_header_len - UDP_SIZE;
+	if (body_len < BTH_SIZE + ICRC_LEN)
+		return CNT_DROP_TRUNCATED;
+	if (bpf_xdp_load_bytes(ctx, ip_off, ip, NONZERO(ip_len, OUT_LIMIT - 1)))
+		return CNT_DROP_TRUNCATED;
+	body = ip + ((ip_header_len + UDP_SIZE) & 127);
+	switch (body[0]) {
+	case ROCE_OP_RC_SEND_ONLY: ext = ROCE_EXT_LEN_RC_SEND_ONLY; break;
+	case ROCE_OP_RC_WRITE_ONLY: ext = ROCE_EXT_LEN_RC_WRITE_ONLY; break;
+	case ROCE_OP_RC_WRITE_ONLY_IMM: ext = ROCE_EXT_LEN_RC_WRITE_ONLY_IMM; break;
+	case ROCE_OP_RC_ACK: ext = ROCE_EXT_LEN_RC_ACK; break;
+	case ROCE_OP_RC_ATOMIC_ACK: ext = ROCE_EXT_LEN_RC_ATOMIC_ACK; break;
+	case ROCE_OP_RC_COMPARE_SWAP: ext = ROCE_EXT_LEN_RC_COMPARE_SWAP; break;
+	case ROCE_OP_RC_FETCH_ADD: ext = ROCE_EXT_LEN_RC_FETCH_ADD; break;
+	case ROCE_OP_UC_WRITE_ONLY: ext = ROCE_EXT_LEN_UC_WRITE_ONLY; break;
+	case ROCE_OP_UC_WRITE_ONLY_IMM: ext = ROCE_EXT_LEN_UC_WRITE_ONLY_IMM; break;
+	case ROCE_OP_UD_SEND_ONLY: ext = ROCE_EXT_LEN_UD_SEND_ONLY; break;
+	default: return CNT_DROP_UNKNOWN_OPCODE;
+	}
+	if (body_len - ICRC_LEN < BTH_SIZE + ext)
+		return CNT_DROP_TRUNCATED;
+	pad = (body[1] >> 4) & 3;
+	if (body_len - ICRC_LEN - pad < BTH_SIZE + ext)
+		return CNT_DROP_BAD_LENGTH;
+	dest_qp = (__u32)body[5] << 16 | (__u32)body[6] << 8 | body[7];
+	psn = (__u32)body[9] << 16 | (__u32)body[10] << 8 | body[11];
+	syndrome = body[BTH_SIZE];
+
+	__builtin_memset(s->out, 0xff, 8);
+	ip[1] = 0xff;
+	ip[8] = 0xff;
+	ip[10] = 0xff;
+	ip[11] = 0xff;
+	ip[(ip_header_len + 6) & 63] = 0xff;
+	ip[(ip_header_len + 7) & 63] = 0xff;
+	ip[(ip_header_len + UDP_SIZE + 4) & 127] = 0xff;
+	crc = out_crc(s, 0, 8 + ip_len - ICRC_LEN);
+	for (int i = 0; i < 4; i++)
+		if (s->out[(8 + ip_len - ICRC_LEN + i) & OUT_MASK] != ((crc >> (8 * i)) & 0xff))
+			return CNT_DROP_BAD_ICRC;
+
+	key.local_qpn = dest_qp;
+	index = bpf_map_lookup_elem(&qp_by_local_qpn, &key);
+	if (!index || !qp_lookup(index->qp_index, &ref) || ref.q->collector_ip != s->src_ip ||
+	    (body[0] != ROCE_OP_RC_ACK && body[0] != ROCE_OP_RC_ATOMIC_ACK))
+		return CNT_DROP_UNKNOWN_QP;
+	switch (syndrome >> 5) {
+	case AETH_ACK:
+		count(CNT_RX_ACKS);
+		break;
+	case AETH_RNR_NAK:
+		count(CNT_RX_RNR_NAKS);
+		break;
+	default:
+		if (syndrome >> 5 == AETH_NAK && (syndrome & 0x1f) == NAK_PSN_SEQUENCE_ERROR) {
+			count(CNT_RX_NAK_SEQUENCE);
+			ref.qs->next_psn = psn;
+			ref.qs->state = QP_STATE_GRACE;
+			ref.qs->grace_until_ns = s->now_ns + cfg->grace_ns;
+		} else {
+			count(CNT_RX_NAK_FATAL);
+			ref.qs->state = QP_STATE_FAILED;
+		}
+	}
+	return 0;
+}
+
+__noinline __u32 on_reply(struct xdp_md *ctx, __u32 ip_off, __u64 ip_header_len)
+{
+	struct scratch *s = scratch_get();
+	const struct translator_config_value *cfg = config_get();
+
+	if (!s || !cfg)
+		return CNT_DROP_TRUNCATED;
+	return on_reply_body(ctx, s, cfg, ip_off, ip_header_len);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* output */
+
+/* Replaces the packet with what the handler built: one frame (XDP_TX or redirect), or a bundle for tc. */
+static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
+{
+	__u64 count_out = s->out_count, start = FANOUT_SIZE, len = s->out_frame_len, have;
+	void *data, *meta;
+
+	if (!count_out)
+		return XDP_DROP;
+	if (count_out > 1) {
+		struct fanout *h = (void *)s->out;
+
+		__builtin_memset(h, 0, sizeof(*h));
+		h->ethertype = bpf_htons(FANOUT_ETHERTYPE);
+		h->count = count_out;
+		h->frame_len = bpf_htons(len);
+		h->ifindex = bpf_htonl(s->out_ifindex);
+		start = 0;
+		len = FANOUT_SIZE + count_out * len;
+	}
+	have = ctx->data_end - ctx->data;
+	if (len > OUT_LIMIT || len < ETHERNET_SIZE) {
+		count(CNT_DROP_BAD_LENGTH);
+		return XDP_DROP;
+	}
+	if (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have)) {
+		count(CNT_DROP_NO_ROOM);
+		return XDP_DROP;
+	}
+	if (bpf_xdp_store_bytes(ctx, 0, s->out + start, len)) {
+		count(CNT_DROP_NO_ROOM);
+		return XDP_DROP;
+	}
+	if (count_out > 1) {
+		if (bpf_xdp_adjust_meta(ctx, -4))
+			return XDP_PASS;	/* without the mark, tc leaves the bundle to the stack, which drops it */
+		data = (void *)(long)ctx->data;
+		meta = (void *)(long)ctx->data_meta;
+		if (meta + 4 > data)
+			return XDP_DROP;
+		*(__u32 *)meta = FANOUT_META_MAGIC;
+		return XDP_PASS;
+	}
+	if (s->out_ifindex && s->out_ifindex != ctx->ingress_ifindex)
+		return bpf_redirect(s->out_ifindex, 0);
+	return XDP_TX;
+}
+
+static __always_inline struct scratch *begin(__u64 now, __u32 data_path)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+
+	if (s) {
+		s->now_ns = now;
+		s->data_path = data_path;
+		s->out_count = 0;
+		s->out_ifindex = 0;
+	}
+	return s;
+}
+
+SEC("xdp")
+int softdta_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	struct translator_config_value *cfg;
+	struct ethhdr_min { __u8 dst[6]; __u8 src[6]; __u16 proto; } *eth = data;
+	__u32 zero = 0, ip_off = ETHERNET_SIZE, ihl, ip_total, udp_len, payload_off, payload_len, reason = 0;
+	struct scratch *s;
+	__u8 *ip, *udp;
+	__u16 dport;
+
+	if ((void *)(eth + 1) > data_end || eth->proto != bpf_htons(ETH_P_IP))
+		return XDP_PASS;
+	ip = data + ip_off;
+	if ((void *)(ip + IPV4_SIZE) > data_end || ip[0] >> 4 != 4 || (ip[0] & 0xf) < 5 || ip[9] != IPPROTO_UDP)
+		return XDP_PASS;
+	if ((ip[6] & 0x3f) || ip[7])	/* MF flag or a fragment offset */
+		return XDP_PASS;
+	ihl = (ip[0] & 0xf) * 4;
+	ip_total = (__u32)ip[2] << 8 | ip[3];
+	if (ip_off + ip_total > (__u32)(data_end - data) || ip_total < ihl + UDP_SIZE)
+		return XDP_PASS;
+	udp = ip + ihl;
+	if ((void *)(udp + UDP_SIZE) > data_end)
+		return XDP_PASS;
+	udp_len = (__u32)udp[4] << 8 | udp[5];
+	if (udp_len < UDP_SIZE || ihl + udp_len > ip_total)
+		return XDP_PASS;
+	dport = (__u16)udp[2] << 8 | udp[3];
+	payload_off = ip_off + ihl + UDP_SIZE;
+	payload_len = udp_len - UDP_SIZE;
+
+	cfg = bpf_map_lookup_elem(&translator_config, &zero);
+	s = begin(bpf_ktime_get_ns(), 1);
+	if (!cfg || !s)
+		return XDP_PASS;
+	__builtin_memcpy(&s->src_ip, ip + 12, 4);
+	__builtin_memcpy(&s->dst_ip, ip + 16, 4);
+	__builtin_memcpy(s->peer_mac, eth->src, 6);
+
+	if (dport == DTA_PORT) {
+		__u64 take = payload_len < RAW_MAX ? payload_len : RAW_MAX;
+
+		count(CNT_RX_REPORTS);
+		if (take && bpf_xdp_load_bytes(ctx, payload_off, s->raw, NONZERO(take, 0xff)))
+			reason = CNT_DROP_TRUNCATED;
+		if (!reason)
+			reason = decode_report(payload_len, cfg->profile);
+		if (!reason && s->report.retransmit)
+			reason = check_sequence();
+		if (!reason) {
+			switch (s->report.opcode) {
+			case DTA_OP_KEY_WRITE:
+			case DTA_OP_KEY_INCREMENT:
+				reason = on_keyed(ctx);
+				break;
+			case DTA_OP_APPEND:
+				reason = on_append(ctx);
+				break;
+			case DTA_OP_POSTCARDING:
+				reason = on_postcard(ctx);
+				break;
+			default:
+				reason = on_sketch(ctx);
+			}
+		}
+	} else if (dport == ROCE_PORT) {
+		struct collector_key ck = { .ip = s->src_ip };
+
+		if (!bpf_map_lookup_elem(&collector, &ck))
+			return XDP_PASS;
+		s->frame.payload_len = ip_total;
+		reason = on_reply(ctx, ip_off, ihl);
+	} else {
+		return XDP_PASS;
+	}
+	if (reason == DEFERRED)
+		return XDP_DROP;
+	if (reason)
+		count(reason);
+	return emit(ctx, s);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* idle flush, one entry per run (the control plane runs it with BPF_F_TEST_XDP_LIVE_FRAMES) */
+
+static __always_inline int flushable(struct qp_state_value *qs, __u64 now, __u64 idle)
+{
+	return qp_ready(qs, now) && now - qs->last_tx_ns >= idle;
+}
+
+SEC("xdp")
+int softdta_flush(struct xdp_md *ctx)
+{
+	struct translator_config_value *cfg;
+	struct flush_entry entry;
+	struct scratch *s;
+	struct qp_ref ref;
+	__u32 zero = 0, reason;
+	__u64 now = bpf_ktime_get_ns();
+
+	cfg = bpf_map_lookup_elem(&translator_config, &zero);
+	s = begin(now, 0);
+	if (!cfg || !s || bpf_map_peek_elem(&flush_queue, &entry))
+		return XDP_DROP;
+	if (entry.kind == FLUSH_APPEND) {
+		struct append_state_value *as = bpf_map_lookup_elem(&append_state, &entry.index);
+		struct append_list_key key = { .list_id = entry.owner };
+		struct append_list_value *al = bpf_map_lookup_elem(&append_list, &key);
+		__u32 from, to;
+
+		if (!as || !al || !as->pending || as->first_pending_ns != entry.first_ns) {
+			bpf_map_pop_elem(&flush_queue, &entry);
+			return XDP_DROP;
+		}
+		if (now - entry.first_ns < cfg->flush_idle_ns)
+			return XDP_DROP;
+		bpf_map_pop_elem(&flush_queue, &entry);
+		if (!qp_lookup(al->qp_index, &ref) || !flushable(ref.qs, now, cfg->flush_idle_ns)) {
+			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
+			return XDP_DROP;
+		}
+		from = as->pending * al->entry_size;
+		to = al->batch * al->entry_size;
+		for (__u32 i = 0; i < MAX_WRITE_PAYLOAD && from + i < to; i++)
+			as->data[(from + i) & (MAX_WRITE_PAYLOAD - 1)] = 0;
+		count(CNT_APPEND_FLUSHES);
+		reason = append_write(s, as, al, cfg, entry.owner);
+	} else {
+		struct postcard_cache_value *pc = bpf_map_lookup_elem(&postcard_cache, &entry.index);
+		struct structure_key key = { .collector_ip = entry.owner, .primitive = PRIM_POSTCARDING };
+		struct structure_value *st = bpf_map_lookup_elem(&structure, &key);
+
+		if (!pc || !st || !pc->valid || pc->first_ns != entry.first_ns) {
+			bpf_map_pop_elem(&flush_queue, &entry);
+			return XDP_DROP;
+		}
+		if (now - entry.first_ns < cfg->flush_idle_ns)
+			return XDP_DROP;
+		bpf_map_pop_elem(&flush_queue, &entry);
+		if (!qp_lookup(st->qp_index, &ref) || !flushable(ref.qs, now, cfg->flush_idle_ns)) {
+			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
+			return XDP_DROP;
+		}
+		pc->valid = 0;
+		count(CNT_POSTCARD_FLUSHES);
+		reason = postcard_write(s, pc, st, cfg, 0);
+	}
+	if (reason)
+		count(reason);
+	return emit(ctx, s);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* tc ingress: send each frame of a bundle XDP handed over */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u8[OUT_SIZE]);
+	__uint(max_entries, 1);
+} fanout_scratch SEC(".maps");
+
+SEC("tc")
+int softdta_fanout(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
+	void *meta = (void *)(long)skb->data_meta;
+	struct fanout *h = data;
+	__u32 zero = 0, frames, len, ifindex;
+	__u8 *buf;
+
+	if (meta + 4 > data || *(__u32 *)meta != FANOUT_META_MAGIC || (void *)(h + 1) > data_end ||
+	    h->ethertype != bpf_htons(FANOUT_ETHERTYPE))
+		return TC_ACT_OK;
+	frames = h->count;
+	len = bpf_ntohs(h->frame_len);
+	ifindex = bpf_ntohl(h->ifindex);
+	if (!ifindex)
+		ifindex = skb->ifindex;
+	buf = bpf_map_lookup_elem(&fanout_scratch, &zero);
+	if (!buf || frames < 2 || frames > MAX_REDUNDANCY || len > OUT_LIMIT / 2 || len < ETHERNET_SIZE ||
+	    FANOUT_SIZE + frames * len != skb->len)
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, FANOUT_SIZE, buf, NONZERO(frames * len, OUT_SIZE - 1)) ||
+	    bpf_skb_change_tail(skb, len, 0))
+		return TC_ACT_SHOT;
+	for (__u32 i = 0; i < MAX_REDUNDANCY && i < frames; i++) {
+		if (bpf_skb_store_bytes(skb, 0, buf + ((i * len) & (OUT_SIZE / 2 - 1)), NONZERO(len, OUT_SIZE / 2 - 1), 0))
+			return TC_ACT_SHOT;
+		if (i + 1 == frames)
+			break;
+		bpf_clone_redirect(skb, ifindex, 0);
+	}
+	return bpf_redirect(ifindex, 0);
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,115 @@
+"""Network namespaces and veth pairs for tests and the lab, driven through iproute2's `ip`.
+
+Give every namespace a per-run prefix (e.g. "sdta-t-<pid>-") so `cleanup_prefix` can remove what a crashed run
+left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetnsError(RuntimeError):
+    """An `ip` command or setns(2) failed."""
+
+
+def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *argv], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise NetnsError(f"`ip {' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise NetnsError(f"setns into {what}: {os.strerror(ctypes.get_errno())}")
+
+
+@contextmanager
+def in_netns(name: str) -> Iterator[None]:
+    """Move the calling thread into network namespace name; sockets opened inside belong to it."""
+    original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(NETNS_DIR / name, os.O_RDONLY)
+        try:
+            _setns(target, f"network namespace {name!r}")
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(original, "the original network namespace")
+    finally:
+        os.close(original)
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A named network namespace (/run/netns/<name>)."""
+
+    name: str
+
+    @classmethod
+    def create(cls, name: str) -> Namespace:
+        """Create the namespace with IPv6 off (no router solicitations or DAD in captures) and lo up."""
+        _ip("netns", "add", name)
+        ns = cls(name)
+        ns.run("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+        _ip("-n", name, "link", "set", "lo", "up")
+        return ns
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a command inside the namespace; output is captured as text."""
+        return _ip("netns", "exec", self.name, *argv, check=check)
+
+    def delete(self) -> None:
+        if (NETNS_DIR / self.name).exists():
+            _ip("netns", "delete", self.name)
+
+
+def cleanup_prefix(prefix: str) -> list[str]:
+    """Delete every namespace whose name starts with prefix; return their names."""
+    if not prefix:
+        raise ValueError("cleanup_prefix needs a non-empty prefix")
+    names = [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.strip()]
+    doomed = [name for name in names if name.startswith(prefix)]
+    for name in doomed:
+        Namespace(name).delete()
+    return doomed
+
+
+def veth_pair(ns_a: Namespace, name_a: str, ns_b: Namespace, name_b: str, *, mac_a: str | None = None,
+              mac_b: str | None = None, mtu: int = 1500) -> None:
+    """Create a veth pair with one end in each namespace, and bring both ends up."""
+    def end(ns: Namespace, name: str, mac: str | None) -> list[str]:
+        return [name, *(["address", mac] if mac else []), "mtu", str(mtu), "netns", ns.name]
+
+    # creating both ends directly in their namespaces avoids name clashes in the caller's namespace
+    _ip("link", "add", *end(ns_a, name_a, mac_a), "type", "veth", "peer", "name", *end(ns_b, name_b, mac_b))
+    for ns, name in ((ns_a, name_a), (ns_b, name_b)):
+        _ip("-n", ns.name, "link", "set", name, "up")
+
+
+def address(ns: Namespace, ifname: str, cidr: str) -> None:
+    _ip("-n", ns.name, "address", "replace", cidr, "dev", ifname)
+
+
+def ifindex(ns: Namespace, ifname: str) -> int:
+    return json.loads(_ip("-n", ns.name, "-j", "link", "show", "dev", ifname).stdout)[0]["ifindex"]
+
+
+def neighbour(ns: Namespace, ifname: str, ip: str, mac: str) -> None:
+    """A permanent ARP entry, so tests do not depend on ARP resolution."""
+    _ip("-n", ns.name, "neigh", "replace", ip, "lladdr", mac, "dev", ifname, "nud", "permanent")
