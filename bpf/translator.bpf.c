@@ -89,6 +89,8 @@ struct flush_entry {
 struct deferred_report {
 	__u32 qp_index;
 	__u32 len;
+	__u32 ingress_ifindex;
+	__u32 pad;
 	__u8 frame[DEFER_FRAME_MAX];
 };
 
@@ -584,6 +586,8 @@ static __noinline __u32 defer_report(struct xdp_md *ctx, __u32 qp_index)
 		return CNT_DROP_DEFER_FULL;
 	rec->qp_index = qp_index;
 	rec->len = len;
+	rec->ingress_ifindex = ctx->ingress_ifindex;
+	rec->pad = 0;
 	if (len < 1 || bpf_xdp_load_bytes(ctx, 0, rec->frame, NONZERO(len, DEFER_FRAME_MAX - 1))) {
 		bpf_ringbuf_discard(rec, 0);
 		return CNT_DROP_BAD_LENGTH;

@@ -239,7 +239,9 @@ class Map:
 
     def _lookup_raw(self, key: bytes, size: int) -> bytes | None:
         value = ctypes.create_string_buffer(size)
-        ret = _lib.bpf_map_lookup_elem(self.fd, self._sized("key", key, self.key_size), value)
+        # keyless maps (queues, stacks) take a NULL key: the kernel rejects any pointer there
+        key_arg = self._sized("key", key, self.key_size) if self.key_size else None
+        ret = _lib.bpf_map_lookup_elem(self.fd, key_arg, value)
         if ret == -errno.ENOENT:
             return None
         _check(ret, f"lookup in map '{self.name}'")

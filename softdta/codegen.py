@@ -123,7 +123,7 @@ def wire_members(header: Header) -> list[Member]:
     return members
 
 
-def _host_members(fields: tuple[Field | Raw, ...]) -> tuple[list[Member], int]:
+def host_members(fields: tuple[Field | Raw, ...]) -> tuple[list[Member], int]:
     """C members of a table key or value in host order, with explicit padding where natural alignment needs it."""
     members: list[Member] = []
     offset, struct_align = 0, 1
@@ -205,7 +205,7 @@ def render_c_header() -> str:
                 lines.append(f"#define {macro}_SHIFT {shift}")
     for table in spec.TRANSLATOR_TABLES:
         for part, fields in (("key", table.key), ("value", table.value)):
-            members, size = _host_members(fields)
+            members, size = host_members(fields)
             lines += [""] + _c_struct(f"{table.name}_{part}", f"{table.name} {part}: {table.doc}", members,
                                       str(size), packed=False)
     lines += ["", "#endif /* SOFTDTA_SPEC_H */", ""]

@@ -1,0 +1,376 @@
+"""The kernel translator engine: builds bpf/translator.bpf.c, loads it through libbpf, fills its maps from the
+translator tables, runs frames through it, attaches it to interfaces and reads its state.
+
+The maps named after `spec.TRANSLATOR_TABLES` are the whole interface; `maps.table()` gives their layouts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sysconfig
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .bpf import BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, xdp_md
+from .maps import table
+from .spec import (DTA_NACK_PORT, ETH_P_IP, FANOUT, FANOUT_ETHERTYPE, FANOUT_META_MAGIC, Counter, Primitive,
+                   QpState, TRANSLATOR_TABLES)
+from .tables import QueuePair, TableError, Tables
+from .translator import Output
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+SOURCE = BPF_DIR / "translator.bpf.c"
+OBJECT = BPF_DIR / "build" / "translator.bpf.o"
+DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
+DEFAULT_FLUSH_IDLE_NS = 1_000_000
+XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
+_FLUSH_TEMPLATE = bytes(64)
+_FLUSH_RUNS_PER_TICK = 64
+
+
+class EngineError(RuntimeError):
+    """The kernel engine cannot be built, loaded or driven; the message says what to do."""
+
+
+def build_object(force: bool = False) -> Path:
+    """Compile the translator with clang against UAPI headers (no kernel headers needed); cached by mtime."""
+    sources = [SOURCE, *BPF_DIR.glob("*.h")]
+    if not force and OBJECT.exists() and OBJECT.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        return OBJECT
+    clang = shutil.which("clang")
+    if clang is None:
+        raise EngineError("clang is not installed; run `make setup` (it installs clang and libbpf-dev)")
+    OBJECT.parent.mkdir(parents=True, exist_ok=True)
+    partial = OBJECT.with_suffix(f".{os.getpid()}.tmp")
+    multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
+    command = [clang, "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-I", str(BPF_DIR),
+               "-I", f"/usr/include/{multiarch}", "-c", str(SOURCE), "-o", str(partial)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        partial.unlink(missing_ok=True)
+        raise EngineError(f"clang failed to build {SOURCE.name}:\n{result.stderr.strip()}")
+    os.replace(partial, OBJECT)
+    return OBJECT
+
+
+@dataclass
+class Slots:
+    """Map indexes the control plane hands out; kept across table updates so live state stays put."""
+
+    qp: dict[int, int] = field(default_factory=dict)  # local QPN -> qp map index
+    append: dict[int, int] = field(default_factory=dict)  # list id -> append_state index
+    postcard: dict[tuple[bytes, int], int] = field(default_factory=dict)  # (collector ip, entries) -> first slot
+    sketch: dict[bytes, int] = field(default_factory=dict)  # collector ip -> sketch state index
+
+
+def _free_index(used: set[int], capacity: int, what: str) -> int:
+    for index in range(capacity):
+        if index not in used:
+            used.add(index)
+            return index
+    raise TableError(f"the kernel engine holds at most {capacity} {what}; split the tables over translators")
+
+
+def _free_range(ranges: list[tuple[int, int]], size: int, capacity: int, what: str) -> int:
+    start = 0
+    for first, length in sorted(ranges):
+        if first - start >= size:
+            break
+        start = max(start, first + length)
+    if start + size > capacity:
+        raise TableError(f"the kernel engine holds at most {capacity} {what} in total; lower cache_entries")
+    ranges.append((start, size))
+    return start
+
+
+def _capacity(name: str) -> int:
+    return next(t.max_entries for t in TRANSLATOR_TABLES if t.name == name)
+
+
+class XdpTranslator:
+    """One loaded instance of the kernel translator.
+
+    `pin_dir` pins every map there (under a bpffs), so a restarted translator finds its PSNs, Append heads and
+    caches again. Without it, the maps live as long as this object.
+    """
+
+    def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS):
+        self.flush_idle_ns = flush_idle_ns
+        try:
+            self.object = BpfObject(build_object(), pin_dir=pin_dir)
+        except BpfError as error:
+            raise EngineError(f"cannot load the kernel translator: {error}") from None
+        self.maps: dict[str, Map] = self.object.maps
+        self.xdp = self.object.programs["softdta_xdp"]
+        self.flusher = self.object.programs["softdta_flush"]
+        self.fanout = self.object.programs["softdta_fanout"]
+        self.ring = RingBuffer(self.maps["deferred"])
+        self.slots = self._slots_in_maps()
+        self.tables = tables
+        self.attached: list[int] = []
+        self.reinjected = 0
+        self._backlog: dict[int, list[tuple[int, bytes]]] = {}
+        self.apply(tables)
+
+    def close(self) -> None:
+        self.detach()
+        self.ring.close()
+        self.object.close()
+
+    def __enter__(self) -> XdpTranslator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # tables
+
+    def apply(self, tables: Tables) -> None:
+        """Write `tables` into the maps. Entries that stay keep their state (PSNs, heads, caches); new QPs start
+        at their start_psn; removed entries are deleted last, so traffic for the rest never sees a gap."""
+        tables.validate()
+        write = self._writer()
+        write("translator_config", {"index": 0}, src_mac=tables.mac, udp_sport=tables.udp_sport,
+              src_ip=int.from_bytes(tables.ip, "little"), dscp=tables.dscp, ttl=tables.ttl,
+              profile=0 if tables.profile.value == "dta-v1" else 1,
+              ack_req_interval=tables.ack_request_interval, grace_ns=tables.grace_ns,
+              flush_idle_ns=self.flush_idle_ns)
+        if len(tables.ip) != 4:
+            raise TableError("the kernel engine translates over IPv4; give the translator an IPv4 address")
+        old_qps = dict(self.slots.qp)
+        used = set(old_qps.values())
+        qp_index: dict[str, int] = {}
+        for qp in tables.qps:
+            index = old_qps.get(qp.local_qpn)
+            if index is None:
+                index = _free_index(used, _capacity("qp"), "queue pairs")
+            fresh = self.slots.qp.get(qp.local_qpn) is None or self._qp_changed(index, qp)
+            self.slots.qp[qp.local_qpn] = qp_index[qp.name] = index
+            write("qp", {"qp_index": index}, remote_qpn=qp.remote_qpn, local_qpn=qp.local_qpn, rkey=qp.rkey,
+                  collector_ip=_ip(qp.collector_ip), collector_mac=qp.collector_mac, transport=int(qp.transport),
+                  start_psn=qp.start_psn, ifindex=_ifindex(qp.interface), base_va=qp.base_va, length=qp.length)
+            if fresh:
+                write("qp_state", {"qp_index": index}, next_psn=qp.start_psn, state=int(QpState.ACTIVE))
+            write("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, qp_index=index)
+            write("collector", {"ip": _ip(qp.collector_ip)}, mac=qp.collector_mac)
+        structure_keys = set()
+        postcard_ranges = [(first, entries) for (_, entries), first in self.slots.postcard.items()]
+        sketch_used = set(self.slots.sketch.values())
+        for structure in tables.structures:
+            ip = structure.qp.collector_ip
+            state_index = 0
+            if structure.primitive is Primitive.POSTCARDING:
+                key = (ip, structure.cache_entries)
+                if key not in self.slots.postcard:
+                    self.slots.postcard[key] = _free_range(postcard_ranges, structure.cache_entries,
+                                                           _capacity("postcard_cache"), "Postcarding cache entries")
+                state_index = self.slots.postcard[key]
+            elif structure.primitive is Primitive.SKETCH_MERGE:
+                if ip not in self.slots.sketch:
+                    self.slots.sketch[ip] = _free_index(sketch_used, _capacity("sketch_column"), "sketches")
+                state_index = self.slots.sketch[ip]
+            structure_keys.add((_ip(ip), int(structure.primitive)))
+            write("structure", {"collector_ip": _ip(ip), "primitive": int(structure.primitive)},
+                  qp_index=qp_index[structure.qp.name], slot_count=structure.slot_count,
+                  slot_size=structure.slot_size, key_len=structure.key_len, data_len=structure.data_len,
+                  hops=structure.hops, merge=int(structure.merge), key_hash=int(structure.key_hash),
+                  rows=structure.rows, reporters=structure.reporters, columns=structure.columns,
+                  cache_entries=structure.cache_entries, batch=structure.batch, state_index=state_index)
+        list_ids = set()
+        append_used = set(self.slots.append.values())
+        for lists in tables.append_lists:
+            for offset in range(lists.lists):
+                list_id = lists.first_list + offset
+                list_ids.add(list_id)
+                if list_id not in self.slots.append:
+                    self.slots.append[list_id] = _free_index(append_used, _capacity("append_state"), "Append lists")
+                    write("append_state", {"state_index": self.slots.append[list_id]})
+                write("append_list", {"list_id": list_id}, qp_index=qp_index[lists.qp.name],
+                      first_slot=offset * lists.entries, slot_count=lists.entries, entry_size=lists.data_len,
+                      batch=lists.batch, state_index=self.slots.append[list_id])
+        self._delete_missing("structure", structure_keys, lambda k: (k["collector_ip"], k["primitive"]))
+        self._delete_missing("append_list", list_ids, lambda k: k["list_id"])
+        for list_id in set(self.slots.append) - list_ids:
+            del self.slots.append[list_id]
+        live_qpns = {qp.local_qpn for qp in tables.qps}
+        self._delete_missing("qp_by_local_qpn", live_qpns, lambda k: k["local_qpn"])
+        self._delete_missing("collector", {_ip(qp.collector_ip) for qp in tables.qps}, lambda k: k["ip"])
+        for local_qpn in set(self.slots.qp) - live_qpns:
+            write("qp", {"qp_index": self.slots.qp.pop(local_qpn)})
+        self.tables = tables
+
+    def _writer(self):
+        def write(name: str, key: dict, **value) -> None:
+            layout = table(name)
+            self.maps[name].update(layout.key.pack(**key), layout.value.pack(**value))
+        return write
+
+    def _delete_missing(self, name: str, keep: set, key_of) -> None:
+        layout = table(name)
+        for raw in list(self.maps[name].keys()):
+            if key_of(layout.key.unpack(raw)) not in keep:
+                self.maps[name].delete(raw)
+
+    def _qp_changed(self, index: int, qp: QueuePair) -> bool:
+        current = self.read("qp", qp_index=index)
+        return current is None or current["remote_qpn"] != qp.remote_qpn or current["start_psn"] != qp.start_psn
+
+    def _slots_in_maps(self) -> Slots:
+        """Rebuild the index assignment from (pinned) maps, so a restarted translator keeps its state."""
+        slots = Slots()
+        for raw, value in self.maps["qp"].items():
+            entry = table("qp").value.unpack(value)
+            if entry["remote_qpn"]:
+                slots.qp[entry["local_qpn"]] = table("qp").key.unpack(raw)["qp_index"]
+        for raw, value in self.maps["append_list"].items():
+            slots.append[table("append_list").key.unpack(raw)["list_id"]] = \
+                table("append_list").value.unpack(value)["state_index"]
+        for raw, value in self.maps["structure"].items():
+            key, entry = table("structure").key.unpack(raw), table("structure").value.unpack(value)
+            ip = key["collector_ip"].to_bytes(4, "little")
+            if key["primitive"] == Primitive.POSTCARDING:
+                slots.postcard[(ip, entry["cache_entries"])] = entry["state_index"]
+            elif key["primitive"] == Primitive.SKETCH_MERGE:
+                slots.sketch[ip] = entry["state_index"]
+        return slots
+
+    # ----------------------------------------------------------------------------------------------
+    # state
+
+    def read(self, name: str, **key) -> dict | None:
+        layout = table(name)
+        raw = self.maps[name].lookup(layout.key.pack(**key))
+        return None if raw is None else layout.value.unpack(raw)
+
+    def counters(self) -> Tally[Counter]:
+        tally: Tally[Counter] = Tally()
+        for counter in Counter:
+            values = self.maps["counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
+            total = sum(int.from_bytes(v[:8], "little") for v in values)
+            if total:
+                tally[counter] = total
+        return tally
+
+    def qp_state(self, qp: QueuePair) -> dict:
+        return self.read("qp_state", qp_index=self.slots.qp[qp.local_qpn])
+
+    def resync(self, qp: QueuePair, psn: int, now_ns: int | None = None) -> None:
+        """Set a QP's next PSN and start its grace period (what a sequence-error NAK does)."""
+        state = self.qp_state(qp)
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        self._write_qp_state(qp, state, next_psn=psn & 0xFFFFFF, state=int(QpState.GRACE),
+                             grace_until_ns=now_ns + self.tables.grace_ns)
+
+    def revive(self, qp: QueuePair, psn: int) -> None:
+        """Bring a failed QP back once the collector re-created its end."""
+        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & 0xFFFFFF, state=int(QpState.ACTIVE),
+                             grace_until_ns=0)
+
+    def _write_qp_state(self, qp: QueuePair, state: dict, **changes) -> None:
+        layout = table("qp_state")
+        self.maps["qp_state"].update(layout.key.pack(qp_index=self.slots.qp[qp.local_qpn]),
+                                     layout.value.pack(**{**state, **changes}))
+
+    # ----------------------------------------------------------------------------------------------
+    # frames through the program (BPF_PROG_TEST_RUN)
+
+    def process(self, frame: bytes, ingress_ifindex: int = 0) -> Output:
+        """Run one frame through the XDP program and return what it would put on the wire."""
+        run = self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ingress_ifindex))
+        out = _output(run.retval, run.data, run.meta)
+        out.deferred = bool(self.ring.consume())
+        return out
+
+    def flush(self) -> list[bytes]:
+        """Run the idle flush until nothing more is due: the frames it writes out, oldest first."""
+        frames: list[bytes] = []
+        seen: set[bytes] = set()
+        queue = self.maps["flush_queue"]
+        while (head := queue.lookup(b"")) is not None:
+            run = self.flusher.test_run(_FLUSH_TEMPLATE)
+            if run.retval in (XDP_TX, XDP_REDIRECT):
+                frames.append(run.data)
+                seen.clear()
+            elif head in seen:
+                break
+            else:
+                seen.add(head)
+        return frames
+
+    def take_deferred(self) -> list[tuple[int, int, bytes]]:
+        """Essential reports parked while their QP could not send: (qp index, ingress ifindex, frame)."""
+        records = []
+        for record in self.ring.consume():
+            qp_index, length, ifindex = (int.from_bytes(record[i:i + 4], "little") for i in (0, 4, 8))
+            records.append((qp_index, ifindex, record[16:16 + length]))
+        return records
+
+    # ----------------------------------------------------------------------------------------------
+    # live operation
+
+    def attach(self, interfaces: list[str], mode: str = "native") -> None:
+        """XDP on every interface (reports in, collector replies in), tc fan-out on their ingress."""
+        for name in interfaces:
+            ifindex = _ifindex(name)
+            attach_xdp(ifindex, self.xdp.fd, mode=mode)
+            attach_tc_ingress(ifindex, self.fanout.fd)
+            self.attached.append(ifindex)
+
+    def detach(self) -> None:
+        while self.attached:
+            ifindex = self.attached.pop()
+            detach_tc(ifindex)
+            detach_xdp(ifindex)
+
+    def tick(self) -> None:
+        """One control-plane step: flush what is idle, re-inject parked essential reports whose QP is back."""
+        if not self.attached:
+            return
+        self.flusher.test_run_live(_FLUSH_TEMPLATE, ifindex=self.attached[0], repeat=_FLUSH_RUNS_PER_TICK)
+        for qp_index, ifindex, frame in self.take_deferred():
+            self._backlog.setdefault(qp_index, []).append((ifindex, frame))
+        now = time.monotonic_ns()
+        for qp_index, frames in list(self._backlog.items()):
+            state = self.read("qp_state", qp_index=qp_index)
+            ready = state["state"] == QpState.ACTIVE or (
+                state["state"] == QpState.GRACE and now >= state["grace_until_ns"])
+            if ready and now - state["last_tx_ns"] >= self.flush_idle_ns:
+                for ifindex, frame in frames:
+                    self.xdp.test_run_live(frame, ifindex=ifindex or self.attached[0])
+                self.reinjected += len(frames)
+                del self._backlog[qp_index]
+
+
+def _output(action: int, data: bytes, meta: bytes) -> Output:
+    if action == XDP_ABORTED:
+        raise EngineError("the XDP program aborted; check `softdta translator stats` and the kernel log")
+    if action in (XDP_TX, XDP_REDIRECT):
+        udp_dport = int.from_bytes(data[36:38], "big") if data[12:14] == ETH_P_IP.to_bytes(2, "big") else 0
+        return Output(to_reporter=[data]) if udp_dport == DTA_NACK_PORT else Output(frames=[data])
+    if action == XDP_PASS:
+        if meta[:4] == FANOUT_META_MAGIC.to_bytes(4, "little") and data[12:14] == FANOUT_ETHERTYPE.to_bytes(2, "big"):
+            count, length = data[14], int.from_bytes(data[16:18], "big")
+            return Output(frames=[data[FANOUT.size + i * length:FANOUT.size + (i + 1) * length] for i in range(count)])
+        return Output(passed=True)
+    return Output()
+
+
+def _ip(address: bytes) -> int:
+    """An IPv4 address as the kernel stores it in a __u32 (network order in memory)."""
+    return int.from_bytes(address, "little")
+
+
+def _ifindex(name: str) -> int:
+    if not name:
+        return 0
+    try:
+        return socket.if_nametoindex(name)
+    except OSError:
+        raise EngineError(f"interface {name!r} does not exist in this network namespace; check `ip link`") from None
