@@ -273,10 +273,10 @@ class XdpTranslator:
         self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & 0xFFFFFF, state=int(QpState.ACTIVE),
                              grace_until_ns=0)
 
-    def _write_qp_state(self, qp: QueuePair, state: dict, **changes) -> None:
+    def _write_qp_state(self, qp: QueuePair, current: dict, **changes) -> None:
         layout = table("qp_state")
         self.maps["qp_state"].update(layout.key.pack(qp_index=self.slots.qp[qp.local_qpn]),
-                                     layout.value.pack(**{**state, **changes}))
+                                     layout.value.pack(**{**current, **changes}))
 
     # ----------------------------------------------------------------------------------------------
     # frames through the program (BPF_PROG_TEST_RUN)

@@ -1,0 +1,358 @@
+"""The XDP translator against the reference translator, frame for frame, through BPF_PROG_TEST_RUN.
+
+Every test loads the real object into the kernel; the reference model (softdta.translator) is the oracle.
+"""
+
+import os
+import random
+import shutil
+import time
+
+import pytest
+
+from softdta import dta
+from softdta.dta import Profile
+from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome,
+                          build_roce_frame, parse_roce, transport_payload)
+from softdta.spec import (DTA_NACK_PORT, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, QpState,
+                          RoceOpcode)
+from softdta.tables import Tables
+from softdta.translator import Translator
+from softdta.workload import ReporterAddress
+from softdta.xdp import XdpTranslator
+
+from common import EXAMPLE_TABLES
+
+pytestmark = pytest.mark.privileged
+
+COLLECTORS = {"c1": ("10.77.1.1", "02:5d:7a:00:01:01"), "c2": ("10.77.2.1", "02:5d:7a:00:02:01")}
+GRACE_MS = 60_000.0  # long enough that no grace period ends by itself during a test
+
+
+def random_tables(rng: random.Random, profile: str = "dta-v1") -> dict:
+    """A small random configuration: tiny stores and caches so that collisions, evictions and wraps happen."""
+    qpn = iter(range(0x100, 0x200))
+
+    def qp(transport: str | None = None, length: int = 4096) -> dict:
+        number = next(qpn)
+        entry = {"remote_qpn": number, "local_qpn": number + 0x1000, "rkey": rng.getrandbits(32),
+                 "base": rng.getrandbits(40) << 8, "length": length, "start_psn": rng.randrange(1 << 24)}
+        if transport:
+            entry["transport"] = transport
+        return entry
+
+    structures = []
+    for name, key_len, data_len in (("c1", 4, 4), ("c2", rng.randint(1, 32), rng.randint(1, 60))):
+        structures.append({"primitive": "key-write", "collector": name, "key_len": key_len, "data_len": data_len,
+                           "hash": rng.choice(["dta-v1", "independent"]),
+                           "qp": qp(rng.choice(["uc", "rc"]), length=rng.choice([256, 1024, 4096]))})
+        structures.append({"primitive": "key-increment", "collector": name, "key_len": key_len,
+                           "hash": rng.choice(["dta-v1", "independent"]), "qp": qp("rc", length=512)})
+        structures.append({"primitive": "postcarding", "collector": name, "key_len": key_len,
+                           "hops": rng.choice([5, 8]), "cache_entries": rng.choice([4, 16, 64]),
+                           "qp": qp(rng.choice(["uc", "rc"]), length=2048)})
+    rows, batch = rng.randint(1, 4), rng.choice([1, 2, 4])
+    structures.append({"primitive": "sketch-merge", "collector": "c1", "columns": 8, "rows": rows,
+                       "reporters": rng.randint(1, 3), "batch": batch, "merge": rng.choice(["sum", "max"]),
+                       "qp": qp(rng.choice(["uc", "rc"]), length=8 * rows * 4)})
+    appends = []
+    first = rng.randrange(1000)
+    for name in ("c1", "c2"):
+        batch = rng.randint(1, 16)
+        data_len = rng.choice([4, 8, 3]) if name == "c2" else 4
+        batch = min(batch, 256 // data_len)
+        entries = batch * rng.randint(1, 4)
+        lists = rng.randint(1, 6)
+        appends.append({"collector": name, "first_list": first, "lists": lists, "entries": entries, "batch": batch,
+                        "data_len": data_len, "qp": qp(rng.choice(["uc", "rc"]), length=lists * entries * data_len)})
+        first += lists + rng.randrange(3)
+    return {
+        "translator": {"profile": profile, "mac": "02:5d:7a:00:00:01", "ip": "10.77.0.1",
+                       "udp_sport": rng.randrange(49152, 65536), "dscp": rng.randrange(64), "ttl": rng.randint(1, 255),
+                       "grace_ms": GRACE_MS, "ack_request_interval": rng.choice([0, 1, 3])},
+        "collectors": [{"name": n, "ip": ip, "mac": mac} for n, (ip, mac) in COLLECTORS.items()],
+        "structures": structures, "append": appends,
+    }
+
+
+class Reporters:
+    """A few reporters whose reports aim at both collectors, with sequence numbers that sometimes skip."""
+
+    def __init__(self, rng: random.Random, tables: Tables):
+        self.rng, self.tables = rng, tables
+        self.addresses = [ReporterAddress(mac=mac_bytes(f"02:5d:7a:00:09:{i:02x}"), ip=ip_bytes(f"10.77.9.{i}"),
+                                          translator_mac=tables.mac, collector_ip=ip_bytes(COLLECTORS["c1"][0]))
+                          for i in range(1, 4)]
+        self.seqnum = {a.ip: 0 for a in self.addresses}
+        self.sketch_column: dict[int, int] = {}
+        self.keys = {}
+
+    def frame(self) -> bytes:
+        rng = self.rng
+        address = rng.choice(self.addresses)
+        collector = rng.choice(["c1", "c2"])
+        report = self.report(collector)
+        ip = ip_bytes(COLLECTORS[collector][0])
+        address = ReporterAddress(address.mac, address.ip, address.translator_mac, ip)
+        if self.tables.profile is Profile.DTA_V1 or report.extended:
+            step = rng.choices([1, 0, 2, 5, 200], [20, 1, 1, 1, 1])[0]
+            self.seqnum[address.ip] = (self.seqnum[address.ip] + step) & 0xFF
+            report = dta.Report(**{**report.__dict__, "seqnum": self.seqnum[address.ip],
+                                   "retransmit": rng.random() < 0.3})
+        return address.frame(report, self.tables.profile)
+
+    def key(self, length: int) -> bytes:
+        pool = self.keys.setdefault(length, [self.rng.randbytes(length) for _ in range(12)])
+        return self.rng.choice(pool)
+
+    def report(self, collector: str) -> dta.Report:
+        rng = self.rng
+        ip = ip_bytes(COLLECTORS[collector][0])
+        kind = rng.choice(list(Primitive))
+        immediate = rng.random() < 0.3
+        structure = self.tables.structure(ip, kind) if kind is not Primitive.APPEND else None
+        key_len = structure.key_len if structure else 4
+        if rng.random() < 0.05:
+            key_len = rng.randint(1, 32)
+        extended = key_len != 4 or (structure is not None and structure.data_len != 4) or rng.random() < 0.2
+        if kind is Primitive.KEY_WRITE:
+            data_len = structure.data_len if structure else 4
+            return dta.key_write(self.key(key_len), rng.randbytes(data_len), rng.randint(1, 4), immediate=immediate,
+                                 extended=extended)
+        if kind is Primitive.KEY_INCREMENT:
+            return dta.key_increment(self.key(key_len), rng.getrandbits(rng.choice([8, 64])), rng.randint(1, 4),
+                                     immediate=immediate, extended=extended)
+        if kind is Primitive.POSTCARDING:
+            hops = structure.hops if structure else 5
+            path_length = rng.choice([0, 0, 1, rng.randint(1, hops)]) if extended else 0
+            hop = rng.randint(1, path_length or min(hops, 5))
+            return dta.postcard(self.key(key_len), hop, rng.randbytes(4), path_length=path_length,
+                                immediate=immediate, extended=extended or bool(path_length))
+        if kind is Primitive.APPEND:
+            lists = rng.choice(self.tables.append_lists)
+            list_id = lists.first_list + rng.randrange(lists.lists) if rng.random() < 0.95 else rng.randrange(5000)
+            data_len = lists.data_len if rng.random() < 0.95 else 5
+            return dta.append(list_id, rng.randbytes(data_len), immediate=immediate,
+                              extended=data_len != 4 or extended)
+        sketch = self.tables.structure(ip_bytes(COLLECTORS["c1"][0]), Primitive.SKETCH_MERGE)
+        reporter = rng.randrange(sketch.reporters + (rng.random() < 0.05))
+        column = self.sketch_column.get(reporter, 0)
+        if rng.random() < 0.1:
+            column = rng.randrange(sketch.columns)
+        else:
+            self.sketch_column[reporter] = (column + 1) % sketch.columns
+        counters = [rng.getrandbits(32) for _ in range(sketch.rows if rng.random() < 0.97 else sketch.rows + 1)]
+        return dta.sketch_column(reporter, column, counters, immediate=immediate)
+
+
+def assert_same(reference_out, kernel_out, what):
+    assert kernel_out.passed == reference_out.passed, what
+    assert kernel_out.to_reporter == reference_out.to_reporter, what
+    assert len(kernel_out.frames) == len(reference_out.frames), what
+    for index, (expected, got) in enumerate(zip(reference_out.frames, kernel_out.frames)):
+        assert got == expected, f"{what}: frame {index} differs\n reference {expected.hex()}\n kernel    {got.hex()}"
+
+
+def assert_same_state(reference: Translator, kernel: XdpTranslator):
+    assert dict(kernel.counters()) == {k: v for k, v in reference.counters.items() if v}
+    for qp in reference.tables.qps:
+        expected, got = reference.qp_state[qp.index], kernel.qp_state(qp)
+        assert (got["next_psn"], got["state"], got["frames_sent"]) == \
+               (expected.next_psn, expected.state, expected.frames_sent), qp.name
+    for list_id, runtime in reference.append_state.items():
+        got = kernel.read("append_state", state_index=kernel.slots.append[list_id])
+        assert (got["head"], got["pending"]) == (runtime.head, len(runtime.pending)), f"list {list_id}"
+
+
+def run_differential(seed: int, profile: str, reports: int) -> tuple[Translator, XdpTranslator]:
+    rng = random.Random(seed)
+    document = random_tables(rng, profile)
+    reference = Translator(Tables.from_dict(document))
+    kernel = XdpTranslator(Tables.from_dict(document), flush_idle_ns=0)
+    reporters = Reporters(rng, reference.tables)
+    for index in range(reports):
+        frame = reporters.frame()
+        expected = reference.process(frame, time.monotonic_ns())
+        assert_same(expected, kernel.process(frame), f"seed {seed} report {index}: {parse_udp_frame(frame).payload.hex()}")
+    return reference, kernel
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_reports_match_the_reference_frame_for_frame(seed):
+    reference, kernel = run_differential(seed, "dta-v1" if seed % 3 else "dta-v1-short", 700)
+    with kernel:
+        assert_same_state(reference, kernel)
+        assert kernel.flush() == reference.flush_idle(time.monotonic_ns(), 0)
+        assert_same_state(reference, kernel)
+
+
+def test_every_frame_the_kernel_emits_is_well_formed():
+    reference, kernel = run_differential(99, "dta-v1", 1500)
+    rng = random.Random(7)
+    reporters = Reporters(rng, reference.tables)
+    with kernel:
+        for _ in range(1500):
+            for frame in kernel.process(reporters.frame()).frames:
+                roce = parse_roce(frame)
+                assert roce.icrc_ok
+                assert roce.bth["dest_qp"] in {qp.remote_qpn for qp in reference.tables.qps}
+
+
+def _mutations(rng: random.Random, payload: bytes):
+    for cut in range(len(payload)):
+        yield payload[:cut]
+    for _ in range(20):
+        mutated = bytearray(payload)
+        mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        yield bytes(mutated)
+    yield payload + rng.randbytes(rng.randint(1, 200))
+    yield rng.randbytes(rng.randint(1, 300))
+
+
+def test_malformed_reports_drop_for_the_same_reason_and_nothing_malformed_leaves():
+    rng = random.Random(3)
+    document = random_tables(rng)
+    reference = Translator(Tables.from_dict(document))
+    with XdpTranslator(Tables.from_dict(document)) as kernel:
+        reporters = Reporters(rng, reference.tables)
+        ends = UdpEndpoints(src_mac=mac_bytes("02:00:00:00:09:01"), dst_mac=reference.tables.mac,
+                            src_ip=ip_bytes("10.77.9.1"), dst_ip=ip_bytes(COLLECTORS["c1"][0]), sport=40041,
+                            dport=DTA_PORT)
+        payloads = [parse_udp_frame(reporters.frame()).payload for _ in range(40)]
+        payloads += [bytes([opcode]) + rng.randbytes(rng.randint(0, 40)) for opcode in range(256)]
+        payloads += [bytes([0x81, opcode]) + rng.randbytes(rng.randint(0, 40)) for opcode in range(256)]
+        count = 0
+        for payload in payloads:
+            for mutated in _mutations(rng, payload):
+                frame = build_udp_frame(ends, mutated)
+                out = kernel.process(frame)
+                assert_same(reference.process(frame, time.monotonic_ns()), out, mutated.hex())
+                for emitted in out.frames:
+                    assert parse_roce(emitted).icrc_ok
+                count += 1
+        assert count > 5000
+        assert_same_state(reference, kernel)
+
+
+def test_frames_that_are_not_reports_pass_untouched():
+    rng = random.Random(5)
+    document = random_tables(rng)
+    with XdpTranslator(Tables.from_dict(document)) as kernel:
+        ends = UdpEndpoints(src_mac=mac_bytes("02:00:00:00:09:01"), dst_mac=mac_bytes("02:5d:7a:00:00:01"),
+                            src_ip=ip_bytes("10.77.9.1"), dst_ip=ip_bytes("10.77.0.1"), sport=5000, dport=53)
+        other_udp = build_udp_frame(ends, b"dns?")
+        ipv6 = build_udp_frame(UdpEndpoints(ends.src_mac, ends.dst_mac, ip_bytes("fd00::1"), ip_bytes("fd00::2"),
+                                            5000, DTA_PORT), dta.encode(dta.key_write(1, 2)))
+        arp = bytes(12) + b"\x08\x06" + bytes(28)
+        roce_from_stranger = build_roce_frame(
+            UdpEndpoints(ends.src_mac, ends.dst_mac, ip_bytes("10.77.9.9"), ip_bytes("10.77.0.1"), 1, ROCE_PORT),
+            transport_payload(RoceOpcode.RC_ACK, 0x1100, 0, {"aeth": {"syndrome": ACK_SYNDROME}}))
+        fragment = bytearray(build_udp_frame(UdpEndpoints(ends.src_mac, ends.dst_mac, ends.src_ip, ends.dst_ip, 5000,
+                                                          DTA_PORT), dta.encode(dta.key_write(1, 2))))
+        fragment[20] |= 0x20  # more fragments
+        for frame in (other_udp, ipv6, arp, roce_from_stranger, bytes(fragment), b"\xff" * 14):
+            out = kernel.process(frame)
+            assert out.passed and not out.frames
+        assert not kernel.counters()
+
+
+def reply(tables, qp, opcode, syndrome, psn, corrupt=False):
+    ends = UdpEndpoints(src_mac=qp.collector_mac, dst_mac=tables.mac, src_ip=qp.collector_ip, dst_ip=tables.ip,
+                        sport=49999, dport=ROCE_PORT)
+    headers = {"aeth": {"syndrome": syndrome, "msn": 7}, "atomic_ack_eth": {"original": 11}}
+    frame = bytearray(build_roce_frame(ends, transport_payload(opcode, qp.local_qpn, psn, headers)))
+    if corrupt:
+        frame[-1] ^= 1
+    return bytes(frame)
+
+
+def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
+    rng = random.Random(11)
+    document = random_tables(rng)
+    reference = Translator(Tables.from_dict(document))
+    with XdpTranslator(Tables.from_dict(document)) as kernel:
+        tables = reference.tables
+        rc = [qp for qp in tables.qps if qp.transport.name == "RC"]
+        replies = [reply(tables, rc[0], RoceOpcode.RC_ACK, ACK_SYNDROME, 5),
+                   reply(tables, rc[0], RoceOpcode.RC_ATOMIC_ACK, ACK_SYNDROME, 6),
+                   reply(tables, rc[0], RoceOpcode.RC_ACK, aeth_syndrome(AethKind.RNR_NAK, 3), 6),
+                   reply(tables, rc[0], RoceOpcode.RC_ACK, NAK_SEQUENCE_SYNDROME, 0x123456),
+                   reply(tables, rc[-1], RoceOpcode.RC_ACK, NAK_REMOTE_ACCESS_SYNDROME, 9),
+                   reply(tables, rc[0], RoceOpcode.RC_ACK, ACK_SYNDROME, 5, corrupt=True),
+                   reply(tables, rc[0], RoceOpcode.RC_WRITE_ONLY, ACK_SYNDROME, 5)]
+        for frame in replies:
+            assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
+        assert_same_state(reference, kernel)
+        assert kernel.qp_state(rc[0])["state"] == QpState.GRACE
+        assert kernel.qp_state(rc[0])["next_psn"] == 0x123456
+        assert kernel.qp_state(rc[-1])["state"] == QpState.FAILED
+        # Reports to those QPs are now dropped (grace, failed) exactly as the reference drops them.
+        reporters = Reporters(rng, tables)
+        for _ in range(300):
+            frame = reporters.frame()
+            assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
+        assert_same_state(reference, kernel)
+        assert kernel.counters()[Counter.DROP_GRACE] + kernel.counters()[Counter.DROP_QP_FAILED] > 0
+        kernel.revive(rc[-1], 77)
+        reference.revive(rc[-1], 77)
+        assert kernel.qp_state(rc[-1])["state"] == QpState.ACTIVE
+
+
+def test_grace_ends_on_time(tables, reporter):
+    tables.grace_ns = 20_000_000
+    with XdpTranslator(tables) as kernel:
+        kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
+        kernel.resync(kw.qp, 500)
+        assert not kernel.process(reporter.frame(dta.key_write(1, 2))).frames
+        time.sleep(0.03)
+        frames = kernel.process(reporter.frame(dta.key_write(1, 2))).frames
+        assert [parse_roce(f).bth["psn"] for f in frames] == [500]
+        assert kernel.counters()[Counter.DROP_GRACE] == 1
+
+
+def test_essential_reports_are_parked_for_userspace_while_the_qp_cannot_send(tables, reporter):
+    with XdpTranslator(tables) as kernel:
+        kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
+        kernel.resync(kw.qp, 0)
+        essential = reporter.frame(dta.key_write(7, 8, essential=True, extended=True))
+        out = kernel.process(essential)
+        assert out.deferred and not out.frames
+        assert kernel.counters()[Counter.ESSENTIAL_DEFERRED] == 1
+        plain = kernel.process(reporter.frame(dta.key_write(7, 8)))
+        assert not plain.deferred and kernel.counters()[Counter.DROP_GRACE] == 1
+
+
+def test_pinned_maps_keep_psns_heads_and_caches_across_a_restart(tables, reporter):
+    from softdta.bpf import ensure_bpffs
+    pin = ensure_bpffs() / f"softdta-test-{os.getpid()}"
+    pin.mkdir(parents=True, exist_ok=True)
+    try:
+        reference = Translator(tables)
+        reports = [dta.key_write(5, 6, 2), dta.append(3, 9), dta.postcard(4, 1, 1), dta.append(3, 10)]
+        with XdpTranslator(tables, pin_dir=pin) as first:
+            for report in reports:
+                assert_same(reference.process(reporter.frame(report)), first.process(reporter.frame(report)), "")
+        with XdpTranslator(Tables.from_toml(EXAMPLE_TABLES), pin_dir=pin) as second:
+            for report in reports + [dta.postcard(4, 2, 1)]:
+                assert_same(reference.process(reporter.frame(report)), second.process(reporter.frame(report)), "")
+            assert_same_state(reference, second)
+    finally:
+        shutil.rmtree(pin, ignore_errors=True)
+
+
+def test_live_table_changes_keep_the_state_of_entries_that_stay(tables, reporter):
+    reference = Translator(tables)
+    with XdpTranslator(tables) as kernel:
+        for report in (dta.key_write(5, 6, 2), dta.append(3, 9), dta.append(3, 9)):
+            assert_same(reference.process(reporter.frame(report)), kernel.process(reporter.frame(report)), "")
+        changed = Tables.from_toml(EXAMPLE_TABLES)
+        changed.append_lists = changed.append_lists[:0]
+        changed.qps = [qp for qp in changed.qps if qp.name.startswith(("key", "postcard", "sketch"))]
+        changed.validate()
+        kernel.apply(changed)
+        out = kernel.process(reporter.frame(dta.append(3, 9)))
+        assert not out.frames and kernel.counters()[Counter.DROP_UNKNOWN_LIST] == 1
+        kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
+        frames = kernel.process(reporter.frame(dta.key_write(5, 6, 1))).frames
+        assert parse_roce(frames[0]).bth["psn"] == (kw.qp.start_psn + 2) & 0xFFFFFF
