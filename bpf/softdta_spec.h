@@ -31,8 +31,8 @@
 #define POSTCARD_CACHE_ENTRIES 32768
 #define DEFAULT_GRACE_NS 1000000 /* 0xf4240 */
 #define COUNTER_SLOTS 48
-#define FANOUT_ETHERTYPE 34997
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
+#define FANOUT_FRAME_MAX 256
 #define ICRC_LEN 4
 #define POSTCARD_HOP_POLYNOMIALS_0 504538880 /* 0x1e12a700 */
 #define POSTCARD_HOP_POLYNOMIALS_1 1706648981 /* 0x65b96595 */
@@ -152,6 +152,7 @@
 #define CNT_DROP_OUT_OF_REGION 33
 #define CNT_DROP_DEFER_FULL 34
 #define CNT_DROP_NO_ROOM 35
+#define CNT_DROP_FANOUT_LOST 36
 
 /* fixed header sizes in bytes */
 #define ETHERNET_SIZE 14
@@ -172,7 +173,6 @@
 #define SKETCH_MERGE_EXT_SIZE 5
 #define NACK_V1_SIZE 2
 #define NACK_EXT_SIZE 8
-#define FANOUT_SIZE 22
 #define BTH_SIZE 12
 #define RETH_SIZE 16
 #define ATOMIC_ETH_SIZE 28
@@ -205,6 +205,7 @@
 #define POSTCARD_CACHE_MAX_ENTRIES 131072 /* 0x20000 */
 #define SKETCH_COLUMN_MAX_ENTRIES 65536 /* 0x10000 */
 #define SKETCH_REPORTER_MAX_ENTRIES 65536 /* 0x10000 */
+#define FANOUT_MAX_ENTRIES 256
 #define REPORTER_SEQ_MAX_ENTRIES 65536 /* 0x10000 */
 
 /* Ethernet II */
@@ -400,18 +401,6 @@ struct nack_ext {
 	__be32 value;
 } __attribute__((packed));
 _Static_assert(sizeof(struct nack_ext) == NACK_EXT_SIZE, "struct nack_ext does not match softdta/spec.py");
-
-/* XDP-to-tc bundle of the frames of one report */
-struct fanout {
-	__u8 dst[6];
-	__u8 src[6];
-	__be16 ethertype;
-	__u8 count;
-	__u8 reserved;
-	__be16 frame_len;
-	__be32 ifindex; /* egress interface, 0 = the one the report came in on */
-} __attribute__((packed));
-_Static_assert(sizeof(struct fanout) == FANOUT_SIZE, "struct fanout does not match softdta/spec.py");
 
 /* Base Transport Header */
 struct bth {
@@ -676,6 +665,23 @@ struct sketch_reporter_value {
 	__u32 wraps; /* times the reporter went past the last column */
 };
 _Static_assert(sizeof(struct sketch_reporter_value) == 8, "struct sketch_reporter_value does not match softdta/spec.py");
+
+/* fanout key: frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU) */
+struct fanout_key {
+	__u32 slot; /* CPU x FANOUT_MAX_ENTRIES + sequence % FANOUT_MAX_ENTRIES */
+};
+_Static_assert(sizeof(struct fanout_key) == 4, "struct fanout_key does not match softdta/spec.py");
+
+/* fanout value: frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU) */
+struct fanout_value {
+	__u32 sequence;
+	__u8 count; /* frames of the report, the first one travels as the packet */
+	__u8 pad;
+	__u16 frame_len;
+	__u32 ifindex; /* egress interface, 0 = the ingress one */
+	__u8 frames[768]; /* frames 2..count */
+};
+_Static_assert(sizeof(struct fanout_value) == 780, "struct fanout_value does not match softdta/spec.py");
 
 /* reporter_seq key: go-back-N tracking of retransmitting reporters */
 struct reporter_seq_key {

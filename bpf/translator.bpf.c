@@ -28,8 +28,9 @@
 #define DEFERRED 1		/* qp_blocked(): the report went to userspace */
 #define FLUSH_APPEND 1
 #define FLUSH_POSTCARD 2
-/* n (1 <= n <= mask + 1) in a form the verifier can bound away from zero for helper size arguments */
-#define NONZERO(n, mask) ((((n) - 1) & (mask)) + 1)
+/* n, for 1 <= n <= limit (a power of two), in a form the verifier bounds to 1..limit for helper sizes */
+#define NONZERO(n, limit) ((((n) - 1) & ((limit) - 1)) + 1)
+_Static_assert((FANOUT_FRAME_MAX & (FANOUT_FRAME_MAX - 1)) == 0, "FANOUT_FRAME_MAX must be a power of two");
 
 struct report {
 	__u64 counter;
@@ -72,7 +73,8 @@ struct scratch {
 	__u8 raw[RAW_MAX];
 	struct report report;
 	struct frame_params frame;
-	__u32 out_count;	/* frames in out, from FANOUT_SIZE on */
+	__u32 out_count;	/* frames in out, back to back from its start */
+	__u32 fanout_sequence;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
 	__u8 out[OUT_SIZE];
@@ -116,6 +118,7 @@ TABLE(sketch_column, BPF_MAP_TYPE_HASH, struct sketch_column_key, struct sketch_
       SKETCH_COLUMN_MAX_ENTRIES);
 TABLE(sketch_reporter, BPF_MAP_TYPE_HASH, struct sketch_reporter_key, struct sketch_reporter_value,
       SKETCH_REPORTER_MAX_ENTRIES);
+TABLE(fanout, BPF_MAP_TYPE_ARRAY, __u32, struct fanout_value, FANOUT_MAX_ENTRIES);	/* x CPUs at load */
 TABLE(reporter_seq, BPF_MAP_TYPE_LRU_HASH, struct reporter_seq_key, struct reporter_seq_value,
       REPORTER_SEQ_MAX_ENTRIES);
 TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);
@@ -550,10 +553,10 @@ static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const stru
 	return build_roce(s, at, q, qs, cfg);
 }
 
-/* Where the payload of a WRITE built at FANOUT_SIZE starts. */
+/* Where the payload of a WRITE built at the start of out begins. */
 static __always_inline __u32 write_payload_at(__u32 immediate)
 {
-	return FANOUT_SIZE + ROCE_HEADERS + RETH_SIZE + (immediate ? IMMDT_SIZE : 0);
+	return ROCE_HEADERS + RETH_SIZE + (immediate ? IMMDT_SIZE : 0);
 }
 
 static __always_inline void single_frame(struct scratch *s, __u32 len, __u32 ifindex)
@@ -588,7 +591,7 @@ static __noinline __u32 defer_report(struct xdp_md *ctx, __u32 qp_index)
 	rec->len = len;
 	rec->ingress_ifindex = ctx->ingress_ifindex;
 	rec->pad = 0;
-	if (len < 1 || bpf_xdp_load_bytes(ctx, 0, rec->frame, NONZERO(len, DEFER_FRAME_MAX - 1))) {
+	if (len < 1 || bpf_xdp_load_bytes(ctx, 0, rec->frame, NONZERO(len, DEFER_FRAME_MAX))) {
 		bpf_ringbuf_discard(rec, 0);
 		return CNT_DROP_BAD_LENGTH;
 	}
@@ -626,7 +629,7 @@ static __always_inline int qp_lookup(__u32 qp_index, struct qp_ref *ref)
 static __noinline void build_nack(struct scratch *s, const struct translator_config_value *cfg, __u32 kind,
 				  __u32 value, __u32 reporter)
 {
-	__u8 *f = s->out + FANOUT_SIZE;
+	__u8 *f = s->out;
 	__u8 *ip = f + ETHERNET_SIZE, *udp = ip + IPV4_SIZE, *body = udp + UDP_SIZE;
 	__u32 body_len = s->report.extended ? NACK_EXT_SIZE : NACK_V1_SIZE;
 
@@ -705,10 +708,10 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 	checksum = key_checksum(r);
 	for (__u32 copy = 0; copy < MAX_REDUNDANCY && copy < r->redundancy; copy++) {
 		__u64 offset = (__u64)(key_slot_hash(r, copy, st->key_hash) & (st->slot_count - 1)) * st->slot_size;
-		__u32 at = FANOUT_SIZE + copy * (frame_len & 255), len;
+		__u32 at = copy * (frame_len & 255), len;
 
 		if (r->opcode == DTA_OP_KEY_WRITE) {
-			__u32 pos = at - FANOUT_SIZE + write_payload_at(r->immediate);
+			__u32 pos = at + write_payload_at(r->immediate);
 
 			for (int i = 0; i < 4; i++)
 				s->out[(pos + i) & OUT_MASK] = checksum >> (8 * i);
@@ -766,7 +769,7 @@ static __noinline __u32 append_write(struct scratch *s, struct append_state_valu
 	as->head = (as->head + al->batch) % al->slot_count;
 	s->frame.payload_len = size;
 	s->frame.immediate = list_id;
-	single_frame(s, write_frame(s, FANOUT_SIZE, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
+	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
 }
 
@@ -851,7 +854,7 @@ static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_
 		s->out[(pos + i) & OUT_MASK] = entry->values[i];
 	s->frame.payload_len = 4 * hops;
 	s->frame.immediate = checksum ^ 0xffffffff;
-	single_frame(s, write_frame(s, FANOUT_SIZE, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
+	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
 }
 
@@ -1057,7 +1060,7 @@ static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *
 	sketch_group_take(st->state_index, first, batch, r->rows, write_payload_at(r->immediate));
 	s->frame.payload_len = batch * r->rows * 4;
 	s->frame.immediate = first;
-	single_frame(s, write_frame(s, FANOUT_SIZE, ref.q, ref.qs, cfg, (__u64)first * st->slot_size, r->immediate),
+	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, (__u64)first * st->slot_size, r->immediate),
 		     ref.q->ifindex);
 	if (!s->out_count)
 		return CNT_DROP_OUT_OF_REGION;
@@ -1097,7 +1100,7 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 	body_len = ip_len - ip_header_len - UDP_SIZE;
 	if (body_len < BTH_SIZE + ICRC_LEN)
 		return CNT_DROP_TRUNCATED;
-	if (bpf_xdp_load_bytes(ctx, ip_off, ip, NONZERO(ip_len, OUT_LIMIT - 1)))
+	if (bpf_xdp_load_bytes(ctx, ip_off, ip, NONZERO(ip_len, OUT_LIMIT)))
 		return CNT_DROP_TRUNCATED;
 	body = ip + ((ip_header_len + UDP_SIZE) & 127);
 	switch (body[0]) {
@@ -1174,46 +1177,68 @@ __noinline __u32 on_reply(struct xdp_md *ctx, __u32 ip_off, __u64 ip_header_len)
 /* ------------------------------------------------------------------------------------------------ */
 /* output */
 
-/* Replaces the packet with what the handler built: one frame (XDP_TX or redirect), or a bundle for tc. */
+struct fanout_meta {
+	__u32 magic;
+	__u32 cpu;
+	__u32 sequence;
+};
+
+/* Parks frames 2..N of a redundant report for the tc stage; the packet carries frame 1 and the meta. */
+static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
+{
+	__u32 slot, len = s->out_frame_len;
+	struct fanout_value *entry;
+
+	meta->magic = FANOUT_META_MAGIC;
+	meta->cpu = bpf_get_smp_processor_id();
+	meta->sequence = s->fanout_sequence++;
+	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
+	entry = bpf_map_lookup_elem(&fanout, &slot);
+	if (!entry || len > FANOUT_FRAME_MAX || s->out_count > MAX_REDUNDANCY)
+		return -1;
+	entry->sequence = meta->sequence;
+	entry->count = s->out_count;
+	entry->frame_len = len;
+	entry->ifindex = s->out_ifindex;
+	for (__u32 i = 0; i < (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX && i < (s->out_count - 1) * len; i++)
+		entry->frames[i] = s->out[(len + i) & OUT_MASK];
+	return 0;
+}
+
+/* Replaces the packet with the first frame the handler built: sent with XDP_TX or a redirect, or, when the
+ * report has more frames, passed up to the tc stage, which sends them all in order. */
 static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 {
-	__u64 count_out = s->out_count, start = FANOUT_SIZE, len = s->out_frame_len, have;
-	void *data, *meta;
+	__u64 len = s->out_frame_len, have = ctx->data_end - ctx->data;
+	struct fanout_meta meta, *room;
+	void *data;
 
-	if (!count_out)
+	if (!s->out_count)
 		return XDP_DROP;
-	if (count_out > 1) {
-		struct fanout *h = (void *)s->out;
-
-		__builtin_memset(h, 0, sizeof(*h));
-		h->ethertype = bpf_htons(FANOUT_ETHERTYPE);
-		h->count = count_out;
-		h->frame_len = bpf_htons(len);
-		h->ifindex = bpf_htonl(s->out_ifindex);
-		start = 0;
-		len = FANOUT_SIZE + count_out * len;
-	}
-	have = ctx->data_end - ctx->data;
 	if (len > OUT_LIMIT || len < ETHERNET_SIZE) {
 		count(CNT_DROP_BAD_LENGTH);
 		return XDP_DROP;
 	}
-	if (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have)) {
+	/* Grow into the tailroom, or else the headroom: drivers (veth with small skbs) may offer only one. */
+	if (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have) &&
+	    (len < have || bpf_xdp_adjust_head(ctx, (int)have - (int)len))) {
 		count(CNT_DROP_NO_ROOM);
 		return XDP_DROP;
 	}
-	if (bpf_xdp_store_bytes(ctx, 0, s->out + start, len)) {
+	if (bpf_xdp_store_bytes(ctx, 0, s->out, len)) {
 		count(CNT_DROP_NO_ROOM);
 		return XDP_DROP;
 	}
-	if (count_out > 1) {
-		if (bpf_xdp_adjust_meta(ctx, -4))
-			return XDP_PASS;	/* without the mark, tc leaves the bundle to the stack, which drops it */
-		data = (void *)(long)ctx->data;
-		meta = (void *)(long)ctx->data_meta;
-		if (meta + 4 > data)
+	if (s->out_count > 1) {
+		if (park_frames(s, &meta) || bpf_xdp_adjust_meta(ctx, -(int)sizeof(meta))) {
+			count(CNT_DROP_NO_ROOM);
 			return XDP_DROP;
-		*(__u32 *)meta = FANOUT_META_MAGIC;
+		}
+		data = (void *)(long)ctx->data;
+		room = (void *)(long)ctx->data_meta;
+		if ((void *)(room + 1) > data)
+			return XDP_DROP;
+		*room = meta;
 		return XDP_PASS;
 	}
 	if (s->out_ifindex && s->out_ifindex != ctx->ingress_ifindex)
@@ -1279,7 +1304,7 @@ int softdta_xdp(struct xdp_md *ctx)
 		__u64 take = payload_len < RAW_MAX ? payload_len : RAW_MAX;
 
 		count(CNT_RX_REPORTS);
-		if (take && bpf_xdp_load_bytes(ctx, payload_off, s->raw, NONZERO(take, 0xff)))
+		if (take && bpf_xdp_load_bytes(ctx, payload_off, s->raw, NONZERO(take, 256)))
 			reason = CNT_DROP_TRUNCATED;
 		if (!reason)
 			reason = decode_report(payload_len, cfg->profile);
@@ -1389,47 +1414,44 @@ int softdta_flush(struct xdp_md *ctx)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* tc ingress: send each frame of a bundle XDP handed over */
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, __u8[OUT_SIZE]);
-	__uint(max_entries, 1);
-} fanout_scratch SEC(".maps");
+/* tc ingress: send every frame of a redundant report, in order */
 
 SEC("tc")
 int softdta_fanout(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
-	void *meta = (void *)(long)skb->data_meta;
-	struct fanout *h = data;
-	__u32 zero = 0, frames, len, ifindex;
-	__u8 *buf;
+	void *data = (void *)(long)skb->data;
+	struct fanout_meta *meta = (void *)(long)skb->data_meta;
+	struct fanout_value *entry;
+	__u32 slot, len, ifindex;
 
-	if (meta + 4 > data || *(__u32 *)meta != FANOUT_META_MAGIC || (void *)(h + 1) > data_end ||
-	    h->ethertype != bpf_htons(FANOUT_ETHERTYPE))
+	if ((void *)(meta + 1) > data || meta->magic != FANOUT_META_MAGIC)
 		return TC_ACT_OK;
-	frames = h->count;
-	len = bpf_ntohs(h->frame_len);
-	ifindex = bpf_ntohl(h->ifindex);
-	if (!ifindex)
-		ifindex = skb->ifindex;
-	buf = bpf_map_lookup_elem(&fanout_scratch, &zero);
-	if (!buf || frames < 2 || frames > MAX_REDUNDANCY || len > OUT_LIMIT / 2 || len < ETHERNET_SIZE ||
-	    FANOUT_SIZE + frames * len != skb->len)
+	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
+	entry = bpf_map_lookup_elem(&fanout, &slot);
+	if (!entry || entry->sequence != meta->sequence || entry->count < 2 || entry->count > MAX_REDUNDANCY ||
+	    entry->frame_len != skb->len || entry->frame_len > FANOUT_FRAME_MAX) {
+		count(CNT_DROP_FANOUT_LOST);
 		return TC_ACT_SHOT;
-	if (bpf_skb_load_bytes(skb, FANOUT_SIZE, buf, NONZERO(frames * len, OUT_SIZE - 1)) ||
-	    bpf_skb_change_tail(skb, len, 0))
-		return TC_ACT_SHOT;
-	for (__u32 i = 0; i < MAX_REDUNDANCY && i < frames; i++) {
-		if (bpf_skb_store_bytes(skb, 0, buf + ((i * len) & (OUT_SIZE / 2 - 1)), NONZERO(len, OUT_SIZE / 2 - 1), 0))
-			return TC_ACT_SHOT;
-		if (i + 1 == frames)
-			break;
+	}
+	len = entry->frame_len;
+	ifindex = entry->ifindex ? entry->ifindex : skb->ifindex;
+	for (__u32 i = 1; i < MAX_REDUNDANCY && i < entry->count; i++) {
 		bpf_clone_redirect(skb, ifindex, 0);
+		if (bpf_skb_store_bytes(skb, 0, entry->frames + (((i - 1) * len) & (2 * FANOUT_FRAME_MAX - 1)),
+					NONZERO(len, FANOUT_FRAME_MAX),
+					0)) {
+			count(CNT_DROP_FANOUT_LOST);
+			return TC_ACT_SHOT;
+		}
 	}
 	return bpf_redirect(ifindex, 0);
+}
+
+/* For the far end of a veth pair: XDP_TX and redirected frames reach a veth only if its peer runs XDP. */
+SEC("xdp")
+int softdta_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
 }
 
 char LICENSE[] SEC("license") = "GPL";

@@ -28,8 +28,8 @@ const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
 const bit<8> COUNTER_SLOTS = 48;
-const bit<16> FANOUT_ETHERTYPE = 34997;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
+const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_0 = 504538880;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_1 = 1706648981;
@@ -145,6 +145,7 @@ const bit<8> CNT_DROP_BAD_ICRC = 32;
 const bit<8> CNT_DROP_OUT_OF_REGION = 33;
 const bit<8> CNT_DROP_DEFER_FULL = 34;
 const bit<8> CNT_DROP_NO_ROOM = 35;
+const bit<8> CNT_DROP_FANOUT_LOST = 36;
 
 // fixed header sizes in bytes
 const bit<8> ETHERNET_SIZE = 14;
@@ -165,7 +166,6 @@ const bit<8> POSTCARD_EXT_SIZE = 7;
 const bit<8> SKETCH_MERGE_EXT_SIZE = 5;
 const bit<8> NACK_V1_SIZE = 2;
 const bit<8> NACK_EXT_SIZE = 8;
-const bit<8> FANOUT_SIZE = 22;
 const bit<8> BTH_SIZE = 12;
 const bit<8> RETH_SIZE = 16;
 const bit<8> ATOMIC_ETH_SIZE = 28;
@@ -198,6 +198,7 @@ const bit<32> APPEND_STATE_MAX_ENTRIES = 65536;
 const bit<32> POSTCARD_CACHE_MAX_ENTRIES = 131072;
 const bit<32> SKETCH_COLUMN_MAX_ENTRIES = 65536;
 const bit<32> SKETCH_REPORTER_MAX_ENTRIES = 65536;
+const bit<16> FANOUT_MAX_ENTRIES = 256;
 const bit<32> REPORTER_SEQ_MAX_ENTRIES = 65536;
 
 // Ethernet II
@@ -351,17 +352,6 @@ header nack_ext_h {
     bit<8> kind;
     bit<16> reporter;
     bit<32> value;
-}
-
-// XDP-to-tc bundle of the frames of one report
-header fanout_h {
-    bit<48> dst;
-    bit<48> src;
-    bit<16> ethertype;
-    bit<8> count;
-    bit<8> reserved;
-    bit<16> frame_len;
-    bit<32> ifindex; // egress interface, 0 = the one the report came in on
 }
 
 // Base Transport Header
@@ -583,6 +573,21 @@ struct sketch_reporter_key_t {
 struct sketch_reporter_value_t {
     bit<32> next_column;
     bit<32> wraps; // times the reporter went past the last column
+}
+
+// fanout key: frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)
+struct fanout_key_t {
+    bit<32> slot; // CPU x FANOUT_MAX_ENTRIES + sequence % FANOUT_MAX_ENTRIES
+}
+
+// fanout value: frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)
+struct fanout_value_t {
+    bit<32> sequence;
+    bit<8> count; // frames of the report, the first one travels as the packet
+    bit<8> pad;
+    bit<16> frame_len;
+    bit<32> ifindex; // egress interface, 0 = the ingress one
+    bit<6144> frames; // frames 2..count
 }
 
 // reporter_seq key: go-back-N tracking of retransmitting reporters

@@ -161,7 +161,7 @@ def _libbpf_log() -> Iterator[list[str]]:
 
 
 @functools.cache
-def _possible_cpus() -> int:
+def possible_cpus() -> int:
     return _check(_lib.libbpf_num_possible_cpus(), "count possible CPUs")
 
 
@@ -256,7 +256,7 @@ class Map:
     def lookup_percpu(self, key: bytes) -> list[bytes] | None:
         """One value per possible CPU, or None."""
         slot = self._percpu_slot()
-        raw = self._lookup_raw(key, slot * _possible_cpus())
+        raw = self._lookup_raw(key, slot * possible_cpus())
         if raw is None:
             return None
         return [raw[i:i + self.value_size] for i in range(0, len(raw), slot)]
@@ -265,7 +265,7 @@ class Map:
         """Store value under key; for per-CPU maps the value is stored on every CPU."""
         value = self._sized("value", value, self.value_size)
         if self.percpu:
-            value = value.ljust(self._percpu_slot(), b"\0") * _possible_cpus()
+            value = value.ljust(self._percpu_slot(), b"\0") * possible_cpus()
         _check(_lib.bpf_map_update_elem(self.fd, self._sized("key", key, self.key_size), value, flags),
                f"update map '{self.name}'", {errno.E2BIG: f"the map is full ({self.max_entries} entries)"})
 

@@ -225,6 +225,7 @@ class Counter(IntEnum):
     DROP_OUT_OF_REGION = 33
     DROP_DEFER_FULL = 34  # the ring to userspace for essential reports was full
     DROP_NO_ROOM = 35  # the driver gave no room to grow the frame
+    DROP_FANOUT_LOST = 36  # tc found no parked frames for a redundant report (it came too late)
 
 
 COUNTER_SLOTS = 48
@@ -293,15 +294,11 @@ NACK_EXT = Header("nack_ext", (
     Field("marker", 8), Field("kind", 8), Field("reporter", 16), Field("value", 32),
 ), "extended NACK (UDP 40044)")
 
-# XDP hands the frames of one report that needs several (Key-Write/Key-Increment redundancy) to the tc stage
-# as one bundle: this header, then `count` frames of `frame_len` bytes. XDP also sets FANOUT_META_MAGIC as
-# packet metadata, which no frame from the wire can carry.
-FANOUT_ETHERTYPE = 0x88B5  # IEEE 802 local experimental
+# XDP sends the first frame of a report that needs several (Key-Write/Key-Increment redundancy) up to the tc
+# stage, which clones it out and then the others, parked in the `fanout` table. XDP marks such a frame with
+# packet metadata (FANOUT_META_MAGIC, CPU, sequence), which no frame from the wire can carry.
 FANOUT_META_MAGIC = 0x5D7A0F4E
-FANOUT = Header("fanout", (
-    Raw("dst", 6), Raw("src", 6), Field("ethertype", 16), Field("count", 8), Field("reserved", 8),
-    Field("frame_len", 16), Field("ifindex", 32, "egress interface, 0 = the one the report came in on"),
-), "XDP-to-tc bundle of the frames of one report")
+FANOUT_FRAME_MAX = 256  # a power of two above the longest Key-Write (182 B) or Key-Increment frame
 
 DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, KEY_INCREMENT_V1, APPEND_V1,
                POSTCARD_V1, KEY_WRITE_EXT, KEY_INCREMENT_EXT, APPEND_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT,
@@ -405,6 +402,11 @@ TRANSLATOR_TABLES = (
     Table("sketch_reporter", (Field("state_index", 32), Field("reporter", 32)), (
         Field("next_column", 32), Field("wraps", 32, "times the reporter went past the last column"),
     ), 65536, "Sketch-Merge progress of one reporter"),
+    Table("fanout", (Field("slot", 32, "CPU x FANOUT_MAX_ENTRIES + sequence % FANOUT_MAX_ENTRIES"),), (
+        Field("sequence", 32), Field("count", 8, "frames of the report, the first one travels as the packet"),
+        Field("pad", 8), Field("frame_len", 16), Field("ifindex", 32, "egress interface, 0 = the ingress one"),
+        Raw("frames", (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX, "frames 2..count"),
+    ), 256, "frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)"),
     Table("reporter_seq", (Field("reporter_ip", 32, "network order"),), (Field("last_seqnum", 32),), 65536,
           "go-back-N tracking of retransmitting reporters"),
 )

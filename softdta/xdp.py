@@ -11,15 +11,16 @@ import shutil
 import socket
 import subprocess
 import sysconfig
+import threading
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bpf import BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, xdp_md
+from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp,
+                  possible_cpus, xdp_md)
 from .maps import table
-from .spec import (DTA_NACK_PORT, ETH_P_IP, FANOUT, FANOUT_ETHERTYPE, FANOUT_META_MAGIC, Counter, Primitive,
-                   QpState, TRANSLATOR_TABLES)
+from .spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
 from .tables import QueuePair, TableError, Tables
 from .translator import Output
 
@@ -103,7 +104,8 @@ class XdpTranslator:
                  flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS):
         self.flush_idle_ns = flush_idle_ns
         try:
-            self.object = BpfObject(build_object(), pin_dir=pin_dir)
+            self.object = BpfObject(build_object(), pin_dir=pin_dir,
+                                    map_sizes={"fanout": _capacity("fanout") * possible_cpus()})
         except BpfError as error:
             raise EngineError(f"cannot load the kernel translator: {error}") from None
         self.maps: dict[str, Map] = self.object.maps
@@ -284,9 +286,21 @@ class XdpTranslator:
     def process(self, frame: bytes, ingress_ifindex: int = 0) -> Output:
         """Run one frame through the XDP program and return what it would put on the wire."""
         run = self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ingress_ifindex))
-        out = _output(run.retval, run.data, run.meta)
+        out = _output(run.retval, run.data)
+        if run.retval == XDP_PASS and run.meta[:4] == FANOUT_META_MAGIC.to_bytes(4, "little"):
+            out = Output(frames=[run.data] + self._parked_frames(run.meta))
         out.deferred = bool(self.ring.consume())
         return out
+
+    def _parked_frames(self, meta: bytes) -> list[bytes]:
+        """Frames 2..N of a redundant report, which the tc stage would send after the packet itself."""
+        cpu, sequence = int.from_bytes(meta[4:8], "little"), int.from_bytes(meta[8:12], "little")
+        capacity = _capacity("fanout")
+        entry = self.read("fanout", slot=cpu * capacity + sequence % capacity)
+        if entry is None or entry["sequence"] != sequence:
+            raise EngineError(f"no parked frames for fan-out sequence {sequence} on CPU {cpu}")
+        length = entry["frame_len"]
+        return [entry["frames"][i * length:(i + 1) * length] for i in range(entry["count"] - 1)]
 
     def flush(self) -> list[bytes]:
         """Run the idle flush until nothing more is due: the frames it writes out, oldest first."""
@@ -348,16 +362,20 @@ class XdpTranslator:
                 del self._backlog[qp_index]
 
 
-def _output(action: int, data: bytes, meta: bytes) -> Output:
+    def serve(self, stop: threading.Event) -> None:
+        """Run the control-plane loop until `stop` is set: ticks at half the idle-flush time (at least 100 µs)."""
+        interval = max(self.flush_idle_ns / 2e9, 1e-4)
+        while not stop.wait(interval):
+            self.tick()
+
+
+def _output(action: int, data: bytes) -> Output:
     if action == XDP_ABORTED:
         raise EngineError("the XDP program aborted; check `softdta translator stats` and the kernel log")
     if action in (XDP_TX, XDP_REDIRECT):
         udp_dport = int.from_bytes(data[36:38], "big") if data[12:14] == ETH_P_IP.to_bytes(2, "big") else 0
         return Output(to_reporter=[data]) if udp_dport == DTA_NACK_PORT else Output(frames=[data])
     if action == XDP_PASS:
-        if meta[:4] == FANOUT_META_MAGIC.to_bytes(4, "little") and data[12:14] == FANOUT_ETHERTYPE.to_bytes(2, "big"):
-            count, length = data[14], int.from_bytes(data[16:18], "big")
-            return Output(frames=[data[FANOUT.size + i * length:FANOUT.size + (i + 1) * length] for i in range(count)])
         return Output(passed=True)
     return Output()
 
