@@ -153,6 +153,11 @@
 #define CNT_DROP_DEFER_FULL 34
 #define CNT_DROP_NO_ROOM 35
 #define CNT_DROP_FANOUT_LOST 36
+#define CNT_RX_KEY_WRITE 40
+#define CNT_RX_APPEND 41
+#define CNT_RX_KEY_INCREMENT 42
+#define CNT_RX_POSTCARDING 43
+#define CNT_RX_SKETCH_MERGE 44
 
 /* fixed header sizes in bytes */
 #define ETHERNET_SIZE 14

@@ -1308,6 +1308,8 @@ int softdta_xdp(struct xdp_md *ctx)
 			reason = CNT_DROP_TRUNCATED;
 		if (!reason)
 			reason = decode_report(payload_len, cfg->profile);
+		if (!reason)
+			count(CNT_RX_KEY_WRITE + s->report.opcode - 1);
 		if (!reason && s->report.retransmit)
 			reason = check_sequence();
 		if (!reason) {

@@ -146,6 +146,11 @@ const bit<8> CNT_DROP_OUT_OF_REGION = 33;
 const bit<8> CNT_DROP_DEFER_FULL = 34;
 const bit<8> CNT_DROP_NO_ROOM = 35;
 const bit<8> CNT_DROP_FANOUT_LOST = 36;
+const bit<8> CNT_RX_KEY_WRITE = 40;
+const bit<8> CNT_RX_APPEND = 41;
+const bit<8> CNT_RX_KEY_INCREMENT = 42;
+const bit<8> CNT_RX_POSTCARDING = 43;
+const bit<8> CNT_RX_SKETCH_MERGE = 44;
 
 // fixed header sizes in bytes
 const bit<8> ETHERNET_SIZE = 14;

@@ -16,6 +16,7 @@ from .roce import describe_aeth, parse_roce
 from .spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, RoceOpcode
 from .tables import TableError, Tables
 from .translator import Translator
+from .xdp import DEFAULT_FLUSH_IDLE_NS, DEFAULT_PIN_DIR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +51,33 @@ def _parser() -> argparse.ArgumentParser:
     translate.add_argument("--with-collector", action="store_true",
                            help="also feed the frames to the reference responder and show what it holds")
     translate.add_argument("--json", action="store_true", help="print the summary as JSON")
+    translate.add_argument("--engine", choices=["reference", "xdp"], default="reference",
+                           help="reference: the Python model; xdp: the kernel fast path via BPF_PROG_TEST_RUN (root)")
     translate.set_defaults(run=_translate)
+
+    translator = commands.add_parser("translator", help="run the XDP translator on interfaces and inspect it")
+    actions = translator.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="attach the fast path and run its control loop until interrupted "
+                                       "(SIGHUP reloads the tables live)")
+    up.add_argument("--tables", required=True, help="translator tables (TOML, see docs/tables.md)")
+    up.add_argument("--interface", "-i", action="append", required=True,
+                    help="interface to translate on (repeat for several: reports in, collectors out)")
+    up.add_argument("--mode", choices=["native", "generic"], default="native", help="XDP attach mode")
+    up.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
+                    help="bpffs directory for the maps, so a restart keeps PSNs, heads and caches")
+    up.add_argument("--flush-idle-ms", type=float, default=DEFAULT_FLUSH_IDLE_NS / 1e6,
+                    help="write out partial Append batches and Postcarding paths idle this long")
+    up.add_argument("--netns", help="run in this network namespace (unlike `ip netns exec`, keeps the host's bpffs)")
+    up.set_defaults(run=_translator_up)
+    stats = actions.add_parser("stats", help="counters and QP state of a running (or stopped) translator")
+    stats.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(run=_translator_stats)
+    down = actions.add_parser("down", help="detach the fast path from interfaces; --forget drops its state")
+    down.add_argument("--interface", "-i", action="append", default=[])
+    down.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
+    down.add_argument("--forget", action="store_true", help="also remove the pinned maps (PSNs restart)")
+    down.set_defaults(run=_translator_down)
 
     dissect = commands.add_parser("decode", help="dissect DTA and RoCEv2 frames; flag bad iCRCs and lengths")
     dissect.add_argument("pcap")
@@ -93,9 +120,30 @@ def _parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------------------------------------
 
+class _KernelEngine:
+    """The XDP fast path behind the reference translator's interface (frames through BPF_PROG_TEST_RUN)."""
+
+    def __init__(self, tables: Tables):
+        from .xdp import EngineError, XdpTranslator
+        try:
+            self.kernel = XdpTranslator(tables, flush_idle_ns=0)
+        except EngineError as error:
+            raise CliError(f"{error}; --engine xdp needs root and clang (run `make setup`)") from None
+
+    def process(self, frame: bytes, now_ns: int):
+        return self.kernel.process(frame)
+
+    def flush_idle(self, now_ns: int) -> list[bytes]:
+        return self.kernel.flush()
+
+    @property
+    def counters(self):
+        return self.kernel.counters()
+
+
 def _translate(args) -> int:
     tables = Tables.from_toml(args.tables)
-    translator = Translator(tables)
+    translator = _KernelEngine(tables) if args.engine == "xdp" else Translator(tables)
     collector = _offline_collector(tables) if args.with_collector else None
     written: list[Packet] = []
     deferred = 0
@@ -117,7 +165,8 @@ def _translate(args) -> int:
             if collector:
                 collector.deliver(frame)
     write_pcap(args.out, written)
-    summary = {"counters": {c.name.lower(): n for c, n in sorted(translator.counters.items()) if n},
+    summary = {"engine": args.engine,
+               "counters": {c.name.lower(): n for c, n in sorted(translator.counters.items()) if n},
                "frames_written": len(written), "deferred_to_userspace": deferred}
     if collector:
         summary["collector"] = collector.counters()
@@ -246,6 +295,97 @@ def _codegen(args) -> int:
         return 1 if outdated else 0
     for path in write_all(REPO_ROOT):
         print(f"generated {path}")
+    return 0
+
+
+def _translator_up(args) -> int:
+    if args.netns:
+        from .netns import NetnsError, in_netns
+        try:
+            with in_netns(args.netns):
+                return _run_translator(args)
+        except NetnsError as error:
+            raise CliError(f"{error}; list namespaces with `ip netns list`") from None
+    return _run_translator(args)
+
+
+def _run_translator(args) -> int:
+    import signal
+    import threading
+
+    from .bpf import BpfError, ensure_bpffs
+    from .xdp import EngineError, XdpTranslator
+    tables = Tables.from_toml(args.tables)
+    try:
+        ensure_bpffs()
+        pin = Path(args.pin)
+        pin.mkdir(parents=True, exist_ok=True)
+        kernel = XdpTranslator(tables, pin_dir=pin, flush_idle_ns=int(args.flush_idle_ms * 1e6))
+    except (EngineError, BpfError, PermissionError) as error:
+        raise CliError(f"{error}; `softdta translator up` needs root") from None
+    stop = threading.Event()
+
+    def reload(*_) -> None:
+        try:
+            kernel.apply(Tables.from_toml(args.tables))
+            print(f"softdta: tables reloaded from {args.tables}", flush=True)
+        except TableError as error:
+            print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGHUP, reload)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        kernel.attach(args.interface, mode=args.mode)
+        print(f"softdta translator up on {', '.join(args.interface)} ({args.mode} XDP), maps pinned in {pin}; "
+              f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
+              f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
+        kernel.serve(stop)
+    except (EngineError, BpfError) as error:
+        raise CliError(str(error)) from None
+    finally:
+        kernel.close()
+    print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
+    return 0
+
+
+def _translator_stats(args) -> int:
+    from .xdp import EngineError, pinned_stats
+    try:
+        stats = pinned_stats(Path(args.pin))
+    except EngineError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print("counters:")
+    for name, value in stats["counters"].items():
+        print(f"  {name:28} {value}")
+    print("queue pairs:")
+    for qp in stats["qps"]:
+        print(f"  local 0x{qp['local_qpn']:06x} -> remote 0x{qp['remote_qpn']:06x} at {qp['collector']:15} "
+              f"{qp['transport']}  next PSN {qp['next_psn']:8}  {qp['state']}")
+    return 0
+
+
+def _translator_down(args) -> int:
+    import shutil
+    import socket
+
+    from .bpf import BpfError, detach_tc, detach_xdp
+    for name in args.interface:
+        try:
+            index = socket.if_nametoindex(name)
+            detach_tc(index)
+            detach_xdp(index)
+        except OSError:
+            raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
+        except BpfError as error:
+            raise CliError(str(error)) from None
+    if args.forget:
+        shutil.rmtree(args.pin, ignore_errors=True)
+    print(f"detached from {', '.join(args.interface) or 'no interface'}"
+          + (f"; removed {args.pin}" if args.forget else ""))
     return 0
 
 

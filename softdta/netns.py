@@ -42,7 +42,10 @@ def in_netns(name: str) -> Iterator[None]:
     """Move the calling thread into network namespace name; sockets opened inside belong to it."""
     original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        target = os.open(NETNS_DIR / name, os.O_RDONLY)
+        try:
+            target = os.open(NETNS_DIR / name, os.O_RDONLY)
+        except FileNotFoundError:
+            raise NetnsError(f"network namespace {name!r} does not exist") from None
         try:
             _setns(target, f"network namespace {name!r}")
         finally:

@@ -226,6 +226,12 @@ class Counter(IntEnum):
     DROP_DEFER_FULL = 34  # the ring to userspace for essential reports was full
     DROP_NO_ROOM = 35  # the driver gave no room to grow the frame
     DROP_FANOUT_LOST = 36  # tc found no parked frames for a redundant report (it came too late)
+    # Well-formed reports per primitive: RX_KEY_WRITE + opcode - 1.
+    RX_KEY_WRITE = 40
+    RX_APPEND = 41
+    RX_KEY_INCREMENT = 42
+    RX_POSTCARDING = 43
+    RX_SKETCH_MERGE = 44
 
 
 COUNTER_SLOTS = 48

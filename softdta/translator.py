@@ -155,6 +155,7 @@ class Translator:
             report = decode(udp.payload, self.tables.profile)
         except WireError as error:
             return self._drop(Counter[f"DROP_{error.reason}"])
+        self.counters[Counter(Counter.RX_KEY_WRITE + report.opcode - 1)] += 1
         if report.retransmit:
             verdict = self._check_sequence(udp, report)
             if verdict is not None:

@@ -369,6 +369,34 @@ class XdpTranslator:
             self.tick()
 
 
+def pinned_stats(pin_dir: Path) -> dict:
+    """Counters and QP state from a translator's pinned maps, without loading the program."""
+    def pinned(name: str) -> Map:
+        try:
+            return Map.from_pinned(pin_dir / name)
+        except BpfError:
+            raise EngineError(f"no translator state pinned in {pin_dir}; start one with `softdta translator up` "
+                              "or pass --pin") from None
+
+    counters, qps = {}, []
+    with pinned("counters") as counter_map, pinned("qp") as qp_map, pinned("qp_state") as state_map:
+        for counter in Counter:
+            total = sum(int.from_bytes(v[:8], "little")
+                        for v in counter_map.lookup_percpu(int(counter).to_bytes(4, "little")) or [])
+            if total:
+                counters[counter.name.lower()] = total
+        for raw, value in qp_map.items():
+            entry = table("qp").value.unpack(value)
+            if not entry["remote_qpn"]:
+                continue
+            state = table("qp_state").value.unpack(state_map.lookup(raw))
+            qps.append({"local_qpn": entry["local_qpn"], "remote_qpn": entry["remote_qpn"],
+                        "collector": socket.inet_ntoa(entry["collector_ip"].to_bytes(4, "little")),
+                        "transport": "RC" if entry["transport"] == 0 else "UC", "next_psn": state["next_psn"],
+                        "state": QpState(state["state"]).name.lower(), "frames_sent": state["frames_sent"]})
+    return {"counters": counters, "qps": qps}
+
+
 def _output(action: int, data: bytes) -> Output:
     if action == XDP_ABORTED:
         raise EngineError("the XDP program aborted; check `softdta translator stats` and the kernel log")

@@ -15,7 +15,7 @@ from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
 from softdta import dta
-from softdta.bpf import attach_xdp, ensure_bpffs
+from softdta.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.netns import Namespace, cleanup_prefix, in_netns, veth_pair
 from softdta.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
@@ -23,7 +23,7 @@ from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, Primitive, QpState, 
 from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.workload import ReporterAddress
-from softdta.xdp import XdpTranslator
+from softdta.xdp import XdpTranslator, build_object
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 
@@ -223,3 +223,47 @@ def test_translator_restart_continues_psns_from_pinned_maps(lab):
         assert psns == [(kw.qp.start_psn + i) & 0xFFFFFF for i in range(4)]
     finally:
         shutil.rmtree(pin, ignore_errors=True)
+
+
+def test_translator_cli_up_stats_and_down(lab, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    tables_file = tmp_path / "tables.toml"
+    text = EXAMPLE_TABLES.read_text().replace('mac = "02:5d:7a:00:01:01"', 'mac = "02:5d:7a:00:01:01"\ninterface = "t1"')
+    tables_file.write_text(text)
+    pin = ensure_bpffs() / f"softdta-cli-{os.getpid()}"
+    softdta = [sys.executable, "-m", "softdta.cli"]
+    process = subprocess.Popen(softdta + ["translator", "up", "--tables", str(tables_file), "-i", "t0", "-i", "t1",
+                                          "--pin", str(pin), "--netns", lab.translator.name],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "translator up on t0, t1" in process.stdout.readline()
+        with in_netns(lab.collector.name), BpfObject(build_object()) as peer:
+            attach_xdp(socket.if_nametoindex("c0"), peer.programs["softdta_pass"].fd)
+        capture = lab.socket(lab.collector, "c0")
+        sender = lab.socket(lab.reporter, "r0")
+        reporter = reporter_address(lab.tables)
+        for key in range(5):
+            sender.send(reporter.frame(dta.key_write(key, key, 2)))
+        sender.send(reporter.frame(dta.append(1, 5)))
+        assert len(receive(capture, 11, keep=is_roce)) == 11  # 10 writes, then the idle flush of the batch
+        stats = json.loads(subprocess.run(softdta + ["translator", "stats", "--pin", str(pin), "--json"],
+                                          capture_output=True, text=True, check=True).stdout)
+        assert stats["counters"]["rx_reports"] == 6 and stats["counters"]["tx_frames"] == 10
+        assert stats["counters"]["append_flushes"] == 1
+        kw = next(q for q in stats["qps"] if q["remote_qpn"] == 0x101)
+        assert kw["next_psn"] == 10 and kw["state"] == "active"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    assert process.returncode == 0, err
+    assert "translator down" in out
+    assert "xdp" not in lab.translator.run("ip", "link", "show", "t0").stdout
+    result = subprocess.run(softdta + ["translator", "down", "--pin", str(pin), "--forget"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and not pin.exists()
+    missing = subprocess.run(softdta + ["translator", "stats", "--pin", str(pin)], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no translator state pinned" in missing.stderr
