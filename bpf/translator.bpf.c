@@ -74,6 +74,7 @@ struct scratch {
 	struct report report;
 	struct frame_params frame;
 	__u32 out_count;	/* frames in out, back to back from its start */
+	__u32 out_via_tc;	/* the QP's frames always leave through the tc stage */
 	__u32 fanout_sequence;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
@@ -735,6 +736,7 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 		frame_len = len;
 	}
 	s->out_count = r->redundancy;
+	s->out_via_tc = 1;
 	s->out_frame_len = frame_len;
 	s->out_ifindex = ref.q->ifindex;
 	count_n(CNT_TX_FRAMES, r->redundancy);
@@ -1183,7 +1185,7 @@ struct fanout_meta {
 	__u32 sequence;
 };
 
-/* Parks frames 2..N of a redundant report for the tc stage; the packet carries frame 1 and the meta. */
+/* Parks frames 2..N of a report for the tc stage; the packet carries frame 1 and the meta. */
 static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 {
 	__u32 slot, len = s->out_frame_len;
@@ -1205,8 +1207,10 @@ static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 	return 0;
 }
 
-/* Replaces the packet with the first frame the handler built: sent with XDP_TX or a redirect, or, when the
- * report has more frames, passed up to the tc stage, which sends them all in order. */
+/* Replaces the packet with the first frame the handler built: sent with XDP_TX or a redirect, or, for
+ * Key-Write and Key-Increment (which may need several), passed up to the tc stage, which sends them all. Their
+ * QPs use the tc stage for every report, N = 1 too: frames of one QP must never take two paths, or a NAPI poll
+ * could put them on the wire out of PSN order. */
 static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 {
 	__u64 len = s->out_frame_len, have = ctx->data_end - ctx->data;
@@ -1229,7 +1233,7 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 		count(CNT_DROP_NO_ROOM);
 		return XDP_DROP;
 	}
-	if (s->out_count > 1) {
+	if (s->out_via_tc) {
 		if (park_frames(s, &meta) || bpf_xdp_adjust_meta(ctx, -(int)sizeof(meta))) {
 			count(CNT_DROP_NO_ROOM);
 			return XDP_DROP;
@@ -1255,13 +1259,13 @@ static __always_inline struct scratch *begin(__u64 now, __u32 data_path)
 		s->now_ns = now;
 		s->data_path = data_path;
 		s->out_count = 0;
+		s->out_via_tc = 0;
 		s->out_ifindex = 0;
 	}
 	return s;
 }
 
-SEC("xdp")
-int softdta_xdp(struct xdp_md *ctx)
+static __always_inline int translate(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
 	struct translator_config_value *cfg;
@@ -1343,6 +1347,12 @@ int softdta_xdp(struct xdp_md *ctx)
 	if (reason)
 		count(reason);
 	return emit(ctx, s);
+}
+
+SEC("xdp")
+int softdta_xdp(struct xdp_md *ctx)
+{
+	return translate(ctx);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1430,7 +1440,7 @@ int softdta_fanout(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
 	entry = bpf_map_lookup_elem(&fanout, &slot);
-	if (!entry || entry->sequence != meta->sequence || entry->count < 2 || entry->count > MAX_REDUNDANCY ||
+	if (!entry || entry->sequence != meta->sequence || entry->count < 1 || entry->count > MAX_REDUNDANCY ||
 	    entry->frame_len != skb->len || entry->frame_len > FANOUT_FRAME_MAX) {
 		count(CNT_DROP_FANOUT_LOST);
 		return TC_ACT_SHOT;

@@ -26,7 +26,6 @@ from .translator import Output
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCE = BPF_DIR / "translator.bpf.c"
-OBJECT = BPF_DIR / "build" / "translator.bpf.o"
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
@@ -38,25 +37,26 @@ class EngineError(RuntimeError):
     """The kernel engine cannot be built, loaded or driven; the message says what to do."""
 
 
-def build_object(force: bool = False) -> Path:
-    """Compile the translator with clang against UAPI headers (no kernel headers needed); cached by mtime."""
-    sources = [SOURCE, *BPF_DIR.glob("*.h")]
-    if not force and OBJECT.exists() and OBJECT.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        return OBJECT
+def build_object(source: Path = SOURCE, force: bool = False) -> Path:
+    """Compile a BPF program with clang against UAPI headers (no kernel headers needed); cached by mtime."""
+    target = BPF_DIR / "build" / source.name.replace(".c", ".o")
+    inputs = [source, SOURCE, *BPF_DIR.glob("*.h")]
+    if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
+        return target
     clang = shutil.which("clang")
     if clang is None:
         raise EngineError("clang is not installed; run `make setup` (it installs clang and libbpf-dev)")
-    OBJECT.parent.mkdir(parents=True, exist_ok=True)
-    partial = OBJECT.with_suffix(f".{os.getpid()}.tmp")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
     multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
     command = [clang, "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-I", str(BPF_DIR),
-               "-I", f"/usr/include/{multiarch}", "-c", str(SOURCE), "-o", str(partial)]
+               "-I", f"/usr/include/{multiarch}", "-c", str(source), "-o", str(partial)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         partial.unlink(missing_ok=True)
-        raise EngineError(f"clang failed to build {SOURCE.name}:\n{result.stderr.strip()}")
-    os.replace(partial, OBJECT)
-    return OBJECT
+        raise EngineError(f"clang failed to build {source.name}:\n{result.stderr.strip()}")
+    os.replace(partial, target)
+    return target
 
 
 @dataclass
@@ -97,14 +97,15 @@ class XdpTranslator:
     """One loaded instance of the kernel translator.
 
     `pin_dir` pins every map there (under a bpffs), so a restarted translator finds its PSNs, Append heads and
-    caches again. Without it, the maps live as long as this object.
+    caches again. Without it, the maps live as long as this object. `source` may name a program that includes
+    bpf/translator.bpf.c and adds to it (the benchmarks do).
     """
 
     def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
-                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS):
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, source: Path = SOURCE):
         self.flush_idle_ns = flush_idle_ns
         try:
-            self.object = BpfObject(build_object(), pin_dir=pin_dir,
+            self.object = BpfObject(build_object(source), pin_dir=pin_dir,
                                     map_sizes={"fanout": _capacity("fanout") * possible_cpus()})
         except BpfError as error:
             raise EngineError(f"cannot load the kernel translator: {error}") from None

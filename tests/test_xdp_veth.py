@@ -107,8 +107,9 @@ def reporter_address(tables) -> ReporterAddress:
                            collector_ip=COLLECTOR_IP)
 
 
-MIXED = ([dta.key_write(k, k * 3, 2) for k in range(1, 40)] + [dta.key_write(k, 9, 4) for k in range(40, 50)]
-         + [dta.key_increment(k, 5, 2) for k in range(1, 20)] + [dta.append(k % 8, k) for k in range(64)]
+# N = 1 and N > 1 alternate on the same QPs: their frames must still arrive in PSN order.
+MIXED = ([dta.key_write(k, k * 3, 1 + k % 2) for k in range(1, 40)] + [dta.key_write(k, 9, 4) for k in range(40, 50)]
+         + [dta.key_increment(k, 5, 1 + k % 2) for k in range(1, 20)] + [dta.append(k % 8, k) for k in range(64)]
          + [dta.postcard(k, hop, hop * 100) for k in range(1, 12) for hop in range(1, 6)]
          + [dta.sketch_column(r, c, [c, r, 1, 2]) for c in range(16) for r in range(2)])
 

@@ -1,0 +1,106 @@
+"""The XDP translator per report and primitive, in the kernel (BPF_PROG_TEST_RUN), next to the reference model.
+
+Each kernel measurement repeats the program on one packet buffer (1M times with benchmarks enabled). The harness
+in bench/bpf/translator_bench.bpf.c restores the next report before every run; `bench_restore` alone measures
+that restore, and the per-report figure is the difference. The reference translator runs the same reports in the
+same test, so the ratio compares like with like on whatever this machine is doing at the time.
+"""
+
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from softdta import dta
+from softdta.spec import Counter, Primitive
+from softdta.translator import Translator
+from softdta.xdp import XdpTranslator
+
+from conftest import COLLECTOR_IP, benchmarks_disabled
+
+pytestmark = pytest.mark.privileged
+
+HARNESS = Path(__file__).resolve().parent / "bpf" / "translator_bench.bpf.c"
+ROUNDS = 5
+
+
+def _key_write_n1(tables):
+    return [dta.key_write(key, key * 7, 1) for key in range(1, 17)], 1.0
+
+
+def _key_write_n2(tables):
+    return [dta.key_write(key, key * 7, 2) for key in range(1, 17)], 2.0
+
+
+def _key_increment(tables):
+    return [dta.key_increment(key, 1, 1) for key in range(1, 17)], 1.0
+
+
+def _append_batch16(tables):
+    lists = tables.append_lists[0]
+    lists.batch, lists.entries = 16, 256
+    return [dta.append(lists.first_list, value) for value in range(16)], 1 / 16
+
+
+def _postcards_5_hops(tables):
+    return [dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)], 1 / 5
+
+
+def _sketch_batch8(tables):
+    sketch = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    sketch.columns, sketch.reporters, sketch.batch = 16, 1, 8
+    return [dta.sketch_column(0, column, [column, 1, 2, 3]) for column in range(16)], 1 / 8
+
+
+CASES = {"key-write-n1": _key_write_n1, "key-write-n2": _key_write_n2, "key-increment-n1": _key_increment,
+         "append-batch16": _append_batch16, "postcarding-5-hops": _postcards_5_hops,
+         "sketch-merge-batch8": _sketch_batch8}
+
+
+def load_reports(kernel: XdpTranslator, frames: list[bytes]) -> None:
+    reports = kernel.maps["bench_reports"]
+    value = len(frames).to_bytes(4, "little")
+    value += b"".join(len(f).to_bytes(4, "little") for f in frames).ljust(16 * 4, b"\0")
+    value += b"".join(f.ljust(256, b"\0") for f in frames)
+    reports.update(bytes(4), value.ljust(reports.value_size, b"\0"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_xdp_translator_ns_per_report(benchmark, pytestconfig, tables, reporter, case):
+    reports, frames_per_report = CASES[case](tables)
+    tables.validate()
+    frames = [reporter.frame(report) for report in reports]
+    repeat = 1000 if benchmarks_disabled(pytestconfig) else 1_000_000
+    with XdpTranslator(tables, source=HARNESS, flush_idle_ns=0) as kernel:
+        load_reports(kernel, frames)
+        restore, translate = kernel.object.programs["bench_restore"], kernel.object.programs["bench_translate"]
+        template = frames[0]
+        restore_ns = statistics.median(restore.test_run(template, repeat=repeat).duration_ns for _ in range(ROUNDS))
+        kernel.maps["bench_cursor"].update(bytes(4), bytes(4))  # the reports' protocol state starts over
+        translate_ns: list[int] = []
+
+        def run():
+            translate_ns.append(translate.test_run(template, repeat=repeat).duration_ns)
+
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+        counters = kernel.counters()
+    runs = repeat * (len(translate_ns))
+    assert counters[Counter.RX_REPORTS] == runs
+    assert abs(counters[Counter.TX_FRAMES] - runs * frames_per_report) <= len(frames) * 2
+    assert not [c for c in counters if c.name.startswith("DROP_")]
+
+    reference = Translator(tables)
+    passes = 200 // len(frames) + 1
+    start = time.perf_counter_ns()
+    for _ in range(passes):
+        for frame in frames:
+            reference.process(frame)
+    reference_ns = (time.perf_counter_ns() - start) / (passes * len(frames))
+
+    kernel_ns = statistics.median(translate_ns) - restore_ns
+    benchmark.extra_info.update(kernel_ns_per_report=kernel_ns, restore_ns=restore_ns, repeat=repeat,
+                                kernel_min_ns=min(translate_ns) - restore_ns,
+                                kernel_max_ns=max(translate_ns) - restore_ns,
+                                reference_ns_per_report=reference_ns,
+                                reference_over_kernel=reference_ns / max(kernel_ns, 1))
