@@ -164,6 +164,22 @@ def test_append_idle_flush_pads_a_partial_batch(tables, reporter):
     assert translator.counters[Counter.APPEND_FLUSHES] == 1
 
 
+def test_idle_flush_waits_for_the_qp_to_be_idle_and_goes_oldest_first(tables, reporter):
+    """The kernel flushes from another CPU than the one translating: a QP the data path used within the idle
+    time is left alone, so the two never interleave PSNs on it."""
+    translator = Translator(tables)
+    send(translator, reporter, dta.append(7, 1), now_ns=0)
+    send(translator, reporter, dta.append(6, 2), now_ns=100)
+    send(translator, reporter, dta.append(5, 3), now_ns=150)
+    for value in range(4):  # completes a batch on list 9 at t=900: the Append QP was just busy
+        send(translator, reporter, dta.append(9, value), now_ns=900)
+    assert translator.flush_idle(now_ns=1000, idle_ns=500) == []
+    frames = [parse_roce(f) for f in translator.flush_idle(now_ns=1400, idle_ns=500)]
+    lists = tables.append_lists[0]
+    assert [(f.headers["reth"]["va"] - lists.qp.base_va) // lists.ring_offset(1) for f in frames] == [7, 6, 5]
+    assert [f.payload[:4] for f in frames] == [(v).to_bytes(4, "little") for v in (1, 2, 3)]
+
+
 def test_unknown_list_is_dropped_and_counted(tables, reporter):
     translator = Translator(tables)
     out = send(translator, reporter, dta.append(64, 1))
@@ -251,6 +267,20 @@ def test_idle_flush_writes_incomplete_paths(tables, reporter):
     assert len(frames) == 1
     hop2 = 22 ^ postcard_hop_hash((8).to_bytes(4, "big"), 2)
     assert frames[0].payload == bytes(4) + hop2.to_bytes(4, "big") + bytes(12)
+
+
+def test_one_hop_postcard_does_not_evict_another_flows_path(reporter):
+    document = _example_document()
+    document["structures"][2]["cache_entries"] = 1  # every flow shares the one cache slot
+    tables = Tables.from_dict(document)
+    translator = Translator(tables)
+    assert not send(translator, reporter, dta.postcard(8, 1, 10)).frames
+    single = requests(send(translator, reporter, dta.postcard(9, 1, 20, path_length=1, extended=True)))
+    assert len(single) == 1
+    assert single[0].payload[:4] == (20 ^ postcard_hop_hash((9).to_bytes(4, "big"), 1)).to_bytes(4, "big")
+    assert translator.counters[Counter.POSTCARD_EVICTIONS] == 0
+    rest = [send(translator, reporter, dta.postcard(8, hop, 10)) for hop in range(2, 6)]
+    assert [len(out.frames) for out in rest] == [0, 0, 0, 1]
 
 
 # -- Sketch-Merge -----------------------------------------------------------------------------------------------

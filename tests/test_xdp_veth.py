@@ -268,3 +268,30 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
     assert result.returncode == 0 and not pin.exists()
     missing = subprocess.run(softdta + ["translator", "stats", "--pin", str(pin)], capture_output=True, text=True)
     assert missing.returncode == 2 and "no translator state pinned" in missing.stderr
+
+
+def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
+    lab.tables.grace_ns = 100_000_000
+    reporter = reporter_address(lab.tables)
+    ki = lab.tables.structure(COLLECTOR_IP, Primitive.KEY_INCREMENT)
+    kernel = lab.start(flush_idle_ns=5_000_000)
+    try:
+        sender, collector = lab.socket(lab.reporter, "r0"), lab.socket(lab.collector, "c0")
+        collector.send(nak(lab.tables, ki.qp, 500))
+        time.sleep(0.02)
+        sender.send(reporter.frame(dta.key_increment(7, 3, 2, essential=True, extended=True)))
+        sender.send(reporter.frame(dta.key_increment(8, 1, 1)))  # not essential: dropped in grace
+        assert not receive(collector, 1, timeout=0.05, keep=is_roce)
+        with in_netns(lab.translator.name):
+            kernel.tick()  # still in grace: the report stays parked
+            assert kernel.reinjected == 0
+            time.sleep(0.12)
+            kernel.tick()
+            assert kernel.reinjected == 1
+            counters = kernel.counters()
+        frames = [parse_roce(f) for f in receive(collector, 2, keep=is_roce)]
+        assert [(f.opcode, f.bth["psn"], f.headers["atomic_eth"]["swap_add"]) for f in frames] == \
+               [(RoceOpcode.RC_FETCH_ADD, 500, 3), (RoceOpcode.RC_FETCH_ADD, 501, 3)]
+        assert counters[Counter.ESSENTIAL_DEFERRED] == 1 and counters[Counter.DROP_GRACE] == 1
+    finally:
+        kernel.close()
