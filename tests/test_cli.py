@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from softdta.pcap import Packet, read_pcap, write_pcap
 from softdta.roce import parse_roce
 
@@ -22,7 +24,7 @@ def test_report_translate_decode_round_trip(tmp_path):
     softdta("report", "key-write", "--count", 20, "-n", 3, "--out", reports)
     summary = json.loads(softdta("translate", "--tables", EXAMPLE_TABLES, "--in", reports, "--out", roce,
                                  "--with-collector", "--json").stdout)
-    assert summary["counters"] == {"rx_reports": 20, "tx_frames": 60}
+    assert summary["counters"] == {"rx_reports": 20, "rx_key_write": 20, "tx_frames": 60}
     assert summary["collector"] == {"executed": 60}
     frames = [parse_roce(p.frame) for p in read_pcap(roce)]
     assert len(frames) == 60 and all(f.icrc_ok for f in frames)
@@ -79,3 +81,17 @@ def test_errors_name_the_problem_and_the_fix(tmp_path):
 
 def test_codegen_check_passes_on_a_clean_tree():
     assert softdta("codegen", "--check").stdout == ""
+
+
+@pytest.mark.privileged
+def test_translate_engines_write_the_same_frames(tmp_path):
+    frames = {}
+    for primitive, extra in (("key-write", ["-n", 3]), ("append", []), ("postcarding", []), ("sketch-merge", [])):
+        reports = tmp_path / f"{primitive}.pcap"
+        softdta("report", primitive, "--count", 40, *extra, "--out", reports)
+        for engine in ("reference", "xdp"):
+            out = tmp_path / f"{primitive}-{engine}.pcap"
+            summary = json.loads(softdta("translate", "--engine", engine, "--tables", EXAMPLE_TABLES, "--in", reports,
+                                         "--out", out, "--flush", "--json").stdout)
+            frames[engine] = ([p.frame for p in read_pcap(out)], summary["counters"])
+        assert frames["xdp"] == frames["reference"], primitive
