@@ -534,9 +534,9 @@ struct qp_state_value {
 	__u32 next_psn;
 	__u32 state;
 	__u64 grace_until_ns;
-	__u64 last_tx_ns; /* when the data path last emitted on this QP (idle flushes wait for it) */
-	__u32 frames_sent; /* drives the AckReq interval */
-	__u8 _pad0[4];
+	__u64 flush_mark_ns; /* when the flusher last saw frames_sent change */
+	__u32 frames_sent; /* drives the AckReq interval and tells the flusher the QP is busy */
+	__u32 flush_mark; /* frames_sent as the flusher last saw it */
 };
 _Static_assert(sizeof(struct qp_state_value) == 32, "struct qp_state_value does not match softdta/spec.py");
 

@@ -65,8 +65,8 @@ struct frame_params {
 
 /* Per-CPU working memory: XDP programs never run nested on one CPU. */
 struct scratch {
-	__u64 now_ns;
-	__u32 data_path;	/* frames come from reports (not a flush): they mark their QP busy */
+	__u64 now_ns;		/* read from the clock on first use: most reports never need it */
+	__u32 data_path;	/* frames come from reports, not from a flush */
 	__u32 src_ip;		/* of the report, network order */
 	__u32 dst_ip;
 	__u8 peer_mac[6];
@@ -78,7 +78,7 @@ struct scratch {
 	__u32 fanout_sequence;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
-	__u8 out[OUT_SIZE];
+	__u8 out[OUT_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
 };
 
 struct flush_entry {
@@ -483,8 +483,6 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 	eh = bth + BTH_SIZE;
 
 	qs->frames_sent += 1;
-	if (s->data_path)
-		qs->last_tx_ns = s->now_ns;
 	if (q->transport == TRANSPORT_RC && cfg->ack_req_interval && qs->frames_sent % cfg->ack_req_interval == 0)
 		ack_req = 1;
 
@@ -570,9 +568,16 @@ static __always_inline void single_frame(struct scratch *s, __u32 len, __u32 ifi
 /* ------------------------------------------------------------------------------------------------ */
 /* queue pairs */
 
-static __always_inline int qp_ready(struct qp_state_value *qs, __u64 now)
+static __always_inline __u64 clock_ns(struct scratch *s)
 {
-	if (qs->state == QP_STATE_GRACE && now >= qs->grace_until_ns)
+	if (!s->now_ns)
+		s->now_ns = bpf_ktime_get_ns();
+	return s->now_ns;
+}
+
+static __always_inline int qp_ready(struct qp_state_value *qs, struct scratch *s)
+{
+	if (qs->state == QP_STATE_GRACE && clock_ns(s) >= qs->grace_until_ns)
 		qs->state = QP_STATE_ACTIVE;
 	return qs->state == QP_STATE_ACTIVE;
 }
@@ -605,7 +610,7 @@ static __noinline __u32 defer_report(struct xdp_md *ctx, __u32 qp_index)
 static __always_inline __u32 qp_blocked(struct xdp_md *ctx, struct scratch *s, __u32 qp_index,
 					struct qp_state_value *qs)
 {
-	if (qp_ready(qs, s->now_ns))
+	if (qp_ready(qs, s))
 		return 0;
 	if (s->report.essential)
 		return defer_report(ctx, qp_index);
@@ -806,7 +811,7 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 	if (pos + al->entry_size > MAX_WRITE_PAYLOAD)
 		return CNT_DROP_BAD_LENGTH;
 	if (!as->pending) {
-		as->first_pending_ns = s->now_ns;
+		as->first_pending_ns = clock_ns(s);
 		flush_later(FLUSH_APPEND, index, r->list_id, s->now_ns);
 	}
 	/* 4- and 8-byte entries are integers, stored little-endian (host order) for the collector. */
@@ -922,7 +927,7 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 		entry->key_len = r->key_len;
 		entry->path_length = path_length;
 		entry->hop_mask = 0;
-		entry->first_ns = s->now_ns;
+		entry->first_ns = clock_ns(s);
 		entry->valid = 1;
 		flush_later(FLUSH_POSTCARD, slot, s->dst_ip, s->now_ns);
 	}
@@ -1157,7 +1162,7 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 			count(CNT_RX_NAK_SEQUENCE);
 			ref.qs->next_psn = psn;
 			ref.qs->state = QP_STATE_GRACE;
-			ref.qs->grace_until_ns = s->now_ns + cfg->grace_ns;
+			ref.qs->grace_until_ns = clock_ns(s) + cfg->grace_ns;
 		} else {
 			count(CNT_RX_NAK_FATAL);
 			ref.qs->state = QP_STATE_FAILED;
@@ -1178,6 +1183,28 @@ __noinline __u32 on_reply(struct xdp_md *ctx, __u32 ip_off, __u64 ip_header_len)
 
 /* ------------------------------------------------------------------------------------------------ */
 /* output */
+
+/* The report payload into s->raw, a word at a time (at most RAW_MAX bytes). */
+static __always_inline int copy_payload(struct xdp_md *ctx, struct scratch *s, __u32 off, __u32 len)
+{
+	__u8 *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end, *p;
+	__u32 i;
+
+	if (off > 128)
+		return -1;
+	p = data + off;
+	for (i = 0; i + 8 <= RAW_MAX && i + 8 <= len; i += 8) {
+		if (p + i + 8 > end)
+			return -1;
+		*(__u64 *)(s->raw + i) = *(__u64 *)(p + i);
+	}
+	for (int k = 0; k < 8 && i < RAW_MAX && i < len; k++, i++) {
+		if (p + i + 1 > end)
+			return -1;
+		s->raw[i] = p[i];
+	}
+	return 0;
+}
 
 struct fanout_meta {
 	__u32 magic;
@@ -1250,13 +1277,13 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 	return XDP_TX;
 }
 
-static __always_inline struct scratch *begin(__u64 now, __u32 data_path)
+static __always_inline struct scratch *begin(__u32 data_path)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
 
 	if (s) {
-		s->now_ns = now;
+		s->now_ns = 0;
 		s->data_path = data_path;
 		s->out_count = 0;
 		s->out_via_tc = 0;
@@ -1297,7 +1324,7 @@ static __always_inline int translate(struct xdp_md *ctx)
 	payload_len = udp_len - UDP_SIZE;
 
 	cfg = bpf_map_lookup_elem(&translator_config, &zero);
-	s = begin(bpf_ktime_get_ns(), 1);
+	s = begin(1);
 	if (!cfg || !s)
 		return XDP_PASS;
 	__builtin_memcpy(&s->src_ip, ip + 12, 4);
@@ -1308,7 +1335,7 @@ static __always_inline int translate(struct xdp_md *ctx)
 		__u64 take = payload_len < RAW_MAX ? payload_len : RAW_MAX;
 
 		count(CNT_RX_REPORTS);
-		if (take && bpf_xdp_load_bytes(ctx, payload_off, s->raw, NONZERO(take, 256)))
+		if (copy_payload(ctx, s, payload_off, take))
 			reason = CNT_DROP_TRUNCATED;
 		if (!reason)
 			reason = decode_report(payload_len, cfg->profile);
@@ -1358,9 +1385,18 @@ int softdta_xdp(struct xdp_md *ctx)
 /* ------------------------------------------------------------------------------------------------ */
 /* idle flush, one entry per run (the control plane runs it with BPF_F_TEST_XDP_LIVE_FRAMES) */
 
-static __always_inline int flushable(struct qp_state_value *qs, __u64 now, __u64 idle)
+/* Whether the flusher may emit on a QP: the data path has not emitted on it since a flush pass looked at least
+ * `idle` ago. The flusher runs on another CPU; this keeps the two from interleaving PSNs on one QP. */
+static __always_inline int flushable(struct qp_state_value *qs, struct scratch *s, __u64 idle)
 {
-	return qp_ready(qs, now) && now - qs->last_tx_ns >= idle;
+	if (!qp_ready(qs, s))
+		return 0;
+	if (qs->frames_sent != qs->flush_mark) {
+		qs->flush_mark = qs->frames_sent;
+		qs->flush_mark_ns = s->now_ns;
+		return 0;
+	}
+	return s->now_ns - qs->flush_mark_ns >= idle;
 }
 
 SEC("xdp")
@@ -1371,12 +1407,13 @@ int softdta_flush(struct xdp_md *ctx)
 	struct scratch *s;
 	struct qp_ref ref;
 	__u32 zero = 0, reason;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now;
 
 	cfg = bpf_map_lookup_elem(&translator_config, &zero);
-	s = begin(now, 0);
+	s = begin(0);
 	if (!cfg || !s || bpf_map_peek_elem(&flush_queue, &entry))
 		return XDP_DROP;
+	now = clock_ns(s);
 	if (entry.kind == FLUSH_APPEND) {
 		struct append_state_value *as = bpf_map_lookup_elem(&append_state, &entry.index);
 		struct append_list_key key = { .list_id = entry.owner };
@@ -1390,7 +1427,7 @@ int softdta_flush(struct xdp_md *ctx)
 		if (now - entry.first_ns < cfg->flush_idle_ns)
 			return XDP_DROP;
 		bpf_map_pop_elem(&flush_queue, &entry);
-		if (!qp_lookup(al->qp_index, &ref) || !flushable(ref.qs, now, cfg->flush_idle_ns)) {
+		if (!qp_lookup(al->qp_index, &ref) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
@@ -1412,7 +1449,7 @@ int softdta_flush(struct xdp_md *ctx)
 		if (now - entry.first_ns < cfg->flush_idle_ns)
 			return XDP_DROP;
 		bpf_map_pop_elem(&flush_queue, &entry);
-		if (!qp_lookup(st->qp_index, &ref) || !flushable(ref.qs, now, cfg->flush_idle_ns)) {
+		if (!qp_lookup(st->qp_index, &ref) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
@@ -1420,8 +1457,11 @@ int softdta_flush(struct xdp_md *ctx)
 		count(CNT_POSTCARD_FLUSHES);
 		reason = postcard_write(s, pc, st, cfg, 0);
 	}
-	if (reason)
+	if (reason) {
 		count(reason);
+		return XDP_DROP;
+	}
+	ref.qs->flush_mark = ref.qs->frames_sent;	/* its own frames do not make the QP busy */
 	return emit(ctx, s);
 }
 

@@ -462,8 +462,9 @@ struct qp_state_value_t {
     bit<32> next_psn;
     bit<32> state;
     bit<64> grace_until_ns;
-    bit<64> last_tx_ns; // when the data path last emitted on this QP (idle flushes wait for it)
-    bit<32> frames_sent; // drives the AckReq interval
+    bit<64> flush_mark_ns; // when the flusher last saw frames_sent change
+    bit<32> frames_sent; // drives the AckReq interval and tells the flusher the QP is busy
+    bit<32> flush_mark; // frames_sent as the flusher last saw it
 }
 
 // collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes

@@ -373,8 +373,9 @@ TRANSLATOR_TABLES = (
     ), 4096, "one RDMA queue pair towards one collector memory region"),
     Table("qp_state", (Field("qp_index", 32),), (
         Field("next_psn", 32), Field("state", 32), Field("grace_until_ns", 64),
-        Field("last_tx_ns", 64, "when the data path last emitted on this QP (idle flushes wait for it)"),
-        Field("frames_sent", 32, "drives the AckReq interval"),
+        Field("flush_mark_ns", 64, "when the flusher last saw frames_sent change"),
+        Field("frames_sent", 32, "drives the AckReq interval and tells the flusher the QP is busy"),
+        Field("flush_mark", 32, "frames_sent as the flusher last saw it"),
     ), 4096, "per-QP dynamic state (PSN, grace, failure)"),
     Table("collector", (Field("ip", 32, "network order"),), (Raw("mac", 6), Field("pad", 16)), 1024,
           "collectors whose RoCE replies (ACK, NAK) the translator consumes"),

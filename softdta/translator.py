@@ -9,6 +9,7 @@ argument, never read from a clock, so runs are reproducible.
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections import deque
 from dataclasses import dataclass, field
 
 from .codec import WireError
@@ -39,7 +40,8 @@ class QpRuntime:
     state: QpState = QpState.ACTIVE
     grace_until_ns: int = 0
     frames_sent: int = 0
-    last_tx_ns: int = 0
+    flush_mark: int = 0  # frames_sent when the flusher last found the QP busy
+    flush_mark_ns: int = 0
 
 
 @dataclass
@@ -47,7 +49,7 @@ class AppendRuntime:
     head: int = 0
     pending: list[bytes] = field(default_factory=list)
     first_pending_ns: int = 0
-    pending_order: int = 0
+    token: int = 0  # names this batch in the flush queue
 
 
 @dataclass
@@ -57,7 +59,7 @@ class PostcardEntry:
     values: list[int]
     hop_mask: int = 0
     first_ns: int = 0
-    pending_order: int = 0
+    token: int = 0
 
 
 @dataclass
@@ -76,7 +78,8 @@ class Translator:
         self.postcard_cache: dict[int, dict[int, PostcardEntry]] = {}
         self.sketch_state: dict[int, SketchRuntime] = {}
         self.reporter_seqnum: dict[bytes, int] = {}
-        self._pending_count = 0
+        self.flush_queue: deque[tuple[int, int, int, object]] = deque()  # (token, first ns, list id | index, structure)
+        self._tokens = 0
         self._handlers = {DtaOpcode.KEY_WRITE: self._key_write, DtaOpcode.KEY_INCREMENT: self._key_increment,
                           DtaOpcode.APPEND: self._append, DtaOpcode.POSTCARDING: self._postcard,
                           DtaOpcode.SKETCH_MERGE: self._sketch}
@@ -101,39 +104,57 @@ class Translator:
     def flush_idle(self, now_ns: int, idle_ns: int = 0) -> list[bytes]:
         """Write out Append batches and Postcarding paths that have waited at least `idle_ns`, oldest first.
 
-        A QP is flushed only when the data path has not emitted on it for `idle_ns` either: the kernel engine
-        flushes from another CPU than the one translating, and this keeps the two from interleaving PSNs.
+        This models the kernel's flush queue exactly. Entries whose batch filled or whose path completed are
+        dropped; the oldest entry that is not yet due ends the pass; an entry whose QP is not idle goes to the back.
+        A QP is idle once the data path has not emitted on it for `idle_ns`, as seen by earlier flush passes: the
+        kernel flushes from another CPU than the one translating, and this keeps the two from interleaving PSNs.
         """
-        waiting = [(runtime.pending_order, runtime.first_pending_ns, list_id, None)
-                   for list_id, runtime in self.append_state.items() if runtime.pending]
-        waiting += [(entry.pending_order, entry.first_ns, index, structure) for structure in self.tables.structures
-                    for index, entry in self.postcard_cache.get(structure.qp.index, {}).items()]
         frames: list[bytes] = []
-        for _, first_ns, index, structure in sorted(waiting, key=lambda entry: entry[0]):
-            if now_ns - first_ns < idle_ns:
+        revisits: set[int] = set()
+        while self.flush_queue:
+            token, first_ns, index, structure = self.flush_queue[0]
+            pending = self._pending_entry(token, index, structure)
+            if pending is None:
+                self.flush_queue.popleft()
+                continue
+            if now_ns - first_ns < idle_ns or token in revisits:
+                break
+            self.flush_queue.popleft()
+            qp = structure.qp if structure else self.tables.append_range(index).qp
+            if not self._qp_flushable(qp, now_ns, idle_ns):
+                self.flush_queue.append((token, first_ns, index, structure))
+                revisits.add(token)
                 continue
             if structure is None:
-                frames += self._flush_append(index, now_ns, idle_ns)
+                lists = self.tables.append_range(index)
+                pending.pending += [bytes(lists.data_len)] * (lists.batch - len(pending.pending))
+                self.counters[Counter.APPEND_FLUSHES] += 1
+                frames += self._append_write(lists, index, pending, None)
             else:
-                frames += self._flush_postcard(structure, index, now_ns, idle_ns)
+                del self.postcard_cache[structure.qp.index][index]
+                self.counters[Counter.POSTCARD_FLUSHES] += 1
+                frames += self._postcard_write(structure, pending, None)
+            runtime = self.qp_state[qp.index]
+            runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
+            revisits.clear()
         return frames
 
-    def _flush_append(self, list_id: int, now_ns: int, idle_ns: int) -> list[bytes]:
-        lists, runtime = self.tables.append_range(list_id), self.append_state[list_id]
-        if not self._qp_flushable(lists.qp, now_ns, idle_ns):
-            return []
-        runtime.pending += [bytes(lists.data_len)] * (lists.batch - len(runtime.pending))
-        self.counters[Counter.APPEND_FLUSHES] += 1
-        return self._append_write(lists, list_id, runtime, None, None)
-
-    def _flush_postcard(self, structure: Structure, index: int, now_ns: int, idle_ns: int) -> list[bytes]:
-        if not self._qp_flushable(structure.qp, now_ns, idle_ns):
-            return []
-        self.counters[Counter.POSTCARD_FLUSHES] += 1
-        return self._postcard_write(structure, self.postcard_cache[structure.qp.index].pop(index), None, None)
+    def _pending_entry(self, token: int, index: int, structure: Structure | None):
+        """The batch or cache entry a flush-queue entry names, if it is still waiting."""
+        if structure is None:
+            runtime = self.append_state.get(index)
+            return runtime if runtime and runtime.pending and runtime.token == token else None
+        entry = self.postcard_cache.get(structure.qp.index, {}).get(index)
+        return entry if entry and entry.token == token else None
 
     def _qp_flushable(self, qp: QueuePair, now_ns: int, idle_ns: int) -> bool:
-        return self._qp_ready(qp, now_ns) and now_ns - self.qp_state[qp.index].last_tx_ns >= idle_ns
+        runtime = self.qp_state[qp.index]
+        if not self._qp_ready(qp, now_ns):
+            return False
+        if runtime.frames_sent != runtime.flush_mark:  # the data path emitted since the last look
+            runtime.flush_mark, runtime.flush_mark_ns = runtime.frames_sent, now_ns
+            return False
+        return now_ns - runtime.flush_mark_ns >= idle_ns
 
     def resync(self, qp: QueuePair, psn: int, now_ns: int) -> None:
         """Set a QP's next PSN (control plane, or a sequence-error NAK) and start its grace period."""
@@ -224,7 +245,7 @@ class Translator:
         out = Output()
         for copy in range(report.redundancy):
             offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
-            out.frames.append(self._write(structure.qp, offset, payload, report, key_checksum(report.key), now_ns))
+            out.frames.append(self._write(structure.qp, offset, payload, report, key_checksum(report.key)))
         return out
 
     def _key_increment(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
@@ -239,7 +260,7 @@ class Translator:
         for copy in range(report.redundancy):
             offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
             atomic = {"va": qp.base_va + offset, "rkey": qp.rkey, "swap_add": report.counter, "compare": 0}
-            out.frames.append(self._emit(qp, RoceOpcode.RC_FETCH_ADD, {"atomic_eth": atomic}, b"", now_ns))
+            out.frames.append(self._emit(qp, RoceOpcode.RC_FETCH_ADD, {"atomic_eth": atomic}, b""))
         return out
 
     def _append(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
@@ -254,24 +275,25 @@ class Translator:
         runtime = self.append_state.setdefault(report.list_id, AppendRuntime())
         if not runtime.pending:
             runtime.first_pending_ns = now_ns
-            runtime.pending_order = self._next_pending_order()
+            runtime.token = self._flush_later(now_ns, report.list_id, None)
         runtime.pending.append(_append_entry(report.data))
         if len(runtime.pending) < lists.batch:
             self.counters[Counter.APPEND_BATCHED] += 1
             return Output()
-        return Output(frames=self._append_write(lists, report.list_id, runtime, report, now_ns))
+        return Output(frames=self._append_write(lists, report.list_id, runtime, report))
 
-    def _next_pending_order(self) -> int:
-        self._pending_count += 1
-        return self._pending_count
+    def _flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
+        self._tokens += 1
+        self.flush_queue.append((self._tokens, now_ns, index, structure))
+        return self._tokens
 
-    def _append_write(self, lists: AppendLists, list_id: int, runtime: AppendRuntime, report: Report | None,
-                      tx_ns: int | None) -> list[bytes]:
+    def _append_write(self, lists: AppendLists, list_id: int, runtime: AppendRuntime,
+                      report: Report | None) -> list[bytes]:
         offset = lists.ring_offset(list_id) + runtime.head * lists.data_len
         payload = b"".join(runtime.pending)
         runtime.pending = []
         runtime.head = (runtime.head + lists.batch) % lists.entries
-        return [self._write(lists.qp, offset, payload, report, list_id, tx_ns)]
+        return [self._write(lists.qp, offset, payload, report, list_id)]
 
     def _postcard(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
         structure = self._structure(udp, Primitive.POSTCARDING, report)
@@ -293,27 +315,26 @@ class Translator:
                 # A one-hop path is complete on arrival: write it without evicting another flow's path.
                 single = PostcardEntry(report.key, 1, [0] * structure.hops, hop_mask=1)
                 single.values[report.hop - 1] = encoded
-                return Output(frames=self._postcard_write(structure, single, report, now_ns))
+                return Output(frames=self._postcard_write(structure, single, report))
             self.counters[Counter.POSTCARD_EVICTIONS] += 1
-            out.frames += self._postcard_write(structure, entry, None, now_ns)
+            out.frames += self._postcard_write(structure, entry, None)
             entry = None
         if entry is None:
             entry = cache[index] = PostcardEntry(report.key, path_length, [0] * structure.hops, first_ns=now_ns,
-                                                 pending_order=self._next_pending_order())
+                                                 token=self._flush_later(now_ns, index, structure))
         entry.values[report.hop - 1] = encoded
         entry.hop_mask |= 1 << (report.hop - 1)
         if entry.hop_mask.bit_count() >= entry.path_length:
             del cache[index]
-            out.frames += self._postcard_write(structure, entry, report, now_ns)
+            out.frames += self._postcard_write(structure, entry, report)
         elif not out.frames:
             self.counters[Counter.POSTCARD_CACHED] += 1
         return out
 
-    def _postcard_write(self, structure: Structure, entry: PostcardEntry, report: Report | None,
-                        tx_ns: int | None) -> list[bytes]:
+    def _postcard_write(self, structure: Structure, entry: PostcardEntry, report: Report | None) -> list[bytes]:
         offset = (postcard_slot_hash(entry.key) & (structure.slot_count - 1)) * structure.slot_size
         payload = b"".join(v.to_bytes(4, "big") for v in entry.values)
-        return [self._write(structure.qp, offset, payload, report, key_checksum(entry.key), tx_ns)]
+        return [self._write(structure.qp, offset, payload, report, key_checksum(entry.key))]
 
     def _sketch(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
         structure = self.tables.structure(udp.dst_ip, Primitive.SKETCH_MERGE)
@@ -350,13 +371,12 @@ class Translator:
         for c in group:
             runtime.aggregate[c] = [0] * structure.rows
             runtime.contributors[c] = set()
-        return Output(frames=[self._write(structure.qp, first * structure.slot_size, payload, report, first, now_ns)])
+        return Output(frames=[self._write(structure.qp, first * structure.slot_size, payload, report, first)])
 
     # ----------------------------------------------------------------------------------------------
     # frames
 
-    def _write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | None, tag: int,
-               tx_ns: int | None) -> bytes:
+    def _write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | None, tag: int) -> bytes:
         immediate = report is not None and report.immediate
         if qp.transport is Transport.RC:
             opcode = RoceOpcode.RC_WRITE_ONLY_IMM if immediate else RoceOpcode.RC_WRITE_ONLY
@@ -366,13 +386,10 @@ class Translator:
             raise AssertionError(f"write of {len(payload)} B at offset {offset} leaves region of qp {qp.name}")
         headers = {"reth": {"va": qp.base_va + offset, "rkey": qp.rkey, "dma_length": len(payload)},
                    "immdt": {"immediate": tag & 0xFFFFFFFF}}
-        return self._emit(qp, opcode, headers, payload, tx_ns)
+        return self._emit(qp, opcode, headers, payload)
 
-    def _emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes, tx_ns: int | None) -> bytes:
-        """One frame on `qp`; `tx_ns` is the data path's clock (None for control-plane flushes)."""
+    def _emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes:
         runtime = self.qp_state[qp.index]
-        if tx_ns is not None:
-            runtime.last_tx_ns = tx_ns
         interval = self.tables.ack_request_interval
         runtime.frames_sent += 1
         ack_req = qp.transport is Transport.RC and interval > 0 and runtime.frames_sent % interval == 0

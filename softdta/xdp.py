@@ -119,6 +119,7 @@ class XdpTranslator:
         self.attached: list[int] = []
         self.reinjected = 0
         self._backlog: dict[int, list[tuple[int, bytes]]] = {}
+        self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
         self.apply(tables)
 
     def close(self) -> None:
@@ -308,13 +309,11 @@ class XdpTranslator:
         frames: list[bytes] = []
         seen: set[bytes] = set()
         queue = self.maps["flush_queue"]
-        while (head := queue.lookup(b"")) is not None:
+        while (head := queue.lookup(b"")) is not None and head not in seen:
             run = self.flusher.test_run(_FLUSH_TEMPLATE)
             if run.retval in (XDP_TX, XDP_REDIRECT):
                 frames.append(run.data)
                 seen.clear()
-            elif head in seen:
-                break
             else:
                 seen.add(head)
         return frames
@@ -353,14 +352,22 @@ class XdpTranslator:
             self._backlog.setdefault(qp_index, []).append((ifindex, frame))
         now = time.monotonic_ns()
         for qp_index, frames in list(self._backlog.items()):
-            state = self.read("qp_state", qp_index=qp_index)
-            ready = state["state"] == QpState.ACTIVE or (
-                state["state"] == QpState.GRACE and now >= state["grace_until_ns"])
-            if ready and now - state["last_tx_ns"] >= self.flush_idle_ns:
+            if self._idle(qp_index, now):
                 for ifindex, frame in frames:
                     self.xdp.test_run_live(frame, ifindex=ifindex or self.attached[0])
                 self.reinjected += len(frames)
                 del self._backlog[qp_index]
+                self._quiet_since.pop(qp_index, None)
+
+    def _idle(self, qp_index: int, now: int) -> bool:
+        """Whether a QP can send and the data path has not used it for the idle time (as the flusher judges)."""
+        state = self.read("qp_state", qp_index=qp_index)
+        ready = state["state"] == QpState.ACTIVE or (state["state"] == QpState.GRACE and now >= state["grace_until_ns"])
+        frames_sent, since = self._quiet_since.get(qp_index, (None, now))
+        if frames_sent != state["frames_sent"]:
+            self._quiet_since[qp_index] = (state["frames_sent"], now)
+            return False
+        return ready and now - since >= self.flush_idle_ns
 
 
     def serve(self, stop: threading.Event) -> None:

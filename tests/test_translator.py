@@ -165,16 +165,17 @@ def test_append_idle_flush_pads_a_partial_batch(tables, reporter):
 
 
 def test_idle_flush_waits_for_the_qp_to_be_idle_and_goes_oldest_first(tables, reporter):
-    """The kernel flushes from another CPU than the one translating: a QP the data path used within the idle
-    time is left alone, so the two never interleave PSNs on it."""
+    """The kernel flushes from another CPU than the one translating: a QP is flushed only after a flush pass has
+    seen it without data-path emissions for the idle time, so the two never interleave PSNs on it."""
     translator = Translator(tables)
     send(translator, reporter, dta.append(7, 1), now_ns=0)
     send(translator, reporter, dta.append(6, 2), now_ns=100)
     send(translator, reporter, dta.append(5, 3), now_ns=150)
     for value in range(4):  # completes a batch on list 9 at t=900: the Append QP was just busy
         send(translator, reporter, dta.append(9, value), now_ns=900)
-    assert translator.flush_idle(now_ns=1000, idle_ns=500) == []
-    frames = [parse_roce(f) for f in translator.flush_idle(now_ns=1400, idle_ns=500)]
+    assert translator.flush_idle(now_ns=1000, idle_ns=500) == []  # the batch of t=900 marks the QP busy
+    assert translator.flush_idle(now_ns=1400, idle_ns=500) == []
+    frames = [parse_roce(f) for f in translator.flush_idle(now_ns=1500, idle_ns=500)]
     lists = tables.append_lists[0]
     assert [(f.headers["reth"]["va"] - lists.qp.base_va) // lists.ring_offset(1) for f in frames] == [7, 6, 5]
     assert [f.payload[:4] for f in frames] == [(v).to_bytes(4, "little") for v in (1, 2, 3)]
