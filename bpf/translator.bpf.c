@@ -200,7 +200,7 @@ static __always_inline __u32 decode_report_body(struct scratch *s, __u32 len, __
 	const __u8 *p = s->raw;
 	__u32 off, end, key_at = 0, data_at = 0;
 
-	__builtin_memset(r, 0, sizeof(*r));
+	__builtin_memset(r, 0, __builtin_offsetof(struct report, key));	/* arrays are read only up to their lengths */
 	r->redundancy = 1;
 	if (len == 0)
 		return CNT_DROP_TRUNCATED;
@@ -980,12 +980,15 @@ __noinline int sketch_group_take(__u32 state_index, __u32 first, __u32 batch, __
 
 	if (!s || !rows)
 		return 0;
+	struct sketch_column_value *column = NULL;
+
 	for (__u32 i = 0; i < MAX_WRITE_PAYLOAD / 4 && i < batch * rows; i++) {
 		__u32 row = i % rows, *cell;
-		struct sketch_column_value *column;
 
-		key.column = first + i / rows;
-		column = bpf_map_lookup_elem(&sketch_column, &key);
+		if (row == 0) {
+			key.column = first + i / rows;
+			column = bpf_map_lookup_elem(&sketch_column, &key);
+		}
 		if (!column)
 			return 0;
 		cell = (__u32 *)column->counters + (row & (MAX_SKETCH_ROWS - 1));
@@ -1062,7 +1065,9 @@ static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *
 	first = r->column - r->column % batch;
 	if (batch * r->rows * 4 > MAX_WRITE_PAYLOAD)
 		return CNT_DROP_BAD_LENGTH;
-	if (!sketch_group_complete(st->state_index, first, batch, st->reporters))
+	/* The report's own column decides most reports without looking at the rest of its group. */
+	if (column->contributors < st->reporters ||
+	    !sketch_group_complete(st->state_index, first, batch, st->reporters))
 		return 0;
 	sketch_group_take(st->state_index, first, batch, r->rows, write_payload_at(r->immediate));
 	s->frame.payload_len = batch * r->rows * 4;
