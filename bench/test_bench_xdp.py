@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from softdta import dta
+from softdta.bpf import BpfObject
 from softdta.spec import Counter, Primitive
 from softdta.translator import Translator
-from softdta.xdp import XdpTranslator
+from softdta.xdp import XdpTranslator, build_object
 
 from conftest import COLLECTOR_IP, benchmarks_disabled
 
@@ -107,3 +108,30 @@ def test_xdp_translator_ns_per_report(benchmark, pytestconfig, tables, reporter,
     print(f"\n{case}: kernel {kernel_ns:.0f} ns/report (min {min(translate_ns) - restore_ns}, max "
           f"{max(translate_ns) - restore_ns}; restore {restore_ns:.0f} subtracted), reference {reference_ns:.0f} ns, "
           f"ratio {reference_ns / max(kernel_ns, 1):.0f}x")
+
+
+FLOOR = Path(__file__).resolve().parent / "bpf" / "floor.bpf.c"
+FLOOR_PROGRAMS = ("floor_empty", "floor_clock", "floor_counter_add", "floor_hash_lookup", "floor_store_80",
+                  "floor_grow_and_shrink")
+
+
+@pytest.mark.parametrize("program", FLOOR_PROGRAMS)
+def test_cost_of_single_operations(benchmark, pytestconfig, program):
+    """The machine's floor: BPF_PROG_TEST_RUN of tiny programs, each doing one thing the translator does."""
+    repeat = 1000 if benchmarks_disabled(pytestconfig) else 1_000_000
+    with BpfObject(build_object(FLOOR)) as floor:
+        floor.maps["floor_hash"].update((7).to_bytes(8, "little"), bytes(44))
+        empty, measured = floor.programs["floor_empty"], floor.programs[program]
+        packet = bytes(80)
+        empty_ns = statistics.median(empty.test_run(packet, repeat=repeat).duration_ns for _ in range(ROUNDS))
+        durations: list[int] = []
+
+        def run():
+            result = measured.test_run(packet, repeat=repeat)
+            assert result.retval == 1  # XDP_DROP: the operation succeeded
+            durations.append(result.duration_ns)
+
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    benchmark.extra_info.update(ns=statistics.median(durations), ns_over_empty=statistics.median(durations) - empty_ns)
+    print(f"\n{program}: {statistics.median(durations)} ns per run, {statistics.median(durations) - empty_ns} ns "
+          "more than an empty program")

@@ -15,7 +15,7 @@ from softdta import netns
 from softdta.bpf import (BPF_MAP_TYPE_ARRAY, BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp,
                          detach_tc, detach_xdp, ensure_bpffs, xdp_md)
 
-pytestmark = [pytest.mark.privileged, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+pytestmark = pytest.mark.privileged
 
 XDP_TX = 3
 
