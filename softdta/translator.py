@@ -105,25 +105,26 @@ class Translator:
         """Write out Append batches and Postcarding paths that have waited at least `idle_ns`, oldest first.
 
         This models the kernel's flush queue exactly. Entries whose batch filled or whose path completed are
-        dropped; the oldest entry that is not yet due ends the pass; an entry whose QP is not idle goes to the back.
+        dropped; the oldest entry that is not yet due ends the pass; an entry whose QP is not idle goes to the back,
+        and meeting it a second time without a write in between ends the pass.
         A QP is idle once the data path has not emitted on it for `idle_ns`, as seen by earlier flush passes: the
         kernel flushes from another CPU than the one translating, and this keeps the two from interleaving PSNs.
         """
         frames: list[bytes] = []
-        revisits: set[int] = set()
+        pushed_back: Tally[int] = Tally()  # since the last write; the second time round ends the pass
         while self.flush_queue:
             token, first_ns, index, structure = self.flush_queue[0]
             pending = self._pending_entry(token, index, structure)
             if pending is None:
                 self.flush_queue.popleft()
                 continue
-            if now_ns - first_ns < idle_ns or token in revisits:
+            if now_ns - first_ns < idle_ns or pushed_back[token] >= 2:
                 break
             self.flush_queue.popleft()
             qp = structure.qp if structure else self.tables.append_range(index).qp
             if not self._qp_flushable(qp, now_ns, idle_ns):
                 self.flush_queue.append((token, first_ns, index, structure))
-                revisits.add(token)
+                pushed_back[token] += 1
                 continue
             if structure is None:
                 lists = self.tables.append_range(index)
@@ -136,7 +137,7 @@ class Translator:
                 frames += self._postcard_write(structure, pending, None)
             runtime = self.qp_state[qp.index]
             runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
-            revisits.clear()
+            pushed_back.clear()
         return frames
 
     def _pending_entry(self, token: int, index: int, structure: Structure | None):

@@ -307,15 +307,15 @@ class XdpTranslator:
     def flush(self) -> list[bytes]:
         """Run the idle flush until nothing more is due: the frames it writes out, oldest first."""
         frames: list[bytes] = []
-        seen: set[bytes] = set()
+        visits: Tally[bytes] = Tally()  # of each queue head since the last write, as the reference counts them
         queue = self.maps["flush_queue"]
-        while (head := queue.lookup(b"")) is not None and head not in seen:
+        while (head := queue.lookup(b"")) is not None and visits[head] < 2:
             run = self.flusher.test_run(_FLUSH_TEMPLATE)
             if run.retval in (XDP_TX, XDP_REDIRECT):
                 frames.append(run.data)
-                seen.clear()
+                visits.clear()
             else:
-                seen.add(head)
+                visits[head] += 1
         return frames
 
     def take_deferred(self) -> list[tuple[int, int, bytes]]:
