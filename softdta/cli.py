@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--interface", "-i", action="append", required=True,
                     help="interface to translate on (repeat for several: reports in, collectors out)")
     up.add_argument("--mode", choices=["native", "generic"], default="native", help="XDP attach mode")
+    up.add_argument("--allow-multiqueue", action="store_true",
+                    help="attach to multi-queue interfaces whose DTA traffic is steered to one RX queue")
     up.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
                     help="bpffs directory for the maps, so a restart keeps PSNs, heads and caches")
     up.add_argument("--flush-idle-ms", type=float, default=DEFAULT_FLUSH_IDLE_NS / 1e6,
@@ -336,7 +338,7 @@ def _run_translator(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        kernel.attach(args.interface, mode=args.mode)
+        kernel.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
         print(f"softdta translator up on {', '.join(args.interface)} ({args.mode} XDP), maps pinned in {pin}; "
               f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
               f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)

@@ -329,8 +329,19 @@ class XdpTranslator:
     # ----------------------------------------------------------------------------------------------
     # live operation
 
-    def attach(self, interfaces: list[str], mode: str = "native") -> None:
-        """XDP on every interface (reports in, collector replies in), tc fan-out on their ingress."""
+    def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None:
+        """XDP on every interface (reports in, collector replies in), tc fan-out on their ingress.
+
+        Per-QP PSN order rests on one NAPI context per interface (docs/translator.md), so an interface with
+        several RX queues is refused unless the caller has steered all DTA traffic to one of them.
+        """
+        for name in interfaces:
+            queues = _rx_queues(_ifindex(name))
+            if queues > 1 and not allow_multiqueue:
+                raise EngineError(
+                    f"{name} has {queues} RX queues; PSNs stay in order only if one queue translates. Steer DTA "
+                    f"to one queue (ethtool -N {name} flow-type udp4 dst-port 40040 action 0; the same for UDP "
+                    "4791 replies) and pass --allow-multiqueue")
         for name in interfaces:
             ifindex = _ifindex(name)
             attach_xdp(ifindex, self.xdp.fd, mode=mode)
@@ -419,6 +430,13 @@ def _output(action: int, data: bytes) -> Output:
 def _ip(address: bytes) -> int:
     """An IPv4 address as the kernel stores it in a __u32 (network order in memory)."""
     return int.from_bytes(address, "little")
+
+
+def _rx_queues(ifindex: int) -> int:
+    """RX queues of an interface, from netlink (sysfs shows the namespace it was mounted in, not ours)."""
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        return ipr.link("get", index=ifindex)[0].get_attr("IFLA_NUM_RX_QUEUES") or 1
 
 
 def _ifindex(name: str) -> int:

@@ -23,7 +23,7 @@ from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, Primitive, QpState, 
 from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.workload import ReporterAddress
-from softdta.xdp import XdpTranslator, build_object
+from softdta.xdp import EngineError, XdpTranslator, build_object
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 
@@ -295,3 +295,12 @@ def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
         assert counters[Counter.ESSENTIAL_DEFERRED] == 1 and counters[Counter.DROP_GRACE] == 1
     finally:
         kernel.close()
+
+
+def test_multi_queue_interfaces_are_refused_unless_steered(lab, tables):
+    lab.translator.run("ip", "link", "add", "mq0", "numrxqueues", "2", "type", "veth", "peer", "name", "mq1")
+    with in_netns(lab.translator.name), XdpTranslator(tables) as kernel:
+        with pytest.raises(EngineError, match="mq0 has 2 RX queues.*ethtool -N mq0"):
+            kernel.attach(["mq0"])
+        kernel.attach(["mq0"], allow_multiqueue=True)
+        assert "xdp" in lab.translator.run("ip", "link", "show", "mq0").stdout
