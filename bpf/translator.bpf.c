@@ -150,6 +150,17 @@ static __always_inline struct translator_config_value *config_get(void)
 	return bpf_map_lookup_elem(&translator_config, &zero);
 }
 
+/* The global entry point of a primitive's handler: the verifier checks a global function once, not once per
+ * call path, which keeps the program within its complexity limit. */
+#define PRIMITIVE_HANDLER(name, fail)                                                                      \
+	__noinline __u32 name(struct xdp_md *ctx)                                                          \
+	{                                                                                                  \
+		struct scratch *s = scratch_get();                                                         \
+		const struct translator_config_value *cfg = config_get();                                  \
+                                                                                                           \
+		return s && cfg ? name##_body(ctx, s, cfg) : (fail);                                       \
+	}
+
 static __always_inline void count(__u32 slot)
 {
 	__u64 *value = bpf_map_lookup_elem(&counters, &slot);
@@ -748,16 +759,7 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 	return 0;
 }
 
-/* Global, so the verifier checks it once rather than once per call path. */
-__noinline __u32 on_keyed(struct xdp_md *ctx)
-{
-	struct scratch *s = scratch_get();
-	const struct translator_config_value *cfg = config_get();
-
-	if (!s || !cfg)
-		return CNT_DROP_UNKNOWN_COLLECTOR;
-	return on_keyed_body(ctx, s, cfg);
-}
+PRIMITIVE_HANDLER(on_keyed, CNT_DROP_UNKNOWN_COLLECTOR)
 
 static __noinline __u32 append_write(struct scratch *s, struct append_state_value *as,
 				     const struct append_list_value *al, const struct translator_config_value *cfg,
@@ -831,16 +833,7 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 	return blocked;
 }
 
-/* Global, so the verifier checks it once rather than once per call path. */
-__noinline __u32 on_append(struct xdp_md *ctx)
-{
-	struct scratch *s = scratch_get();
-	const struct translator_config_value *cfg = config_get();
-
-	if (!s || !cfg)
-		return CNT_DROP_UNKNOWN_LIST;
-	return on_append_body(ctx, s, cfg);
-}
+PRIMITIVE_HANDLER(on_append, CNT_DROP_UNKNOWN_LIST)
 
 static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_cache_value *entry,
 				       const struct structure_value *st, const struct translator_config_value *cfg,
@@ -944,16 +937,7 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 	return blocked;
 }
 
-/* Global, so the verifier checks it once rather than once per call path. */
-__noinline __u32 on_postcard(struct xdp_md *ctx)
-{
-	struct scratch *s = scratch_get();
-	const struct translator_config_value *cfg = config_get();
-
-	if (!s || !cfg)
-		return CNT_DROP_UNKNOWN_COLLECTOR;
-	return on_postcard_body(ctx, s, cfg);
-}
+PRIMITIVE_HANDLER(on_postcard, CNT_DROP_UNKNOWN_COLLECTOR)
 
 /* Whether every column of the write group has all its reporters (global: verified once). */
 __noinline int sketch_group_complete(__u32 state_index, __u32 first, __u32 batch, __u32 reporters)
@@ -1080,16 +1064,7 @@ static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *
 	return 0;
 }
 
-/* Global, so the verifier checks it once rather than once per call path. */
-__noinline __u32 on_sketch(struct xdp_md *ctx)
-{
-	struct scratch *s = scratch_get();
-	const struct translator_config_value *cfg = config_get();
-
-	if (!s || !cfg)
-		return CNT_DROP_UNKNOWN_COLLECTOR;
-	return on_sketch_body(ctx, s, cfg);
-}
+PRIMITIVE_HANDLER(on_sketch, CNT_DROP_UNKNOWN_COLLECTOR)
 
 /* ------------------------------------------------------------------------------------------------ */
 /* collector replies: ACK, NAK, Atomic ACK */
