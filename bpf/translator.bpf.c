@@ -2,7 +2,8 @@
 /* softdta translator fast path: DTA reports in, RoCEv2 frames out, byte for byte like softdta.translator.
  *
  * softdta_xdp    translates reports and consumes collector ACK/NAKs (XDP, one frame out per frame in);
- * softdta_fanout emits the N frames of a redundant report that XDP handed over as one bundle (tc ingress);
+ * softdta_fanout sends the frames of a Key-Write or Key-Increment report: the packet XDP passed up with
+ *                metadata, then the ones it parked in the `fanout` map (tc ingress);
  * softdta_flush  writes out one idle Append batch or Postcarding path per run (control plane, live test_run).
  * Maps named after spec.TRANSLATOR_TABLES are the whole contract with the control plane.
  */
@@ -20,7 +21,7 @@
 #define RAW_MASK 127		/* valid reports end before byte 128 (extended Key-Write: 7 + 32 + 64) */
 #define OUT_SIZE 2048		/* frames being built; a power of two for index masks */
 #define OUT_MASK (OUT_SIZE - 1)
-#define OUT_LIMIT 1024		/* longest output: headers of a bundle plus its frames */
+#define OUT_LIMIT 1024		/* the frames of one report, back to back, end before this */
 #define DEFER_FRAME_MAX 256	/* an essential report frame parked for userspace */
 #define ROCE_HEADERS (ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + BTH_SIZE)
 #define PSN_MASK 0xffffff
@@ -161,20 +162,17 @@ static __always_inline struct translator_config_value *config_get(void)
 		return s && cfg ? name##_body(ctx, s, cfg) : (fail);                                       \
 	}
 
-static __always_inline void count(__u32 slot)
-{
-	__u64 *value = bpf_map_lookup_elem(&counters, &slot);
-
-	if (value)
-		*value += 1;
-}
-
 static __always_inline void count_n(__u32 slot, __u32 n)
 {
 	__u64 *value = bpf_map_lookup_elem(&counters, &slot);
 
 	if (value)
 		*value += n;
+}
+
+static __always_inline void count(__u32 slot)
+{
+	count_n(slot, 1);
 }
 
 static __always_inline void put16(__u8 *p, __u16 v)
@@ -377,11 +375,8 @@ static __always_inline __u32 decode_report_body(struct scratch *s, __u32 len, __
 __noinline __u32 decode_report(__u32 len, __u32 profile)
 {
 	struct scratch *s = scratch_get();
-	const struct translator_config_value *cfg = config_get();
 
-	if (!s || !cfg)
-		return CNT_DROP_TRUNCATED;
-	return decode_report_body(s, len, profile);
+	return s ? decode_report_body(s, len, profile) : CNT_DROP_TRUNCATED;
 }
 
 /* ------------------------------------------------------------------------------------------------ */

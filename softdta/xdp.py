@@ -200,6 +200,12 @@ class XdpTranslator:
                       first_slot=offset * lists.entries, slot_count=lists.entries, entry_size=lists.data_len,
                       batch=lists.batch, state_index=self.slots.append[list_id])
         self._delete_missing("structure", structure_keys, lambda k: (k["collector_ip"], k["primitive"]))
+        live = {(s.qp.collector_ip, s.primitive, s.cache_entries) for s in tables.structures}
+        self.slots.postcard = {key: first for key, first in self.slots.postcard.items()
+                               if (key[0], Primitive.POSTCARDING, key[1]) in live}
+        self.slots.sketch = {ip: index for ip, index in self.slots.sketch.items()
+                             if any(s.qp.collector_ip == ip and s.primitive is Primitive.SKETCH_MERGE
+                                    for s in tables.structures)}
         self._delete_missing("append_list", list_ids, lambda k: k["list_id"])
         for list_id in set(self.slots.append) - list_ids:
             del self.slots.append[list_id]
