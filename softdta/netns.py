@@ -94,10 +94,15 @@ def cleanup_prefix(prefix: str) -> list[str]:
 
 
 def veth_pair(ns_a: Namespace, name_a: str, ns_b: Namespace, name_b: str, *, mac_a: str | None = None,
-              mac_b: str | None = None, mtu: int = 1500) -> None:
-    """Create a veth pair with one end in each namespace, and bring both ends up."""
+              mac_b: str | None = None, mtu: int = 1500, queues: int = 1) -> None:
+    """Create a veth pair with one end in each namespace, and bring both ends up.
+
+    One queue by default: the kernel would otherwise give veth one per CPU, and XDP would run on several CPUs
+    at once for one interface (the translator needs one context per interface, see docs/translator.md).
+    """
     def end(ns: Namespace, name: str, mac: str | None) -> list[str]:
-        return [name, *(["address", mac] if mac else []), "mtu", str(mtu), "netns", ns.name]
+        return [name, *(["address", mac] if mac else []), "mtu", str(mtu), "numtxqueues", str(queues),
+                "numrxqueues", str(queues), "netns", ns.name]
 
     # creating both ends directly in their namespaces avoids name clashes in the caller's namespace
     _ip("link", "add", *end(ns_a, name_a, mac_a), "type", "veth", "peer", "name", *end(ns_b, name_b, mac_b))
