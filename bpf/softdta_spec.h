@@ -31,9 +31,11 @@
 #define POSTCARD_CACHE_ENTRIES 32768
 #define DEFAULT_GRACE_NS 1000000 /* 0xf4240 */
 #define COUNTER_SLOTS 48
+#define RESPONDER_COUNTER_SLOTS 32
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
 #define FANOUT_FRAME_MAX 256
 #define ICRC_LEN 4
+#define ARENA_PAGE 4096
 #define POSTCARD_HOP_POLYNOMIALS_0 504538880 /* 0x1e12a700 */
 #define POSTCARD_HOP_POLYNOMIALS_1 1706648981 /* 0x65b96595 */
 #define POSTCARD_HOP_POLYNOMIALS_2 1238337419 /* 0x49cf878b */
@@ -159,6 +161,31 @@
 #define CNT_RX_POSTCARDING 43
 #define CNT_RX_SKETCH_MERGE 44
 
+/* Access: Access rights of a registered memory region (ibv_access_flags). */
+#define ACCESS_LOCAL_WRITE 1
+#define ACCESS_REMOTE_WRITE 2
+#define ACCESS_REMOTE_READ 4
+#define ACCESS_REMOTE_ATOMIC 8
+
+/* ResponderCounter: Per-CPU counters of a collector's RoCE responder; the first five carry rdma_rxe's hw_counters names. */
+#define RCNT_EXECUTED 0
+#define RCNT_ICRC_ERRORS 1
+#define RCNT_OUT_OF_SEQ_REQUEST 2
+#define RCNT_DUPLICATE_REQUEST 3
+#define RCNT_REMOTE_ACCESS_ERRORS 4
+#define RCNT_MALFORMED 5
+#define RCNT_NOT_FOR_THIS_PORT 6
+#define RCNT_UNKNOWN_QPN 7
+#define RCNT_SOURCE_GID_MISMATCH 8
+#define RCNT_QP_IN_ERROR 9
+#define RCNT_OPCODE_NOT_VALID 10
+#define RCNT_UC_ACCESS_ERROR 11
+#define RCNT_OUT_OF_SEQUENCE_AFTER_NAK 12
+#define RCNT_MISALIGNED_ATOMIC 13
+#define RCNT_REPLIES_SENT 14
+#define RCNT_COMPLETIONS 15
+#define RCNT_COMPLETIONS_LOST 16
+
 /* fixed header sizes in bytes */
 #define ETHERNET_SIZE 14
 #define IPV4_SIZE 20
@@ -198,7 +225,7 @@
 #define ROCE_EXT_LEN_UC_WRITE_ONLY_IMM 20
 #define ROCE_EXT_LEN_UD_SEND_ONLY 8
 
-/* translator table capacities */
+/* table capacities */
 #define TRANSLATOR_CONFIG_MAX_ENTRIES 1
 #define QP_MAX_ENTRIES 4096
 #define QP_STATE_MAX_ENTRIES 4096
@@ -212,6 +239,10 @@
 #define SKETCH_REPORTER_MAX_ENTRIES 65536 /* 0x10000 */
 #define FANOUT_MAX_ENTRIES 256
 #define REPORTER_SEQ_MAX_ENTRIES 65536 /* 0x10000 */
+#define RESPONDER_CONFIG_MAX_ENTRIES 1
+#define RESPONDER_QP_MAX_ENTRIES 1024
+#define RESPONDER_QP_STATE_MAX_ENTRIES 1024
+#define ARENA_MAX_ENTRIES 262144 /* 0x40000 */
 
 /* Ethernet II */
 struct ethernet {
@@ -699,5 +730,71 @@ struct reporter_seq_value {
 	__u32 last_seqnum;
 };
 _Static_assert(sizeof(struct reporter_seq_value) == 4, "struct reporter_seq_value does not match softdta/spec.py");
+
+/* responder_config key: the collector port */
+struct responder_config_key {
+	__u32 index;
+};
+_Static_assert(sizeof(struct responder_config_key) == 4, "struct responder_config_key does not match softdta/spec.py");
+
+/* responder_config value: the collector port */
+struct responder_config_value {
+	__u8 mac[6];
+	__u16 udp_sport;
+	__u32 ip; /* network order */
+};
+_Static_assert(sizeof(struct responder_config_value) == 12, "struct responder_config_value does not match softdta/spec.py");
+
+/* responder_qp key: a queue pair of the collector and the region it may write */
+struct responder_qp_key {
+	__u32 qpn;
+};
+_Static_assert(sizeof(struct responder_qp_key) == 4, "struct responder_qp_key does not match softdta/spec.py");
+
+/* responder_qp value: a queue pair of the collector and the region it may write */
+struct responder_qp_value {
+	__u32 remote_qpn;
+	__u32 remote_ip; /* network order */
+	__u8 remote_mac[6];
+	__u8 transport;
+	__u8 access; /* spec.Access */
+	__u32 rkey;
+	__u8 _pad0[4];
+	__u64 base_va;
+	__u64 length;
+	__u64 arena_offset; /* where the region starts in the arena, in bytes */
+};
+_Static_assert(sizeof(struct responder_qp_value) == 48, "struct responder_qp_value does not match softdta/spec.py");
+
+/* responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
+struct responder_qp_state_key {
+	__u32 qpn;
+};
+_Static_assert(sizeof(struct responder_qp_state_key) == 4, "struct responder_qp_state_key does not match softdta/spec.py");
+
+/* responder_qp_state value: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
+struct responder_qp_state_value {
+	__u32 expected_psn;
+	__u32 msn;
+	__u8 error;
+	__u8 nak_sent;
+	__u8 atomic_valid;
+	__u8 pad;
+	__u32 atomic_psn;
+	__u64 atomic_original;
+};
+_Static_assert(sizeof(struct responder_qp_state_value) == 24, "struct responder_qp_state_value does not match softdta/spec.py");
+
+/* arena key: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load) */
+struct arena_key {
+	__u32 page;
+};
+_Static_assert(sizeof(struct arena_key) == 4, "struct arena_key does not match softdta/spec.py");
+
+/* arena value: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load) */
+struct arena_value {
+	__u8 bytes[4096];
+};
+_Static_assert(sizeof(struct arena_value) == 4096, "struct arena_value does not match softdta/spec.py");
 
 #endif /* SOFTDTA_SPEC_H */

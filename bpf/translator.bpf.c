@@ -16,6 +16,7 @@
 
 #include "softdta_spec.h"
 #include "crc.h"
+#include "wire.h"
 
 #define RAW_MAX 160		/* longer than any report payload, so every length check sees all it needs */
 #define RAW_MASK 127		/* valid reports end before byte 128 (extended Key-Write: 7 + 32 + 64) */
@@ -175,30 +176,6 @@ static __always_inline void count(__u32 slot)
 	count_n(slot, 1);
 }
 
-static __always_inline void put16(__u8 *p, __u16 v)
-{
-	p[0] = v >> 8;
-	p[1] = v;
-}
-
-static __always_inline void put32(__u8 *p, __u32 v)
-{
-	p[0] = v >> 24;
-	p[1] = v >> 16;
-	p[2] = v >> 8;
-	p[3] = v;
-}
-
-static __always_inline void put64(__u8 *p, __u64 v)
-{
-	put32(p, v >> 32);
-	put32(p + 4, v);
-}
-
-static __always_inline __u32 get32(const __u8 *p)
-{
-	return (__u32)p[0] << 24 | (__u32)p[1] << 16 | (__u32)p[2] << 8 | p[3];
-}
 
 /* ------------------------------------------------------------------------------------------------ */
 /* report decoding: the same checks in the same order as softdta.dta.decode */
@@ -428,7 +405,7 @@ __noinline __u32 out_crc(struct scratch *s, __u32 start, __u32 len)
 	return ~crc32_slice8_update(0xffffffff, s->out, OUT_MASK, start, len);
 }
 
-static __always_inline __u32 roce_ext_len(__u8 opcode)
+static __always_inline __u32 request_ext_len(__u8 opcode)
 {
 	switch (opcode) {
 	case ROCE_OP_RC_WRITE_ONLY:
@@ -442,30 +419,6 @@ static __always_inline __u32 roce_ext_len(__u8 opcode)
 	}
 }
 
-static __always_inline void ipv4_header(__u8 *ip, __u16 total_len, __u32 src, __u32 dst)
-{
-	ip[0] = 0x45;
-	put16(ip + 2, total_len);
-	put32(ip + 4, 0x00004000);	/* identification 0, DF */
-	ip[9] = IPPROTO_UDP;
-	__builtin_memcpy(ip + 12, &src, 4);
-	__builtin_memcpy(ip + 16, &dst, 4);
-}
-
-static __always_inline void ipv4_finish(__u8 *ip, __u8 dscp, __u8 ttl)
-{
-	__u32 sum = 0;
-
-	ip[1] = dscp << 2;
-	ip[8] = ttl;
-	ip[10] = 0;
-	ip[11] = 0;
-	for (int i = 0; i < IPV4_SIZE; i += 2)
-		sum += (__u32)ip[i] << 8 | ip[i + 1];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	put16(ip + 10, ~sum);
-}
 
 /* One RoCEv2 frame at s->out[at] from s->frame; the payload already sits after the headers. Allocates the
  * QP's next PSN. Returns the frame length, 0 if the frame would not fit. */
@@ -473,7 +426,7 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 				   const struct translator_config_value *cfg)
 {
 	struct frame_params *fp = &s->frame;
-	__u32 ext = roce_ext_len(fp->opcode);
+	__u32 ext = request_ext_len(fp->opcode);
 	__u32 payload = fp->payload_len & 511;
 	__u32 pad = (4 - (payload & 3)) & 3;
 	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + payload + pad + ICRC_LEN;
@@ -1069,7 +1022,8 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 						 __u64 ip_header_len)
 {
 	__u64 ip_len, body_len;
-	__u32 ext, pad, crc, dest_qp, psn, syndrome;
+	__u32 pad, crc, dest_qp, psn, syndrome;
+	int ext;
 	struct qp_by_local_qpn_value *index;
 	struct qp_by_local_qpn_key key;
 	struct qp_ref ref;
@@ -1085,19 +1039,9 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 	if (bpf_xdp_load_bytes(ctx, ip_off, ip, NONZERO(ip_len, OUT_LIMIT)))
 		return CNT_DROP_TRUNCATED;
 	body = ip + ((ip_header_len + UDP_SIZE) & 127);
-	switch (body[0]) {
-	case ROCE_OP_RC_SEND_ONLY: ext = ROCE_EXT_LEN_RC_SEND_ONLY; break;
-	case ROCE_OP_RC_WRITE_ONLY: ext = ROCE_EXT_LEN_RC_WRITE_ONLY; break;
-	case ROCE_OP_RC_WRITE_ONLY_IMM: ext = ROCE_EXT_LEN_RC_WRITE_ONLY_IMM; break;
-	case ROCE_OP_RC_ACK: ext = ROCE_EXT_LEN_RC_ACK; break;
-	case ROCE_OP_RC_ATOMIC_ACK: ext = ROCE_EXT_LEN_RC_ATOMIC_ACK; break;
-	case ROCE_OP_RC_COMPARE_SWAP: ext = ROCE_EXT_LEN_RC_COMPARE_SWAP; break;
-	case ROCE_OP_RC_FETCH_ADD: ext = ROCE_EXT_LEN_RC_FETCH_ADD; break;
-	case ROCE_OP_UC_WRITE_ONLY: ext = ROCE_EXT_LEN_UC_WRITE_ONLY; break;
-	case ROCE_OP_UC_WRITE_ONLY_IMM: ext = ROCE_EXT_LEN_UC_WRITE_ONLY_IMM; break;
-	case ROCE_OP_UD_SEND_ONLY: ext = ROCE_EXT_LEN_UD_SEND_ONLY; break;
-	default: return CNT_DROP_UNKNOWN_OPCODE;
-	}
+	ext = roce_ext_len(body[0]);
+	if (ext < 0)
+		return CNT_DROP_UNKNOWN_OPCODE;
 	if (body_len - ICRC_LEN < BTH_SIZE + ext)
 		return CNT_DROP_TRUNCATED;
 	pad = (body[1] >> 4) & 3;
@@ -1107,14 +1051,7 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 	psn = (__u32)body[9] << 16 | (__u32)body[10] << 8 | body[11];
 	syndrome = body[BTH_SIZE];
 
-	__builtin_memset(s->out, 0xff, 8);
-	ip[1] = 0xff;
-	ip[8] = 0xff;
-	ip[10] = 0xff;
-	ip[11] = 0xff;
-	ip[(ip_header_len + 6) & 63] = 0xff;
-	ip[(ip_header_len + 7) & 63] = 0xff;
-	ip[(ip_header_len + UDP_SIZE + 4) & 127] = 0xff;
+	icrc_mask(s->out, ip, ip_header_len);
 	crc = out_crc(s, 0, 8 + ip_len - ICRC_LEN);
 	for (int i = 0; i < 4; i++)
 		if (s->out[(8 + ip_len - ICRC_LEN + i) & OUT_MASK] != ((crc >> (8 * i)) & 0xff))

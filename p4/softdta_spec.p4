@@ -28,9 +28,11 @@ const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
 const bit<8> COUNTER_SLOTS = 48;
+const bit<8> RESPONDER_COUNTER_SLOTS = 32;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
+const bit<16> ARENA_PAGE = 4096;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_0 = 504538880;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_1 = 1706648981;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_2 = 1238337419;
@@ -152,6 +154,31 @@ const bit<8> CNT_RX_KEY_INCREMENT = 42;
 const bit<8> CNT_RX_POSTCARDING = 43;
 const bit<8> CNT_RX_SKETCH_MERGE = 44;
 
+// Access: Access rights of a registered memory region (ibv_access_flags).
+const bit<8> ACCESS_LOCAL_WRITE = 1;
+const bit<8> ACCESS_REMOTE_WRITE = 2;
+const bit<8> ACCESS_REMOTE_READ = 4;
+const bit<8> ACCESS_REMOTE_ATOMIC = 8;
+
+// ResponderCounter: Per-CPU counters of a collector's RoCE responder; the first five carry rdma_rxe's hw_counters names.
+const bit<8> RCNT_EXECUTED = 0;
+const bit<8> RCNT_ICRC_ERRORS = 1;
+const bit<8> RCNT_OUT_OF_SEQ_REQUEST = 2;
+const bit<8> RCNT_DUPLICATE_REQUEST = 3;
+const bit<8> RCNT_REMOTE_ACCESS_ERRORS = 4;
+const bit<8> RCNT_MALFORMED = 5;
+const bit<8> RCNT_NOT_FOR_THIS_PORT = 6;
+const bit<8> RCNT_UNKNOWN_QPN = 7;
+const bit<8> RCNT_SOURCE_GID_MISMATCH = 8;
+const bit<8> RCNT_QP_IN_ERROR = 9;
+const bit<8> RCNT_OPCODE_NOT_VALID = 10;
+const bit<8> RCNT_UC_ACCESS_ERROR = 11;
+const bit<8> RCNT_OUT_OF_SEQUENCE_AFTER_NAK = 12;
+const bit<8> RCNT_MISALIGNED_ATOMIC = 13;
+const bit<8> RCNT_REPLIES_SENT = 14;
+const bit<8> RCNT_COMPLETIONS = 15;
+const bit<8> RCNT_COMPLETIONS_LOST = 16;
+
 // fixed header sizes in bytes
 const bit<8> ETHERNET_SIZE = 14;
 const bit<8> IPV4_SIZE = 20;
@@ -191,7 +218,7 @@ const bit<8> ROCE_EXT_LEN_UC_WRITE_ONLY = 16;
 const bit<8> ROCE_EXT_LEN_UC_WRITE_ONLY_IMM = 20;
 const bit<8> ROCE_EXT_LEN_UD_SEND_ONLY = 8;
 
-// translator table capacities
+// table capacities
 const bit<8> TRANSLATOR_CONFIG_MAX_ENTRIES = 1;
 const bit<16> QP_MAX_ENTRIES = 4096;
 const bit<16> QP_STATE_MAX_ENTRIES = 4096;
@@ -205,6 +232,10 @@ const bit<32> SKETCH_COLUMN_MAX_ENTRIES = 65536;
 const bit<32> SKETCH_REPORTER_MAX_ENTRIES = 65536;
 const bit<16> FANOUT_MAX_ENTRIES = 256;
 const bit<32> REPORTER_SEQ_MAX_ENTRIES = 65536;
+const bit<8> RESPONDER_CONFIG_MAX_ENTRIES = 1;
+const bit<16> RESPONDER_QP_MAX_ENTRIES = 1024;
+const bit<16> RESPONDER_QP_STATE_MAX_ENTRIES = 1024;
+const bit<32> ARENA_MAX_ENTRIES = 262144;
 
 // Ethernet II
 header ethernet_h {
@@ -604,6 +635,63 @@ struct reporter_seq_key_t {
 // reporter_seq value: go-back-N tracking of retransmitting reporters
 struct reporter_seq_value_t {
     bit<32> last_seqnum;
+}
+
+// responder_config key: the collector port
+struct responder_config_key_t {
+    bit<32> index;
+}
+
+// responder_config value: the collector port
+struct responder_config_value_t {
+    bit<48> mac;
+    bit<16> udp_sport;
+    bit<32> ip; // network order
+}
+
+// responder_qp key: a queue pair of the collector and the region it may write
+struct responder_qp_key_t {
+    bit<32> qpn;
+}
+
+// responder_qp value: a queue pair of the collector and the region it may write
+struct responder_qp_value_t {
+    bit<32> remote_qpn;
+    bit<32> remote_ip; // network order
+    bit<48> remote_mac;
+    bit<8> transport;
+    bit<8> access; // spec.Access
+    bit<32> rkey;
+    bit<64> base_va;
+    bit<64> length;
+    bit<64> arena_offset; // where the region starts in the arena, in bytes
+}
+
+// responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates
+struct responder_qp_state_key_t {
+    bit<32> qpn;
+}
+
+// responder_qp_state value: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates
+struct responder_qp_state_value_t {
+    bit<32> expected_psn;
+    bit<32> msn;
+    bit<8> error;
+    bit<8> nak_sent;
+    bit<8> atomic_valid;
+    bit<8> pad;
+    bit<32> atomic_psn;
+    bit<64> atomic_original;
+}
+
+// arena key: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)
+struct arena_key_t {
+    bit<32> page;
+}
+
+// arena value: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)
+struct arena_value_t {
+    bit<32768> bytes;
 }
 
 #endif // SOFTDTA_SPEC_P4

@@ -7,7 +7,7 @@ the spec shows up as a stale file (`stale`), which the tests reject.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 from pathlib import Path
 
 from . import spec
@@ -25,6 +25,8 @@ ENUM_PREFIXES: dict[type[IntEnum], str] = {
     spec.NakCode: "NAK",
     spec.Transport: "TRANSPORT",
     spec.Primitive: "PRIM",
+    spec.ResponderCounter: "RCNT",
+    spec.Access: "ACCESS",
     spec.SketchMerge: "SKETCH_MERGE",
     spec.QpState: "QP_STATE",
     spec.Counter: "CNT",
@@ -59,7 +61,8 @@ def headers() -> list[Header]:
 
 def _enums() -> list[type[IntEnum]]:
     enums = [value for value in vars(spec).values()
-             if isinstance(value, type) and issubclass(value, IntEnum) and value.__module__ == spec.__name__]
+             if isinstance(value, type) and issubclass(value, (IntEnum, IntFlag))
+             and value.__module__ == spec.__name__]
     missing = [enum.__name__ for enum in enums if enum not in ENUM_PREFIXES]
     if missing:
         raise KeyError(f"choose a macro prefix for {missing} in ENUM_PREFIXES")
@@ -87,8 +90,8 @@ def _sections() -> list[tuple[str, list[tuple[str, int]]]]:
     sections.append(("bytes of extended transport headers after the BTH, per RoCE opcode",
                      [(f"ROCE_EXT_LEN_{opcode.name}", sum(h.size for h in ext))
                       for opcode, ext in spec.ROCE_OPCODE_HEADERS.items()]))
-    sections.append(("translator table capacities",
-                     [(f"{t.name.upper()}_MAX_ENTRIES", t.max_entries) for t in spec.TRANSLATOR_TABLES]))
+    sections.append(("table capacities",
+                     [(f"{t.name.upper()}_MAX_ENTRIES", t.max_entries) for t in spec.TABLES]))
     names = [name for _, values in sections for name, _ in values]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -203,7 +206,7 @@ def render_c_header() -> str:
                 lines.append(f"#define {macro}_MASK {mask:#x}{'ULL' if mask > 0xFFFFFFFF else 'U'}"
                              + (f" /* {field.doc} */" if field.doc else ""))
                 lines.append(f"#define {macro}_SHIFT {shift}")
-    for table in spec.TRANSLATOR_TABLES:
+    for table in spec.TABLES:
         for part, fields in (("key", table.key), ("value", table.value)):
             members, size = host_members(fields)
             lines += [""] + _c_struct(f"{table.name}_{part}", f"{table.name} {part}: {table.doc}", members,
@@ -235,7 +238,7 @@ def render_p4() -> str:
         if header.tail:
             lines.append(f"    // {_tail_comment(header)}: variable length, not part of this header")
         lines.append("}")
-    for table in spec.TRANSLATOR_TABLES:
+    for table in spec.TABLES:
         for part, fields in (("key", table.key), ("value", table.value)):
             lines += ["", f"// {table.name} {part}: {table.doc}", f"struct {table.name}_{part}_t {{"]
             lines += _p4_fields(fields) + ["}"]

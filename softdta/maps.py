@@ -1,4 +1,4 @@
-"""Byte layouts of the translator tables (BPF map keys and values), derived from `spec.TRANSLATOR_TABLES`.
+"""Byte layouts of the tables shared with BPF programs (map keys and values), derived from `spec.TABLES`.
 
 The C structs in bpf/softdta_spec.h come from the same `codegen.host_members`, so the two cannot drift.
 """
@@ -9,7 +9,7 @@ import struct
 from functools import cache
 
 from .codegen import host_members
-from .spec import TRANSLATOR_TABLES, Field, Raw, Table
+from .spec import TABLES, Field, Raw, Table
 
 _INT_FORMATS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q"}
 
@@ -54,7 +54,7 @@ class TableLayout:
 
 @cache
 def table(name: str) -> TableLayout:
-    for entry in TRANSLATOR_TABLES:
+    for entry in TABLES:
         if entry.name == name:
             return TableLayout(entry)
-    raise KeyError(f"no translator table named {name!r}")
+    raise KeyError(f"no table named {name!r} in spec.TABLES")

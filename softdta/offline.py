@@ -58,6 +58,6 @@ class OfflineCollector:
     def counters(self) -> dict[str, int]:
         total: dict[str, int] = {}
         for responder in self.responders.values():
-            for name, value in responder.counters.items():
-                total[name] = total.get(name, 0) + value
+            for counter, value in responder.counters.items():
+                total[counter.name.lower()] = total.get(counter.name.lower(), 0) + value
         return total

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from enum import IntFlag
 
 import numpy as np
 
@@ -17,20 +16,13 @@ from .codec import WireError
 from .frames import UdpEndpoints, parse_udp_frame
 from .roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME,
                    build_roce_frame, parse_roce, transport_payload)
-from .spec import ROCE_PORT, RoceOpcode, Transport
+from .spec import ROCE_PORT, Access, ResponderCounter, RoceOpcode, Transport
 
 PSN_MASK = 0xFFFFFF
 _WRITE_OPCODES = {RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.UC_WRITE_ONLY,
                   RoceOpcode.UC_WRITE_ONLY_IMM}
 _RC_OPCODES = {RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.RC_FETCH_ADD}
 _UC_OPCODES = {RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM}
-
-
-class Access(IntFlag):
-    LOCAL_WRITE = 1
-    REMOTE_WRITE = 2
-    REMOTE_READ = 4
-    REMOTE_ATOMIC = 8
 
 
 @dataclass
@@ -80,48 +72,56 @@ class ResponderOutput:
     replies: list[bytes] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     executed: bool = False
-    dropped: str | None = None
+    dropped: ResponderCounter | None = None
 
 
 class Responder:
-    """One collector port: its addresses and its queue pairs. Counter names follow rxe's hw_counters."""
+    """One collector port: its addresses and its queue pairs. Counters are `spec.ResponderCounter`."""
 
     def __init__(self, mac: bytes, ip: bytes, qps: list[ResponderQp] | None = None, udp_sport: int = 49153):
         self.mac = mac
         self.ip = ip
         self.udp_sport = udp_sport
         self.qps: dict[int, ResponderQp] = {qp.qpn: qp for qp in qps or []}
-        self.counters: Tally[str] = Tally()
+        self.counters: Tally[ResponderCounter] = Tally()
 
     def add_qp(self, qp: ResponderQp) -> None:
         self.qps[qp.qpn] = qp
 
     def process(self, frame: bytes) -> ResponderOutput:
+        out = self._process(frame)
+        if out.replies:
+            self.counters[ResponderCounter.REPLIES_SENT] += len(out.replies)
+        if out.completions:
+            self.counters[ResponderCounter.COMPLETIONS] += len(out.completions)
+        return out
+
+    def _process(self, frame: bytes) -> ResponderOutput:
         try:
             udp = parse_udp_frame(frame)
             packet = parse_roce(frame, udp)
         except WireError as error:
-            return self._drop(f"malformed: {error}")
+            return self._drop(ResponderCounter.MALFORMED)
         if udp.dst_ip != self.ip:
-            return self._drop("not for this port")
+            return self._drop(ResponderCounter.NOT_FOR_THIS_PORT)
         if not packet.icrc_ok:
-            return self._drop("icrc_errors")
+            return self._drop(ResponderCounter.ICRC_ERRORS)
         qp = self.qps.get(packet.bth["dest_qp"])
         if qp is None:
-            return self._drop("unknown qpn")
+            return self._drop(ResponderCounter.UNKNOWN_QPN)
         if qp.remote_ip != udp.src_ip:
-            return self._drop("source gid mismatch")
+            return self._drop(ResponderCounter.SOURCE_GID_MISMATCH)
         if qp.error:
-            return self._drop("qp in error")
+            return self._drop(ResponderCounter.QP_IN_ERROR)
         opcode = RoceOpcode(packet.opcode)
         allowed = _RC_OPCODES if qp.transport is Transport.RC else _UC_OPCODES
         if opcode not in allowed:
-            return self._drop(f"opcode {opcode.name} not valid on {qp.transport.name}")
+            return self._drop(ResponderCounter.OPCODE_NOT_VALID)
         if qp.transport is Transport.UC:
             return self._uc(qp, packet, opcode)
         return self._rc(qp, packet, opcode)
 
-    def _drop(self, reason: str) -> ResponderOutput:
+    def _drop(self, reason: ResponderCounter) -> ResponderOutput:
         self.counters[reason] += 1
         return ResponderOutput(dropped=reason)
 
@@ -130,7 +130,7 @@ class Responder:
         qp.expected_psn = (packet.bth["psn"] + 1) & PSN_MASK
         out = ResponderOutput()
         if not self._write(qp, packet, opcode, out):
-            return self._drop("uc access error")
+            return self._drop(ResponderCounter.UC_ACCESS_ERROR)
         return out
 
     def _rc(self, qp: ResponderQp, packet, opcode: RoceOpcode) -> ResponderOutput:
@@ -138,15 +138,16 @@ class Responder:
         distance = (psn - qp.expected_psn) & PSN_MASK
         out = ResponderOutput()
         if distance and distance < 1 << 23:
-            self.counters["out_of_seq_request"] += 1
+            self.counters[ResponderCounter.OUT_OF_SEQ_REQUEST] += 1
             if not qp.nak_sent:
                 qp.nak_sent = True
                 out.replies.append(self._ack(qp, qp.expected_psn, NAK_SEQUENCE_SYNDROME))
             else:
-                out.dropped = "out of sequence after NAK"
+                out.dropped = ResponderCounter.OUT_OF_SEQUENCE_AFTER_NAK
+                self.counters[ResponderCounter.OUT_OF_SEQUENCE_AFTER_NAK] += 1
             return out
         if distance:
-            self.counters["duplicate_request"] += 1
+            self.counters[ResponderCounter.DUPLICATE_REQUEST] += 1
             if opcode is RoceOpcode.RC_FETCH_ADD and qp.last_atomic and qp.last_atomic[0] == psn:
                 out.replies.append(self._atomic_ack(qp, psn, qp.last_atomic[1]))
             else:
@@ -156,10 +157,10 @@ class Responder:
         if opcode is RoceOpcode.RC_FETCH_ADD:
             atomic = packet.headers["atomic_eth"]
             if atomic["va"] % 8:
-                return self._fatal(qp, out, NAK_INVALID_REQUEST_SYNDROME, "misaligned atomic")
+                return self._fatal(qp, out, NAK_INVALID_REQUEST_SYNDROME, ResponderCounter.MISALIGNED_ATOMIC)
             if not (qp.region.access & Access.REMOTE_ATOMIC and atomic["rkey"] == qp.region.rkey
                     and qp.region.contains(atomic["va"], 8)):
-                return self._fatal(qp, out, NAK_REMOTE_ACCESS_SYNDROME, "remote_access_errors")
+                return self._fatal(qp, out, NAK_REMOTE_ACCESS_SYNDROME, ResponderCounter.REMOTE_ACCESS_ERRORS)
             offset = atomic["va"] - qp.region.base_va
             cell = qp.region.view[offset:offset + 8]
             original = int.from_bytes(cell.tobytes(), "little")
@@ -169,7 +170,7 @@ class Responder:
             out.replies.append(self._atomic_ack(qp, psn, original))
             return out
         if not self._write(qp, packet, opcode, out):
-            return self._fatal(qp, out, NAK_REMOTE_ACCESS_SYNDROME, "remote_access_errors")
+            return self._fatal(qp, out, NAK_REMOTE_ACCESS_SYNDROME, ResponderCounter.REMOTE_ACCESS_ERRORS)
         self._advance(qp, out)
         if packet.bth["ack_req"]:
             out.replies.append(self._ack(qp, psn, ACK_SYNDROME))
@@ -179,9 +180,10 @@ class Responder:
         qp.expected_psn = (qp.expected_psn + 1) & PSN_MASK
         qp.msn = (qp.msn + 1) & PSN_MASK
         out.executed = True
-        self.counters["executed"] += 1
+        self.counters[ResponderCounter.EXECUTED] += 1
 
-    def _fatal(self, qp: ResponderQp, out: ResponderOutput, syndrome: int, reason: str) -> ResponderOutput:
+    def _fatal(self, qp: ResponderQp, out: ResponderOutput, syndrome: int,
+               reason: ResponderCounter) -> ResponderOutput:
         """Access errors NAK once and move the QP to ERROR, as rxe does; only re-creating it helps."""
         self.counters[reason] += 1
         out.replies.append(self._ack(qp, qp.expected_psn, syndrome))
@@ -201,7 +203,7 @@ class Responder:
             out.completions.append(Completion(qp.qpn, packet.headers["immdt"]["immediate"], len(payload)))
         if qp.transport is Transport.UC:
             out.executed = True
-            self.counters["executed"] += 1
+            self.counters[ResponderCounter.EXECUTED] += 1
         return True
 
     def _reply_ends(self, qp: ResponderQp) -> UdpEndpoints:

@@ -7,7 +7,7 @@ Python codecs (`softdta.codec`), the BPF C header (`bpf/softdta_spec.h`) and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 
 
 @dataclass(frozen=True)
@@ -237,6 +237,40 @@ class Counter(IntEnum):
 COUNTER_SLOTS = 48
 
 
+class Access(IntFlag):
+    """Access rights of a registered memory region (ibv_access_flags)."""
+
+    LOCAL_WRITE = 1
+    REMOTE_WRITE = 2
+    REMOTE_READ = 4
+    REMOTE_ATOMIC = 8
+
+
+class ResponderCounter(IntEnum):
+    """Per-CPU counters of a collector's RoCE responder; the first five carry rdma_rxe's hw_counters names."""
+
+    EXECUTED = 0
+    ICRC_ERRORS = 1
+    OUT_OF_SEQ_REQUEST = 2
+    DUPLICATE_REQUEST = 3
+    REMOTE_ACCESS_ERRORS = 4
+    MALFORMED = 5
+    NOT_FOR_THIS_PORT = 6
+    UNKNOWN_QPN = 7
+    SOURCE_GID_MISMATCH = 8
+    QP_IN_ERROR = 9
+    OPCODE_NOT_VALID = 10
+    UC_ACCESS_ERROR = 11
+    OUT_OF_SEQUENCE_AFTER_NAK = 12
+    MISALIGNED_ATOMIC = 13
+    REPLIES_SENT = 14
+    COMPLETIONS = 15
+    COMPLETIONS_LOST = 16  # the completion ring to userspace was full
+
+
+RESPONDER_COUNTER_SLOTS = 32
+
+
 # --------------------------------------------------------------------------------------------------
 # L2-L4 headers (outer headers of both DTA and RoCEv2 frames)
 
@@ -417,3 +451,27 @@ TRANSLATOR_TABLES = (
     Table("reporter_seq", (Field("reporter_ip", 32, "network order"),), (Field("last_seqnum", 32),), 65536,
           "go-back-N tracking of retransmitting reporters"),
 )
+
+# --------------------------------------------------------------------------------------------------
+# The xdp collector backend's tables: the contract between the collector's control plane and its XDP responder.
+
+ARENA_PAGE = 4096  # the responder's memory is an mmapable array of pages that userspace maps as one buffer
+
+RESPONDER_TABLES = (
+    Table("responder_config", (Field("index", 32),), (
+        Raw("mac", 6), Field("udp_sport", 16), Field("ip", 32, "network order"),
+    ), 1, "the collector port"),
+    Table("responder_qp", (Field("qpn", 32),), (
+        Field("remote_qpn", 32), Field("remote_ip", 32, "network order"), Raw("remote_mac", 6),
+        Field("transport", 8), Field("access", 8, "spec.Access"), Field("rkey", 32), Field("base_va", 64),
+        Field("length", 64), Field("arena_offset", 64, "where the region starts in the arena, in bytes"),
+    ), 1024, "a queue pair of the collector and the region it may write"),
+    Table("responder_qp_state", (Field("qpn", 32),), (
+        Field("expected_psn", 32), Field("msn", 32), Field("error", 8), Field("nak_sent", 8),
+        Field("atomic_valid", 8), Field("pad", 8), Field("atomic_psn", 32), Field("atomic_original", 64),
+    ), 1024, "per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates"),
+    Table("arena", (Field("page", 32),), (Raw("bytes", ARENA_PAGE),), 262144,
+          "the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)"),
+)
+
+TABLES = TRANSLATOR_TABLES + RESPONDER_TABLES  # every BPF map layout the control planes share with the kernel

@@ -7,7 +7,7 @@ from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME,
                           NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload)
 from softdta.responder import Access, MemoryRegion, Responder, ResponderQp
-from softdta.spec import RoceOpcode, Transport
+from softdta.spec import ResponderCounter, RoceOpcode, Transport
 
 TRANSLATOR = (mac_bytes("02:00:00:00:00:01"), ip_bytes("10.9.0.1"))
 COLLECTOR = (mac_bytes("02:00:00:00:00:02"), ip_bytes("10.9.0.2"))
@@ -64,7 +64,7 @@ def test_ahead_of_sequence_draws_one_nak_then_silence_until_epsn():
     assert not second.replies and not second.executed
     assert responder.process(write(100)).executed
     assert responder.process(write(105)).replies  # a new gap after progress draws a new NAK
-    assert responder.counters["out_of_seq_request"] == 3
+    assert responder.counters[ResponderCounter.OUT_OF_SEQ_REQUEST] == 3
 
 
 def test_duplicate_is_reacknowledged_not_reexecuted():
@@ -75,7 +75,7 @@ def test_duplicate_is_reacknowledged_not_reexecuted():
     assert not out.executed and bytes(qp.region.view[:4]) == b"AAAA"
     syndrome, psn, _ = aeth(out.replies[0])
     assert (syndrome, psn) == (ACK_SYNDROME, 101)
-    assert responder.counters["duplicate_request"] == 1
+    assert responder.counters[ResponderCounter.DUPLICATE_REQUEST] == 1
 
 
 @pytest.mark.parametrize("frame", [
@@ -90,7 +90,7 @@ def test_access_errors_nak_and_move_the_qp_to_error(frame):
     syndrome, psn, _ = aeth(out.replies[0])
     assert (syndrome, psn) == (NAK_REMOTE_ACCESS_SYNDROME, 100)
     assert qp.error and not qp.region.view.any()
-    assert responder.process(write(100)).dropped == "qp in error"
+    assert responder.process(write(100)).dropped is ResponderCounter.QP_IN_ERROR
 
 
 def test_write_without_remote_write_access_is_refused():
@@ -143,8 +143,8 @@ def test_bad_icrc_wrong_source_and_unknown_qp_are_silently_dropped():
     responder, qp = make()
     corrupted = bytearray(write(100))
     corrupted[-6] ^= 0x40
-    assert responder.process(bytes(corrupted)).dropped == "icrc_errors"
-    assert responder.process(write(100, src_ip=ip_bytes("10.9.0.66"))).dropped == "source gid mismatch"
+    assert responder.process(bytes(corrupted)).dropped is ResponderCounter.ICRC_ERRORS
+    assert responder.process(write(100, src_ip=ip_bytes("10.9.0.66"))).dropped is ResponderCounter.SOURCE_GID_MISMATCH
     qp.qpn, responder.qps = 0x12, {0x12: qp}
     out = responder.process(write(100))
-    assert out.dropped == "unknown qpn" and not out.replies and not qp.region.view.any()
+    assert out.dropped is ResponderCounter.UNKNOWN_QPN and not out.replies and not qp.region.view.any()
