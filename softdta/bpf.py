@@ -9,6 +9,7 @@ import ctypes
 import errno
 import functools
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -295,6 +296,17 @@ class Map:
             value = get(key)
             if value is not None:
                 yield key, value
+
+    def mmap(self) -> mmap.mmap:
+        """The whole array as shared memory (maps created with BPF_F_MMAPABLE), writable."""
+        if self.map_type != BPF_MAP_TYPE_ARRAY:
+            raise BpfError(f"mmap of map '{self.name}': only array maps can be mapped")
+        length = ((self.value_size + 7) & ~7) * self.max_entries
+        try:
+            return mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as error:
+            raise BpfError(f"mmap of map '{self.name}': {os.strerror(error.errno)}; the map needs "
+                           "BPF_F_MMAPABLE") from None
 
     def clear(self) -> None:
         """Delete every entry of a hash map."""

@@ -73,6 +73,7 @@ class ResponderOutput:
     completions: list[Completion] = field(default_factory=list)
     executed: bool = False
     dropped: ResponderCounter | None = None
+    passed: bool = False  # not a RoCEv2 frame (not UDP to 4791, or broken IP/UDP headers): the host stack's
 
 
 class Responder:
@@ -99,8 +100,13 @@ class Responder:
     def _process(self, frame: bytes) -> ResponderOutput:
         try:
             udp = parse_udp_frame(frame)
+        except WireError:
+            return ResponderOutput(passed=True)
+        if udp.udp["dport"] != ROCE_PORT:
+            return ResponderOutput(passed=True)
+        try:
             packet = parse_roce(frame, udp)
-        except WireError as error:
+        except WireError:
             return self._drop(ResponderCounter.MALFORMED)
         if udp.dst_ip != self.ip:
             return self._drop(ResponderCounter.NOT_FOR_THIS_PORT)

@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: GPL-2.0
+/* softdta's xdp collector backend: an XDP program that is the collector's RDMA NIC, byte for byte like
+ * softdta.responder (the reference).
+ *
+ * RoCEv2 frames (UDP 4791) to the collector's IP are checked as rdma_rxe checks them: iCRC, destination QP,
+ * source GID, the PSN rules of RC and UC, R_Key, bounds and access rights. WRITEs land in `arena`, an
+ * mmapable array that userspace maps as the collector's memory; Fetch&Add is atomic there. RC ACKs, NAKs and
+ * Atomic ACKs go back with XDP_TX. Everything else passes up the stack untouched.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "softdta_spec.h"
+#include "crc.h"
+#include "wire.h"
+
+#define BUF_SIZE 2048		/* the frame being checked, then the reply; a power of two for index masks */
+#define BUF_MASK (BUF_SIZE - 1)
+#define IP_AT 16		/* where the IP packet sits: after 8 bytes that stand for the LRH in the iCRC,
+				 * which a reply's Ethernet header then overwrites */
+#define LRH_AT (IP_AT - 8)
+#define IP_LIMIT 1280		/* longest IP packet the responder accepts (payloads of up to 1 KiB) */
+#define PSN_MASK 0xffffff
+#define PSN_HALF (1 << 23)
+#define ARENA_MASK (ARENA_PAGE - 1)
+#define SYNDROME_ACK 0x1f	/* ACK with the largest credit count, as softdta.roce.ACK_SYNDROME */
+#define SYNDROME_NAK(code) ((AETH_NAK << 5) | (code))
+
+struct scratch {
+	__u8 buf[BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
+};
+
+struct completion {
+	__u32 qpn;
+	__u32 immediate;
+	__u32 byte_len;
+	__u32 pad;
+};
+
+#define TABLE(_name, _type, _key, _value, _max)                                                          \
+	struct {                                                                                         \
+		__uint(type, _type);                                                                     \
+		__type(key, _key);                                                                       \
+		__type(value, _value);                                                                   \
+		__uint(max_entries, _max);                                                               \
+	} _name SEC(".maps")
+
+TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
+TABLE(responder_qp, BPF_MAP_TYPE_HASH, struct responder_qp_key, struct responder_qp_value,
+      RESPONDER_QP_MAX_ENTRIES);
+TABLE(responder_qp_state, BPF_MAP_TYPE_HASH, struct responder_qp_state_key, struct responder_qp_state_value,
+      RESPONDER_QP_STATE_MAX_ENTRIES);
+TABLE(responder_counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, RESPONDER_COUNTER_SLOTS);
+TABLE(responder_scratch, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct scratch, 1);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct arena_value);
+	__uint(max_entries, ARENA_MAX_ENTRIES);	/* sized at load */
+} arena SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18);
+} completions SEC(".maps");
+
+/* What one frame asks for, as parsed. */
+struct request {
+	__u64 va;
+	__u64 add;
+	__u32 rkey;
+	__u32 dma_len;
+	__u32 immediate;
+	__u32 payload_at;	/* in scratch */
+	__u32 payload_len;
+	__u32 psn;
+	__u32 qpn;
+	__u8 opcode;
+	__u8 ack_req;
+};
+
+static __always_inline void count(__u32 slot)
+{
+	__u64 *value = bpf_map_lookup_elem(&responder_counters, &slot);
+
+	if (value)
+		*value += 1;
+}
+
+static __always_inline struct scratch *scratch_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&responder_scratch, &zero);
+}
+
+/* iCRC over buf[LRH_AT, LRH_AT + len): global, so the verifier checks its loop once. */
+__noinline __u32 buf_crc(__u32 len)
+{
+	struct scratch *s = scratch_get();
+
+	return s ? ~crc32_slice8_update(0xffffffff, s->buf, BUF_MASK, LRH_AT, len) : 0;
+}
+
+/* Copies buf[from, from + len) to the arena at byte `offset`, page by page. Global: verified once. */
+__noinline int arena_write(__u64 offset, __u32 from, __u32 len)
+{
+	struct scratch *s = scratch_get();
+	struct arena_value *page = NULL;
+
+	if (!s)
+		return -1;
+	for (__u32 i = 0; i < IP_LIMIT && i < len; i++) {
+		__u64 at = offset + i;
+
+		if (!page || !(at & ARENA_MASK)) {
+			__u32 index = at / ARENA_PAGE;
+
+			page = bpf_map_lookup_elem(&arena, &index);
+			if (!page)
+				return -1;
+		}
+		page->bytes[at & ARENA_MASK] = s->buf[(from + i) & BUF_MASK];
+	}
+	return 0;
+}
+
+static __always_inline int region_contains(const struct responder_qp_value *qp, __u64 va, __u64 len)
+{
+	return va >= qp->base_va && va - qp->base_va <= qp->length && len <= qp->length - (va - qp->base_va);
+}
+
+struct reply {
+	__u64 original;		/* Atomic ACK only */
+	__u32 psn;
+	__u32 syndrome;
+	__u32 msn;
+	__u32 atomic;
+};
+
+/* An ACK, NAK or Atomic ACK in buf; returns its length. */
+static __noinline __u32 build_reply(struct scratch *s, const struct responder_config_value *cfg,
+				    const struct responder_qp_value *qp, const struct reply *r)
+{
+	__u32 ext = r->atomic ? ROCE_EXT_LEN_RC_ATOMIC_ACK : ROCE_EXT_LEN_RC_ACK;
+	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + ICRC_LEN, crc;
+	__u8 *f = s->buf + IP_AT - ETHERNET_SIZE, *ip = s->buf + IP_AT, *udp = ip + IPV4_SIZE, *bth = udp + UDP_SIZE;
+	__u8 *aeth = bth + BTH_SIZE;
+
+	ipv4_header(ip, ip_len, cfg->ip, qp->remote_ip);
+	put16(udp, cfg->udp_sport);
+	put16(udp + 2, ROCE_PORT);
+	put16(udp + 4, ip_len - IPV4_SIZE);
+	bth[0] = r->atomic ? ROCE_OP_RC_ATOMIC_ACK : ROCE_OP_RC_ACK;
+	bth[1] = 1 << 6;	/* MigReq */
+	put16(bth + 2, DEFAULT_PKEY);
+	put32(bth + 4, qp->remote_qpn & PSN_MASK);
+	put32(bth + 8, r->psn & PSN_MASK);
+	put32(aeth, r->syndrome << 24 | (r->msn & PSN_MASK));
+	if (r->atomic)
+		put64(aeth + AETH_SIZE, r->original);
+	icrc_mask(s->buf + LRH_AT, ip, IPV4_SIZE);
+	crc = buf_crc(8 + ip_len - ICRC_LEN);
+	udp[6] = 0;
+	udp[7] = 0;
+	bth[4] = 0;
+	ipv4_finish(ip, 0, 64);
+	for (int i = 0; i < 4; i++)
+		s->buf[(IP_AT + ip_len - ICRC_LEN + i) & BUF_MASK] = crc >> (8 * i);
+	/* The Ethernet header goes last: it overlaps the LRH stand-in the iCRC needed. */
+	__builtin_memcpy(f, qp->remote_mac, 6);
+	__builtin_memcpy(f + 6, cfg->mac, 6);
+	f[12] = ETH_P_IP >> 8;
+	f[13] = ETH_P_IP & 0xff;
+	count(RCNT_REPLIES_SENT);
+	return ETHERNET_SIZE + ip_len;
+}
+
+static __always_inline __u32 ack(struct scratch *s, const struct responder_config_value *cfg,
+				 const struct responder_qp_value *qp, __u32 psn, __u32 syndrome, __u32 msn)
+{
+	struct reply r = { .psn = psn, .syndrome = syndrome, .msn = msn };
+
+	return build_reply(s, cfg, qp, &r);
+}
+
+static __always_inline __u32 atomic_ack(struct scratch *s, const struct responder_config_value *cfg,
+					const struct responder_qp_value *qp, __u32 psn, __u32 msn, __u64 original)
+{
+	struct reply r = { .original = original, .psn = psn, .syndrome = SYNDROME_ACK, .msn = msn, .atomic = 1 };
+
+	return build_reply(s, cfg, qp, &r);
+}
+
+/* Replaces the packet with the reply in buf and sends it back. */
+static __always_inline int send_reply(struct xdp_md *ctx, struct scratch *s, __u64 len)
+{
+	__u64 have = ctx->data_end - ctx->data;
+	__u8 *data, *end;
+
+	if (len > 128 || len < ETHERNET_SIZE ||
+	    (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have)))
+		return XDP_DROP;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	for (__u32 i = 0; i < 128 && i < len; i++) {
+		if (data + i + 1 > end)
+			return XDP_DROP;
+		data[i] = s->buf[(IP_AT - ETHERNET_SIZE + i) & BUF_MASK];
+	}
+	return XDP_TX;
+}
+
+static __always_inline __u32 write_payload(struct scratch *s, const struct responder_qp_value *qp,
+					   const struct request *rq)
+{
+	if (rq->dma_len != rq->payload_len || rq->rkey != qp->rkey || !(qp->access & ACCESS_REMOTE_WRITE) ||
+	    !region_contains(qp, rq->va, rq->payload_len))
+		return 0;
+	if (arena_write(qp->arena_offset + (rq->va - qp->base_va), rq->payload_at, rq->payload_len))
+		return 0;
+	if (rq->opcode == ROCE_OP_RC_WRITE_ONLY_IMM || rq->opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
+		struct completion *done = bpf_ringbuf_reserve(&completions, sizeof(*done), 0);
+
+		if (done) {
+			done->qpn = rq->qpn;
+			done->immediate = rq->immediate;
+			done->byte_len = rq->payload_len;
+			done->pad = 0;
+			bpf_ringbuf_submit(done, 0);
+		} else {
+			count(RCNT_COMPLETIONS_LOST);
+		}
+		count(RCNT_COMPLETIONS);
+	}
+	return 1;
+}
+
+/* Parses the RoCE frame now in buf; returns 0 or a responder counter for a malformed frame. */
+static __always_inline __u32 parse_request(struct scratch *s, __u32 ip_header_len, __u64 ip_len, struct request *rq)
+{
+	__u8 *body = s->buf + IP_AT + ((ip_header_len + UDP_SIZE) & 127), *eh;
+	__u64 body_len = ip_len - ip_header_len - UDP_SIZE, end;
+	int ext;
+
+	if (body_len < BTH_SIZE + ICRC_LEN)
+		return RCNT_MALFORMED;
+	rq->opcode = body[0];
+	ext = roce_ext_len(rq->opcode);
+	if (ext < 0 || body_len - ICRC_LEN < BTH_SIZE + (__u64)ext)
+		return RCNT_MALFORMED;
+	end = body_len - ICRC_LEN - ((body[1] >> 4) & 3);
+	if (end < BTH_SIZE + (__u64)ext)
+		return RCNT_MALFORMED;
+	rq->qpn = (__u32)body[5] << 16 | (__u32)body[6] << 8 | body[7];
+	rq->ack_req = body[8] >> 7;
+	rq->psn = (__u32)body[9] << 16 | (__u32)body[10] << 8 | body[11];
+	eh = body + BTH_SIZE;
+	rq->va = (__u64)get32(eh) << 32 | get32(eh + 4);
+	rq->rkey = get32(eh + 8);
+	if (ext == ROCE_EXT_LEN_RC_FETCH_ADD) {
+		rq->add = (__u64)get32(eh + 12) << 32 | get32(eh + 16);
+	} else if (ext >= RETH_SIZE) {
+		rq->dma_len = get32(eh + 12);
+		if (ext == RETH_SIZE + IMMDT_SIZE)
+			rq->immediate = get32(eh + 16);
+	}
+	rq->payload_at = IP_AT + ip_header_len + UDP_SIZE + BTH_SIZE + ext;
+	rq->payload_len = end - BTH_SIZE - ext;
+	return 0;
+}
+
+static __always_inline void advance(struct responder_qp_state_value *qs)
+{
+	qs->expected_psn = (qs->expected_psn + 1) & PSN_MASK;
+	qs->msn = (qs->msn + 1) & PSN_MASK;
+	count(RCNT_EXECUTED);
+}
+
+/* Access errors NAK once and move the QP to ERROR, as rxe does; only re-creating it helps. */
+static __always_inline __u32 fatal(struct scratch *s, const struct responder_config_value *cfg,
+				   const struct responder_qp_value *qp, struct responder_qp_state_value *qs,
+				   __u32 syndrome, __u32 reason)
+{
+	count(reason);
+	qs->error = 1;
+	return ack(s, cfg, qp, qs->expected_psn, syndrome, qs->msn);
+}
+
+/* The RC rules; returns the length of a reply in buf, or 0. */
+static __noinline __u32 serve_rc(struct scratch *s, const struct responder_config_value *cfg,
+				 const struct responder_qp_value *qp, struct responder_qp_state_value *qs,
+				 const struct request *rq)
+{
+	__u32 distance = (rq->psn - qs->expected_psn) & PSN_MASK;
+
+	if (distance && distance < PSN_HALF) {
+		count(RCNT_OUT_OF_SEQ_REQUEST);
+		if (qs->nak_sent) {
+			count(RCNT_OUT_OF_SEQUENCE_AFTER_NAK);
+			return 0;
+		}
+		qs->nak_sent = 1;
+		return ack(s, cfg, qp, qs->expected_psn, SYNDROME_NAK(NAK_PSN_SEQUENCE_ERROR), qs->msn);
+	}
+	if (distance) {
+		count(RCNT_DUPLICATE_REQUEST);
+		if (rq->opcode == ROCE_OP_RC_FETCH_ADD && qs->atomic_valid && qs->atomic_psn == rq->psn)
+			return atomic_ack(s, cfg, qp, rq->psn, qs->msn, qs->atomic_original);
+		return ack(s, cfg, qp, qs->expected_psn - 1, SYNDROME_ACK, qs->msn);
+	}
+	qs->nak_sent = 0;
+	if (rq->opcode == ROCE_OP_RC_FETCH_ADD) {
+		struct arena_value *page;
+		__u64 offset, original;
+		__u32 index;
+
+		if (rq->va % 8)
+			return fatal(s, cfg, qp, qs, SYNDROME_NAK(NAK_INVALID_REQUEST), RCNT_MISALIGNED_ATOMIC);
+		if (!(qp->access & ACCESS_REMOTE_ATOMIC) || rq->rkey != qp->rkey || !region_contains(qp, rq->va, 8))
+			return fatal(s, cfg, qp, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
+		offset = qp->arena_offset + (rq->va - qp->base_va);
+		index = offset / ARENA_PAGE;
+		page = bpf_map_lookup_elem(&arena, &index);
+		if (!page || offset % 8)
+			return fatal(s, cfg, qp, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
+		original = __sync_fetch_and_add((__u64 *)&page->bytes[offset & ARENA_MASK & ~7ULL], rq->add);
+		advance(qs);
+		qs->atomic_valid = 1;
+		qs->atomic_psn = rq->psn;
+		qs->atomic_original = original;
+		return atomic_ack(s, cfg, qp, rq->psn, qs->msn, original);
+	}
+	if (!write_payload(s, qp, rq))
+		return fatal(s, cfg, qp, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
+	advance(qs);
+	return rq->ack_req ? ack(s, cfg, qp, rq->psn, SYNDROME_ACK, qs->msn) : 0;
+}
+
+SEC("xdp")
+int softdta_responder(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	struct responder_config_value *cfg;
+	struct responder_qp_state_value *qs;
+	struct responder_qp_value *qp;
+	struct request rq = {};
+	__u32 zero = 0, ihl, crc, reason, reply = 0, src, dst;
+	__u64 ip_total, udp_len;
+	struct scratch *s;
+	__u8 *ip, *udp;
+
+	ip = data + ETHERNET_SIZE;
+	if ((void *)(ip + IPV4_SIZE) > data_end || ((__u8 *)data)[12] != 0x08 || ((__u8 *)data)[13] != 0x00 ||
+	    ip[0] >> 4 != 4 || (ip[0] & 0xf) < 5 || ip[9] != IPPROTO_UDP || (ip[6] & 0x3f) || ip[7])
+		return XDP_PASS;
+	ihl = (ip[0] & 0xf) * 4;
+	ip_total = (__u32)ip[2] << 8 | ip[3];
+	udp = ip + ihl;
+	if ((void *)(udp + UDP_SIZE) > data_end || ETHERNET_SIZE + ip_total > (__u64)(data_end - data) ||
+	    ip_total < ihl + UDP_SIZE)
+		return XDP_PASS;
+	udp_len = (__u32)udp[4] << 8 | udp[5];
+	if (udp_len < UDP_SIZE || ihl + udp_len > ip_total || ((__u32)udp[2] << 8 | udp[3]) != ROCE_PORT)
+		return XDP_PASS;
+
+	/* A RoCEv2 frame: from here every outcome is counted. */
+	cfg = bpf_map_lookup_elem(&responder_config, &zero);
+	s = scratch_get();
+	if (!cfg || !s)
+		return XDP_PASS;
+	__builtin_memcpy(&src, ip + 12, 4);
+	__builtin_memcpy(&dst, ip + 16, 4);
+	/* The RoCE payload ends where UDP says; bytes after it (Ethernet padding) are not part of it. */
+	ip_total = ihl + udp_len;
+	if (ip_total > IP_LIMIT ||
+	    bpf_xdp_load_bytes(ctx, ETHERNET_SIZE, s->buf + IP_AT, ((ip_total - 1) & (IP_LIMIT * 2 - 1)) + 1)) {
+		count(RCNT_MALFORMED);
+		return XDP_DROP;
+	}
+	reason = parse_request(s, ihl, ip_total, &rq);
+	if (!reason && dst != cfg->ip)
+		reason = RCNT_NOT_FOR_THIS_PORT;
+	if (!reason) {
+		icrc_mask(s->buf + LRH_AT, s->buf + IP_AT, ihl);
+		crc = buf_crc(8 + ip_total - ICRC_LEN);
+		for (int i = 0; i < 4; i++)
+			if (s->buf[(IP_AT + ip_total - ICRC_LEN + i) & BUF_MASK] != ((crc >> (8 * i)) & 0xff))
+				reason = RCNT_ICRC_ERRORS;
+	}
+	if (reason) {
+		count(reason);
+		return XDP_DROP;
+	}
+	qp = bpf_map_lookup_elem(&responder_qp, &rq.qpn);
+	qs = bpf_map_lookup_elem(&responder_qp_state, &rq.qpn);
+	if (!qp || !qs)
+		reason = RCNT_UNKNOWN_QPN;
+	else if (qp->remote_ip != src)
+		reason = RCNT_SOURCE_GID_MISMATCH;
+	else if (qs->error)
+		reason = RCNT_QP_IN_ERROR;
+	else if (qp->transport == TRANSPORT_RC ? rq.opcode != ROCE_OP_RC_WRITE_ONLY &&
+					 rq.opcode != ROCE_OP_RC_WRITE_ONLY_IMM && rq.opcode != ROCE_OP_RC_FETCH_ADD
+				       : rq.opcode != ROCE_OP_UC_WRITE_ONLY && rq.opcode != ROCE_OP_UC_WRITE_ONLY_IMM)
+		reason = RCNT_OPCODE_NOT_VALID;
+	if (reason || !qp || !qs) {
+		count(reason);
+		return XDP_DROP;
+	}
+	if (qp->transport == TRANSPORT_UC) {
+		/* UC has no ACKs: a single-packet WRITE executes whatever its PSN, and a bad one is just dropped. */
+		qs->expected_psn = (rq.psn + 1) & PSN_MASK;
+		if (write_payload(s, qp, &rq))
+			count(RCNT_EXECUTED);
+		else
+			count(RCNT_UC_ACCESS_ERROR);
+		return XDP_DROP;
+	}
+	reply = serve_rc(s, cfg, qp, qs, &rq);
+	return reply ? send_reply(ctx, s, reply) : XDP_DROP;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,144 @@
+"""The xdp collector backend: an XDP program (bpf/responder.bpf.c) is the collector's RDMA NIC.
+
+It checks and executes RoCEv2 requests exactly like the reference responder (`softdta.responder`). It writes
+into `arena`, an mmapable BPF array that this process maps as one buffer, so queries read the collector's
+memory directly and the collector's CPU does nothing per report.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter as Tally
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .bpf import BpfError, BpfObject, RingBuffer, attach_xdp, detach_xdp, xdp_md
+from .maps import table
+from .responder import Completion, ResponderOutput
+from .spec import ARENA_PAGE, Access, ResponderCounter, Transport
+from .xdp import BPF_DIR, XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
+
+SOURCE = BPF_DIR / "responder.bpf.c"
+DEFAULT_UDP_SPORT = 49153
+
+
+@dataclass(frozen=True)
+class ArenaRegion:
+    """A page-aligned slice of the arena: `view` is live memory that the XDP program writes."""
+
+    offset: int
+    view: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return self.view.size
+
+
+class XdpResponder:
+    """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions."""
+
+    def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, pin_dir: str | Path | None = None,
+                 udp_sport: int = DEFAULT_UDP_SPORT):
+        if len(ip) != 4:
+            raise EngineError("the xdp responder serves RoCEv2 over IPv4; give the collector an IPv4 address")
+        pages = max(1, -(-arena_bytes // ARENA_PAGE))
+        try:
+            self.object = BpfObject(build_object(SOURCE), pin_dir=pin_dir, map_sizes={"arena": pages})
+        except BpfError as error:
+            raise EngineError(f"cannot load the xdp responder: {error}") from None
+        self.maps = self.object.maps
+        self.program = self.object.programs["softdta_responder"]
+        self.ring = RingBuffer(self.maps["completions"])
+        self._mapping = self.maps["arena"].mmap()
+        self.memory = np.frombuffer(self._mapping, dtype=np.uint8)
+        self._next_page = 0
+        self.attached: list[int] = []
+        self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"))
+
+    def close(self) -> None:
+        self.detach()
+        self.ring.close()
+        self.object.close()  # region views keep the arena mapped (and the map alive) for as long as they exist
+
+    def __enter__(self) -> XdpResponder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # regions and queue pairs
+
+    def allocate(self, length: int) -> ArenaRegion:
+        """A fresh page-aligned region of the arena."""
+        pages = max(1, -(-length // ARENA_PAGE))
+        offset = self._next_page * ARENA_PAGE
+        if offset + length > self.memory.size:
+            raise EngineError(f"the arena holds {self.memory.size} bytes; {length} more do not fit after "
+                              f"{offset}; give the responder a larger arena")
+        self._next_page += pages
+        return ArenaRegion(offset, self.memory[offset:offset + length])
+
+    def add_qp(self, qpn: int, transport: Transport, *, remote_ip: bytes, remote_mac: bytes, remote_qpn: int,
+               region: ArenaRegion, base_va: int, rkey: int, expected_psn: int = 0,
+               access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+               ) -> None:
+        """Bring a queue pair up (what a NIC's RTR transition does): it accepts requests from `remote_ip`."""
+        if access & Access.REMOTE_ATOMIC and base_va % 8:
+            raise EngineError(f"QP {qpn:#x}: atomics need an 8-byte aligned region, base 0x{base_va:x} is not")
+        self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn, remote_ip=int.from_bytes(remote_ip, "little"),
+                    remote_mac=remote_mac, transport=int(transport), access=int(access), rkey=rkey,
+                    base_va=base_va, length=region.length, arena_offset=region.offset)
+        self.reset_qp(qpn, expected_psn)
+
+    def reset_qp(self, qpn: int, expected_psn: int) -> None:
+        """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""
+        self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & 0xFFFFFF)
+
+    def qp_state(self, qpn: int) -> dict | None:
+        raw = self.maps["responder_qp_state"].lookup(table("responder_qp_state").key.pack(qpn=qpn))
+        return None if raw is None else table("responder_qp_state").value.unpack(raw)
+
+    def counters(self) -> Tally[ResponderCounter]:
+        tally: Tally[ResponderCounter] = Tally()
+        for counter in ResponderCounter:
+            values = self.maps["responder_counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
+            total = sum(int.from_bytes(v[:8], "little") for v in values)
+            if total:
+                tally[counter] = total
+        return tally
+
+    def completions(self) -> list[Completion]:
+        """WRITE with Immediate completions since the last call, oldest first."""
+        records = self.ring.consume()
+        return [Completion(*(int.from_bytes(r[i:i + 4], "little") for i in (0, 4, 8))) for r in records]
+
+    def _write(self, name: str, key: dict, **value) -> None:
+        layout = table(name)
+        self.maps[name].update(layout.key.pack(**key), layout.value.pack(**value))
+
+    # ----------------------------------------------------------------------------------------------
+    # frames
+
+    def process(self, frame: bytes) -> ResponderOutput:
+        """Run one frame through the XDP program (BPF_PROG_TEST_RUN): its reply and completions."""
+        run = self.program.test_run(frame, ctx=xdp_md())
+        if run.retval not in (XDP_DROP, XDP_PASS, XDP_TX):
+            raise EngineError(f"the xdp responder returned action {run.retval}")
+        return ResponderOutput(replies=[run.data] if run.retval == XDP_TX else [], completions=self.completions(),
+                               passed=run.retval == XDP_PASS)
+
+    def attach(self, interface: str, mode: str = "native") -> None:
+        try:
+            ifindex = socket.if_nametoindex(interface)
+        except OSError:
+            raise EngineError(f"interface {interface!r} does not exist in this network namespace; check `ip link`") \
+                from None
+        attach_xdp(ifindex, self.program.fd, mode=mode)
+        self.attached.append(ifindex)
+
+    def detach(self) -> None:
+        while self.attached:
+            detach_xdp(self.attached.pop())

@@ -1,0 +1,381 @@
+"""The query service over real HTTP on loopback.
+
+A collector is filled by the reference translator with every primitive, the service runs on a uvloop loop
+on 127.0.0.1 (ephemeral port), and an aiohttp client checks its answers against the reports sent and against
+the query engines called directly.
+"""
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+import pytest
+import uvloop
+from prometheus_client.parser import text_string_to_metric_families
+
+from softdta import workload
+from softdta.frames import ip_bytes, mac_bytes
+from softdta.offline import OfflineCollector
+from softdta.query import BLANK, keyincrement_query, keywrite_query, postcard_query
+from softdta.service import OfflineSource, serve
+from softdta.spec import Primitive
+from softdta.tables import Tables
+from softdta.translator import Translator
+from softdta.workload import ReporterAddress
+
+from common import COLLECTOR_IP, EXAMPLE_TABLES
+
+KEY_WRITE = "key-write@10.77.1.1"
+KEY_INCREMENT = "key-increment@10.77.1.1"
+POSTCARDING = "postcarding@10.77.1.1"
+SKETCH = "sketch-merge@10.77.1.1"
+APPEND = "append0@10.77.1.1"
+REDUNDANCY = 2
+SWITCH_IDS = list(range(1, 1025))
+
+
+class Service:
+    """The service and an aiohttp client on one uvloop loop, driven from sync tests: each call runs the loop
+    until its coroutine is done, which is also when the server handles requests."""
+
+    def __init__(self, source):
+        self.loop = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        self.server = self.loop.run(serve(source, "127.0.0.1", 0))
+        self.http = self.loop.run(self._session(f"http://127.0.0.1:{self.server.addresses[0][1]}"))
+
+    @staticmethod
+    async def _session(base_url: str) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(base_url)
+
+    def run(self, coroutine):
+        return self.loop.run(coroutine)
+
+    def call(self, method: str, path: str, status: int = 200, **kwargs):
+        """The JSON answer of one request, after checking its status."""
+        async def request():
+            async with self.http.request(method, path, **kwargs) as response:
+                body = await response.text()
+                assert response.status == status, body
+                return json.loads(body) if response.content_type == "application/json" else body
+        return self.run(request())
+
+    def close(self) -> None:
+        self.run(self.http.close())
+        self.run(self.server.cleanup())
+        self.loop.close()
+
+
+@pytest.fixture
+def start_service():
+    started = []
+
+    def start(source) -> Service:
+        started.append(Service(source))
+        return started[-1]
+
+    yield start
+    for service in started:
+        service.close()
+
+
+def new_pipeline() -> tuple[Tables, Translator, OfflineCollector, ReporterAddress]:
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    reporter = ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"),
+                               translator_mac=tables.mac, collector_ip=COLLECTOR_IP)
+    return tables, Translator(tables), OfflineCollector(tables), reporter
+
+
+def send(translator: Translator, collector: OfflineCollector, reporter: ReporterAddress, reports) -> None:
+    for report in reports:
+        for frame in translator.process(reporter.frame(report)).frames:
+            for reply in collector.deliver(frame):
+                assert translator.process(reply).drop is None
+
+
+def flush(translator: Translator, collector: OfflineCollector) -> None:
+    """Write out partial Append batches and Postcarding paths."""
+    for frame in translator.flush_idle(now_ns=0):
+        collector.deliver(frame)
+
+
+@dataclass
+class Filled:
+    tables: Tables
+    collector: OfflineCollector
+    key_write: list
+    key_increment: list
+    postcards: list
+    sketch: list
+
+    def region(self, primitive: Primitive):
+        return self.collector.structure_region(primitive, COLLECTOR_IP)
+
+    def structure(self, primitive: Primitive):
+        return self.tables.structure(COLLECTOR_IP, primitive)
+
+
+@pytest.fixture(scope="module")
+def filled() -> Filled:
+    """A collector holding every primitive but Append (whose polls change memory; those tests fill their own)."""
+    tables, translator, collector, reporter = new_pipeline()
+    sketch_merge = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    reports = Filled(tables, collector, workload.key_write(2000, seed=1, redundancy=REDUNDANCY),
+                     workload.key_increment(3000, seed=3, redundancy=REDUNDANCY, flows=50),
+                     workload.postcards(300, seed=5, switch_ids=SWITCH_IDS),
+                     workload.sketch_epoch(sketch_merge.reporters, sketch_merge.columns, sketch_merge.rows, seed=6))
+    for kind in (reports.key_write, reports.key_increment, reports.postcards, reports.sketch):
+        send(translator, collector, reporter, kind)
+    flush(translator, collector)
+    return reports
+
+
+@pytest.fixture
+def service(filled, start_service) -> Service:
+    return start_service(OfflineSource(filled.collector))
+
+
+def unknown_keys(count: int) -> list[str]:
+    return [f"ee{index:06x}" for index in range(count)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Queries
+
+
+def test_structures_lists_every_structure_with_its_fill(service, filled):
+    listed = {entry["name"]: entry for entry in service.call("GET", "/structures")["structures"]}
+    assert set(listed) == {KEY_WRITE, KEY_INCREMENT, POSTCARDING, SKETCH, APPEND}
+    key_write = listed[KEY_WRITE]
+    region = filled.region(Primitive.KEY_WRITE)
+    occupied = np.count_nonzero((region.checksums != 0) | region.data.any(axis=1))
+    assert key_write["slot_count"] == region.slot_count == 131072
+    assert key_write["fill"] == occupied / region.slot_count
+    assert key_write["load_factor"] == pytest.approx(-np.log(1 - key_write["fill"]))
+    assert key_write["load_factor"] == pytest.approx(2000 * REDUNDANCY / 131072, rel=0.05)
+    counters = filled.region(Primitive.KEY_INCREMENT).counters
+    assert listed[KEY_INCREMENT]["fill"] == np.count_nonzero(counters) / counters.size
+    assert listed[SKETCH]["fill"] > 0 and listed[SKETCH]["load_factor"] is None
+    assert listed[SKETCH]["slot_count"] == filled.structure(Primitive.SKETCH_MERGE).columns
+    assert listed[APPEND]["fill"] == 0 and listed[APPEND]["lists"] == 64
+    assert listed[POSTCARDING]["hops"] == 5
+
+
+def test_key_write_answers_match_the_reports_and_the_engine(service, filled):
+    keys = [report.key.hex() for report in filled.key_write] + unknown_keys(200)
+    answer = service.call("POST", f"/keywrite/{KEY_WRITE}", json={"keys": keys, "redundancy": REDUNDANCY})
+    results = answer["results"]
+    assert [result["key"] for result in results] == keys
+    truth = {report.key.hex(): report.data.hex() for report in filled.key_write}
+    found = [result for result in results if result["status"] == "found"]
+    assert len(found) == answer["found"] > 0.99 * 2000  # 2000 keys in 131072 slots
+    assert all(result["value"] == truth[result["key"]] for result in found)
+    assert all(result["value"] is None and result["votes"] == 0 for result in results if result not in found)
+    assert answer["found"] + answer["empty"] + answer["collided"] == len(keys)
+    assert all(result["status"] != "empty" for result in results[:2000])  # written: found or overwritten
+    assert all(result["status"] != "found" for result in results[2000:])
+    assert answer["empty"] > 170  # of the 200 unknown keys; slots are 3 % occupied, so most find both empty
+
+    structure = filled.structure(Primitive.KEY_WRITE)
+    rows = np.frombuffer(bytes.fromhex("".join(keys)), dtype=np.uint8).reshape(len(keys), 4)
+    direct = keywrite_query(filled.region(Primitive.KEY_WRITE), rows, REDUNDANCY, key_hash=structure.key_hash)
+    assert [result["status"] == "found" for result in results] == direct.found.tolist()
+    assert [result["votes"] for result in results] == direct.votes.tolist()
+    assert [int(result["value"], 16) for result in found] == direct.values[direct.found].tolist()
+
+
+def test_key_write_integer_keys_and_consensus_mode(service, filled):
+    keys = [report.key for report in filled.key_write[:300]]
+    as_hex = service.call("POST", f"/keywrite/{KEY_WRITE}", json={"keys": [k.hex() for k in keys], "redundancy": 2})
+    as_int = service.call("POST", f"/keywrite/{KEY_WRITE}",
+                          json={"keys": [int.from_bytes(k, "big") for k in keys], "redundancy": 2})
+    assert as_int == as_hex
+
+    strict = service.call("POST", f"/keywrite/{KEY_WRITE}",
+                          json={"keys": [k.hex() for k in keys], "redundancy": 2, "mode": "consensus"})
+    assert strict["consensus"] == 2  # default: every copy agrees
+    structure = filled.structure(Primitive.KEY_WRITE)
+    direct = keywrite_query(filled.region(Primitive.KEY_WRITE), keys, 2, consensus=2, key_hash=structure.key_hash)
+    assert [result["status"] == "found" for result in strict["results"]] == direct.found.tolist()
+    assert all(result["votes"] == 2 for result in strict["results"] if result["status"] == "found")
+
+
+def test_key_increment_returns_the_true_counts(service, filled):
+    truth: dict[str, int] = {}
+    for report in filled.key_increment:
+        truth[report.key.hex()] = truth.get(report.key.hex(), 0) + report.counter
+    keys = list(truth)
+    answer = service.call("POST", f"/keyincrement/{KEY_INCREMENT}", json={"keys": keys, "redundancy": REDUNDANCY})
+    assert [result["key"] for result in answer["results"]] == keys
+    assert [result["count"] for result in answer["results"]] == [truth[key] for key in keys]  # no collisions
+    structure = filled.structure(Primitive.KEY_INCREMENT)
+    direct = keyincrement_query(filled.region(Primitive.KEY_INCREMENT), [bytes.fromhex(k) for k in keys],
+                                REDUNDANCY, structure.key_hash)
+    assert [result["count"] for result in answer["results"]] == direct.tolist()
+
+
+def test_postcarding_decodes_the_paths(service, filled):
+    paths: dict[str, list[int]] = {}
+    for report in filled.postcards:
+        paths.setdefault(report.key.hex(), [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
+    keys = list(paths) + unknown_keys(50)
+    answer = service.call("POST", f"/postcarding/{POSTCARDING}", json={"keys": keys, "value_set": SWITCH_IDS})
+    results = answer["results"]
+    complete = [result for result in results if result["complete"]]
+    assert len(complete) == answer["complete"] > 0.95 * len(paths)
+    assert all(result["path"] == paths[result["key"]] for result in complete)
+    direct = postcard_query(filled.region(Primitive.POSTCARDING), [bytes.fromhex(k) for k in keys], SWITCH_IDS)
+    assert [result["path"] for result in results] == [[None if value == BLANK else value for value in path]
+                                                      for path in direct.values.tolist()]
+
+
+def test_sketch_is_the_merged_matrix_by_column(service, filled):
+    structure = filled.structure(Primitive.SKETCH_MERGE)
+    expected = np.zeros((structure.columns, structure.rows), dtype=np.uint64)
+    for report in filled.sketch:
+        expected[report.column] += np.array(report.counters, dtype=np.uint64)
+    answer = service.call("GET", f"/sketch/{SKETCH}")
+    assert (answer["columns"], answer["rows"], answer["merge"]) == (structure.columns, structure.rows, "sum")
+    assert answer["matrix"] == expected.tolist()
+
+
+def test_stats_health_and_metrics(service, filled):
+    counters = filled.collector.counters()
+    stats = service.call("GET", "/stats")
+    assert stats["responder"] == counters and counters["executed"] > 0
+    health = service.call("GET", "/health")
+    assert health["status"] == "ok" and health["backend"] == "offline"
+    key_write_qp = filled.structure(Primitive.KEY_WRITE).qp
+    assert health["qps"][key_write_qp.name]["expected_psn"] == 2000 * REDUNDANCY
+    assert not any(qp["error"] for qp in health["qps"].values())
+
+    families = {family.name: family for family in text_string_to_metric_families(service.call("GET", "/metrics"))}
+    fill = {sample.labels["structure"]: sample.value for sample in families["softdta_structure_fill"].samples}
+    structures = {entry["name"]: entry for entry in stats["structures"]}
+    assert fill == {name: entry["fill"] for name, entry in structures.items()}
+    load = {sample.labels["structure"]: sample.value for sample in families["softdta_structure_load_factor"].samples}
+    assert load == {name: structures[name]["load_factor"] for name in (KEY_WRITE, KEY_INCREMENT, POSTCARDING)}
+    responder = {sample.labels["counter"]: sample.value for sample in families["softdta_responder_events"].samples}
+    assert responder == counters
+
+
+# --------------------------------------------------------------------------------------------------
+# Append
+
+
+def test_append_returns_every_entry_exactly_once(start_service):
+    tables, translator, collector, reporter = new_pipeline()
+    reports = workload.append(1000, seed=4, lists=16)  # about 63 per 256-entry ring
+    send(translator, collector, reporter, reports)
+    flush(translator, collector)
+    sent = {list_id: [int.from_bytes(r.data, "big") for r in reports if r.list_id == list_id] for list_id in range(16)}
+    service = start_service(OfflineSource(collector))
+
+    list_3 = service.call("GET", f"/append/{APPEND}?list=3")
+    assert list_3 == {"append": APPEND, "list": 3, "entries": sent[3], "dropped": 0}
+    assert service.call("GET", f"/append/{APPEND}?list=3")["entries"] == []
+    rest = service.call("GET", f"/append/{APPEND}")["lists"]
+    assert rest == {str(list_id): {"entries": sent[list_id], "dropped": 0} for list_id in range(16) if list_id != 3}
+    assert service.call("GET", f"/append/{APPEND}") == {"append": APPEND, "lists": {}}
+    assert not any(collector.region_of(tables.append_lists[0].qp))  # the poller zeroed what it took
+
+
+def test_append_keeps_at_most_one_ring_of_unread_entries(start_service):
+    tables, translator, collector, reporter = new_pipeline()
+    service = start_service(OfflineSource(collector))
+    sent = []
+    for round_ in range(2):  # 2 x 200 entries for list 0, drained by polls that take list 1
+        reports = workload.append(200, seed=round_, lists=1)
+        sent += [int.from_bytes(r.data, "big") for r in reports]
+        send(translator, collector, reporter, reports)
+        assert service.call("GET", f"/append/{APPEND}?list=1")["entries"] == []
+    ring = tables.append_lists[0].entries
+    answer = service.call("GET", f"/append/{APPEND}?list=0")
+    assert answer["entries"] == sent[-ring:] and answer["dropped"] == len(sent) - ring
+
+
+def test_append_follow_streams_entries_added_after_it_started(start_service):
+    tables, translator, collector, reporter = new_pipeline()
+    before = workload.append(40, seed=7, lists=1, first_list=2)  # whole batches of 4: no flush needed
+    after = workload.append(80, seed=8, lists=1, first_list=2)
+    late = workload.append(8, seed=9, lists=1, first_list=2)
+    values = [[int.from_bytes(r.data, "big") for r in reports] for reports in (before, after, late)]
+    send(translator, collector, reporter, before)
+    service = start_service(OfflineSource(collector))
+
+    async def follow():
+        async with service.http.get(f"/append/{APPEND}?list=2&follow=1") as response:
+            assert response.status == 200 and response.content_type == "application/x-ndjson"
+            streamed = []
+
+            async def read_until(count):
+                while len(streamed) < count:
+                    line = json.loads(await asyncio.wait_for(response.content.readline(), timeout=5))
+                    assert line["list"] == 2 and line["dropped"] == 0 and line["entries"]
+                    streamed.extend(line["entries"])
+
+            await read_until(len(values[0]))
+            for report in after:  # one report at a time while the stream is open
+                send(translator, collector, reporter, [report])
+                await asyncio.sleep(0)
+            await read_until(len(values[0]) + len(values[1]))
+            return streamed
+
+    assert service.run(follow()) == values[0] + values[1]
+    service.run(asyncio.sleep(0.05))  # the server notices the client left
+    send(translator, collector, reporter, late)
+    assert service.call("GET", f"/append/{APPEND}?list=2")["entries"] == values[2]  # no stream took them
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+
+BAD_REQUESTS = [
+    ("POST", "/keywrite/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure named 'nope'"),
+    ("POST", f"/keywrite/{KEY_INCREMENT}", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure"),
+    ("POST", "/keyincrement/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-increment structure"),
+    ("POST", "/postcarding/nope", {"keys": ["0a000001"], "value_set": [1]}, 404, "no postcarding structure"),
+    ("GET", "/sketch/nope", None, 404, "no sketch-merge structure"),
+    ("GET", "/append/nope", None, 404, "no Append range named 'nope'"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a0000"], "redundancy": 2}, 400, "has key_len 4 (8 hex digits)"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [1 << 32], "redundancy": 2}, 400, "key_len of 4 bytes"),
+    ("POST", f"/keyincrement/{KEY_INCREMENT}", {"keys": ["0a00000102"], "redundancy": 2}, 400, "key_len 4"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["zz000001"], "redundancy": 2}, 400, "is not a hex string"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [True], "redundancy": 2}, 400, "must be a hex string or an integer"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": "0a000001", "redundancy": 2}, 400, "keys must be a non-empty list"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [], "redundancy": 2}, 400, "keys must be a non-empty list"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"]}, 400, "missing field(s) ['redundancy']"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": "2"}, 400, "redundancy must be an integer"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 5}, 400,
+     "redundancy must be an integer in 1..4"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "mode": "majority"}, 400,
+     'mode must be "plurality" or "consensus"'),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "mode": "consensus", "consensus": 3},
+     400, "consensus must be an integer in 1..2"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "consensus": 2}, 400,
+     'consensus applies to mode "consensus" only'),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "redundnacy": 2}, 400,
+     "unknown field(s) ['redundnacy']"),
+    ("POST", f"/keywrite/{KEY_WRITE}", ["0a000001"], 400, "body must be a JSON object"),
+    ("POST", f"/keywrite/{KEY_WRITE}", b'{"keys": [', 400, "body is not valid JSON"),
+    ("POST", f"/postcarding/{POSTCARDING}", {"keys": ["0a000001"], "value_set": []}, 400, "value_set must be"),
+    ("POST", f"/postcarding/{POSTCARDING}", {"keys": ["0a000001"], "value_set": [-1]}, 400,
+     "value_set[0] must be an integer in 0..4294967295"),
+    ("GET", f"/append/{APPEND}?list=64", None, 400, "list must be a list id in 0..63"),
+    ("GET", f"/append/{APPEND}?list=abc", None, 400, "list must be a list id in 0..63"),
+    ("GET", f"/append/{APPEND}?follow=yes", None, 400, "follow must be 0 or 1"),
+    ("GET", "/nope", None, 404, "404: Not Found (GET /nope)"),
+    ("GET", f"/keywrite/{KEY_WRITE}", None, 405, "405: Method Not Allowed"),
+]
+
+
+def test_bad_requests_get_a_clear_json_error(service):
+    for method, path, body, status, message in BAD_REQUESTS:
+        sent = {"data": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+        answer = service.call(method, path, status, **sent)
+        assert message in answer["error"], (path, body, answer)
+        if status == 404 and path.startswith("/keywrite/"):
+            assert answer["known"] == [KEY_WRITE]
+        if path == "/append/nope":
+            assert answer["known"] == [APPEND]

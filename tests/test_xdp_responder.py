@@ -1,0 +1,196 @@
+"""The XDP responder against the reference responder, frame for frame, through BPF_PROG_TEST_RUN.
+
+Frames come from the reference translator (every primitive, UC and RC) and then meet faults on the way: loss,
+duplication, reordering, corruption, a stranger's source address, wrong keys and addresses.
+"""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from softdta import workload
+from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.responder import MemoryRegion, Responder, ResponderQp
+from softdta.roce import build_roce_frame, parse_roce, transport_payload
+from softdta.spec import ROCE_PORT, ResponderCounter, RoceOpcode, Transport
+from softdta.tables import Tables
+from softdta.translator import Translator
+from softdta.workload import ReporterAddress
+from softdta.xdp_responder import XdpResponder
+
+from common import COLLECTOR_IP, EXAMPLE_TABLES
+
+pytestmark = pytest.mark.privileged
+
+
+class Pair:
+    """The reference responder and the XDP responder, set up with the same queue pairs over the same tables."""
+
+    def __init__(self, tables: Tables, rc: bool):
+        self.tables = tables
+        qps = [qp for qp in tables.qps if qp.collector_ip == COLLECTOR_IP]
+        mac = qps[0].collector_mac
+        self.reference = Responder(mac, COLLECTOR_IP)
+        self.kernel = XdpResponder(mac, COLLECTOR_IP, arena_bytes=sum(-(-qp.length // 4096) * 4096 for qp in qps))
+        self.memory = {}
+        for qp in qps:
+            if rc:
+                qp.transport = Transport.RC
+            self.memory[qp.remote_qpn] = bytearray(qp.length)
+            self.reference.add_qp(ResponderQp(
+                qpn=qp.remote_qpn, transport=qp.transport, remote_ip=tables.ip, remote_mac=tables.mac,
+                region=MemoryRegion(qp.base_va, qp.rkey, self.memory[qp.remote_qpn]), expected_psn=qp.start_psn,
+                remote_qpn=qp.local_qpn))
+            region = self.kernel.allocate(qp.length)
+            self.kernel.add_qp(qp.remote_qpn, qp.transport, remote_ip=tables.ip, remote_mac=tables.mac,
+                               remote_qpn=qp.local_qpn, region=region, base_va=qp.base_va, rkey=qp.rkey,
+                               expected_psn=qp.start_psn)
+            self.memory[qp.remote_qpn] = (self.memory[qp.remote_qpn], region)
+
+    def deliver(self, frame: bytes, what: str = "") -> list[bytes]:
+        expected, got = self.reference.process(frame), self.kernel.process(frame)
+        assert got.replies == expected.replies, f"{what}: replies differ"
+        assert got.completions == expected.completions, what
+        assert got.passed == expected.passed, what
+        for reply in got.replies:
+            assert parse_roce(reply).icrc_ok
+        return got.replies
+
+    def assert_same_state(self) -> None:
+        assert dict(self.kernel.counters()) == {k: v for k, v in self.reference.counters.items() if v}
+        for qpn, (buffer, region) in self.memory.items():
+            assert region.view.tobytes() == bytes(buffer), f"memory of QP {qpn:#x}"
+            state, reference = self.kernel.qp_state(qpn), self.reference.qps[qpn]
+            assert (state["expected_psn"], state["msn"], bool(state["error"])) == \
+                   (reference.expected_psn, reference.msn, reference.error), f"QP {qpn:#x}"
+
+
+def reports(seed: int) -> list:
+    reports = (workload.key_write(150, seed, redundancy=2) + workload.key_increment(60, seed)
+               + workload.append(120, seed) + workload.postcards(40, seed) + workload.sketch_epoch(2, 64, 4, seed))
+    random.Random(seed).shuffle(reports)
+    return [replace(report, immediate=index % 7 == 0) for index, report in enumerate(reports)]
+
+
+def reporter_of(tables: Tables) -> ReporterAddress:
+    return ReporterAddress(mac=mac_bytes("02:00:00:00:09:01"), ip=ip_bytes("10.77.9.1"), translator_mac=tables.mac,
+                           collector_ip=COLLECTOR_IP)
+
+
+def faulty_link(rng: random.Random):
+    """Loses, duplicates, corrupts and reorders frames; call it with each frame, it returns what arrives."""
+    held: list[bytes] = []
+
+    def carry(frame: bytes) -> list[bytes]:
+        fault = rng.random()
+        if fault < 0.03:
+            return []
+        if fault < 0.06:
+            return [frame, frame]
+        if fault < 0.09 and not held:
+            held.append(frame)  # overtaken by the next frame
+            return []
+        if fault < 0.11:
+            corrupted = bytearray(frame)
+            corrupted[rng.randrange(14, len(frame))] ^= 1 << rng.randrange(8)
+            frame = bytes(corrupted)
+        arriving = [frame] + held
+        held.clear()
+        return arriving
+
+    return carry
+
+
+@pytest.mark.parametrize("rc", [False, True], ids=["as-configured", "all-rc"])
+@pytest.mark.parametrize("seed", range(3))
+def test_translated_frames_with_faults_match_the_reference(seed, rc):
+    """A closed loop: the translator's frames cross a faulty link, and the replies go back to the translator, which
+    resyncs after a sequence NAK, so RC keeps going after losses."""
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    tables.ack_request_interval = 3 if rc else 0
+    pair = Pair(tables, rc)
+    translator, reporter, link = Translator(tables), reporter_of(tables), faulty_link(random.Random(seed))
+    with pair.kernel:
+        now = 0
+        for index, report in enumerate(reports(seed)):
+            now += 100_000
+            for frame in translator.process(reporter.frame(report), now).frames:
+                for arriving in link(frame):
+                    for reply in pair.deliver(arriving, f"seed {seed} report {index}"):
+                        translator.process(reply, now)
+        for frame in translator.flush_idle(now + 10**9):
+            pair.deliver(frame, "flush")
+        pair.assert_same_state()
+        assert pair.kernel.counters()[ResponderCounter.EXECUTED] > 250
+
+
+def request(tables, qp, opcode, psn, *, va=None, rkey=None, payload=b"", src_ip=None, dma_length=None,
+            ack_req=False):
+    ends = UdpEndpoints(src_mac=tables.mac, dst_mac=qp.collector_mac, src_ip=src_ip or tables.ip,
+                        dst_ip=qp.collector_ip, sport=49152, dport=ROCE_PORT)
+    va = qp.base_va if va is None else va
+    rkey = qp.rkey if rkey is None else rkey
+    headers = {"reth": {"va": va, "rkey": rkey, "dma_length": len(payload) if dma_length is None else dma_length},
+               "immdt": {"immediate": 0xABCD}, "atomic_eth": {"va": va, "rkey": rkey, "swap_add": 5}}
+    return build_roce_frame(ends, transport_payload(opcode, qp.remote_qpn, psn, headers, payload, ack_req=ack_req))
+
+
+def test_access_violations_and_strangers_are_refused_like_the_reference():
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    pair = Pair(tables, rc=True)
+    with pair.kernel:
+        kw, ki = tables.qps[0], tables.qps[1]
+        cases = [
+            request(tables, kw, RoceOpcode.RC_WRITE_ONLY_IMM, kw.start_psn, payload=b"12345678", ack_req=True),
+            request(tables, kw, RoceOpcode.RC_WRITE_ONLY, kw.start_psn + 1, va=kw.base_va + kw.length - 4,
+                    payload=b"12345678"),  # past the end of the region: NAK, QP in error
+            request(tables, kw, RoceOpcode.RC_WRITE_ONLY, kw.start_psn + 1, payload=b"x"),  # QP now in error
+            request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn, va=ki.base_va + 8),
+            request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn),  # duplicate: repeats the Atomic ACK
+            request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn + 5),  # gap: one NAK
+            request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn + 6),  # gap again: silently dropped
+            request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn + 1, rkey=7),  # wrong key: fatal
+            request(tables, tables.qps[2], RoceOpcode.RC_FETCH_ADD, tables.qps[2].start_psn, va=tables.qps[2].base_va + 4),
+            request(tables, tables.qps[3], RoceOpcode.RC_WRITE_ONLY, tables.qps[3].start_psn, payload=b"ab",
+                    src_ip=ip_bytes("10.77.0.99")),
+            request(tables, tables.qps[3], RoceOpcode.UC_WRITE_ONLY, tables.qps[3].start_psn, payload=b"ab"),
+            request(tables, tables.qps[4], RoceOpcode.RC_WRITE_ONLY, tables.qps[4].start_psn, payload=b"abcd",
+                    dma_length=8),
+        ]
+        for frame in cases:
+            pair.deliver(frame, str(parse_roce(frame).bth))
+        pair.assert_same_state()
+        counters = pair.kernel.counters()
+        for reason in (ResponderCounter.REMOTE_ACCESS_ERRORS, ResponderCounter.QP_IN_ERROR,
+                       ResponderCounter.DUPLICATE_REQUEST, ResponderCounter.OUT_OF_SEQ_REQUEST,
+                       ResponderCounter.OUT_OF_SEQUENCE_AFTER_NAK, ResponderCounter.MISALIGNED_ATOMIC,
+                       ResponderCounter.SOURCE_GID_MISMATCH, ResponderCounter.OPCODE_NOT_VALID,
+                       ResponderCounter.COMPLETIONS):
+            assert counters[reason] >= 1, reason
+
+
+def test_malformed_frames_never_touch_memory():
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    pair = Pair(tables, rc=False)
+    rng = random.Random(9)
+    with pair.kernel:
+        translator, reporter = Translator(tables), reporter_of(tables)
+        frames = [f for report in reports(4)[:60] for f in translator.process(reporter.frame(report)).frames]
+        for frame in frames:
+            udp = parse_udp_frame(frame)
+            body = udp.payload
+            for cut in (0, 1, 11, 12, 15, 16, 20, len(body) - 5, len(body) - 1):
+                truncated = body[:cut]
+                ends = UdpEndpoints(src_mac=tables.mac, dst_mac=udp.eth["dst"], src_ip=udp.src_ip, dst_ip=udp.dst_ip,
+                                    sport=udp.udp["sport"], dport=ROCE_PORT)
+                pair.deliver(build_udp_frame(ends, truncated), f"cut {cut}")
+            mutated = bytearray(frame)
+            for _ in range(3):
+                mutated[rng.randrange(42, len(mutated))] = rng.randrange(256)
+            pair.deliver(bytes(mutated), "mutated")
+            pair.deliver(frame, "intact")
+        other_port = bytearray(frames[0])
+        other_port[36:38] = (4792).to_bytes(2, "big")
+        assert not pair.kernel.process(bytes(other_port)).replies
+        pair.assert_same_state()
