@@ -37,7 +37,7 @@ from .frames import ip_str
 from .hashing import key_hashes_rows
 from .offline import OfflineCollector
 from .query import BLANK, AppendPoller, keyincrement_query, keywrite_query, postcard_query
-from .regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from .regions import AppendRegion
 from .spec import MAX_REDUNDANCY, Primitive
 from .tables import PRIMITIVE_NAMES, AppendLists, Structure, Tables
 
@@ -426,7 +426,7 @@ class QueryService:
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _on_shutdown(self, app: web.Application) -> None:
+    async def end_streams(self, app: web.Application) -> None:
         self.closing.set()
 
 
@@ -442,7 +442,7 @@ def make_app(source: QuerySource) -> web.Application:
                     web.get("/stats", service.stats),
                     web.get("/health", service.health),
                     web.get("/metrics", service.metrics)])
-    app.on_shutdown.append(service._on_shutdown)
+    app.on_shutdown.append(service.end_streams)
     return app
 
 

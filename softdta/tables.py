@@ -36,6 +36,17 @@ def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
+def slot_size_of(primitive: Primitive, *, data_len: int = 4, hops: int = DTA_V1_POSTCARD_HOPS, rows: int = 0) -> int:
+    """Bytes per slot of a structure: per key (Key-Write, Key-Increment, Postcarding) or per sketch column."""
+    if primitive is Primitive.KEY_WRITE:
+        return _power_of_two_at_least(KEY_CHECKSUM_LEN + data_len)
+    if primitive is Primitive.KEY_INCREMENT:
+        return 8
+    if primitive is Primitive.POSTCARDING:
+        return _power_of_two_at_least(4 * hops)
+    return 4 * rows
+
+
 @dataclass
 class QueuePair:
     """The translator's end of one RDMA queue pair, and the memory region it writes."""
@@ -89,14 +100,7 @@ class Structure:
     slot_count: int = 0
 
     def __post_init__(self) -> None:
-        if self.primitive is Primitive.KEY_WRITE:
-            self.slot_size = _power_of_two_at_least(KEY_CHECKSUM_LEN + self.data_len)
-        elif self.primitive is Primitive.KEY_INCREMENT:
-            self.slot_size = 8
-        elif self.primitive is Primitive.POSTCARDING:
-            self.slot_size = _power_of_two_at_least(4 * self.hops)
-        elif self.primitive is Primitive.SKETCH_MERGE:
-            self.slot_size = 4 * self.rows
+        self.slot_size = slot_size_of(self.primitive, data_len=self.data_len, hops=self.hops, rows=self.rows)
         self.slot_count = self.qp.length // self.slot_size if self.slot_size else 0
 
     @property

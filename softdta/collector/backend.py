@@ -1,0 +1,72 @@
+"""What every collector backend offers: registered regions and queue pairs towards translators.
+
+Two backends implement it: `xdp` (the XDP responder: no RDMA hardware needed, the embedded default) and `verbs`
+(pyverbs on any RDMA device, soft-RoCE or a real NIC). Queries read `Region.view` the same way over both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..spec import Access, Transport
+
+
+class BackendError(RuntimeError):
+    """A backend cannot do what was asked; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The translator's end of a queue pair, as the translator announces it."""
+
+    ip: bytes  # IPv4, 4 bytes
+    mac: bytes
+    qpn: int  # the translator's (virtual) QPN: DestQP of the collector's ACKs
+    psn: int  # the first PSN the translator sends
+
+
+@dataclass
+class Region:
+    """Registered memory: `view` is live (the backend's writes show up in it), `base_va` and `rkey` are what
+    the translator puts in its RETH / AtomicETH."""
+
+    name: str
+    view: np.ndarray  # uint8
+    base_va: int
+    rkey: int
+    access: Access
+
+
+@dataclass(frozen=True)
+class QpInfo:
+    """A queue pair of the collector, ready to receive (RTR or beyond)."""
+
+    qpn: int
+    psn: int  # the PSN it expects first
+    transport: Transport
+    region: str
+
+
+class Backend(Protocol):
+    name: str
+
+    def register(self, name: str, length: int, access: Access) -> Region:
+        """Memory for one structure, registered for remote access (page-aligned, zeroed unless restored)."""
+
+    def connect(self, region: Region, transport: Transport, peer: Peer) -> QpInfo:
+        """A queue pair that accepts `peer`'s requests into `region`, brought up to receive."""
+
+    def failed(self) -> list[int]:
+        """QPNs of queue pairs in ERROR (after an access violation); `reconnect` brings them back."""
+
+    def reconnect(self, qpn: int) -> QpInfo:
+        """Replace a failed queue pair; the new one may have another QPN, which must be re-advertised."""
+
+    def counters(self) -> dict[str, int]:
+        """Responder counters by rxe hw_counters name where one exists."""
+
+    def close(self) -> None:
+        """Release queue pairs and registrations; memory backed by a file stays on disk."""

@@ -1,0 +1,189 @@
+"""The collector's configuration (TOML): its port, backend, and the structures it hosts.
+
+See docs/collector.md and examples/collector.toml. A structure here carries what the translator needs besides
+the queue pair (key and data sizes, hash, hops, sketch shape, Append rings), so the collector can advertise it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..frames import ip_bytes, mac_bytes
+from ..spec import DTA_V1_POSTCARD_HOPS, POSTCARD_CACHE_ENTRIES, Access, Primitive, Transport
+from ..tables import KEY_HASH_NAMES, PRIMITIVE_NAMES, TableError, slot_size_of
+
+DEFAULT_CONTROL_PORT = 40050
+DEFAULT_QUERY_PORT = 8040
+BACKENDS = ("xdp", "verbs")
+
+
+@dataclass
+class StructureSpec:
+    """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area."""
+
+    primitive: Primitive
+    slots: int = 0  # keys (hashed structures) or columns (Sketch-Merge)
+    key_len: int = 4
+    data_len: int = 4
+    hash: str = "dta-v1"
+    hops: int = DTA_V1_POSTCARD_HOPS
+    cache_entries: int = POSTCARD_CACHE_ENTRIES
+    rows: int = 0
+    reporters: int = 1
+    merge: str = "sum"
+    batch: int = 1
+    transport: Transport = Transport.UC
+
+    @property
+    def name(self) -> str:
+        return next(name for name, primitive in PRIMITIVE_NAMES.items() if primitive is self.primitive)
+
+    @property
+    def slot_size(self) -> int:
+        return slot_size_of(self.primitive, data_len=self.data_len, hops=self.hops, rows=self.rows)
+
+    @property
+    def length(self) -> int:
+        return self.slots * self.slot_size
+
+    @property
+    def access(self) -> Access:
+        atomic = Access.REMOTE_ATOMIC if self.primitive is Primitive.KEY_INCREMENT else Access(0)
+        return Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | atomic
+
+    def validate(self) -> None:
+        where = f"{self.name} structure"
+        if self.primitive is not Primitive.SKETCH_MERGE and (self.slots <= 0 or self.slots & (self.slots - 1)):
+            raise TableError(f"{where}: slots {self.slots} must be a power of two (the slot hash is masked)")
+        if self.primitive is Primitive.SKETCH_MERGE and self.slots <= 0:
+            raise TableError(f"{where}: set slots to the number of sketch columns")
+        if self.primitive is Primitive.KEY_INCREMENT and self.transport is not Transport.RC:
+            raise TableError(f"{where}: Fetch&Add needs transport \"rc\"")
+        if self.hash not in KEY_HASH_NAMES:
+            raise TableError(f"{where}: hash {self.hash!r} must be one of {sorted(KEY_HASH_NAMES)}")
+
+    def advertised(self) -> dict:
+        """The structure fields of a translator-tables entry (docs/tables.md), without the queue pair."""
+        fields = {"primitive": self.name, "key_len": self.key_len, "data_len": self.data_len, "hash": self.hash,
+                  "hops": self.hops, "cache_entries": self.cache_entries, "merge": self.merge, "batch": self.batch}
+        if self.primitive is Primitive.SKETCH_MERGE:
+            fields.update(columns=self.slots, rows=self.rows, reporters=self.reporters)
+        return fields
+
+
+@dataclass
+class AppendSpec:
+    """A range of Append lists in one region: list `first_list + i` is ring i of `entries` entries."""
+
+    first_list: int
+    lists: int
+    entries: int
+    data_len: int = 4
+    batch: int = 4
+    transport: Transport = Transport.UC
+
+    @property
+    def name(self) -> str:
+        return f"append{self.first_list}"
+
+    @property
+    def length(self) -> int:
+        return self.lists * self.entries * self.data_len
+
+    access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+
+    def validate(self) -> None:
+        if self.lists <= 0 or self.entries <= 0 or self.entries % self.batch:
+            raise TableError(f"{self.name}: lists and entries must be positive and entries a multiple of the batch "
+                             f"({self.batch})")
+
+    def advertised(self) -> dict:
+        return {"first_list": self.first_list, "lists": self.lists, "entries": self.entries,
+                "data_len": self.data_len, "batch": self.batch}
+
+
+@dataclass
+class CollectorConfig:
+    name: str
+    ip: bytes
+    mac: bytes
+    backend: str = "xdp"
+    interface: str = ""
+    data_dir: Path | None = None
+    token: str = ""
+    control_port: int = DEFAULT_CONTROL_PORT
+    query_port: int = DEFAULT_QUERY_PORT
+    structures: list[StructureSpec] = field(default_factory=list)
+    append: list[AppendSpec] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise TableError(f"collector: backend {self.backend!r} must be one of {list(BACKENDS)}")
+        if len(self.ip) != 4:
+            raise TableError("collector: ip must be an IPv4 address (RoCEv2 over IPv4)")
+        seen = set()
+        for structure in self.structures:
+            structure.validate()
+            if structure.primitive in seen:
+                raise TableError(f"collector: a second {structure.name} structure needs its own collector (IP)")
+            seen.add(structure.primitive)
+        for lists in self.append:
+            lists.validate()
+
+    def regions(self) -> list[StructureSpec | AppendSpec]:
+        return [*self.structures, *self.append]
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> CollectorConfig:
+        try:
+            document = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise TableError(f"{path}: not valid TOML: {error}") from None
+        try:
+            return cls.from_dict(document, Path(path).parent)
+        except KeyError as error:
+            raise TableError(f"{path}: missing required setting {error}; see docs/collector.md") from None
+        except (TypeError, ValueError) as error:
+            if isinstance(error, TableError):
+                raise
+            raise TableError(f"{path}: {error}; see docs/collector.md") from None
+
+    @classmethod
+    def from_dict(cls, document: dict, relative_to: Path = Path(".")) -> CollectorConfig:
+        collector = document["collector"]
+        structures = []
+        for entry in document.get("structures", []):
+            kind = entry["primitive"]
+            if kind not in PRIMITIVE_NAMES:
+                raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)}")
+            primitive = PRIMITIVE_NAMES[kind]
+            default = "rc" if primitive is Primitive.KEY_INCREMENT else "uc"
+            structures.append(StructureSpec(
+                primitive=primitive, slots=int(entry.get("slots", entry.get("columns", 0))),
+                key_len=int(entry.get("key_len", 4)), data_len=int(entry.get("data_len", 4)),
+                hash=entry.get("hash", "dta-v1"), hops=int(entry.get("hops", DTA_V1_POSTCARD_HOPS)),
+                cache_entries=int(entry.get("cache_entries", POSTCARD_CACHE_ENTRIES)), rows=int(entry.get("rows", 0)),
+                reporters=int(entry.get("reporters", 1)), merge=entry.get("merge", "sum"),
+                batch=int(entry.get("batch", 1)), transport=_transport(entry.get("transport", default))))
+        append = [AppendSpec(first_list=int(e.get("first_list", 0)), lists=int(e.get("lists", 1)),
+                             entries=int(e["entries"]), data_len=int(e.get("data_len", 4)),
+                             batch=int(e.get("batch", 4)), transport=_transport(e.get("transport", "uc")))
+                  for e in document.get("append", [])]
+        data_dir = collector.get("data_dir")
+        config = cls(name=collector.get("name", "collector"), ip=ip_bytes(collector["ip"]),
+                     mac=mac_bytes(collector["mac"]), backend=collector.get("backend", "xdp"),
+                     interface=collector.get("interface", ""),
+                     data_dir=(relative_to / data_dir) if data_dir else None, token=collector.get("token", ""),
+                     control_port=int(collector.get("control_port", DEFAULT_CONTROL_PORT)),
+                     query_port=int(collector.get("query_port", DEFAULT_QUERY_PORT)),
+                     structures=structures, append=append)
+        config.validate()
+        return config
+
+
+def _transport(name: str) -> Transport:
+    if name not in ("rc", "uc"):
+        raise TableError(f"transport {name!r} must be \"rc\" or \"uc\"")
+    return Transport[name.upper()]

@@ -1,0 +1,245 @@
+"""The control protocol between translators and a collector (docs/control.md).
+
+Newline-delimited JSON over TCP. A translator says hello with the shared token and its addresses, then asks
+for a queue pair into each structure it wants, giving its virtual QPN and first PSN. The collector brings the
+queue pair up and advertises it: QPN, PSN, R_Key, address, size, transport and the structure's layout. When a
+queue pair falls into ERROR, the collector re-creates it and advertises it again on the same connection.
+Either side drops a connection that stays silent for three keepalive intervals; translators reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from ..frames import ip_bytes, ip_str, mac_bytes, mac_str
+from .backend import BackendError, Peer
+from ..tables import Tables
+from .collector import Collector, tables_document
+
+VERSION = 1
+KEEPALIVE_S = 5.0
+MAX_LINE = 1 << 16
+
+
+class ControlError(RuntimeError):
+    """The other side refused or broke the protocol; the message says what and why."""
+
+
+async def send(writer: asyncio.StreamWriter, message: dict) -> None:
+    writer.write(json.dumps(message).encode() + b"\n")
+    await writer.drain()
+
+
+async def receive(reader: asyncio.StreamReader, timeout: float) -> dict:
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout)
+    except asyncio.TimeoutError:
+        raise ControlError(f"no message for {timeout:.0f} s: the peer is gone") from None
+    except ValueError:
+        raise ControlError(f"message longer than {MAX_LINE} bytes") from None
+    if not line:
+        raise ControlError("connection closed")
+    try:
+        message = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ControlError(f"not JSON: {error}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ControlError("a message is a JSON object with a string field \"type\"")
+    return message
+
+
+@dataclass
+class ControlServer:
+    """The collector's side: one task per translator connection, plus a repair loop."""
+
+    collector: Collector
+    token: str
+    keepalive_s: float = KEEPALIVE_S
+    sessions: dict[bytes, asyncio.StreamWriter] = field(default_factory=dict)  # translator IP -> connection
+
+    async def start(self, host: str, port: int) -> asyncio.Server:
+        if not self.token:
+            raise ControlError("set a token in the collector configuration: translators must authenticate")
+        server = await asyncio.start_server(self.handle, host, port, limit=MAX_LINE)
+        asyncio.get_running_loop().create_task(self.repair_forever())
+        return server
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer_ip = None
+        try:
+            hello = await receive(reader, 3 * self.keepalive_s)
+            translator = self._welcome(hello)
+            peer_ip, peer_mac = ip_bytes(translator["ip"]), mac_bytes(translator["mac"])
+            self.sessions[peer_ip] = writer
+            config = self.collector.config
+            await send(writer, {"type": "welcome", "version": VERSION, "structures": sorted(self.collector.specs),
+                                "collector": {"name": config.name, "ip": ip_str(config.ip), "mac": mac_str(config.mac)}})
+            while True:
+                message = await receive(reader, 3 * self.keepalive_s)
+                if message["type"] == "ping":
+                    await send(writer, {"type": "pong"})
+                elif message["type"] == "connect":
+                    await send(writer, self._connect(message, peer_ip, peer_mac))
+                else:
+                    await send(writer, {"type": "error", "error": f"unknown message type {message['type']!r}; "
+                                                                 "expected connect or ping"})
+        except ControlError as error:
+            if not writer.is_closing():
+                await send(writer, {"type": "error", "error": str(error)})
+        except ConnectionError:
+            pass
+        finally:
+            if peer_ip is not None and self.sessions.get(peer_ip) is writer:
+                del self.sessions[peer_ip]
+            writer.close()
+
+    def _welcome(self, hello: dict) -> dict:
+        if hello["type"] != "hello":
+            raise ControlError("say hello first: {\"type\": \"hello\", \"version\": 1, \"token\": ..., \"translator\": "
+                               "{\"ip\": ..., \"mac\": ...}}")
+        if hello.get("version") != VERSION:
+            raise ControlError(f"protocol version {hello.get('version')!r} is not supported; this collector speaks "
+                               f"{VERSION}")
+        if not hmac.compare_digest(str(hello.get("token", "")).encode(), self.token.encode()):
+            raise ControlError("wrong token; use the collector's token (its configuration, [collector] token)")
+        translator = hello.get("translator")
+        try:
+            ip_bytes(translator["ip"]), mac_bytes(translator["mac"])
+        except (TypeError, KeyError, ValueError):
+            raise ControlError("hello needs translator {\"ip\": \"a.b.c.d\", \"mac\": \"02:..\"}") from None
+        return translator
+
+    def _connect(self, message: dict, peer_ip: bytes, peer_mac: bytes) -> dict:
+        try:
+            qpn, psn, structure = int(message["qpn"]), int(message["psn"]), str(message["structure"])
+        except (KeyError, TypeError, ValueError):
+            return {"type": "error", "error": "connect needs structure, qpn and psn"}
+        if not 0 < qpn < 1 << 24 or not 0 <= psn < 1 << 24:
+            return {"type": "error", "error": "qpn and psn are 24-bit numbers (qpn not 0)"}
+        existing = self.collector.connection_of(peer_ip, structure)
+        try:
+            advert = existing or self.collector.connect(structure, Peer(peer_ip, peer_mac, qpn, psn))
+        except BackendError as error:
+            return {"type": "error", "error": str(error)}
+        return {"type": "advertise", **advert}
+
+    async def repair_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.keepalive_s / 5)
+            for peer, advert in self.collector.repair():
+                writer = self.sessions.get(peer.ip)
+                if writer is not None and not writer.is_closing():
+                    await send(writer, {"type": "advertise", **advert})
+
+
+async def fetch_advertisements(host: str, port: int, token: str, translator: dict, wanted: dict[str, tuple[int, int]],
+                               timeout: float = 3 * KEEPALIVE_S) -> tuple[dict, list[dict], asyncio.StreamReader,
+                                                                           asyncio.StreamWriter]:
+    """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)).
+
+    Returns the collector's identity, the advertisements, and the open connection (later advertisements arrive on
+    it). `wanted` may name "*" to take every structure the collector hosts, numbering QPNs from the given one.
+    """
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=MAX_LINE), timeout)
+    await send(writer, {"type": "hello", "version": VERSION, "token": token,
+                        "translator": {"ip": translator["ip"], "mac": translator["mac"]}})
+    welcome = await receive(reader, timeout)
+    if welcome["type"] != "welcome":
+        writer.close()
+        raise ControlError(f"collector {host}:{port} refused: {welcome.get('error', welcome)}")
+    if "*" in wanted:
+        first_qpn, psn = wanted["*"]
+        wanted = {name: (first_qpn + index, psn) for index, name in enumerate(welcome["structures"])}
+    adverts = []
+    for structure, (qpn, psn) in wanted.items():
+        await send(writer, {"type": "connect", "structure": structure, "qpn": qpn, "psn": psn})
+        reply = await receive(reader, timeout)
+        if reply["type"] != "advertise":
+            writer.close()
+            raise ControlError(f"collector {host}:{port} refused {structure}: {reply.get('error', reply)}")
+        adverts.append({key: value for key, value in reply.items() if key != "type"})
+    return welcome["collector"], adverts, reader, writer
+
+
+class CollectorLinks:
+    """The translator's side: a control connection to each collector, kept open and re-established, whose
+    advertisements become translator tables.
+
+    `start()` connects to every collector and returns the first tables; later tables (a re-created queue pair, a
+    collector that came back) are put on `updates`, which the translator applies between control-loop ticks.
+    """
+
+    def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
+                 keepalive_s: float = KEEPALIVE_S):
+        self.translator, self.collectors, self.token = translator, collectors, token
+        self.first_qpn, self.keepalive_s = first_qpn, keepalive_s
+        self.updates: queue.Queue[Tables] = queue.Queue()
+        self._state: dict[tuple[str, int], tuple[dict, dict[str, dict]]] = {}  # address -> (collector, adverts)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="softdta-control", daemon=True)
+        self._first = threading.Event()
+
+    def start(self, timeout: float = 3 * KEEPALIVE_S) -> Tables:
+        self._thread.start()
+        for index, address in enumerate(self.collectors):
+            future = asyncio.run_coroutine_threadsafe(self._connect(index, address), self._loop)
+            try:
+                future.result(timeout)
+            except (OSError, asyncio.TimeoutError, TimeoutError) as error:
+                raise ControlError(f"cannot reach collector {address[0]}:{address[1]}: {error or 'timed out'}; "
+                                   "is `softdta collector up` running there?") from None
+        return self.tables()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def tables(self) -> Tables:
+        document = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
+        for collector, adverts in self._state.values():
+            part = tables_document(self.translator, collector, list(adverts.values()))
+            for key in ("collectors", "structures", "append"):
+                document[key] += part[key]
+        return Tables.from_dict(document, "collector advertisements")
+
+    def _local_qpn(self, collector_index: int, position: int) -> int:
+        return self.first_qpn + 0x100 * collector_index + position
+
+    async def _connect(self, index: int, address: tuple[str, int]) -> None:
+        collector, adverts, reader, writer = await fetch_advertisements(
+            *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)})
+        self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
+        self._loop.create_task(self._follow(index, address, reader, writer))
+
+    async def _follow(self, index: int, address: tuple[str, int], reader, writer) -> None:
+        """Apply re-advertisements; keep the connection alive; reconnect (with backoff) when it drops."""
+        while True:
+            try:
+                while True:
+                    ping = self._loop.call_later(self.keepalive_s, lambda: self._loop.create_task(
+                        send(writer, {"type": "ping"})))
+                    message = await receive(reader, 3 * self.keepalive_s)
+                    ping.cancel()
+                    if message["type"] == "advertise":
+                        collector, adverts = self._state[address]
+                        adverts[message["structure"]] = {k: v for k, v in message.items() if k != "type"}
+                        self.updates.put(self.tables())
+            except (ControlError, OSError):
+                writer.close()
+            delay = 0.5
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    collector, adverts, reader, writer = await fetch_advertisements(
+                        *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)})
+                except (ControlError, OSError, asyncio.TimeoutError):
+                    delay = min(delay * 2, 10.0)
+                    continue
+                self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
+                self.updates.put(self.tables())
+                break
