@@ -30,6 +30,14 @@ class ControlError(RuntimeError):
     """The other side refused or broke the protocol; the message says what and why."""
 
 
+async def cancel_tasks() -> None:
+    """Cancel every other task of the running loop and let them finish, so the loop can stop cleanly."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def send(writer: asyncio.StreamWriter, message: dict) -> None:
     writer.write(json.dumps(message).encode() + b"\n")
     await writer.drain()
@@ -196,8 +204,11 @@ class CollectorLinks:
         return self.tables()
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(cancel_tasks(), self._loop).result(5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._loop.close()
 
     def tables(self) -> Tables:
         document = {"translator": self.translator, "collectors": [], "structures": [], "append": []}

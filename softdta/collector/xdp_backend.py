@@ -46,7 +46,7 @@ class XdpBackend:
         region = Region(name, slot.view, BASE_VA + slot.offset, secrets.randbits(32) or 1, access)
         self.regions[name] = (region, slot)
         saved = self._saved(name)
-        if saved is not None and saved.stat().st_size == length:
+        if saved is not None and saved.is_file() and saved.stat().st_size == length:
             region.view[:] = np.fromfile(saved, dtype=np.uint8)
         return region
 
