@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_translator_stats)
+    up.add_argument("--collector", action="append", default=[], metavar="HOST:PORT",
+                    help="take the structures from this collector's control service (repeat for several); "
+                         "--tables then needs only its [translator] section")
+    up.add_argument("--token", default="", help="the collectors' control token")
     down = actions.add_parser("down", help="detach the fast path from interfaces; --forget drops its state")
     down.add_argument("--interface", "-i", action="append", default=[])
     down.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
@@ -107,6 +111,28 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--reporters", type=int, default=2)
     report.add_argument("--interval-us", type=float, default=1.0, help="timestamp spacing in the pcap")
     report.set_defaults(run=_report)
+
+    collector = commands.add_parser("collector", help="host DTA structures and serve queries")
+    collector_actions = collector.add_subparsers(dest="action", required=True)
+    collector_up = collector_actions.add_parser("up", help="run a collector until interrupted")
+    collector_up.add_argument("--config", required=True, help="collector configuration (TOML, docs/collector.md)")
+    collector_up.add_argument("--netns", help="run in this network namespace")
+    collector_up.add_argument("--control-host", default="0.0.0.0", help="address of the control service")
+    collector_up.add_argument("--query-host", default="127.0.0.1", help="address of the query service")
+    collector_up.set_defaults(run=_collector_up)
+
+    query = commands.add_parser("query", help="ask a collector's query service (docs/query.md)")
+    query.add_argument("--url", default="http://127.0.0.1:8040", help="the query service")
+    query.add_argument("what", choices=["structures", "stats", "health", "metrics", "keywrite", "keyincrement",
+                                        "postcarding", "append", "sketch"])
+    query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
+    query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
+    query.add_argument("--redundancy", "-n", type=int, default=2)
+    query.add_argument("--consensus", type=int, help="Key-Write: votes needed (consensus mode)")
+    query.add_argument("--values", type=int, nargs="*", default=[], help="Postcarding: the value set")
+    query.add_argument("--list", type=int, help="Append: one list")
+    query.add_argument("--follow", action="store_true", help="Append: stream new entries until interrupted")
+    query.set_defaults(run=_query)
 
     generate = commands.add_parser("codegen", help="regenerate bpf/softdta_spec.h and p4/softdta_spec.p4")
     generate.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
@@ -317,7 +343,11 @@ def _run_translator(args) -> int:
 
     from .bpf import BpfError, ensure_bpffs
     from .xdp import EngineError, XdpTranslator
-    tables = Tables.from_toml(args.tables)
+    links = None
+    if args.collector:
+        links, tables = _collector_links(args)
+    else:
+        tables = Tables.from_toml(args.tables)
     try:
         ensure_bpffs()
         pin = Path(args.pin)
@@ -342,12 +372,94 @@ def _run_translator(args) -> int:
         print(f"softdta translator up on {', '.join(args.interface)} ({args.mode} XDP), maps pinned in {pin}; "
               f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
               f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
-        kernel.serve(stop)
+        kernel.serve(stop, links.updates if links else None)
     except (EngineError, BpfError) as error:
         raise CliError(str(error)) from None
     finally:
         kernel.close()
+        if links:
+            links.close()
     print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
+    return 0
+
+
+def _collector_links(args) -> tuple:
+    """Control links to the collectors and the first tables they advertise."""
+    import tomllib
+
+    from .collector.control import CollectorLinks, ControlError
+    try:
+        translator = tomllib.loads(Path(args.tables).read_text())["translator"]
+    except (KeyError, tomllib.TOMLDecodeError) as error:
+        raise CliError(f"{args.tables}: needs a valid [translator] section ({error})") from None
+    addresses = []
+    for address in args.collector:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise CliError(f"--collector {address!r}: give HOST:PORT, for example 10.77.1.1:40050")
+        addresses.append((host, int(port)))
+    links = CollectorLinks(translator, addresses, args.token)
+    try:
+        return links, links.start()
+    except ControlError as error:
+        links.close()
+        raise CliError(str(error)) from None
+
+
+def _collector_up(args) -> int:
+    from .collector.backend import BackendError
+    from .collector.config import CollectorConfig
+    from .collector.daemon import run
+    config = CollectorConfig.from_toml(args.config)
+    try:
+        if args.netns:
+            from .netns import in_netns
+            with in_netns(args.netns):
+                run(config, control_host=args.control_host, query_host=args.query_host)
+        else:
+            run(config, control_host=args.control_host, query_host=args.query_host)
+    except BackendError as error:
+        raise CliError(str(error)) from None
+    return 0
+
+
+def _query(args) -> int:
+    import urllib.error
+    import urllib.request
+
+    def keys():
+        return [int(k) if k.isdigit() else k for k in args.keys]
+
+    if args.what in ("keywrite", "keyincrement", "postcarding", "append", "sketch") and not args.name:
+        raise CliError(f"query {args.what} needs a structure name; list them with `softdta query structures`")
+    body = None
+    path = f"/{args.what}" + (f"/{args.name}" if args.name else "")
+    if args.what == "keywrite":
+        body = {"keys": keys(), "redundancy": args.redundancy}
+        if args.consensus:
+            body.update(mode="consensus", consensus=args.consensus)
+    elif args.what == "keyincrement":
+        body = {"keys": keys(), "redundancy": args.redundancy}
+    elif args.what == "postcarding":
+        body = {"keys": keys(), "value_set": args.values}
+    elif args.what == "append":
+        query_string = [f"list={args.list}"] if args.list is not None else []
+        query_string += ["follow=1"] if args.follow else []
+        path += "?" + "&".join(query_string) if query_string else ""
+    request = urllib.request.Request(args.url + path, data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"}, method="POST" if body else "GET")
+    try:
+        with urllib.request.urlopen(request) as response:
+            for line in response:
+                sys.stdout.write(line.decode())
+                sys.stdout.flush()
+    except urllib.error.HTTPError as error:
+        raise CliError(f"{args.url}{path}: {error.code} {json.loads(error.read() or b'{}').get('error', error.reason)}") \
+            from None
+    except urllib.error.URLError as error:
+        raise CliError(f"{args.url}: {error.reason}; is `softdta collector up` running, and is --url right?") from None
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

@@ -7,6 +7,7 @@ The maps named after `spec.TRANSLATOR_TABLES` are the whole interface; `maps.tab
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -159,7 +160,7 @@ class XdpTranslator:
             self.slots.qp[qp.local_qpn] = qp_index[qp.name] = index
             write("qp", {"qp_index": index}, remote_qpn=qp.remote_qpn, local_qpn=qp.local_qpn, rkey=qp.rkey,
                   collector_ip=_ip(qp.collector_ip), collector_mac=qp.collector_mac, transport=int(qp.transport),
-                  start_psn=qp.start_psn, ifindex=_ifindex(qp.interface), base_va=qp.base_va, length=qp.length)
+                  start_psn=qp.start_psn, ifindex=_egress(qp), base_va=qp.base_va, length=qp.length)
             if fresh:
                 write("qp_state", {"qp_index": index}, next_psn=qp.start_psn, state=int(QpState.ACTIVE))
             write("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, qp_index=index)
@@ -387,10 +388,13 @@ class XdpTranslator:
         return ready and now - since >= self.flush_idle_ns
 
 
-    def serve(self, stop: threading.Event) -> None:
-        """Run the control-plane loop until `stop` is set: ticks at half the idle-flush time (at least 100 µs)."""
+    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None:
+        """Run the control-plane loop until `stop` is set: ticks at half the idle-flush time (at least 100 µs),
+        and applies new tables from `updates` (collector re-advertisements) between ticks."""
         interval = max(self.flush_idle_ns / 2e9, 1e-4)
         while not stop.wait(interval):
+            while updates is not None and not updates.empty():
+                self.apply(updates.get_nowait())
             self.tick()
 
 
@@ -436,6 +440,20 @@ def _output(action: int, data: bytes) -> Output:
 def _ip(address: bytes) -> int:
     """An IPv4 address as the kernel stores it in a __u32 (network order in memory)."""
     return int.from_bytes(address, "little")
+
+
+def _egress(qp: QueuePair) -> int:
+    """The interface towards a QP's collector: the configured one, else the route to the collector's IP, else
+    0 (send back out of the interface the report came in on)."""
+    if qp.interface:
+        return _ifindex(qp.interface)
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+    try:
+        with IPRoute() as ipr:
+            return ipr.route("get", dst=socket.inet_ntoa(qp.collector_ip))[0].get_attr("RTA_OIF") or 0
+    except NetlinkError:
+        return 0
 
 
 def _rx_queues(ifindex: int) -> int:

@@ -1,0 +1,59 @@
+"""`softdta collector up`: a backend, the control server and the query service on one uvloop event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from .. import service
+from ..frames import ip_str
+from .backend import Backend
+from .collector import Collector
+from .config import CollectorConfig
+from .control import ControlServer
+from .xdp_backend import XdpBackend, arena_bytes_for
+
+CHECKPOINT_S = 60.0
+
+
+def make_backend(config: CollectorConfig) -> Backend:
+    if config.backend == "verbs":
+        from .verbs import VerbsBackend
+        return VerbsBackend(data_dir=config.data_dir)
+    return XdpBackend(config.mac, config.ip, arena_bytes=arena_bytes_for([r.length for r in config.regions()]),
+                      data_dir=config.data_dir, interface=config.interface or None)
+
+
+async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
+                          ready=print) -> None:
+    """Serve until SIGINT or SIGTERM; region files are saved every CHECKPOINT_S seconds (and at close)."""
+    config = collector.config
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    control = await ControlServer(collector, config.token).start(control_host, config.control_port)
+    query = await service.serve(collector, query_host, config.query_port)
+    ready(f"softdta collector {config.name} up: {config.backend} backend"
+          f"{' on ' + config.interface if config.interface else ''} at {ip_str(config.ip)}, "
+          f"{len(collector.regions)} regions; control {control_host}:{config.control_port}, "
+          f"queries http://{query_host}:{config.query_port}", flush=True)
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
+        except asyncio.TimeoutError:
+            checkpoint = getattr(collector.backend, "checkpoint", None)
+            if checkpoint:
+                checkpoint()
+    control.close()
+    await query.cleanup()
+
+
+def run(config: CollectorConfig, **options) -> None:
+    """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop."""
+    import uvloop
+    collector = Collector(config, make_backend(config))
+    try:
+        uvloop.run(serve_collector(collector, **options))
+    finally:
+        collector.close()
