@@ -342,8 +342,7 @@ static __noinline __u32 serve_rc(struct scratch *s, const struct responder_confi
 	return rq->ack_req ? ack(s, cfg, qp, rq->psn, SYNDROME_ACK, qs->msn) : 0;
 }
 
-SEC("xdp")
-int softdta_responder(struct xdp_md *ctx)
+static __always_inline int respond(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
 	struct responder_config_value *cfg;
@@ -424,6 +423,12 @@ int softdta_responder(struct xdp_md *ctx)
 	}
 	reply = serve_rc(s, cfg, qp, qs, &rq);
 	return reply ? send_reply(ctx, s, reply) : XDP_DROP;
+}
+
+SEC("xdp")
+int softdta_responder(struct xdp_md *ctx)
+{
+	return respond(ctx);
 }
 
 char LICENSE[] SEC("license") = "GPL";

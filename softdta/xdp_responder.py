@@ -37,15 +37,16 @@ class ArenaRegion:
 
 
 class XdpResponder:
-    """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions."""
+    """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions; `source`
+    may name a program that includes bpf/responder.bpf.c and adds to it (the benchmarks do)."""
 
     def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, pin_dir: str | Path | None = None,
-                 udp_sport: int = DEFAULT_UDP_SPORT):
+                 udp_sport: int = DEFAULT_UDP_SPORT, source: Path = SOURCE):
         if len(ip) != 4:
             raise EngineError("the xdp responder serves RoCEv2 over IPv4; give the collector an IPv4 address")
         pages = max(1, -(-arena_bytes // ARENA_PAGE))
         try:
-            self.object = BpfObject(build_object(SOURCE), pin_dir=pin_dir, map_sizes={"arena": pages})
+            self.object = BpfObject(build_object(source), pin_dir=pin_dir, map_sizes={"arena": pages})
         except BpfError as error:
             raise EngineError(f"cannot load the xdp responder: {error}") from None
         self.maps = self.object.maps

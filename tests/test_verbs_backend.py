@@ -80,9 +80,21 @@ def test_a_fresh_region_file_is_zeroed_and_names_must_be_file_names(tmp_path):
             RegionFiles(tmp_path).map(name, 100)
 
 
-def test_huge_pages_need_a_hugetlbfs_data_dir(tmp_path):
-    with pytest.raises(BackendError, match="hugetlbfs mount"):
-        RegionFiles(tmp_path, huge_pages=True)
+def test_a_region_file_that_cannot_be_made_is_a_backend_error(tmp_path):
+    (tmp_path / "taken.region").mkdir()
+    with pytest.raises(BackendError, match=f"cannot map {PAGE} bytes of .*taken.region: Is a directory"):
+        RegionFiles(tmp_path).map("taken", 10)
+
+
+def test_without_a_directory_regions_are_anonymous_memory():
+    mapping = RegionFiles(None).map("sketch", PAGE + 1)
+    assert mapping[:] == bytes(2 * PAGE)
+
+
+@pytest.mark.parametrize("directory", ["tmp", None])
+def test_huge_pages_need_a_hugetlbfs_data_dir(tmp_path, directory):
+    with pytest.raises(BackendError, match="huge pages need data_dir on a hugetlbfs mount"):
+        RegionFiles(directory and tmp_path, huge_pages=True)
 
 
 def _gid_entry(pv, gid: str, index: int, gid_type: int, port: int = 1):

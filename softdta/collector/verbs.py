@@ -4,10 +4,10 @@ The device executes the translators' WRITEs and Fetch&Adds itself. This process 
 queue pairs up to receive and, for WRITE with Immediate, keeps receive WRs posted and polls their completions.
 
 Region memory is a shared mapping of the file `data_dir/<name>.region`, so a restarted collector finds its
-data again. Since Linux 6.5 the kernel refuses to pin shared mappings of files that need writeback (ext4, xfs,
-...) for as long as an MR does; only tmpfs and hugetlbfs files can be registered there. So put `data_dir` on
-tmpfs (/dev/shm, /run), or with `huge_pages=True` on a hugetlbfs mount: regions are then made of huge pages and
-still outlive the process.
+data again; without a data_dir it is anonymous memory that ends with the process. Since Linux 6.5 the kernel
+refuses to pin shared mappings of files that need writeback (ext4, xfs, ...) for as long as an MR does; only
+tmpfs and hugetlbfs files can be registered there. So put `data_dir` on tmpfs (/dev/shm, /run), or with
+`huge_pages=True` on a hugetlbfs mount: regions are then made of huge pages and still outlive the process.
 
 pyverbs is imported when a backend is made, never at module import: other backends must work without it.
 """
@@ -36,8 +36,8 @@ PORT = 1
 RECV_DEPTH = 64  # receive WRs kept posted per QP; each WRITE with Immediate consumes one
 HOP_LIMIT = 64
 MIN_RNR_TIMER = 12  # 0.64 ms: how long an RC translator waits after an RNR NAK (no receive posted)
-# Requester settings, unused by a responder that never sends requests, but RTS needs them; RTS is what lets
-# an RC QP send ACKs and atomic responses.
+# Requester settings for RTS: this QP sends no requests, but an RC QP goes on to RTS as connected QPs usually do,
+# so that every device sends its ACKs and atomic responses (rxe already answers in RTR).
 TIMEOUT, RETRY_COUNT, RNR_RETRY, MAX_RD_ATOMIC = 14, 7, 7, 1
 REMOTE_ACCESS = Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
@@ -67,25 +67,37 @@ def import_pyverbs() -> SimpleNamespace:
 
 class RegionFiles:
     """Region memory as shared mappings of `<directory>/<name>.region`. An existing file is reused, so its
-    data survives a collector restart. With `huge_pages`, `directory` must be on a hugetlbfs mount."""
+    data survives a collector restart. With `huge_pages`, `directory` must be on a hugetlbfs mount. Without a
+    directory, regions are anonymous memory (as the xdp backend's are without a data_dir)."""
 
-    def __init__(self, directory: Path, *, huge_pages: bool = False):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.page_size = _hugetlbfs_page_size(self.directory) if huge_pages else mmap.PAGESIZE
+    def __init__(self, directory: Path | None, *, huge_pages: bool = False):
+        self.directory = None if directory is None else Path(directory)
+        self.page_size = mmap.PAGESIZE
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if huge_pages:
+                self.page_size = _hugetlbfs_page_size(self.directory)
+        elif huge_pages:
+            raise BackendError("huge pages need data_dir on a hugetlbfs mount (mount -t hugetlbfs none /dev/hugepages)")
 
     def map(self, name: str, length: int) -> mmap.mmap:
         """At least `length` bytes, rounded up to whole pages; the file grows to that size, never shrinks."""
         if not name or "/" in name or name.startswith("."):
             raise BackendError(f"region name {name!r} cannot be a file name")
         size = max(1, -(-length // self.page_size)) * self.page_size
-        fd = os.open(self.directory / f"{name}.region", os.O_RDWR | os.O_CREAT, 0o600)
+        if self.directory is None:
+            return mmap.mmap(-1, size)  # anonymous and shared: zeroed, and never copied on write
+        path = self.directory / f"{name}.region"
         try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            return mmap.mmap(fd, size)  # shared and writable: what the device writes reaches the file
-        finally:
-            os.close(fd)  # the mapping holds its own reference to the file
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+                return mmap.mmap(fd, size)  # shared and writable: what the device writes reaches the file
+            finally:
+                os.close(fd)  # the mapping holds its own reference to the file
+        except OSError as error:  # full disk, permissions, no huge pages reserved (ENOMEM)
+            raise BackendError(f"cannot map {size} bytes of {path}: {error.strerror}") from None
 
 
 def _hugetlbfs_page_size(directory: Path) -> int:
@@ -164,7 +176,7 @@ class VerbsBackend:
 
     name = "verbs"
 
-    def __init__(self, device: str | None = None, *, gid_index: int | None = None, data_dir: Path,
+    def __init__(self, device: str | None = None, *, gid_index: int | None = None, data_dir: Path | None = None,
                  huge_pages: bool = False):
         self.files = RegionFiles(data_dir, huge_pages=huge_pages)
         self.pv = pv = import_pyverbs()
@@ -188,7 +200,7 @@ class VerbsBackend:
             raise BackendError(f"cannot open RDMA device {self.device}: {error}") from None
         self.gid_index = gid_index
         self.max_dest_rd_atomic = device_attr.max_qp_rd_atom  # Fetch&Adds a translator may have in flight
-        self.registrations: dict[str, tuple[object, mmap.mmap]] = {}  # name -> (MR, its mapping, kept mapped)
+        self.registrations: dict[str, tuple[object, mmap.mmap]] = {}  # (MR, mapping): mapped while registered
         self.connections: dict[int, _Connection] = {}
 
     def _device_names(self) -> list[str]:
@@ -213,9 +225,10 @@ class VerbsBackend:
         try:
             mr = self.pv.mr.MR(self.pd, length, int(flags), address=view.ctypes.data)
         except self.pv.pyverbs_error.PyverbsError as error:
-            raise BackendError(f"cannot register region {name} ({length} bytes from {self.files.directory}): "
-                               f"{error}. Since Linux 6.5 only files on tmpfs or hugetlbfs can be registered: "
-                               "put data_dir on /dev/shm") from None
+            hint = "" if self.files.directory is None else (
+                f" (from {self.files.directory}: since Linux 6.5 only files on tmpfs or hugetlbfs can be registered; "
+                "put data_dir on /dev/shm)")
+            raise BackendError(f"cannot register region {name} ({length} bytes){hint}: {error}") from None
         self.registrations[name] = (mr, mapping)
         return Region(name, view, base_va=mr.buf, rkey=mr.rkey, access=access)
 
