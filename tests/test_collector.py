@@ -2,6 +2,7 @@
 tables, and the control protocol over loopback with a real client."""
 
 import asyncio
+import json
 import threading
 from dataclasses import replace
 
@@ -184,4 +185,40 @@ def test_reports_roundtrip_through_advertised_tables_and_parse(tmp_path):
             collector.backend.responder.process(frame)
         assert collector.append_region(tables.append_lists[0]).ring(3)[:8].tolist() == list(range(8))
     finally:
+        collector.close()
+
+
+def test_bad_control_messages_get_clear_errors(tmp_path):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    async def converse(lines: list[bytes]) -> list[dict]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        replies = []
+        for line in lines:
+            writer.write(line + b"\n")
+            await writer.drain()
+            reply = await asyncio.wait_for(reader.readline(), 5)
+            replies.append(json.loads(reply) if reply else None)
+        writer.close()
+        return replies
+
+    hello = json.dumps({"type": "hello", "version": 1, "token": TOKEN,
+                        "translator": {"ip": "10.77.0.1", "mac": "02:5d:7a:00:00:01"}}).encode()
+    try:
+        assert asyncio.run(converse([b"not json"]))[0]["error"].startswith("not JSON")
+        assert "say hello first" in asyncio.run(converse([b'{"type": "connect"}']))[0]["error"]
+        assert "version" in asyncio.run(converse([hello.replace(b'"version": 1', b'"version": 9')]))[0]["error"]
+        replies = asyncio.run(converse([
+            hello, b'{"type": "dance"}', b'{"type": "connect", "structure": "key-write"}',
+            b'{"type": "connect", "structure": "nope", "qpn": 5, "psn": 0}',
+            b'{"type": "connect", "structure": "key-write", "qpn": 0, "psn": 0}', b'{"type": "ping"}']))
+        assert replies[0]["type"] == "welcome"
+        assert "unknown message type 'dance'" in replies[1]["error"]
+        assert "needs structure, qpn and psn" in replies[2]["error"]
+        assert "no structure 'nope'" in replies[3]["error"] and "key-write" in replies[3]["error"]
+        assert "24-bit" in replies[4]["error"]
+        assert replies[5] == {"type": "pong"}
+    finally:
+        server.close()
         collector.close()
