@@ -252,7 +252,12 @@ class _Metrics:
                                         labels=["counter"])
         for counter, value in sorted(self.service.source.counters().items()):
             responder.add_metric([counter], value)
-        return [fill, load, unread, responder]
+        qps = GaugeMetricFamily("softdta_qp_up", "1 while a queue pair accepts requests, 0 once it is in ERROR",
+                                labels=["qpn", "structure", "translator"])
+        for qpn, qp in self.service.source.health().get("qps", {}).items():
+            qps.add_metric([qpn, str(qp.get("structure", "")), str(qp.get("translator", ""))],
+                           0 if qp.get("state") == "error" or qp.get("error") else 1)
+        return [fill, load, unread, responder, qps]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -258,6 +258,8 @@ def test_stats_health_and_metrics(service, filled):
     assert load == {name: structures[name]["load_factor"] for name in (KEY_WRITE, KEY_INCREMENT, POSTCARDING)}
     responder = {sample.labels["counter"]: sample.value for sample in families["softdta_responder_events"].samples}
     assert responder == counters
+    qps_up = {sample.labels["qpn"]: sample.value for sample in families["softdta_qp_up"].samples}
+    assert qps_up == {name: 1.0 for name in health["qps"]}
 
 
 # --------------------------------------------------------------------------------------------------
