@@ -97,6 +97,8 @@ for _name, _res, _args in [
     ("bpf_map_delete_elem", _I, [_I, _P]),
     ("bpf_map_get_next_key", _I, [_I, _P, _P]),
     ("bpf_obj_get", _I, [ctypes.c_char_p]),
+    ("bpf_obj_pin", _I, [_I, ctypes.c_char_p]),
+    ("bpf_enable_stats", _I, [_I]),
     ("bpf_obj_get_info_by_fd", _I, [_I, _P, ctypes.POINTER(_U32)]),
     ("bpf_prog_test_run_opts", _I, [_I, _P]),
     ("ring_buffer__new", _P, [_I, _SAMPLE_FN, _P, _P]),
@@ -314,6 +316,32 @@ class Map:
             raise BpfError(f"clear map '{self.name}': only hash maps can be cleared")
         for key in list(self.keys()):
             self.delete(key)
+
+
+BPF_STATS_RUN_TIME = 0
+
+
+def pin(fd: int, path: str | Path) -> None:
+    """Pin a program or map at `path` on a bpffs, replacing what was pinned there."""
+    Path(path).unlink(missing_ok=True)
+    _check(_lib.bpf_obj_pin(fd, os.fsencode(path)), f"pin at {path}")
+
+
+def program_run_stats(path: str | Path) -> tuple[int, int]:
+    """(run time in ns, runs) of a pinned program while run-time statistics are on (see enable_run_stats)."""
+    fd = _check(_lib.bpf_obj_get(os.fsencode(path)), f"open pinned program {path}",
+                {errno.ENOENT: "nothing is pinned there; is the translator running?"})
+    try:
+        fields = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+                      if ":\t" in line)
+    finally:
+        os.close(fd)
+    return int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0))
+
+
+def enable_run_stats() -> int:
+    """Turn on the kernel's per-program run-time statistics for as long as the returned fd stays open."""
+    return _check(_lib.bpf_enable_stats(BPF_STATS_RUN_TIME), "enable BPF run-time statistics")
 
 
 def xdp_md(ingress_ifindex: int = 0, rx_queue_index: int = 0) -> bytes:

@@ -18,8 +18,8 @@ from collections import Counter as Tally
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp,
-                  possible_cpus, xdp_md)
+from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
+                  possible_cpus, program_run_stats, xdp_md)
 from .maps import table
 from .spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
 from .tables import QueuePair, TableError, Tables
@@ -31,7 +31,7 @@ DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 _FLUSH_TEMPLATE = bytes(64)
-_FLUSH_RUNS_PER_TICK = 64
+_FLUSH_RUNS_PER_TICK = 512
 
 
 class EngineError(RuntimeError):
@@ -114,6 +114,9 @@ class XdpTranslator:
         self.xdp = self.object.programs["softdta_xdp"]
         self.flusher = self.object.programs["softdta_flush"]
         self.fanout = self.object.programs["softdta_fanout"]
+        if pin_dir is not None:
+            for program in (self.xdp, self.fanout):  # so stats can read their run time from outside
+                pin(program.fd, Path(pin_dir) / f"prog_{program.name}")
         self.ring = RingBuffer(self.maps["deferred"])
         self.slots = self._slots_in_maps()
         self.tables = tables
@@ -365,7 +368,7 @@ class XdpTranslator:
         """One control-plane step: flush what is idle, re-inject parked essential reports whose QP is back."""
         if not self.attached:
             return
-        self.flusher.test_run_live(_FLUSH_TEMPLATE, ifindex=self.attached[0], repeat=_FLUSH_RUNS_PER_TICK)
+        self._flush_live()
         for qp_index, ifindex, frame in self.take_deferred():
             self._backlog.setdefault(qp_index, []).append((ifindex, frame))
         now = time.monotonic_ns()
@@ -376,6 +379,20 @@ class XdpTranslator:
                 self.reinjected += len(frames)
                 del self._backlog[qp_index]
                 self._quiet_since.pop(qp_index, None)
+
+    def _flush_live(self) -> None:
+        """Run the flusher once per queue entry it can make progress on, transmitting what it writes out.
+
+        One run per call: live mode costs far more per repetition when a run transmits nothing, and most runs
+        don't. The pass ends at an empty queue, or at an entry met twice (not due yet, or its QP is busy).
+        """
+        queue, visits = self.maps["flush_queue"], Tally()
+        for _ in range(_FLUSH_RUNS_PER_TICK):
+            head = queue.lookup(b"")
+            if head is None or visits[head] >= 2:
+                return
+            visits[head] += 1
+            self.flusher.test_run_live(_FLUSH_TEMPLATE, ifindex=self.attached[0])
 
     def _idle(self, qp_index: int, now: int) -> bool:
         """Whether a QP can send and the data path has not used it for the idle time (as the flusher judges)."""
@@ -423,7 +440,12 @@ def pinned_stats(pin_dir: Path) -> dict:
                         "collector": socket.inet_ntoa(entry["collector_ip"].to_bytes(4, "little")),
                         "transport": "RC" if entry["transport"] == 0 else "UC", "next_psn": state["next_psn"],
                         "state": QpState(state["state"]).name.lower(), "frames_sent": state["frames_sent"]})
-    return {"counters": counters, "qps": qps}
+    cpu = {}
+    for program in ("softdta_xdp", "softdta_fanout"):
+        if (pin_dir / f"prog_{program}").exists():
+            run_time_ns, runs = program_run_stats(pin_dir / f"prog_{program}")
+            cpu[program] = {"run_time_ns": run_time_ns, "runs": runs}
+    return {"counters": counters, "qps": qps, "cpu": cpu}
 
 
 def _output(action: int, data: bytes) -> Output:

@@ -1,0 +1,260 @@
+"""The live lab: reporters, an XDP translator and a collector in network namespaces joined by veth pairs.
+
+    reporter r1 (r1-0) ──veth── (t-r1) ┐
+    reporter r2 (r2-0) ──veth── (t-r2) ├ translator: softdta translator up --collector ...  (XDP + tc)
+                                       (t-c0) ──veth── (c0) collector: softdta collector up  (XDP responder)
+
+Every name starts with `sdta-lab-`; `down` finds and removes them even when `up` crashed half-way. The
+translator and the collector run as processes (their own CLI); their PIDs, logs and configuration live in
+STATE_DIR, and the translator's maps are pinned in PIN_DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .bpf import BpfObject, attach_xdp, ensure_bpffs
+from .netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, veth_pair
+from .xdp import EngineError, build_object, pinned_stats
+
+PREFIX = "sdta-lab-"
+STATE_DIR = Path("/run/softdta-lab")
+PIN_DIR = Path("/sys/fs/bpf/softdta-lab")
+TRANSLATOR_MAC, TRANSLATOR_IP = "02:5d:7a:00:00:01", "10.77.0.1"
+COLLECTOR_MAC, COLLECTOR_IP = "02:5d:7a:00:01:01", "10.77.1.1"
+CONTROL_PORT, QUERY_PORT = 40050, 8040
+
+
+class LabError(RuntimeError):
+    """The lab cannot be built or used; the message names the problem and the fix."""
+
+
+@dataclass
+class LabState:
+    reporters: int
+    token: str
+    translator_pid: int = 0
+    collector_pid: int = 0
+
+    @property
+    def query_url(self) -> str:
+        return f"http://{COLLECTOR_IP}:{QUERY_PORT}"
+
+    def reporter(self, index: int) -> dict:
+        """Namespace, interface and addresses of reporter `index` (1-based)."""
+        return {"netns": f"{PREFIX}r{index}", "interface": f"r{index}-0", "mac": f"02:5d:7a:00:09:{index:02x}",
+                "ip": f"10.77.9.{index}"}
+
+
+def collector_config(state: LabState) -> str:
+    """The lab collector: every primitive, sized for the demo's workloads (INT path tracing with 5-tuple keys)."""
+    return f"""[collector]
+name = "lab"
+ip = "{COLLECTOR_IP}"
+mac = "{COLLECTOR_MAC}"
+backend = "xdp"
+interface = "c0"
+data_dir = "{STATE_DIR / 'regions'}"
+token = "{state.token}"
+control_port = {CONTROL_PORT}
+query_port = {QUERY_PORT}
+
+[[structures]]
+primitive = "key-write"       # INT path tracing: 5-tuple keys, five 4-byte switch IDs
+slots = 65536
+key_len = 13
+data_len = 20
+hash = "independent"
+
+[[structures]]
+primitive = "key-increment"   # Marple-style per-flow counters
+slots = 65536
+hash = "independent"
+
+[[structures]]
+primitive = "postcarding"     # INT postcards, 5 hops
+slots = 32768
+hops = 5
+
+[[structures]]
+primitive = "sketch-merge"
+slots = 64
+rows = 4
+reporters = {state.reporters}
+merge = "sum"
+batch = 8
+
+[[append]]                    # congestion and loss events, one list per port
+first_list = 0
+lists = 256
+entries = 1024
+batch = 16
+"""
+
+
+TRANSLATOR_SETTINGS = f"""[translator]
+mac = "{TRANSLATOR_MAC}"
+ip = "{TRANSLATOR_IP}"
+profile = "dta-v1"
+dscp = 26
+ack_request_interval = 8
+grace_ms = 1.0
+"""
+
+
+def _softdta(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "softdta.cli", *argv]
+
+
+def _wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text():
+            return
+        if process.poll() is not None:
+            raise LabError(f"{' '.join(process.args[3:5])} exited with {process.returncode}:\n"
+                           f"{log.read_text()[-2000:] if log.exists() else ''}")
+        time.sleep(0.1)
+    raise LabError(f"{' '.join(process.args[3:5])} did not come up within {timeout:.0f} s; see {log}")
+
+
+def up(reporters: int = 2, collector: str = "xdp") -> LabState:
+    """Build the topology and start the collector and the translator; returns the state `status` shows."""
+    if collector != "xdp":
+        raise LabError(f"--collector {collector}: the soft-RoCE (rxe) collector needs the QEMU lab, which is not "
+                       "built yet; use --collector xdp")
+    if not 1 <= reporters <= 16:
+        raise LabError(f"--reporters {reporters}: give 1..16 reporter namespaces")
+    if read_state() is not None:
+        raise LabError("a lab is already up; `softdta lab down` removes it first")
+    down()
+    state = LabState(reporters=reporters, token=secrets.token_hex(16))
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        _build(state)
+        _start(state)
+    except (LabError, NetnsError, OSError) as error:
+        down()
+        raise LabError(f"lab up failed and was rolled back: {error}") from None
+    return state
+
+
+def _build(state: LabState) -> None:
+    translator = Namespace.create(PREFIX + "t")
+    collector = Namespace.create(PREFIX + "c")
+    veth_pair(translator, "t-c0", collector, "c0", mac_a=TRANSLATOR_MAC, mac_b=COLLECTOR_MAC)
+    address(translator, "t-c0", f"{TRANSLATOR_IP}/16")
+    address(collector, "c0", f"{COLLECTOR_IP}/16")
+    with BpfObject(build_object()) as passer:
+        for index in range(1, state.reporters + 1):
+            reporter = state.reporter(index)
+            namespace = Namespace.create(reporter["netns"])
+            veth_pair(namespace, reporter["interface"], translator, f"t-r{index}", mac_a=reporter["mac"],
+                      mac_b=TRANSLATOR_MAC)
+            address(namespace, reporter["interface"], f"{reporter['ip']}/16")
+            with in_netns(namespace.name):  # the translator's NACKs come back with XDP_TX
+                attach_xdp(socket.if_nametoindex(reporter["interface"]), passer.programs["softdta_pass"].fd)
+
+
+def _start(state: LabState) -> None:
+    (STATE_DIR / "collector.toml").write_text(collector_config(state))
+    (STATE_DIR / "translator.toml").write_text(TRANSLATOR_SETTINGS)
+    ensure_bpffs()
+    PIN_DIR.mkdir(parents=True, exist_ok=True)
+    collector_log, translator_log = STATE_DIR / "collector.log", STATE_DIR / "translator.log"
+    collector = subprocess.Popen(
+        _softdta("collector", "up", "--config", str(STATE_DIR / "collector.toml"), "--netns", PREFIX + "c",
+                 "--query-host", COLLECTOR_IP),
+        stdout=collector_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    state.collector_pid = collector.pid
+    write_state(state)
+    _wait_for(collector_log, "collector lab up", collector)
+    interfaces = [arg for index in range(1, state.reporters + 1) for arg in ("-i", f"t-r{index}")]
+    translator = subprocess.Popen(
+        _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), *interfaces, "-i", "t-c0",
+                 "--netns", PREFIX + "t", "--pin", str(PIN_DIR), "--collector", f"{COLLECTOR_IP}:{CONTROL_PORT}",
+                 "--token", state.token),
+        stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    state.translator_pid = translator.pid
+    write_state(state)
+    _wait_for(translator_log, "translator up on", translator)
+
+
+def write_state(state: LabState) -> None:
+    (STATE_DIR / "state.json").write_text(json.dumps(asdict(state)))
+
+
+def read_state() -> LabState | None:
+    try:
+        return LabState(**json.loads((STATE_DIR / "state.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 10 s: the daemons detach their programs and save their regions on SIGTERM."""
+    if not pid:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+def down() -> list[str]:
+    """Stop the daemons and remove every namespace, link and pin of the lab; safe to run any number of times."""
+    state = read_state()
+    if state is not None:
+        _stop(state.translator_pid)
+        _stop(state.collector_pid)
+    removed = cleanup_prefix(PREFIX)
+    shutil.rmtree(PIN_DIR, ignore_errors=True)
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    return removed
+
+
+def status() -> dict:
+    """What is up: namespaces, daemons, and the translator's counters and queue pairs."""
+    state = read_state()
+    namespaces = sorted(name for name in os.listdir("/run/netns") if name.startswith(PREFIX)) \
+        if os.path.isdir("/run/netns") else []
+    if state is None:
+        return {"up": False, "namespaces": namespaces}
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    report = {"up": True, "namespaces": namespaces, "reporters": state.reporters, "query_url": state.query_url,
+              "translator": {"pid": state.translator_pid, "running": alive(state.translator_pid)},
+              "collector": {"pid": state.collector_pid, "running": alive(state.collector_pid)}}
+    if PIN_DIR.exists():
+        try:
+            report["translator"].update(pinned_stats(PIN_DIR))
+        except EngineError as error:
+            report["translator"]["error"] = str(error)
+    return report
