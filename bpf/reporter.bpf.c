@@ -14,9 +14,10 @@ struct report_frame {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);	/* userspace writes a whole batch of frames with one copy */
 	__type(key, __u32);
 	__type(value, struct report_frame);
-	__uint(max_entries, 1);	/* sized at load: one entry per report */
+	__uint(max_entries, 1);	/* sized at load */
 } reporter_frames SEC(".maps");
 
 struct {

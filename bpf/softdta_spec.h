@@ -9,6 +9,7 @@
 #define SOFTDTA_SPEC_H
 
 #include <linux/types.h>
+#include <linux/bpf.h> /* struct bpf_spin_lock */
 
 /* constants */
 #define DTA_PORT 40040
@@ -647,12 +648,14 @@ _Static_assert(sizeof(struct append_state_key) == 4, "struct append_state_key do
 
 /* append_state value: per-list Append batch and ring head */
 struct append_state_value {
+	struct bpf_spin_lock lock;
 	__u32 head; /* next ring entry to write */
 	__u32 pending; /* entries waiting in the batch */
+	__u8 _pad0[4];
 	__u64 first_pending_ns;
 	__u8 data[256]; /* the batch being filled */
 };
-_Static_assert(sizeof(struct append_state_value) == 272, "struct append_state_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct append_state_value) == 280, "struct append_state_value does not match softdta/spec.py");
 
 /* postcard_cache key: Postcarding translator cache (all structures share it, each from its state_index) */
 struct postcard_cache_key {
@@ -662,6 +665,8 @@ _Static_assert(sizeof(struct postcard_cache_key) == 4, "struct postcard_cache_ke
 
 /* postcard_cache value: Postcarding translator cache (all structures share it, each from its state_index) */
 struct postcard_cache_value {
+	struct bpf_spin_lock lock;
+	__u8 _pad0[4];
 	__u64 first_ns;
 	__u8 values[32]; /* encoded hop values, big-endian as written */
 	__u8 key[32];
@@ -669,9 +674,9 @@ struct postcard_cache_value {
 	__u8 path_length;
 	__u8 hop_mask;
 	__u8 valid;
-	__u8 _pad0[4];
+	__u8 _pad1[4];
 };
-_Static_assert(sizeof(struct postcard_cache_value) == 80, "struct postcard_cache_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct postcard_cache_value) == 88, "struct postcard_cache_value does not match softdta/spec.py");
 
 /* sketch_column key: Sketch-Merge aggregate of one column */
 struct sketch_column_key {

@@ -65,6 +65,12 @@ struct frame_params {
 	__u8 opcode;
 };
 
+struct postcard_copy {
+	__u8 key[MAX_KEY_LEN];
+	__u8 values[4 * MAX_POSTCARD_HOPS];
+	__u32 key_len;
+};
+
 /* Per-CPU working memory: XDP programs never run nested on one CPU. */
 struct scratch {
 	__u64 now_ns;		/* read from the clock on first use: most reports never need it */
@@ -80,6 +86,7 @@ struct scratch {
 	__u32 fanout_sequence;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
+	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
 	__u8 out[OUT_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
 };
 
@@ -709,22 +716,17 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 
 PRIMITIVE_HANDLER(on_keyed, CNT_DROP_UNKNOWN_COLLECTOR)
 
-static __noinline __u32 append_write(struct scratch *s, struct append_state_value *as,
-				     const struct append_list_value *al, const struct translator_config_value *cfg,
-				     __u32 list_id)
+/* A WRITE of the batch already copied into the frame's payload, at ring position `head` of the list. */
+static __noinline __u32 append_write(struct scratch *s, const struct append_list_value *al,
+				     const struct translator_config_value *cfg, __u32 list_id, __u32 head)
 {
 	__u32 immediate = s->data_path && s->report.immediate;
-	__u32 pos = write_payload_at(immediate), size = (al->batch * al->entry_size) & (MAX_WRITE_PAYLOAD * 2 - 1);
-	__u64 offset = ((__u64)al->first_slot + as->head) * al->entry_size;
+	__u64 offset = ((__u64)al->first_slot + head) * al->entry_size;
 	struct qp_ref ref;
 
-	if (!qp_lookup(al->qp_index, &ref) || size > MAX_WRITE_PAYLOAD || !al->slot_count)
+	if (!qp_lookup(al->qp_index, &ref))
 		return CNT_DROP_UNKNOWN_LIST;
-	for (__u32 i = 0; i < MAX_WRITE_PAYLOAD && i < size; i++)
-		s->out[(pos + i) & OUT_MASK] = as->data[i];
-	as->pending = 0;
-	as->head = (as->head + al->batch) % al->slot_count;
-	s->frame.payload_len = size;
+	s->frame.payload_len = al->batch * al->entry_size;
 	s->frame.immediate = list_id;
 	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
@@ -737,6 +739,23 @@ static __always_inline void flush_later(__u32 kind, __u32 index, __u32 owner, __
 	bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 }
 
+/* Under the list's lock: the batch into the frame's payload, word by word (a short lock; bytes past the batch
+ * land where the frame's padding and iCRC are written later), the ring head moved on, and `*filled` set to the
+ * bytes of real entries (the flusher zeroes the rest, after the lock). Returns the batch's ring position. */
+static __always_inline __u32 take_batch(struct scratch *s, struct append_state_value *as,
+					const struct append_list_value *al, __u32 payload_at, __u32 *filled)
+{
+	__u32 size = al->batch * al->entry_size, head = as->head;
+
+	*filled = as->pending * al->entry_size;
+	for (__u32 i = 0; i < MAX_WRITE_PAYLOAD / 8 && 8 * i < size; i++)
+		*(__u64 *)(s->out + ((payload_at + 8 * i) & OUT_MASK)) =
+			*(__u64 *)(as->data + ((8 * i) & (MAX_WRITE_PAYLOAD - 8)));
+	as->pending = 0;
+	as->head = (head + al->batch) % al->slot_count;
+	return head;
+}
+
 static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
@@ -744,7 +763,8 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 	struct append_list_value *al = bpf_map_lookup_elem(&append_list, &key);
 	struct append_state_value *as;
 	struct qp_ref ref;
-	__u32 blocked, pos, index;
+	__u32 blocked, pos, index, head = 0, started, full, filled;
+	__u64 now, first;
 
 	if (!al)
 		return CNT_DROP_UNKNOWN_LIST;
@@ -752,18 +772,22 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 		return CNT_DROP_BAD_LENGTH;
 	index = al->state_index;
 	as = bpf_map_lookup_elem(&append_state, &index);
-	if (!as || !qp_lookup(al->qp_index, &ref))
+	if (!as || !qp_lookup(al->qp_index, &ref) || !al->slot_count)
 		return CNT_DROP_UNKNOWN_LIST;
 	blocked = qp_blocked(ctx, s, al->qp_index, ref.qs);
 	if (blocked)
 		return blocked;
-	pos = as->pending * al->entry_size;
-	if (pos + al->entry_size > MAX_WRITE_PAYLOAD)
+	if (al->batch * al->entry_size > MAX_WRITE_PAYLOAD || al->batch > MAX_APPEND_BATCH)
 		return CNT_DROP_BAD_LENGTH;
-	if (!as->pending) {
-		as->first_pending_ns = clock_ns(s);
-		flush_later(FLUSH_APPEND, index, r->list_id, s->now_ns);
-	}
+	/* The clock is read only for a batch that starts; the lock keeps the flusher (another CPU) out. A batch the
+	 * flusher emptied between the peek and the lock starts with time 1: flushed early, never lost. */
+	now = as->pending ? 1 : clock_ns(s);
+	bpf_spin_lock(&as->lock);
+	started = !as->pending;
+	if (started)
+		as->first_pending_ns = now;
+	first = as->first_pending_ns;
+	pos = (as->pending & (MAX_APPEND_BATCH - 1)) * al->entry_size;
 	/* 4- and 8-byte entries are integers, stored little-endian (host order) for the collector. */
 	for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++) {
 		__u32 from = (r->data_len == 4 || r->data_len == 8) ? r->data_len - 1 - i : i;
@@ -771,11 +795,17 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 		as->data[(pos + i) & (MAX_WRITE_PAYLOAD - 1)] = r->data[from & (MAX_DATA_LEN - 1)];
 	}
 	as->pending += 1;
-	if (as->pending < al->batch) {
+	full = as->pending >= al->batch;
+	if (full)
+		head = take_batch(s, as, al, write_payload_at(r->immediate), &filled);
+	bpf_spin_unlock(&as->lock);
+	if (started)
+		flush_later(FLUSH_APPEND, index, r->list_id, first);
+	if (!full) {
 		count(CNT_APPEND_BATCHED);
 		return 0;
 	}
-	blocked = append_write(s, as, al, cfg, r->list_id);
+	blocked = append_write(s, al, cfg, r->list_id, head);
 	if (!blocked)
 		count(CNT_TX_FRAMES);
 	return blocked;
@@ -783,7 +813,7 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 
 PRIMITIVE_HANDLER(on_append, CNT_DROP_UNKNOWN_LIST)
 
-static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_cache_value *entry,
+static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_copy *entry,
 				       const struct structure_value *st, const struct translator_config_value *cfg,
 				       __u32 immediate)
 {
@@ -816,6 +846,14 @@ static __always_inline int same_key(const struct postcard_cache_value *entry, co
 	return 1;
 }
 
+/* Under the entry's lock: its path into s->postcard, for writing once the lock is released. */
+static __always_inline void take_path(struct scratch *s, const struct postcard_cache_value *entry)
+{
+	__builtin_memcpy(s->postcard.key, entry->key, MAX_KEY_LEN);
+	__builtin_memcpy(s->postcard.values, entry->values, 4 * MAX_POSTCARD_HOPS);
+	s->postcard.key_len = entry->key_len;
+}
+
 static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
@@ -824,7 +862,8 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 	struct postcard_cache_value *entry;
 	struct qp_ref ref;
 	__u32 blocked, path_length, slot, encoded, hop = (r->hop - 1) & (MAX_POSTCARD_HOPS - 1);
-	int evicted = 0;
+	__u32 evicted = 0, single = 0, started = 0, complete = 0;
+	__u64 now, first = 0;
 
 	if (!st || !qp_lookup(st->qp_index, &ref))
 		return CNT_DROP_UNKNOWN_COLLECTOR;
@@ -841,43 +880,58 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 	if (!entry)
 		return CNT_DROP_UNKNOWN_COLLECTOR;
 	encoded = get32(r->data) ^ key_crc(r->key, r->key_len, crc32_postcard_hop[hop]);
+	/* As for Append: the clock only for a path that probably starts, the lock against the flusher. */
+	now = entry->valid && same_key(entry, r) ? 1 : clock_ns(s);
+	bpf_spin_lock(&entry->lock);
 	if (entry->valid && !same_key(entry, r)) {
 		if (path_length == 1) {
-			/* A one-hop path is complete on arrival: write it without evicting another flow's path. */
-			struct postcard_cache_value *single = (void *)s->raw;
-
-			__builtin_memset(single, 0, sizeof(*single));
-			__builtin_memcpy(single->key, r->key, MAX_KEY_LEN);
-			single->key_len = r->key_len;
-			put32(single->values + 4 * hop, encoded);
-			blocked = postcard_write(s, single, st, cfg, r->immediate);
-			if (!blocked)
-				count(CNT_TX_FRAMES);
-			return blocked;
+			single = 1;
+		} else {
+			take_path(s, entry);
+			entry->valid = 0;
+			evicted = 1;
 		}
+	}
+	if (!single) {
+		if (!entry->valid) {
+			__builtin_memset(entry->values, 0, sizeof(entry->values));
+			__builtin_memcpy(entry->key, r->key, MAX_KEY_LEN);
+			entry->key_len = r->key_len;
+			entry->path_length = path_length;
+			entry->hop_mask = 0;
+			entry->first_ns = now;
+			entry->valid = 1;
+			started = 1;
+			first = now;
+		}
+		put32(entry->values + 4 * hop, encoded);
+		entry->hop_mask |= 1 << hop;
+		if (!evicted && __builtin_popcount(entry->hop_mask) >= entry->path_length) {
+			take_path(s, entry);
+			entry->valid = 0;
+			complete = 1;
+		}
+	}
+	bpf_spin_unlock(&entry->lock);
+	if (single) {
+		/* A one-hop path is complete on arrival: write it without evicting another flow's path. */
+		__builtin_memset(&s->postcard, 0, sizeof(s->postcard));
+		__builtin_memcpy(s->postcard.key, r->key, MAX_KEY_LEN);
+		s->postcard.key_len = r->key_len;
+		put32(s->postcard.values + 4 * hop, encoded);
+		blocked = postcard_write(s, &s->postcard, st, cfg, r->immediate);
+		if (!blocked)
+			count(CNT_TX_FRAMES);
+		return blocked;
+	}
+	if (started)
+		flush_later(FLUSH_POSTCARD, slot, s->dst_ip, first);
+	if (evicted) {
 		count(CNT_POSTCARD_EVICTIONS);
-		blocked = postcard_write(s, entry, st, cfg, 0);
-		if (blocked)
-			return blocked;
-		entry->valid = 0;
-		evicted = 1;
-	}
-	if (!entry->valid) {
-		__builtin_memset(entry->values, 0, sizeof(entry->values));
-		__builtin_memcpy(entry->key, r->key, MAX_KEY_LEN);
-		entry->key_len = r->key_len;
-		entry->path_length = path_length;
-		entry->hop_mask = 0;
-		entry->first_ns = clock_ns(s);
-		entry->valid = 1;
-		flush_later(FLUSH_POSTCARD, slot, s->dst_ip, s->now_ns);
-	}
-	put32(entry->values + 4 * hop, encoded);
-	entry->hop_mask |= 1 << hop;
-	if (__builtin_popcount(entry->hop_mask) >= entry->path_length) {
-		entry->valid = 0;
-		blocked = postcard_write(s, entry, st, cfg, r->immediate);
-	} else if (!evicted) {
+		blocked = postcard_write(s, &s->postcard, st, cfg, 0);
+	} else if (complete) {
+		blocked = postcard_write(s, &s->postcard, st, cfg, r->immediate);
+	} else {
 		count(CNT_POSTCARD_CACHED);
 	}
 	if (!blocked && s->out_count)
@@ -1349,7 +1403,7 @@ int softdta_flush(struct xdp_md *ctx)
 		struct append_state_value *as = bpf_map_lookup_elem(&append_state, &entry.index);
 		struct append_list_key key = { .list_id = entry.owner };
 		struct append_list_value *al = bpf_map_lookup_elem(&append_list, &key);
-		__u32 from, to;
+		__u32 taken, head = 0, filled = 0;
 
 		if (!as || !al || !as->pending || as->first_pending_ns != entry.first_ns) {
 			bpf_map_pop_elem(&flush_queue, &entry);
@@ -1362,16 +1416,25 @@ int softdta_flush(struct xdp_md *ctx)
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
-		from = as->pending * al->entry_size;
-		to = al->batch * al->entry_size;
-		for (__u32 i = 0; i < MAX_WRITE_PAYLOAD && from + i < to; i++)
-			as->data[(from + i) & (MAX_WRITE_PAYLOAD - 1)] = 0;
+		if (!al->slot_count || al->batch * al->entry_size > MAX_WRITE_PAYLOAD)
+			return XDP_DROP;
+		/* The data path may have filled the batch since the first look: then it is no longer ours. */
+		bpf_spin_lock(&as->lock);
+		taken = as->pending && as->first_pending_ns == entry.first_ns;
+		if (taken)
+			head = take_batch(s, as, al, write_payload_at(0), &filled);
+		bpf_spin_unlock(&as->lock);
+		if (!taken)
+			return XDP_DROP;
+		for (__u32 i = 0; i < MAX_WRITE_PAYLOAD && filled + i < al->batch * al->entry_size; i++)
+			s->out[(write_payload_at(0) + filled + i) & OUT_MASK] = 0;	/* pad with empty entries */
 		count(CNT_APPEND_FLUSHES);
-		reason = append_write(s, as, al, cfg, entry.owner);
+		reason = append_write(s, al, cfg, entry.owner, head);
 	} else {
 		struct postcard_cache_value *pc = bpf_map_lookup_elem(&postcard_cache, &entry.index);
 		struct structure_key key = { .collector_ip = entry.owner, .primitive = PRIM_POSTCARDING };
 		struct structure_value *st = bpf_map_lookup_elem(&structure, &key);
+		__u32 taken;
 
 		if (!pc || !st || !pc->valid || pc->first_ns != entry.first_ns) {
 			bpf_map_pop_elem(&flush_queue, &entry);
@@ -1384,9 +1447,17 @@ int softdta_flush(struct xdp_md *ctx)
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
-		pc->valid = 0;
+		bpf_spin_lock(&pc->lock);
+		taken = pc->valid && pc->first_ns == entry.first_ns;
+		if (taken) {
+			take_path(s, pc);
+			pc->valid = 0;
+		}
+		bpf_spin_unlock(&pc->lock);
+		if (!taken)
+			return XDP_DROP;
 		count(CNT_POSTCARD_FLUSHES);
-		reason = postcard_write(s, pc, st, cfg, 0);
+		reason = postcard_write(s, &s->postcard, st, cfg, 0);
 	}
 	if (reason) {
 		count(reason);

@@ -565,6 +565,7 @@ struct append_state_key_t {
 
 // append_state value: per-list Append batch and ring head
 struct append_state_value_t {
+    bit<32> lock;
     bit<32> head; // next ring entry to write
     bit<32> pending; // entries waiting in the batch
     bit<64> first_pending_ns;
@@ -578,6 +579,7 @@ struct postcard_cache_key_t {
 
 // postcard_cache value: Postcarding translator cache (all structures share it, each from its state_index)
 struct postcard_cache_value_t {
+    bit<32> lock;
     bit<64> first_ns;
     bit<256> values; // encoded hop values, big-endian as written
     bit<256> key;

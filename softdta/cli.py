@@ -138,11 +138,30 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
     generate.set_defaults(run=_codegen)
 
-    demo = commands.add_parser("demo", help="offline end-to-end run: reports -> translator -> collector -> queries")
-    demo.add_argument("--tables", default=str(REPO_ROOT / "examples" / "tables.toml"))
+    demo = commands.add_parser("demo", help="the live lab end to end: reporters -> XDP translator -> collector -> "
+                                            "queries, with a summary (root); --offline runs the Python models")
+    demo.add_argument("--reporters", type=int, default=2, help="reporter namespaces")
+    demo.add_argument("--scale", type=float, default=1.0, help="workload size (1.0: about 100 k reports)")
+    demo.add_argument("--seconds", type=float, default=60.0, help="stop streaming after this long")
+    demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down`)")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--pcap-dir", help="also write the reports and RoCEv2 frames as pcaps here")
+    demo.add_argument("--offline", action="store_true",
+                      help="no lab: the reference translator into the reference responder, in this process")
+    demo.add_argument("--tables", default=str(REPO_ROOT / "examples" / "tables.toml"), help="--offline: tables")
+    demo.add_argument("--pcap-dir", help="--offline: also write the reports and RoCEv2 frames as pcaps here")
     demo.set_defaults(run=_demo)
+
+    lab = commands.add_parser("lab", help="the live lab: reporter, translator and collector namespaces (root)")
+    lab_actions = lab.add_subparsers(dest="action", required=True)
+    lab_up = lab_actions.add_parser("up", help="build the topology and start the translator and the collector")
+    lab_up.add_argument("--reporters", type=int, default=2)
+    lab_up.add_argument("--collector", choices=["xdp", "rxe"], default="xdp")
+    lab_up.set_defaults(run=_lab)
+    lab_actions.add_parser("down", help="stop everything and remove it (safe to repeat)").set_defaults(run=_lab)
+    lab_status = lab_actions.add_parser("status", help="what is up, with the translator's counters")
+    lab_status.add_argument("--json", action="store_true")
+    lab_status.set_defaults(run=_lab)
     return parser
 
 
@@ -504,8 +523,43 @@ def _translator_down(args) -> int:
 
 
 def _demo(args) -> int:
-    from .demo import run_offline_demo
-    print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
+    if args.offline:
+        from .demo import run_offline_demo
+        print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
+        return 0
+    from . import lab, live_demo
+    try:
+        return live_demo.run(args.reporters, args.seed, args.scale, args.seconds, args.keep, args.json)
+    except lab.LabError as error:
+        raise CliError(str(error)) from None
+
+
+def _lab(args) -> int:
+    from . import lab
+    try:
+        if args.action == "up":
+            state = lab.up(args.reporters, args.collector)
+            print(f"lab up: {state.reporters} reporters ({', '.join(state.reporter(i)['netns'] for i in range(1, state.reporters + 1))}) "
+                  f"-> {lab.PREFIX}t -> {lab.PREFIX}c; queries at {state.query_url} (inside the lab namespaces); "
+                  f"logs in {lab.STATE_DIR}")
+        elif args.action == "down":
+            removed = lab.down()
+            print(f"lab down; removed {', '.join(removed) or 'nothing'}")
+        else:
+            report = lab.status()
+            if args.json:
+                print(json.dumps(report, indent=2))
+            elif not report["up"]:
+                print("no lab is up" + (f" (stray namespaces: {', '.join(report['namespaces'])}; `softdta lab down` removes them)"
+                                        if report["namespaces"] else ""))
+            else:
+                print(f"lab up: {', '.join(report['namespaces'])}; translator "
+                      f"{'running' if report['translator']['running'] else 'NOT running'}, collector "
+                      f"{'running' if report['collector']['running'] else 'NOT running'}")
+                for name, value in report["translator"].get("counters", {}).items():
+                    print(f"  {name:28} {value}")
+    except lab.LabError as error:
+        raise CliError(str(error)) from None
     return 0
 
 

@@ -141,6 +141,8 @@ def host_members(fields: tuple[Field | Raw, ...]) -> tuple[list[Member], int]:
     for field in fields:
         if isinstance(field, Raw):
             member, size, align = Member("__u8", field.name, field.size, field.doc), field.size, 1
+        elif isinstance(field, spec.SpinLock):
+            member, size, align = Member("struct bpf_spin_lock", field.name, doc=field.doc), 4, 4
         else:
             size = align = field.bits // 8
             member = Member(HOST_INT_TYPES[field.bits], field.name, doc=field.doc)
@@ -187,6 +189,7 @@ def render_c_header() -> str:
         "#define SOFTDTA_SPEC_H",
         "",
         "#include <linux/types.h>",
+        "#include <linux/bpf.h> /* struct bpf_spin_lock */",
     ]
     for title, values in _sections():
         lines += ["", f"/* {title} */"]

@@ -1,12 +1,14 @@
-"""The live lab: reporters, an XDP translator and a collector in network namespaces joined by veth pairs.
+"""The live lab: reporters, an XDP translator and a collector in network namespaces, joined by a bridge.
 
-    reporter r1 (r1-0) ──veth── (t-r1) ┐
-    reporter r2 (r2-0) ──veth── (t-r2) ├ translator: softdta translator up --collector ...  (XDP + tc)
-                                       (t-c0) ──veth── (c0) collector: softdta collector up  (XDP responder)
+    reporter r1 (r1-0) ─┐
+    reporter r2 (r2-0) ─┤ bridge (namespace sw) ├─ (t0) translator: softdta translator up --collector ...
+                        └───────────────────────┴─ (c0) collector: softdta collector up (XDP responder)
 
-Every name starts with `sdta-lab-`; `down` finds and removes them even when `up` crashed half-way. The
-translator and the collector run as processes (their own CLI); their PIDs, logs and configuration live in
-STATE_DIR, and the translator's maps are pinned in PIN_DIR.
+The translator is single-armed, like a translator box with one port on the switch: reports come in, RoCEv2
+leaves and the collector's ACKs and NAKs return on t0, so all of its translation runs in one NAPI context
+(docs/translator.md, "one context per QP"). Every name starts with `sdta-lab-`; `down` finds and removes them
+even when `up` crashed half-way. The translator and the collector run as processes (their own CLI); their
+PIDs, logs and configuration live in STATE_DIR, and the translator's maps are pinned in PIN_DIR.
 """
 
 from __future__ import annotations
@@ -150,20 +152,25 @@ def up(reporters: int = 2, collector: str = "xdp") -> LabState:
 
 
 def _build(state: LabState) -> None:
+    switch = Namespace.create(PREFIX + "sw")
+    switch.run("ip", "link", "add", "br0", "type", "bridge")
+    switch.run("ip", "link", "set", "br0", "up")
     translator = Namespace.create(PREFIX + "t")
     collector = Namespace.create(PREFIX + "c")
-    veth_pair(translator, "t-c0", collector, "c0", mac_a=TRANSLATOR_MAC, mac_b=COLLECTOR_MAC)
-    address(translator, "t-c0", f"{TRANSLATOR_IP}/16")
-    address(collector, "c0", f"{COLLECTOR_IP}/16")
+    ports = [(translator, "t0", TRANSLATOR_MAC, f"{TRANSLATOR_IP}/16", "sw-t"),
+             (collector, "c0", COLLECTOR_MAC, f"{COLLECTOR_IP}/16", "sw-c")]
+    for index in range(1, state.reporters + 1):
+        reporter = state.reporter(index)
+        ports.append((Namespace.create(reporter["netns"]), reporter["interface"], reporter["mac"],
+                      f"{reporter['ip']}/16", f"sw-r{index}"))
     with BpfObject(build_object()) as passer:
-        for index in range(1, state.reporters + 1):
-            reporter = state.reporter(index)
-            namespace = Namespace.create(reporter["netns"])
-            veth_pair(namespace, reporter["interface"], translator, f"t-r{index}", mac_a=reporter["mac"],
-                      mac_b=TRANSLATOR_MAC)
-            address(namespace, reporter["interface"], f"{reporter['ip']}/16")
-            with in_netns(namespace.name):  # the translator's NACKs come back with XDP_TX
-                attach_xdp(socket.if_nametoindex(reporter["interface"]), passer.programs["softdta_pass"].fd)
+        for namespace, interface, mac, cidr, switch_port in ports:
+            veth_pair(namespace, interface, switch, switch_port, mac_a=mac)
+            address(namespace, interface, cidr)
+            switch.run("ip", "link", "set", switch_port, "master", "br0")
+            # XDP_TX'd frames (RoCEv2, ACKs, NACKs) enter a veth only if its peer runs XDP
+            with in_netns(switch.name):
+                attach_xdp(socket.if_nametoindex(switch_port), passer.programs["softdta_pass"].fd)
 
 
 def _start(state: LabState) -> None:
@@ -179,9 +186,8 @@ def _start(state: LabState) -> None:
     state.collector_pid = collector.pid
     write_state(state)
     _wait_for(collector_log, "collector lab up", collector)
-    interfaces = [arg for index in range(1, state.reporters + 1) for arg in ("-i", f"t-r{index}")]
     translator = subprocess.Popen(
-        _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), *interfaces, "-i", "t-c0",
+        _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), "-i", "t0",
                  "--netns", PREFIX + "t", "--pin", str(PIN_DIR), "--collector", f"{COLLECTOR_IP}:{CONTROL_PORT}",
                  "--token", state.token),
         stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -26,6 +26,8 @@ class Layout:
             elif member.length:
                 formats.append(f"{member.length}s")
                 self.names.append(member.name)
+            elif member.ctype == "struct bpf_spin_lock":
+                formats.append("4x")  # the kernel owns it: never written from userspace
             else:
                 formats.append(_INT_FORMATS[member.ctype])
                 self.names.append(member.name)

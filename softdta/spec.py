@@ -20,6 +20,13 @@ class Field:
 
 
 @dataclass(frozen=True)
+class SpinLock(Field):
+    """A `struct bpf_spin_lock` in a table value: the data path and the flusher run on different CPUs."""
+
+    bits: int = 32
+
+
+@dataclass(frozen=True)
 class Raw:
     """A fixed number of opaque bytes, copied as they are (keys and data)."""
 
@@ -428,11 +435,12 @@ TRANSLATOR_TABLES = (
     ), 65536, "an Append list: its ring inside a QP's region"),
     # Translator state, written by the data path; the control plane reads it for stats and keeps it pinned.
     Table("append_state", (Field("state_index", 32),), (
-        Field("head", 32, "next ring entry to write"), Field("pending", 32, "entries waiting in the batch"),
+        SpinLock("lock"), Field("head", 32, "next ring entry to write"),
+        Field("pending", 32, "entries waiting in the batch"),
         Field("first_pending_ns", 64), Raw("data", MAX_WRITE_PAYLOAD, "the batch being filled"),
     ), 65536, "per-list Append batch and ring head"),
     Table("postcard_cache", (Field("slot", 32, "structure state_index + cache index"),), (
-        Field("first_ns", 64), Raw("values", 4 * MAX_POSTCARD_HOPS, "encoded hop values, big-endian as written"),
+        SpinLock("lock"), Field("first_ns", 64), Raw("values", 4 * MAX_POSTCARD_HOPS, "encoded hop values, big-endian as written"),
         Raw("key", MAX_KEY_LEN), Field("key_len", 8), Field("path_length", 8), Field("hop_mask", 8),
         Field("valid", 8),
     ), 131072, "Postcarding translator cache (all structures share it, each from its state_index)"),

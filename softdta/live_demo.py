@@ -1,0 +1,317 @@
+"""`softdta demo`: the lab up, a mixed telemetry workload through the XDP translator into the collector, the
+collector queried against the truth, and an honest summary. Exit status 1 if anything was lost without a
+counted reason, or a query came back wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+from collections import Counter as Tally
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import lab, workload
+from .analysis import keywrite_empty_return_bound
+from .bpf import enable_run_stats
+from .dta import DtaOpcode, Report
+from .frames import ip_bytes, mac_bytes
+from .netns import in_netns
+from .reporter import RingReporter
+from .xdp import pinned_stats
+
+SWITCH_IDS = list(range(1, 4097))
+KEYWRITE_SLOTS = 65536
+APPEND_LISTS = 256
+SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
+CHUNK = 128
+DEFAULT_RATE = 100_000.0  # reports/s over all reporters
+APPEND_POLL_S = 0.2
+NAMES = {DtaOpcode.KEY_WRITE: "key-write", DtaOpcode.KEY_INCREMENT: "key-increment", DtaOpcode.APPEND: "append",
+         DtaOpcode.POSTCARDING: "postcarding", DtaOpcode.SKETCH_MERGE: "sketch-merge"}
+
+
+@dataclass
+class Workload:
+    per_primitive: dict[DtaOpcode, list[Report]]
+    per_reporter: list[list[Report]]  # what each reporter sends, in order
+
+
+def build_workload(reporters: int, seed: int, scale: float = 1.0) -> Workload:
+    """INT path tracing, postcards, congestion events, per-flow counters and sketches, split over reporters.
+
+    Append lists and sketch columns keep their order: a list belongs to one reporter, and reporter r sends
+    sketch r's columns in order."""
+    per_primitive = {
+        DtaOpcode.KEY_WRITE: workload.key_write(int(6000 * scale), seed, 2, key_len=13, data_len=20),
+        DtaOpcode.KEY_INCREMENT: workload.key_increment(int(20000 * scale), seed, 2, flows=1000),
+        DtaOpcode.APPEND: workload.append(int(APPEND_LISTS * 200 * scale), seed, APPEND_LISTS),
+        DtaOpcode.POSTCARDING: workload.postcards(int(4000 * scale), seed, 5, SWITCH_IDS),
+        DtaOpcode.SKETCH_MERGE: workload.sketch_epoch(reporters, SKETCH_COLUMNS, SKETCH_ROWS, seed),
+    }
+    streams: list[list[list[list[Report]]]] = [[] for _ in range(reporters)]
+    for opcode, reports in per_primitive.items():
+        split: list[list[list[Report]]] = [[] for _ in range(reporters)]
+        for index, unit in enumerate(_units(opcode, reports)):
+            owner = {DtaOpcode.APPEND: unit[0].list_id, DtaOpcode.SKETCH_MERGE: unit[0].reporter}.get(opcode, index)
+            split[owner % reporters].append(unit)
+        for reporter, part in enumerate(split):
+            streams[reporter].append(list(reversed(part)))
+    rng = random.Random(seed)
+    per_reporter = []
+    for own in streams:  # interleave the primitives, each keeping its order
+        order = [i for i, stream in enumerate(own) for _ in stream]
+        rng.shuffle(order)
+        per_reporter.append([report for i in order for report in own[i].pop()])
+    return Workload(per_primitive, per_reporter)
+
+
+def _units(opcode: DtaOpcode, reports: list[Report]) -> list[list[Report]]:
+    """What must travel together: a flow's postcards leave its hops microseconds apart, well within the
+    translator's idle flush time; every other report stands alone."""
+    if opcode is not DtaOpcode.POSTCARDING:
+        return [[report] for report in reports]
+    flows: dict[bytes, list[Report]] = {}
+    for report in reports:
+        flows.setdefault(report.key, []).append(report)
+    return list(flows.values())
+
+
+def _http(path: str, body: dict | None = None) -> dict:
+    with in_netns(lab.PREFIX + "c"):
+        request = urllib.request.Request(f"http://{lab.COLLECTOR_IP}:{lab.QUERY_PORT}{path}",
+                                         data=json.dumps(body).encode() if body else None,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+
+def _link_drops() -> dict[str, int]:
+    """Packets the lab's veth links dropped (full rings), which no BPF counter sees."""
+    from pyroute2 import IPRoute
+    drops: dict[str, int] = {}
+    for namespace in lab.status()["namespaces"]:
+        with in_netns(namespace), IPRoute() as ipr:
+            for link in ipr.get_links():
+                stats = link.get_attr("IFLA_STATS64") or {}
+                lost = stats.get("rx_dropped", 0) + stats.get("tx_dropped", 0)
+                if lost and link.get_attr("IFLA_IFNAME") != "lo":
+                    drops[f"{namespace}/{link.get_attr('IFLA_IFNAME')}"] = lost
+    return drops
+
+
+def _poll_append(appended: dict[int, list[int]]) -> None:
+    """Drain the Append rings through the query service, as a consumer does while reports keep coming: a
+    ring that is not drained wraps and overwrites (DTA's Append has no backpressure)."""
+    for list_id, entry in _http("/append/append0@10.77.1.1")["lists"].items():
+        appended.setdefault(int(list_id), []).extend(entry["entries"])
+
+
+def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
+           rate: float = DEFAULT_RATE) -> dict:
+    """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
+    (bursts beyond what the translator's veth ring holds are dropped by the link), within `seconds`."""
+    sent: Tally[DtaOpcode] = Tally()
+    started = time.perf_counter()
+    kernel_seconds = 0.0
+    frames_by_reporter = []
+    for index, reports in enumerate(load.per_reporter, 1):
+        address = state.reporter(index)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        frames_by_reporter.append([(report, sender.frame(report)) for report in reports])
+    offsets = [0] * len(frames_by_reporter)
+    appended: dict[int, list[int]] = {}
+    last_poll = started
+    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], CHUNK)
+               for i in range(1, len(frames_by_reporter) + 1)]
+    try:
+        while any(offset < len(frames) for offset, frames in zip(offsets, frames_by_reporter)):
+            if time.perf_counter() - started > seconds:
+                break
+            for index, frames in enumerate(frames_by_reporter):
+                chunk = frames[offsets[index]:offsets[index] + CHUNK]
+                if not chunk:
+                    continue
+                result = senders[index].send([frame for _, frame in chunk])
+                kernel_seconds += result.seconds
+                offsets[index] += len(chunk)
+                sent.update(report.opcode for report, _ in chunk)
+                if progress:
+                    progress(len(chunk))
+                if time.perf_counter() - last_poll > APPEND_POLL_S:
+                    _poll_append(appended)
+                    last_poll = time.perf_counter()
+                ahead = sum(sent.values()) / rate - (time.perf_counter() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+    finally:
+        for sender in senders:
+            sender.close()
+    elapsed = time.perf_counter() - started
+    return {"sent": sent, "seconds": elapsed, "rate": sum(sent.values()) / elapsed if elapsed else 0,
+            "appended": appended,
+            "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
+
+
+def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
+    """Query the collector and compare with the truth; returns the summary and the problems found."""
+    problems: list[str] = []
+    stats = pinned_stats(lab.PIN_DIR)
+    counters = stats["counters"]
+    drops = {name: value for name, value in counters.items() if name.startswith("drop_")}
+    collector_stats = _http("/stats")
+    responder = collector_stats.get("responder", {})
+    responder_drops = {name: value for name, value in responder.items()
+                       if name not in ("executed", "replies_sent", "completions")}
+    links = _link_drops()
+    summary: dict = {
+        "reports_sent": {NAMES[op]: n for op, n in sent.items()},
+        "reports_per_second": round(streamed["rate"]),
+        "translator": {"received": {NAMES[op]: counters.get(f"rx_{NAMES[op].replace('-', '_')}", 0) for op in sent},
+                       "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
+                       "acks_from_collector": counters.get("rx_acks", 0), "drops": drops},
+        "collector": {"executed": responder.get("executed", 0), "drops": responder_drops,
+                      "fill": {s["name"].split("@")[0]: round(s["fill"], 4) for s in collector_stats["structures"]}},
+        "link_drops": links,
+    }
+    cpu = stats.get("cpu", {})
+    run_time = sum(program["run_time_ns"] for program in cpu.values())
+    received = counters.get("rx_reports", 0)
+    summary["translator"]["cpu_ns_per_report"] = round(run_time / received, 1) if received and run_time else None
+    counted = sum(drops.values()) + sum(responder_drops.values()) + sum(links.values())
+    if sum(sent.values()) != received and not links:
+        problems.append(f"{sum(sent.values()) - received} reports lost before the translator without a counted reason")
+    queries = summary["queries"] = {}
+
+    keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
+    if keywrite:
+        answer = _http("/keywrite/key-write@10.77.1.1", {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
+        right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
+        later = np.arange(len(keywrite) - 1, -1, -1) / KEYWRITE_SLOTS
+        bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 2) for alpha in later]))
+        queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
+                                "bound": round(bound, 4), "load": round(len(keywrite) / KEYWRITE_SLOTS, 4)}
+        if right / len(keywrite) < bound - 0.01 and not counted:
+            problems.append(f"Key-Write answered {right / len(keywrite):.2%} correctly, below the bound {bound:.2%}")
+
+    truth: dict[bytes, int] = {}
+    for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
+        truth[report.key] = truth.get(report.key, 0) + report.counter
+    if truth:
+        answer = _http("/keyincrement/key-increment@10.77.1.1", {"keys": [k.hex() for k in truth], "redundancy": 2})
+        counts = [row["count"] for row in answer["results"]]
+        under = sum(count < expected for count, expected in zip(counts, truth.values()))
+        exact = sum(count == expected for count, expected in zip(counts, truth.values()))
+        queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under}
+        if under and not counted:
+            problems.append(f"{under} Key-Increment counters are below the truth: increments lost")
+
+    per_list: dict[int, list[int]] = {}
+    append_sent = 0
+    for reports in load.per_reporter:
+        for report in reports:
+            if report.opcode is DtaOpcode.APPEND:
+                per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
+    append_sent = sum(len(v) for v in per_list.values())
+    appended = streamed["appended"]
+    _poll_append(appended)
+    recovered = sum(len(entries) for entries in appended.values())
+    in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
+    queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
+                         "lists_in_exact_order": in_order}
+    if recovered != append_sent and streamed["complete"] and not counted:
+        problems.append(f"Append: {append_sent - recovered} entries lost without a counted reason")
+
+    paths: dict[bytes, list[int]] = {}
+    for report in load.per_primitive[DtaOpcode.POSTCARDING]:
+        paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
+    answer = _http("/postcarding/postcarding@10.77.1.1", {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
+    decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
+    queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded}
+
+    expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
+    for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
+        expected[report.column] += np.array(report.counters, dtype=np.uint64)
+    merged = np.array(_http("/sketch/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
+    match = merged.shape == expected.shape and bool((merged == expected).all())
+    queries["sketch_merge"] = {"matches_sum_of_reporters": match}
+    if not match and streamed["complete"] and not counted:
+        problems.append("Sketch-Merge: the merged sketch differs from the sum of the reporters' sketches")
+    summary["problems"] = problems
+    return summary, problems
+
+
+def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 60.0, keep: bool = False,
+        as_json: bool = False, rate: float = DEFAULT_RATE) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    console = Console(stderr=as_json)
+    with console.status("bringing the lab up (namespaces, XDP translator, XDP responder collector)"):
+        state = lab.up(reporters)
+    try:
+        load = build_workload(reporters, seed, scale)
+        total = sum(len(r) for r in load.per_reporter)
+        stats_fd = enable_run_stats()
+        try:
+            with Progress(console=console, transient=as_json) as progress:
+                task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
+                streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
+            time.sleep(1.0)  # the idle flush writes out partial Append batches and Postcarding paths
+        finally:
+            import os
+            os.close(stats_fd)
+        summary, problems = summarize(load, streamed["sent"], streamed)
+    finally:
+        if not keep:
+            lab.down()
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print(console, summary, Table)
+    return 1 if problems else 0
+
+
+def _print(console, summary: dict, Table) -> None:
+    reports = Table(title="reports", show_edge=False)
+    for column in ("primitive", "sent", "translated"):
+        reports.add_column(column, justify="right" if column != "primitive" else "left")
+    for name, sent in summary["reports_sent"].items():
+        reports.add_row(name, f"{sent:,}", f"{summary['translator']['received'][name]:,}")
+    console.print(reports)
+    translator, collector = summary["translator"], summary["collector"]
+    console.print(f"sent at {summary['reports_per_second']:,} reports/s (kernel reporters); translator emitted "
+                  f"{translator['frames_emitted']:,} RoCEv2 frames, consumed {translator['acks_from_collector']:,} "
+                  f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of XDP+tc CPU per report")
+    console.print(f"drops: translator {translator['drops'] or 'none'}, collector {collector['drops'] or 'none'}, "
+                  f"links {summary['link_drops'] or 'none'}")
+    console.print(f"collector executed {collector['executed']:,} requests; fill {collector['fill']}")
+    queries = Table(title="queries against the truth", show_edge=False)
+    queries.add_column("structure")
+    queries.add_column("result")
+    q = summary["queries"]
+    if "key_write" in q:
+        kw = q["key_write"]
+        queries.add_row("key-write", f"{kw['success']:.2%} of {kw['keys']:,} keys correct at load {kw['load']} "
+                                     f"(N=2); analytical bound {kw['bound']:.2%}")
+    if "key_increment" in q:
+        ki = q["key_increment"]
+        queries.add_row("key-increment", f"{ki['exact']:,} / {ki['flows']:,} flow counters exact, "
+                                         f"{ki['under_counted']} under the truth")
+    ap = q["append"]
+    queries.add_row("append", f"{ap['entries_recovered']:,} / {ap['entries_sent']:,} entries recovered, "
+                              f"{ap['lists_in_exact_order']} / {ap['lists']} lists in exact order")
+    pc = q["postcarding"]
+    queries.add_row("postcarding", f"{pc['decoded_exactly']:,} / {pc['paths']:,} paths decoded exactly")
+    queries.add_row("sketch-merge", "merged sketch matches the sum of the reporters'"
+                    if q["sketch_merge"]["matches_sum_of_reporters"] else "merged sketch DIFFERS")
+    console.print(queries)
+    if summary["problems"]:
+        console.print("[bold red]problems:[/] " + "; ".join(summary["problems"]))
+    else:
+        console.print("[bold green]everything sent is accounted for, and every query matches the truth or its bound")
