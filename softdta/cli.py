@@ -93,7 +93,11 @@ def _parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="write DTA reports to a pcap")
     report.add_argument("primitive", choices=["key-write", "key-increment", "append", "postcarding", "sketch-merge"])
-    report.add_argument("--out", required=True)
+    report.add_argument("--out", help="write the reports to this pcap")
+    report.add_argument("--interface", help="send the reports out of this interface instead (AF_PACKET TX ring)")
+    report.add_argument("--netns", help="with --interface: the interface's network namespace")
+    report.add_argument("--rate", type=float, default=0, help="with --interface: reports/s at most (0: as fast "
+                                                              "as the ring goes)")
     report.add_argument("--count", type=int, default=100, help="reports (flows for postcarding)")
     report.add_argument("--seed", type=int, default=0)
     report.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value)
@@ -327,9 +331,35 @@ def _report(args) -> int:
         frames = [address.frame(report, profile) for report in reports]
     except ValueError as error:
         raise CliError(str(error)) from None
+    if bool(args.out) == bool(args.interface):
+        raise CliError("give --out FILE (write a pcap) or --interface IF (send on the wire), not both or neither")
+    if args.interface:
+        return _send_reports(frames, args)
     step = int(args.interval_us * 1000)
     count = write_pcap(args.out, (Packet(i * step, frame) for i, frame in enumerate(frames)))
     print(f"wrote {count} {args.primitive} reports to {args.out}")
+    return 0
+
+
+def _send_reports(frames: list[bytes], args) -> int:
+    import time
+
+    from .reporter import RingReporter
+    from .xdp import EngineError
+    batch = 256
+    try:
+        with RingReporter(args.interface, args.netns, batch) as ring:
+            started = time.perf_counter()
+            for first in range(0, len(frames), batch):
+                ring.send(frames[first:first + batch])
+                ahead = (first + batch) / args.rate - (time.perf_counter() - started) if args.rate else 0
+                if ahead > 0:
+                    time.sleep(ahead)
+            elapsed = time.perf_counter() - started
+    except (EngineError, PermissionError) as error:
+        raise CliError(f"{error}; sending needs root (CAP_NET_RAW)") from None
+    print(f"sent {len(frames)} {args.primitive} reports out of {args.interface} in {elapsed:.3f} s "
+          f"({len(frames) / elapsed:,.0f} reports/s)")
     return 0
 
 

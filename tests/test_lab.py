@@ -1,0 +1,98 @@
+"""The live lab and `softdta demo`, run as a user runs them (root: namespaces, XDP)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from softdta import lab
+
+from common import ROOT
+
+pytestmark = pytest.mark.privileged
+
+SOFTDTA = [sys.executable, "-m", "softdta.cli"]
+
+
+def softdta(*args, check=True, timeout=300):
+    result = subprocess.run(SOFTDTA + list(args), capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture
+def clean_lab():
+    softdta("lab", "down")
+    yield
+    softdta("lab", "down")
+    assert not [name for name in os.listdir("/run/netns") if name.startswith(lab.PREFIX)]
+    assert not lab.PIN_DIR.exists() and not lab.STATE_DIR.exists()
+
+
+def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
+    softdta("lab", "up", "--reporters", "2")
+    status = json.loads(softdta("lab", "status", "--json").stdout)
+    assert status["up"] and status["translator"]["running"] and status["collector"]["running"]
+    assert status["namespaces"] == sorted(lab.PREFIX + n for n in ("c", "r1", "r2", "sw", "t"))
+    assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
+    again = softdta("lab", "up", check=False)
+    assert again.returncode == 2 and "already up" in again.stderr
+    assert "lab down; removed" in softdta("lab", "down").stdout
+    assert "removed nothing" in softdta("lab", "down").stdout  # idempotent
+    assert not json.loads(softdta("lab", "status", "--json").stdout)["up"]
+
+
+def test_lab_down_cleans_up_after_a_crash(clean_lab):
+    """A lab whose processes died and whose state file is gone is still found by its names and removed."""
+    softdta("lab", "up", "--reporters", "1")
+    state = lab.read_state()
+    for pid in (state.translator_pid, state.collector_pid):
+        os.kill(pid, 9)
+    (lab.STATE_DIR / "state.json").unlink()
+    assert "no lab is up (stray namespaces" in softdta("lab", "status").stdout
+    softdta("lab", "down")
+
+
+def test_the_soft_roce_collector_says_what_it_needs(clean_lab):
+    result = softdta("lab", "up", "--collector", "rxe", check=False)
+    assert result.returncode == 2 and "QEMU lab" in result.stderr and "--collector xdp" in result.stderr
+
+
+def test_demo_accounts_for_every_report_of_every_primitive(clean_lab):
+    result = softdta("demo", "--json", "--scale", "0.15", "--reporters", "2", check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["problems"] == []
+    sent, received = summary["reports_sent"], summary["translator"]["received"]
+    assert set(sent) == {"key-write", "key-increment", "append", "postcarding", "sketch-merge"}
+    lost = sum(summary["link_drops"].values()) + sum(summary["translator"]["drops"].values())
+    assert sum(sent.values()) == sum(received.values()) + sum(summary["link_drops"].values())
+    queries = summary["queries"]
+    if not lost:
+        assert sent == received
+        assert queries["append"]["entries_recovered"] == queries["append"]["entries_sent"]
+        assert queries["append"]["lists_in_exact_order"] == queries["append"]["lists"]
+        assert queries["key_increment"]["under_counted"] == 0
+        assert queries["sketch_merge"]["matches_sum_of_reporters"]
+    assert queries["key_write"]["success"] >= queries["key_write"]["bound"] - 0.01
+    assert queries["postcarding"]["decoded_exactly"] / queries["postcarding"]["paths"] >= \
+        queries["postcarding"]["bound"] - 0.01
+    assert summary["translator"]["acks_from_collector"] > 0
+    assert summary["translator"]["cpu_ns_per_report"] > 0
+
+
+def test_docker_compose_runs_only_commands_the_cli_has():
+    import yaml
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"reporter", "translator", "collector"}
+    for name, service in services.items():
+        assert service["privileged"] is True, name
+        command = service["command"]
+        assert command[0] == "softdta", name
+        help_text = softdta(*command[1:3], "--help").stdout
+        for option in (arg for arg in command[3:] if arg.startswith("--")):
+            assert option in help_text, f"{name}: {option} is not an option of softdta {' '.join(command[1:3])}"
