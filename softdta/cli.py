@@ -408,8 +408,8 @@ def _run_translator(args) -> int:
 
     def reload(*_) -> None:
         try:
-            kernel.apply(Tables.from_toml(args.tables))
-            print(f"softdta: tables reloaded from {args.tables}", flush=True)
+            kernel.apply(links.tables() if links else Tables.from_toml(args.tables))
+            print(f"softdta: tables reloaded from {'the collectors' if links else args.tables}", flush=True)
         except TableError as error:
             print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
 
