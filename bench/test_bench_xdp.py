@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from softdta import dta
+from softdta.benchmarks import HARNESS, load_reports
 from softdta.bpf import BpfObject
 from softdta.spec import Counter, Primitive
 from softdta.translator import Translator
@@ -22,7 +23,6 @@ from conftest import COLLECTOR_IP, benchmarks_disabled
 
 pytestmark = pytest.mark.privileged
 
-HARNESS = Path(__file__).resolve().parent / "bpf" / "translator_bench.bpf.c"
 ROUNDS = 7
 
 
@@ -57,14 +57,6 @@ def _sketch_batch8(tables):
 CASES = {"key-write-n1": _key_write_n1, "key-write-n2": _key_write_n2, "key-increment-n1": _key_increment,
          "append-batch16": _append_batch16, "postcarding-5-hops": _postcards_5_hops,
          "sketch-merge-batch8": _sketch_batch8}
-
-
-def load_reports(kernel: XdpTranslator, frames: list[bytes]) -> None:
-    reports = kernel.maps["bench_reports"]
-    value = len(frames).to_bytes(4, "little")
-    value += b"".join(len(f).to_bytes(4, "little") for f in frames).ljust(16 * 4, b"\0")
-    value += b"".join(f.ljust(256, b"\0") for f in frames)
-    reports.update(bytes(4), value.ljust(reports.value_size, b"\0"))
 
 
 @pytest.mark.parametrize("case", CASES)

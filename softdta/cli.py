@@ -138,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--follow", action="store_true", help="Append: stream new entries until interrupted")
     query.set_defaults(run=_query)
 
+    bench = commands.add_parser("bench", help="the comparison benchmarks: softdta against the alternatives, side by "
+                                              "side in one run (root); writes bench/results/ (docs/benchmarks.md)")
+    bench.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every comparison")
+    bench.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"), help="where to write JSON and plots")
+    bench.set_defaults(run=_bench)
+
     generate = commands.add_parser("codegen", help="regenerate bpf/softdta_spec.h and p4/softdta_spec.p4")
     generate.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
     generate.set_defaults(run=_codegen)
@@ -360,6 +366,32 @@ def _send_reports(frames: list[bytes], args) -> int:
         raise CliError(f"{error}; sending needs root (CAP_NET_RAW)") from None
     print(f"sent {len(frames)} {args.primitive} reports out of {args.interface} in {elapsed:.3f} s "
           f"({len(frames) / elapsed:,.0f} reports/s)")
+    return 0
+
+
+def _bench(args) -> int:
+    from .benchmarks import run
+    from .xdp import EngineError
+    try:
+        results = run(quick=args.quick, out=Path(args.out))
+    except EngineError as error:
+        raise CliError(f"{error}; `softdta bench` loads BPF programs, which needs root") from None
+    translator, collector = results["translator_ns_per_report"], results["collector_cpu_ns_per_report"]
+    print(f"wrote {args.out}/comparison.json and plots in {results['seconds']} s")
+    for name, kernel in translator["xdp"].items():
+        reference = translator["reference_python"][name]["median"]
+        print(f"  translator {name:14} XDP {kernel['median']:8.0f} ns   Python reference {reference:9.0f} ns   "
+              f"{reference / max(kernel['median'], 1):6.0f}x")
+    udp = translator["userspace_udp_python"]["key-write"]["median"]
+    print(f"  userspace UDP translator (Python, uvloop), key-write: {udp:.0f} ns per report "
+          f"({udp / max(translator['xdp']['key-write']['median'], 1):.0f}x the XDP path)")
+    print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
+          f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
+    c = collector["c_epoll"]
+    print(f"  collector CPU per report: xdp responder (kernel, UC 8 B) "
+          f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns, userspace 0; "
+          f"Python asyncio {collector['python_asyncio']['median']:.0f} ns"
+          + (f"; C epoll {c['median']:.0f} ns" if c else ""))
     return 0
 
 

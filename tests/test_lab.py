@@ -96,3 +96,23 @@ def test_docker_compose_runs_only_commands_the_cli_has():
         help_text = softdta(*command[1:3], "--help").stdout
         for option in (arg for arg in command[3:] if arg.startswith("--")):
             assert option in help_text, f"{name}: {option} is not an option of softdta {' '.join(command[1:3])}"
+
+
+def test_bench_quick_writes_every_comparison_and_its_plots(tmp_path):
+    result = softdta("bench", "--quick", "--out", str(tmp_path), timeout=600)
+    assert "Python reference" in result.stdout
+    results = json.loads((tmp_path / "comparison.json").read_text())
+    translator = results["translator_ns_per_report"]
+    primitives = {"key-write", "key-increment", "append", "postcarding", "sketch-merge"}
+    assert set(translator["xdp"]) == primitives == set(translator["reference_python"])
+    for name in primitives:  # the kernel path beats the Python model it is checked against, by far
+        assert translator["xdp"][name]["median"] * 10 < translator["reference_python"][name]["median"]
+    collector = results["collector_cpu_ns_per_report"]
+    assert set(collector["xdp_responder_kernel"]) == {"uc-write-8", "uc-write-64", "rc-write-64-acked", "rc-fetch-add"}
+    assert collector["python_asyncio"]["median"] > 0 and collector["c_epoll"]["median"] > 0
+    writes = results["memory_writes_per_report"]
+    assert writes["key-write"] == 2 and writes["key-increment"] == 2  # N = 2: one request per copy
+    assert writes["append"] < 1 and writes["postcarding"] < 1
+    assert {row["n"] for row in results["query_success"]} == {1, 2, 4}
+    assert (tmp_path / "query_success.png").stat().st_size > 10_000
+    assert (tmp_path / "translator.png").stat().st_size > 10_000

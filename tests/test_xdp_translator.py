@@ -15,7 +15,7 @@ from softdta.dta import Profile
 from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome,
                           build_roce_frame, parse_roce, transport_payload)
-from softdta.spec import (DTA_NACK_PORT, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, QpState,
+from softdta.spec import (DTA_PORT, ROCE_PORT, AethKind, Counter, Primitive, QpState,
                           RoceOpcode)
 from softdta.tables import Tables
 from softdta.translator import Translator
