@@ -14,6 +14,7 @@ test: setup
 
 bench: setup
 	mkdir -p bench/results
+	softdta bench
 	$(PYTHON) -m pytest bench --benchmark-only --benchmark-json bench/results/core.json
 
 codegen:
