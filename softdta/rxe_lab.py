@@ -42,7 +42,7 @@ GUEST_PYTHONPATH = "/opt/softdta"  # where the softdta package sits in the guest
 CONTROL_PORT = 40070
 READY_MARKER = "softdta-rxe-lab: ready"
 HW_COUNTERS = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
-BOOT_TIMEOUT_S = 180.0  # about 9 s on an idle machine; TCG slows down a lot on a busy one
+BOOT_TIMEOUT_S = 180.0  # 11 to 16 s on an idle machine; emulation slows down a lot on a busy one
 RECIPE = 1  # part of the cache key: bump it when the image build changes
 
 GUEST_PACKAGES = ("rdma-core", "ibverbs-utils", "ibverbs-providers", "python3", "python3-pyverbs", "iproute2",
@@ -145,7 +145,7 @@ def image_versions() -> dict[str, object]:
 
 
 def ensure_image(cache_dir: Path = CACHE_DIR) -> Path:
-    """The image folder (vmlinuz, rootfs.cpio, versions.json), built unless the cache has it; about 45 s."""
+    """The image folder (vmlinuz, rootfs.cpio, versions.json), built unless the cache has it (about a minute)."""
     missing = [tool for tool in HOST_TOOLS if not shutil.which(tool)]
     if missing:
         raise RxeLabError(f"missing {', '.join(missing)}: install qemu-system-x86, debootstrap and cpio "
@@ -236,7 +236,7 @@ def _pack_cpio(directory: Path, archive: Path) -> None:
 # --- the guest ----------------------------------------------------------------------------------------------------
 
 class Guest:
-    """One lab guest: a tap in namespace `namespace`, qemu, and the guest's control server.
+    """One lab guest (one per process): a tap in namespace `namespace`, qemu, and the guest's control server.
 
     `with Guest().boot() as guest:` ... `guest.run("ibv_devices")`. The host side of the link is `host_ip` on TAP
     in the namespace; the guest is `guest_ip` with MAC GUEST_MAC, and rxe0's RoCEv2 GID index 1 is ::ffff:guest_ip.
@@ -257,7 +257,7 @@ class Guest:
         self.close()
 
     def boot(self, host_ip: str = "10.77.2.1/24", guest_ip: str = "10.77.2.2") -> Guest:
-        """Build or find the image, boot the guest and wait until its control server answers; about 10 s."""
+        """Build or find the image, boot the guest and wait until its control server listens; 11 to 16 s."""
         image = self.image or ensure_image()
         started = time.monotonic()
         self.host_ip, prefix = host_ip.split("/")
@@ -324,9 +324,12 @@ class Guest:
         raise RxeLabError(f"the guest was not ready after {BOOT_TIMEOUT_S:.0f} s:\n{self._logs()}")
 
     def _logs(self) -> str:
-        texts = [(self.run_dir / name).read_text(errors="replace") for name in ("qemu.log", "serial.log")
-                 if (self.run_dir / name).exists()]
-        return "\n".join(texts)[-4000:]
+        """qemu's complaints, what /init said (it prefixes its lines) and the end of the console."""
+        qemu_log, serial_log = self.run_dir / "qemu.log", self.run_dir / "serial.log"
+        console = serial_log.read_text(errors="replace") if serial_log.exists() else ""
+        init_said = [line for line in console.splitlines() if line.startswith("softdta-rxe-lab:")]
+        return "\n".join(filter(None, [qemu_log.read_text(errors="replace").strip(), *init_said, "console ends with:",
+                                        console[-3000:]]))
 
     def run(self, command: str, timeout: float = 60.0) -> tuple[int, str]:
         """Run `command` with sh in the guest: (exit status, stdout and stderr together); 124 on timeout.
@@ -374,11 +377,12 @@ class Guest:
 
 
 def _alive(pid: int) -> bool:
+    """A zombie counts as gone: it only waits for its parent to collect its exit status."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the command name, which may hold spaces
 
 
 def cleanup() -> list[str]:

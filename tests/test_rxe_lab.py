@@ -78,9 +78,18 @@ def wait_for(condition, timeout=10.0):
     return result
 
 
+def test_the_image_is_cached_under_a_hash_of_its_package_versions(guest):
+    started = time.monotonic()
+    image = rxe_lab.ensure_image()
+    assert time.monotonic() - started < 10
+    assert image.parent == rxe_lab.CACHE_DIR and {"vmlinuz", "rootfs.cpio"} <= {p.name for p in image.iterdir()}
+    assert json.loads((image / "versions.json").read_text()) == rxe_lab.image_versions()
+
+
 def test_the_guest_has_rxe0_and_its_counters(guest):
     assert "rxe0" in checked(guest, "ibv_devices")
-    assert "::ffff:10.77.2.2" in checked(guest, "cat /sys/class/infiniband/rxe0/ports/1/gids/1")
+    assert checked(guest, "cat /sys/class/infiniband/rxe0/ports/1/gids/1").strip() == ipv4_mapped_gid(
+        ip_bytes(guest.guest_ip))  # the RoCEv2 GID of the guest's IPv4 address, at index 1
     counters = guest.hw_counters()
     assert {"rcvd_pkts", "sent_pkts", "out_of_seq_request", "duplicate_request"} <= counters.keys()
     assert all(isinstance(value, int) for value in counters.values())
@@ -120,15 +129,18 @@ def test_rxe_executes_a_host_made_write_and_drops_one_with_a_bad_icrc(guest):
             return bytes.fromhex("".join(output.split()))
 
         first, corrupted, fence = (secrets.token_bytes(32) for _ in range(3))
+        received_before = guest.hw_counters()["rcvd_pkts"]
         guest.send(write(FIRST_PSN, 0, first))
         wait_for(lambda: memory(0, 32) == first)
 
         bad = write(FIRST_PSN + 1, 0, corrupted)
         guest.send(bad[:-4] + bytes(byte ^ 0xFF for byte in bad[-4:]))
-        # rxe handles a QP's frames in order: once the next frame has landed, the bad one has been dropped
+        # rxe handles a QP's frames in order: once the next frame has landed, the bad one has been dropped. It
+        # consumed no PSN, so the next frame carries the same one.
         guest.send(write(FIRST_PSN + 1, 512, fence))
         wait_for(lambda: memory(512, 32) == fence)
         assert memory(0, 32) == first
+        assert guest.hw_counters()["rcvd_pkts"] == received_before + 2  # rxe counts the frames it accepted
     finally:
         guest.run(f"kill $(cat /tmp/uc.pid); rm -f {REGION}")
 

@@ -54,6 +54,7 @@ def run(config: CollectorConfig, **options) -> None:
     import uvloop
     collector = Collector(config, make_backend(config))
     try:
-        uvloop.run(serve_collector(collector, **options))
+        uvloop.install()  # uvloop.run needs uvloop 0.18; Debian bookworm (the soft-RoCE guest) has 0.17
+        asyncio.run(serve_collector(collector, **options))
     finally:
         collector.close()
