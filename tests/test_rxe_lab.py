@@ -56,14 +56,6 @@ signal.pause()
 """
 
 
-@pytest.fixture(scope="session")
-def guest():
-    rxe_lab.cleanup()
-    with rxe_lab.Guest().boot() as guest:
-        yield guest
-    assert not (rxe_lab.RUN_DIR / guest.name).exists() and not (NETNS_DIR / guest.name).exists()
-
-
 def checked(guest, command, timeout=60.0):
     status, output = guest.run(command, timeout)
     assert status == 0, f"{command!r} exited {status}:\n{output}"
