@@ -23,6 +23,7 @@ from softdta.netns import in_netns
 from softdta.offline import OfflineCollector
 from softdta.query import keyincrement_query, keywrite_query, postcard_query
 from softdta.spec import Counter, DtaOpcode, Primitive, Transport
+from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator
 
@@ -86,13 +87,41 @@ def collector(guest):
     while "collector rxe up" not in guest.run("cat /tmp/collector.log")[1]:
         assert time.monotonic() < deadline, guest.run("cat /tmp/collector.log")[1]
         time.sleep(0.5)
-    translator = {"mac": guest.host_mac, "ip": guest.host_ip.split("/")[0], "ack_request_interval": 4}
+    translator = {"mac": guest.host_mac, "ip": guest.host_ip.split("/")[0], "ack_request_interval": 4,
+                  "grace_ms": 50.0}
     with in_netns(guest.namespace.name):  # the links' thread is created here, so it lives in the lab namespace
         links = CollectorLinks(translator, [(guest.guest_ip, 40050)], TOKEN)
         tables = links.start(timeout=30)
-    yield tables
+    # One translator for the module: its QPs' PSNs carry on from test to test, like the collector's.
+    with XdpTranslator(tables, flush_idle_ns=0) as kernel:
+        yield Rig(guest, links, tables, kernel, Link(guest))
     links.close()
     guest.run("pkill -f 'softdta.cli collector' ; sleep 1")
+
+
+class Rig:
+    def __init__(self, guest, links, tables, kernel, link):
+        self.guest, self.links, self.tables, self.kernel, self.link = guest, links, tables, kernel, link
+        self.ip = tables.qps[0].collector_ip
+        self.reporter = workload.ReporterAddress(mac_bytes("02:00:00:00:09:01"), ip_bytes("10.77.9.1"),
+                                                 tables.mac, self.ip)
+
+    def send(self, report: dta.Report, lose: int | None = None) -> int:
+        """Translate one report and send its frames to rxe (all but frame `lose`); rxe's replies go back."""
+        out = self.kernel.process(self.reporter.frame(report))
+        for index, frame in enumerate(out.frames):
+            if index != lose:
+                self.guest.send(frame)
+            time.sleep(0.002)  # the guest is emulated (TCG): give rxe time
+        self.replies()
+        return len(out.frames)
+
+    def replies(self, wait: float = 0.0) -> None:
+        for reply in self.link.collect(wait):
+            self.kernel.process(reply)
+
+    def qp_state(self, primitive: Primitive) -> dict:
+        return self.kernel.qp_state(self.tables.structure(self.ip, primitive).qp)
 
 
 def http(guest, path: str, body: dict | None = None) -> dict:
@@ -132,42 +161,31 @@ def reports_of_every_primitive(tables) -> list[dta.Report]:
 
 
 def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, collector):
-    tables = collector
+    rig = collector
+    tables, kernel = rig.tables, rig.kernel
     assert {qp.transport for qp in tables.qps} == {Transport.RC, Transport.UC}
-    reporter = workload.ReporterAddress(mac_bytes("02:00:00:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
-                                        tables.qps[0].collector_ip)
     reports = reports_of_every_primitive(tables)
     offline_translator, offline = Translator(tables), OfflineCollector(tables)
-    link = Link(guest)
     before = guest.hw_counters()
     sent = 0
-    with XdpTranslator(tables, flush_idle_ns=0) as kernel:
-        for report in reports:
-            frame = reporter.frame(report)
-            out = kernel.process(frame)
-            for emitted in out.frames:
-                guest.send(emitted)
-                sent += 1
-                time.sleep(0.002)  # the guest is emulated (TCG): give rxe time
-            for emitted in offline_translator.process(frame).frames:
-                offline.deliver(emitted)
-            for reply in link.collect():
-                kernel.process(reply)
-        for emitted in kernel.flush():
-            guest.send(emitted)
-            sent += 1
-        for emitted in offline_translator.flush_idle(0):
+    for report in reports:
+        sent += rig.send(report)
+        for emitted in offline_translator.process(rig.reporter.frame(report)).frames:
             offline.deliver(emitted)
-        time.sleep(1.0)
-        for reply in link.collect(wait=0.5):
-            kernel.process(reply)
-        counters = kernel.counters()
+    for emitted in kernel.flush():
+        guest.send(emitted)
+        sent += 1
+    for emitted in offline_translator.flush_idle(0):
+        offline.deliver(emitted)
+    time.sleep(1.0)
+    rig.replies(wait=0.5)
+    counters = kernel.counters()
     after = guest.hw_counters()
     assert counters[Counter.RX_ACKS] > 0, "rxe acknowledged the RC writes and Fetch&Adds"
     assert counters.get(Counter.RX_NAK_SEQUENCE, 0) == 0 and counters.get(Counter.RX_NAK_FATAL, 0) == 0
     assert after.get("out_of_seq_request", 0) == before.get("out_of_seq_request", 0)
 
-    ip = tables.qps[0].collector_ip
+    ip = rig.ip
     kw_reports = [r for r in reports if r.opcode is DtaOpcode.KEY_WRITE]
     kw = tables.structure(ip, Primitive.KEY_WRITE)
     expected = keywrite_query(offline.structure_region(Primitive.KEY_WRITE, ip), [r.key for r in kw_reports], 2,
@@ -199,3 +217,81 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
     matrix = np.array(http(guest, f"/sketch/sketch-merge@{guest.guest_ip}")["matrix"])
     assert (matrix == offline.structure_region(Primitive.SKETCH_MERGE, ip).matrix().T).all()
     assert after["rcvd_pkts"] - before["rcvd_pkts"] >= sent
+
+
+def fresh_keys(seed: int, count: int) -> list[bytes]:
+    """Distinct 4-byte keys no other test of this module uses."""
+    return [report.key for report in workload.key_write(count, seed, 1)]
+
+
+def counts(rig, keys: list[bytes]) -> list[int]:
+    answer = http(rig.guest, f"/keyincrement/key-increment@{rig.guest.guest_ip}",
+                  {"keys": [k.hex() for k in keys], "redundancy": 2})
+    return [row["count"] for row in answer["results"]]
+
+
+def test_a_lost_rc_frame_is_nakked_resynced_and_traffic_recovers(collector):
+    rig = collector
+    before, naks = rig.guest.hw_counters(), rig.kernel.counters().get(Counter.RX_NAK_SEQUENCE, 0)
+    lost_flow = fresh_keys(41, 1)
+    rig.send(dta.key_increment(lost_flow[0], 5, 2), lose=0)  # copy 0 never reaches rxe
+    for key in fresh_keys(42, 5):  # these arrive after the gap: rxe NAKs once, then drops them
+        rig.send(dta.key_increment(key, 1, 2))
+    time.sleep(0.5)
+    rig.replies(wait=0.5)
+    assert rig.kernel.counters()[Counter.RX_NAK_SEQUENCE] == naks + 1
+    assert rig.guest.hw_counters()["out_of_seq_request"] > before.get("out_of_seq_request", 0)
+    time.sleep(0.1)  # the grace period (50 ms) ends
+    recovered = fresh_keys(43, 10)
+    for key in recovered:
+        rig.send(dta.key_increment(key, 7, 2))
+    time.sleep(0.5)
+    rig.replies(wait=0.5)
+    assert rig.qp_state(Primitive.KEY_INCREMENT)["state"] == 0  # active
+    assert counts(rig, recovered) == [7] * len(recovered)
+
+
+def test_a_lost_uc_frame_loses_only_that_write(collector):
+    rig = collector
+    keys = fresh_keys(51, 12)
+    for index, key in enumerate(keys):
+        rig.send(dta.postcard(key, 1, 10 + index, path_length=1, extended=True), lose=0 if index == 3 else None)
+    time.sleep(0.5)
+    answer = http(rig.guest, f"/postcarding/postcarding@{rig.guest.guest_ip}",
+                  {"keys": [k.hex() for k in keys], "value_set": list(range(1, 64))})
+    delivered = [row["path"][0] == 10 + index for index, row in enumerate(answer["results"])]
+    assert delivered == [index != 3 for index in range(len(keys))]
+
+
+def test_a_wrong_rkey_fails_the_qp_and_the_collector_recreates_it(collector):
+    rig = collector
+    kw = rig.tables.structure(rig.ip, Primitive.KEY_WRITE)
+    fatal = rig.kernel.counters().get(Counter.RX_NAK_FATAL, 0)
+    rig.kernel.apply(_tables_with_rkey(rig, kw.qp.name, kw.qp.rkey ^ 0x5A5A))
+    rig.send(dta.key_write(fresh_keys(61, 1)[0], 1, 2))
+    time.sleep(0.5)
+    rig.replies(wait=0.5)
+    assert rig.qp_state(Primitive.KEY_WRITE)["state"] == 2  # failed, after rxe's remote access NAK
+    assert rig.kernel.counters()[Counter.RX_NAK_FATAL] == fatal + 1
+    rig.tables = rig.links.updates.get(timeout=15)  # re-created by the collector, re-advertised
+    new_qp = rig.tables.structure(rig.ip, Primitive.KEY_WRITE).qp
+    assert new_qp.remote_qpn != kw.qp.remote_qpn
+    rig.kernel.apply(rig.tables)
+    assert rig.qp_state(Primitive.KEY_WRITE)["state"] == 0
+    keys = fresh_keys(62, 20)
+    for index, key in enumerate(keys):
+        rig.send(dta.key_write(key, 1000 + index, 2))
+    time.sleep(0.5)
+    rig.replies(wait=0.5)
+    answer = http(rig.guest, f"/keywrite/key-write@{rig.guest.guest_ip}", {"keys": [k.hex() for k in keys],
+                                                                           "redundancy": 2})
+    assert [row["value"] for row in answer["results"]] == [f"{1000 + i:08x}" for i in range(len(keys))]
+
+
+def _tables_with_rkey(rig, qp_name: str, rkey: int) -> Tables:
+    """The tables the collector advertised, but one QP with a wrong R_Key (an operator's mistake)."""
+    document = rig.links.document()
+    for entry in document["structures"] + document["append"]:
+        if entry["qp"]["name"] == qp_name:
+            entry["qp"]["rkey"] = rkey
+    return Tables.from_dict(document)

@@ -211,12 +211,16 @@ class CollectorLinks:
         self._loop.close()
 
     def tables(self) -> Tables:
+        return Tables.from_dict(self.document(), "collector advertisements")
+
+    def document(self) -> dict:
+        """The translator tables (docs/tables.md) the collectors' current advertisements make, as a dict."""
         document = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
         for collector, adverts in self._state.values():
             part = tables_document(self.translator, collector, list(adverts.values()))
             for key in ("collectors", "structures", "append"):
                 document[key] += part[key]
-        return Tables.from_dict(document, "collector advertisements")
+        return document
 
     def _local_qpn(self, collector_index: int, position: int) -> int:
         return self.first_qpn + 0x100 * collector_index + position
