@@ -10,7 +10,7 @@ from .codec import WireError
 from .frames import parse_udp_frame
 from .query import AppendPoller
 from .regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
-from .responder import MemoryRegion, Responder, ResponderQp
+from .responder import CompletionLog, MemoryRegion, Responder, ResponderQp
 from .spec import Primitive
 from .tables import QueuePair, Tables
 
@@ -29,6 +29,7 @@ class OfflineCollector:
             responder.add_qp(ResponderQp(qpn=qp.remote_qpn, transport=qp.transport, remote_ip=tables.ip,
                                          remote_mac=tables.mac, region=region, expected_psn=qp.start_psn,
                                          remote_qpn=qp.local_qpn))
+        self.completion_log = CompletionLog()
         self.append_pollers = [AppendPoller(AppendRegion(self.memory[lists.qp.index], lists))
                                for lists in tables.append_lists if lists.qp.index in self.memory]
 
@@ -40,7 +41,9 @@ class OfflineCollector:
             return []
         if responder is None:
             return []
-        return responder.process(frame).replies
+        out = responder.process(frame)
+        self.completion_log.add(out.completions)
+        return out.replies
 
     def region_of(self, qp: QueuePair) -> bytearray:
         return self.memory[qp.index]

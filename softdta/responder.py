@@ -8,6 +8,7 @@ frames for RC. Collector backends are tested against it.
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +66,23 @@ class Completion:
     qpn: int
     immediate: int
     byte_len: int
+
+
+class CompletionLog:
+    """The newest WRITE with Immediate completions, numbered from 1 in arrival order, so that a reader can ask
+    for those after the last number it saw; older ones fall off once `keep` are held."""
+
+    def __init__(self, keep: int = 4096):
+        self.total = 0
+        self.recent: deque[tuple[int, Completion]] = deque(maxlen=keep)
+
+    def add(self, completions: list[Completion]) -> None:
+        for completion in completions:
+            self.total += 1
+            self.recent.append((self.total, completion))
+
+    def since(self, seq: int) -> list[tuple[int, Completion]]:
+        return [(number, completion) for number, completion in self.recent if number > seq]
 
 
 @dataclass

@@ -12,6 +12,7 @@ integers (their big-endian bytes). Endpoints (details and examples in docs/query
   GET  /append/<name>?list=<id>  entries new since the last poll of that list (all lists without `list`);
                                  &follow=1 streams them as newline-delimited JSON until the client leaves
   GET  /sketch/<name>            the merged sketch, matrix[column][row]
+  GET  /completions?since=<n>    WRITE with Immediate completions numbered after n (the newest 4096 are kept)
   GET  /stats                    structure stats, unread Append entries and the responder's counters
   GET  /health                   {"status": "ok", "backend": ..., ...}
   GET  /metrics                  Prometheus text format: fill and load-factor gauges, responder counters
@@ -38,6 +39,7 @@ from .hashing import key_hashes_rows
 from .offline import OfflineCollector
 from .query import BLANK, AppendPoller, keyincrement_query, keywrite_query, postcard_query
 from .regions import AppendRegion
+from .responder import CompletionLog
 from .spec import MAX_REDUNDANCY, Primitive
 from .tables import PRIMITIVE_NAMES, AppendLists, Structure, Tables
 
@@ -52,6 +54,7 @@ class QuerySource(Protocol):
     """What the service needs from a collector backend; every view reads the current memory."""
 
     tables: Tables
+    completion_log: CompletionLog
 
     def structure_region(self, primitive: Primitive, collector_ip: bytes): ...
 
@@ -68,6 +71,7 @@ class OfflineSource:
     def __init__(self, collector: OfflineCollector):
         self.collector = collector
         self.tables = collector.tables
+        self.completion_log = collector.completion_log
 
     def structure_region(self, primitive: Primitive, collector_ip: bytes):
         return self.collector.structure_region(primitive, collector_ip)
@@ -257,7 +261,9 @@ class _Metrics:
         for qpn, qp in self.service.source.health().get("qps", {}).items():
             qps.add_metric([qpn, str(qp.get("structure", "")), str(qp.get("translator", ""))],
                            0 if qp.get("state") == "error" or qp.get("error") else 1)
-        return [fill, load, unread, responder, qps]
+        completions = CounterMetricFamily("softdta_completions", "WRITE with Immediate completions received")
+        completions.add_metric([], self.service.source.completion_log.total)
+        return [fill, load, unread, responder, qps, completions]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,6 +425,16 @@ class QueryService:
                                   "merge": structure.merge.name.lower(),
                                   "matrix": self._region(structure).by_column.tolist()})
 
+    async def completions(self, request: web.Request) -> web.Response:
+        try:
+            since = int(request.query.get("since", "0"))
+        except ValueError:
+            raise _bad_request("since must be an integer: the last completion number you saw (0 for all)") from None
+        log = self.source.completion_log
+        return web.json_response({"total": log.total, "completions": [
+            {"seq": seq, "qpn": completion.qpn, "immediate": completion.immediate, "byte_len": completion.byte_len}
+            for seq, completion in log.since(since)]})
+
     async def stats(self, request: web.Request) -> web.Response:
         unread = {name: {str(list_id): entries.shape[0] for list_id, entries in feed.unread.items()}
                   for name, feed in self.append_feeds.items()}
@@ -444,6 +460,7 @@ def make_app(source: QuerySource) -> web.Application:
                     web.post("/postcarding/{name}", service.postcarding),
                     web.get("/append/{name}", service.append),
                     web.get("/sketch/{name}", service.sketch),
+                    web.get("/completions", service.completions),
                     web.get("/stats", service.stats),
                     web.get("/health", service.health),
                     web.get("/metrics", service.metrics)])

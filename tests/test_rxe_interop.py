@@ -12,6 +12,7 @@ import select
 import socket
 import time
 import urllib.request
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -154,10 +155,14 @@ class Link:
 
 
 def reports_of_every_primitive(tables) -> list[dta.Report]:
+    """Key-Write with N = 1..4 and some WRITE-with-Immediate, enough Append entries to wrap every ring (64
+    entries per list), Postcarding paths, a sketch epoch."""
     lists = tables.append_lists[0]
-    return (workload.key_write(150, 1, 2) + workload.key_increment(150, 2, 2, flows=30)
-            + workload.append(120, 3, lists.lists, lists.first_list) + workload.postcards(30, 4, 5, SWITCH_IDS)
-            + workload.sketch_epoch(1, 16, 4, 5))
+    key_writes = [replace(report, redundancy=1 + index % 4, immediate=index % 5 == 0)
+                  for index, report in enumerate(workload.key_write(150, 1, 2))]
+    return (key_writes + workload.key_increment(150, 2, 2, flows=30)
+            + workload.append(lists.lists * 80, 3, lists.lists, lists.first_list)
+            + workload.postcards(30, 4, 5, SWITCH_IDS) + workload.sketch_epoch(1, 16, 4, 5))
 
 
 def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, collector):
@@ -188,10 +193,10 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
     ip = rig.ip
     kw_reports = [r for r in reports if r.opcode is DtaOpcode.KEY_WRITE]
     kw = tables.structure(ip, Primitive.KEY_WRITE)
-    expected = keywrite_query(offline.structure_region(Primitive.KEY_WRITE, ip), [r.key for r in kw_reports], 2,
+    expected = keywrite_query(offline.structure_region(Primitive.KEY_WRITE, ip), [r.key for r in kw_reports], 4,
                               key_hash=kw.key_hash)
     answer = http(guest, f"/keywrite/key-write@{guest.guest_ip}", {"keys": [r.key.hex() for r in kw_reports],
-                                                                   "redundancy": 2})
+                                                                   "redundancy": 4})
     got = [row["value"] for row in answer["results"]]
     predicted = [f"{int(v):08x}" if found else None for v, found in zip(expected.values, expected.found)]
     assert got == predicted
@@ -217,6 +222,12 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
     matrix = np.array(http(guest, f"/sketch/sketch-merge@{guest.guest_ip}")["matrix"])
     assert (matrix == offline.structure_region(Primitive.SKETCH_MERGE, ip).matrix().T).all()
     assert after["rcvd_pkts"] - before["rcvd_pkts"] >= sent
+
+    offline_completions = [(c.immediate, c.byte_len) for _, c in offline.completion_log.since(0)]
+    assert len(offline_completions) == sum(r.redundancy for r in kw_reports if r.immediate) > 0
+    logged = http(guest, "/completions?since=0")
+    assert logged["total"] == len(offline_completions), "every WRITE with Immediate completed in rxe"
+    assert sorted((c["immediate"], c["byte_len"]) for c in logged["completions"]) == sorted(offline_completions)
 
 
 def fresh_keys(seed: int, count: int) -> list[bytes]:

@@ -7,7 +7,7 @@ the query engines called directly.
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 import numpy as np
@@ -262,6 +262,22 @@ def test_stats_health_and_metrics(service, filled):
     assert qps_up == {name: 1.0 for name in health["qps"]}
 
 
+def test_completions_number_every_write_with_immediate(start_service):
+    tables, translator, collector, reporter = new_pipeline()
+    service = start_service(OfflineSource(collector))
+    reports = [replace(report, immediate=index % 3 == 0)
+               for index, report in enumerate(workload.key_write(30, seed=7, redundancy=REDUNDANCY))]
+    send(translator, collector, reporter, reports)
+    answer = service.call("GET", "/completions")
+    assert answer["total"] == 10 * REDUNDANCY
+    assert [entry["seq"] for entry in answer["completions"]] == list(range(1, 10 * REDUNDANCY + 1))
+    assert {entry["byte_len"] for entry in answer["completions"]} == {8}  # a slot: key checksum and value
+    later = service.call("GET", f"/completions?since={answer['total'] - 3}")["completions"]
+    assert later == answer["completions"][-3:]
+    families = {family.name: family for family in text_string_to_metric_families(service.call("GET", "/metrics"))}
+    assert families["softdta_completions"].samples[0].value == 10 * REDUNDANCY
+
+
 # --------------------------------------------------------------------------------------------------
 # Append
 
@@ -334,6 +350,7 @@ def test_append_follow_streams_entries_added_after_it_started(start_service):
 # Errors
 
 BAD_REQUESTS = [
+    ("GET", "/completions?since=last", None, 400, "since must be an integer"),
     ("POST", "/keywrite/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure named 'nope'"),
     ("POST", f"/keywrite/{KEY_INCREMENT}", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure"),
     ("POST", "/keyincrement/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-increment structure"),

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..responder import Completion
 from ..spec import Access, Transport
 
 
@@ -64,6 +65,10 @@ class Backend(Protocol):
 
     def reconnect(self, qpn: int) -> QpInfo:
         """Replace a failed queue pair; the new one may have another QPN, which must be re-advertised."""
+
+    def completions(self) -> list[Completion]:
+        """WRITE with Immediate completions since the last call, oldest first; call it often, since a verbs
+        device has only so many receive WRs posted."""
 
     def counters(self) -> dict[str, int]:
         """Responder counters by rxe hw_counters name where one exists."""

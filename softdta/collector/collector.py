@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..frames import ip_str, mac_str
 from ..regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from ..responder import CompletionLog
 from ..spec import Primitive
 from ..tables import AppendLists, Tables
 from .backend import Backend, BackendError, Peer, QpInfo, Region
@@ -27,6 +28,10 @@ class Collector:
                                            for name, spec in self.specs.items()}
         self.connections: dict[int, tuple[str, Peer, QpInfo]] = {}  # collector QPN -> (structure, translator, QP)
         self.tables = tables_for(config, self.regions)
+        self.completion_log = CompletionLog()
+
+    def poll_completions(self) -> None:
+        self.completion_log.add(self.backend.completions())
 
     def close(self) -> None:
         self.backend.close()

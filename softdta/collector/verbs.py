@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..responder import Completion
 from ..spec import Access, Transport
 from .backend import BackendError, Peer, QpInfo, Region
 
@@ -33,7 +34,7 @@ DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"  # python3-pyverbs insta
 PYVERBS_MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "pyverbs_error", "qp", "wr")
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 PORT = 1
-RECV_DEPTH = 64  # receive WRs kept posted per QP; each WRITE with Immediate consumes one
+RECV_DEPTH = 1024  # receive WRs kept posted per QP; each WRITE with Immediate consumes one
 HOP_LIMIT = 64
 MIN_RNR_TIMER = 12  # 0.64 ms: how long an RC translator waits after an RNR NAK (no receive posted)
 # Requester settings for RTS: this QP sends no requests, but an RC QP goes on to RTS as connected QPs usually do,
@@ -278,9 +279,9 @@ class VerbsBackend:
         connection.cq.close()
         return self.connect(connection.region, connection.transport, connection.peer)
 
-    def poll_completions(self) -> list[tuple[int, int, int]]:
-        """WRITE with Immediate completions since the last call as (qpn, immediate, byte_len), oldest first per
-        QP; each consumed receive is posted again."""
+    def completions(self) -> list[Completion]:
+        """WRITE with Immediate completions since the last call, oldest first per QP; each consumed receive is
+        posted again."""
         enums = self.pv.enums
         completions = []
         for connection in self.connections.values():
@@ -290,7 +291,7 @@ class VerbsBackend:
                     continue  # flushed by a QP in ERROR; reconnect() replaces it with fresh receives
                 connection.qp.post_recv(connection.recv)
                 if wc.opcode == enums.IBV_WC_RECV_RDMA_WITH_IMM:
-                    completions.append((wc.qp_num, socket.ntohl(wc.imm_data), wc.byte_len))  # imm_data is big-endian
+                    completions.append(Completion(wc.qp_num, socket.ntohl(wc.imm_data), wc.byte_len))  # imm_data is big-endian
         return completions
 
     def counters(self) -> dict[str, int]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..responder import Completion
 from ..spec import ARENA_PAGE, Access, Transport
 from ..xdp import EngineError
 from ..xdp_responder import ArenaRegion, XdpResponder
@@ -74,6 +75,9 @@ class XdpBackend:
         self.responder.reset_qp(qpn, psn)
         region, transport, _ = self.qps[qpn]
         return QpInfo(qpn, psn, transport, region.name)
+
+    def completions(self) -> list[Completion]:
+        return self.responder.completions()
 
     def counters(self) -> dict[str, int]:
         return {counter.name.lower(): value for counter, value in self.responder.counters().items()}
