@@ -15,14 +15,14 @@ import sysconfig
 import threading
 import time
 from collections import Counter as Tally
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
                   possible_cpus, program_run_stats, xdp_md)
 from .maps import table
+from .control_plane import Entry, Slots, address_fields, apply_plan, plan
 from .spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
-from .tables import QueuePair, TableError, Tables
+from .tables import QueuePair, Tables
 from .translator import Output
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -60,38 +60,43 @@ def build_object(source: Path = SOURCE, force: bool = False) -> Path:
     return target
 
 
-@dataclass
-class Slots:
-    """Map indexes the control plane hands out; kept across table updates so live state stays put."""
-
-    qp: dict[int, int] = field(default_factory=dict)  # local QPN -> qp map index
-    append: dict[int, int] = field(default_factory=dict)  # list id -> append_state index
-    postcard: dict[tuple[bytes, int], int] = field(default_factory=dict)  # (collector ip, entries) -> first slot
-    sketch: dict[bytes, int] = field(default_factory=dict)  # collector ip -> sketch state index
-
-
-def _free_index(used: set[int], capacity: int, what: str) -> int:
-    for index in range(capacity):
-        if index not in used:
-            used.add(index)
-            return index
-    raise TableError(f"the kernel engine holds at most {capacity} {what}; split the tables over translators")
-
-
-def _free_range(ranges: list[tuple[int, int]], size: int, capacity: int, what: str) -> int:
-    start = 0
-    for first, length in sorted(ranges):
-        if first - start >= size:
-            break
-        start = max(start, first + length)
-    if start + size > capacity:
-        raise TableError(f"the kernel engine holds at most {capacity} {what} in total; lower cache_entries")
-    ranges.append((start, size))
-    return start
-
-
 def _capacity(name: str) -> int:
     return next(t.max_entries for t in TRANSLATOR_TABLES if t.name == name)
+
+
+class MapTarget:
+    """The XDP maps as a control-plane target: entries packed as the BPF structs in bpf/softdta_spec.h."""
+
+    def __init__(self, maps: dict[str, Map]):
+        self.maps = maps
+
+    def write(self, entry: Entry) -> None:
+        key, value = map_entry(entry)
+        self.maps[entry.table].update(key, value)
+
+    def delete(self, entry: Entry) -> None:
+        self.maps[entry.table].delete(map_entry(entry)[0])
+
+    def installed(self, name: str) -> list[Entry]:
+        return [Entry(name, map_logical(name, table(name).key.unpack(raw))) for raw in self.maps[name].keys()]
+
+
+def map_entry(entry: Entry) -> tuple[bytes, bytes]:
+    """A control-plane entry as the (key, value) bytes of its BPF map."""
+    layout, addresses = table(entry.table), address_fields(entry.table)
+    return (layout.key.pack(**_in_memory(entry.key, addresses)),
+            layout.value.pack(**_in_memory(entry.value, addresses)))
+
+
+def _in_memory(values, addresses: frozenset[str]) -> dict:
+    """Addresses in integer fields as the kernel stores them: network order in memory, read as a host __u32."""
+    return {name: int.from_bytes(v, "little") if name in addresses else v for name, v in values.items()}
+
+
+def map_logical(name: str, values: dict) -> dict:
+    """Unpacked map fields of table `name` as control-plane values (the inverse of `map_entry`)."""
+    addresses = address_fields(name)
+    return {field: v.to_bytes(4, "little") if field in addresses else v for field, v in values.items()}
 
 
 class XdpTranslator:
@@ -141,100 +146,19 @@ class XdpTranslator:
     # tables
 
     def apply(self, tables: Tables) -> None:
-        """Write `tables` into the maps. Entries that stay keep their state (PSNs, heads, caches); new QPs start
-        at their start_psn; removed entries are deleted last, so traffic for the rest never sees a gap."""
-        tables.validate()
-        write = self._writer()
-        write("translator_config", {"index": 0}, src_mac=tables.mac, udp_sport=tables.udp_sport,
-              src_ip=int.from_bytes(tables.ip, "little"), dscp=tables.dscp, ttl=tables.ttl,
-              profile=0 if tables.profile.value == "dta-v1" else 1,
-              ack_req_interval=tables.ack_request_interval, grace_ns=tables.grace_ns,
-              flush_idle_ns=self.flush_idle_ns)
-        if len(tables.ip) != 4:
-            raise TableError("the kernel engine translates over IPv4; give the translator an IPv4 address")
-        old_qps = dict(self.slots.qp)
-        used = set(old_qps.values())
-        qp_index: dict[str, int] = {}
-        for qp in tables.qps:
-            index = old_qps.get(qp.local_qpn)
-            if index is None:
-                index = _free_index(used, _capacity("qp"), "queue pairs")
-            fresh = self.slots.qp.get(qp.local_qpn) is None or self._qp_changed(index, qp)
-            self.slots.qp[qp.local_qpn] = qp_index[qp.name] = index
-            write("qp", {"qp_index": index}, remote_qpn=qp.remote_qpn, local_qpn=qp.local_qpn, rkey=qp.rkey,
-                  collector_ip=_ip(qp.collector_ip), collector_mac=qp.collector_mac, transport=int(qp.transport),
-                  start_psn=qp.start_psn, ifindex=_egress(qp), base_va=qp.base_va, length=qp.length)
-            if fresh:
-                write("qp_state", {"qp_index": index}, next_psn=qp.start_psn, state=int(QpState.ACTIVE))
-            write("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, qp_index=index)
-            write("collector", {"ip": _ip(qp.collector_ip)}, mac=qp.collector_mac)
-        structure_keys = set()
-        postcard_ranges = [(first, entries) for (_, entries), first in self.slots.postcard.items()]
-        sketch_used = set(self.slots.sketch.values())
-        for structure in tables.structures:
-            ip = structure.qp.collector_ip
-            state_index = 0
-            if structure.primitive is Primitive.POSTCARDING:
-                key = (ip, structure.cache_entries)
-                if key not in self.slots.postcard:
-                    self.slots.postcard[key] = _free_range(postcard_ranges, structure.cache_entries,
-                                                           _capacity("postcard_cache"), "Postcarding cache entries")
-                state_index = self.slots.postcard[key]
-            elif structure.primitive is Primitive.SKETCH_MERGE:
-                if ip not in self.slots.sketch:
-                    self.slots.sketch[ip] = _free_index(sketch_used, _capacity("sketch_column"), "sketches")
-                state_index = self.slots.sketch[ip]
-            structure_keys.add((_ip(ip), int(structure.primitive)))
-            write("structure", {"collector_ip": _ip(ip), "primitive": int(structure.primitive)},
-                  qp_index=qp_index[structure.qp.name], slot_count=structure.slot_count,
-                  slot_size=structure.slot_size, key_len=structure.key_len, data_len=structure.data_len,
-                  hops=structure.hops, merge=int(structure.merge), key_hash=int(structure.key_hash),
-                  rows=structure.rows, reporters=structure.reporters, columns=structure.columns,
-                  cache_entries=structure.cache_entries, batch=structure.batch, state_index=state_index)
-        list_ids = set()
-        append_used = set(self.slots.append.values())
-        for lists in tables.append_lists:
-            for offset in range(lists.lists):
-                list_id = lists.first_list + offset
-                list_ids.add(list_id)
-                if list_id not in self.slots.append:
-                    self.slots.append[list_id] = _free_index(append_used, _capacity("append_state"), "Append lists")
-                    write("append_state", {"state_index": self.slots.append[list_id]})
-                write("append_list", {"list_id": list_id}, qp_index=qp_index[lists.qp.name],
-                      first_slot=offset * lists.entries, slot_count=lists.entries, entry_size=lists.data_len,
-                      batch=lists.batch, state_index=self.slots.append[list_id])
-        self._delete_missing("structure", structure_keys, lambda k: (k["collector_ip"], k["primitive"]))
-        live = {(s.qp.collector_ip, s.primitive, s.cache_entries) for s in tables.structures}
-        self.slots.postcard = {key: first for key, first in self.slots.postcard.items()
-                               if (key[0], Primitive.POSTCARDING, key[1]) in live}
-        self.slots.sketch = {ip: index for ip, index in self.slots.sketch.items()
-                             if any(s.qp.collector_ip == ip and s.primitive is Primitive.SKETCH_MERGE
-                                    for s in tables.structures)}
-        self._delete_missing("append_list", list_ids, lambda k: k["list_id"])
-        for list_id in set(self.slots.append) - list_ids:
-            del self.slots.append[list_id]
-        live_qpns = {qp.local_qpn for qp in tables.qps}
-        self._delete_missing("qp_by_local_qpn", live_qpns, lambda k: k["local_qpn"])
-        self._delete_missing("collector", {_ip(qp.collector_ip) for qp in tables.qps}, lambda k: k["ip"])
-        for local_qpn in set(self.slots.qp) - live_qpns:
-            write("qp", {"qp_index": self.slots.qp.pop(local_qpn)})
+        """Write `tables` into the maps through the shared control plane (`control_plane.plan`). Entries that
+        stay keep their state (PSNs, heads, caches); new QPs start at their start_psn; removed entries are
+        deleted last, so traffic for the rest never sees a gap."""
+        installed = {}
+        for local_qpn, index in self.slots.qp.items():
+            current = self.read("qp", qp_index=index)
+            if current is not None:
+                installed[index] = (current["remote_qpn"], current["start_psn"])
+        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=_egress,
+                       installed_qps=installed)
+        apply_plan(MapTarget(self.maps), planned)
+        self.slots = planned.slots
         self.tables = tables
-
-    def _writer(self):
-        def write(name: str, key: dict, **value) -> None:
-            layout = table(name)
-            self.maps[name].update(layout.key.pack(**key), layout.value.pack(**value))
-        return write
-
-    def _delete_missing(self, name: str, keep: set, key_of) -> None:
-        layout = table(name)
-        for raw in list(self.maps[name].keys()):
-            if key_of(layout.key.unpack(raw)) not in keep:
-                self.maps[name].delete(raw)
-
-    def _qp_changed(self, index: int, qp: QueuePair) -> bool:
-        current = self.read("qp", qp_index=index)
-        return current is None or current["remote_qpn"] != qp.remote_qpn or current["start_psn"] != qp.start_psn
 
     def _slots_in_maps(self) -> Slots:
         """Rebuild the index assignment from (pinned) maps, so a restarted translator keeps its state."""
@@ -457,11 +381,6 @@ def _output(action: int, data: bytes) -> Output:
     if action == XDP_PASS:
         return Output(passed=True)
     return Output()
-
-
-def _ip(address: bytes) -> int:
-    """An IPv4 address as the kernel stores it in a __u32 (network order in memory)."""
-    return int.from_bytes(address, "little")
 
 
 def _egress(qp: QueuePair) -> int:
