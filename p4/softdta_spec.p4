@@ -696,4 +696,20 @@ struct arena_value_t {
     bit<32768> bytes;
 }
 
+// What the control-plane tables (p4/softdta_tables.p4) look up and return for one packet
+struct translator_tables_t {
+    translator_config_key_t translator_config_key;
+    translator_config_value_t translator_config;
+    qp_key_t qp_key;
+    qp_value_t qp;
+    collector_key_t collector_key;
+    collector_value_t collector;
+    qp_by_local_qpn_key_t qp_by_local_qpn_key;
+    qp_by_local_qpn_value_t qp_by_local_qpn;
+    structure_key_t structure_key;
+    structure_value_t structure;
+    append_list_key_t append_list_key;
+    append_list_value_t append_list;
+}
+
 #endif // SOFTDTA_SPEC_P4

@@ -245,7 +245,11 @@ def render_p4() -> str:
         for part, fields in (("key", table.key), ("value", table.value)):
             lines += ["", f"// {table.name} {part}: {table.doc}", f"struct {table.name}_{part}_t {{"]
             lines += _p4_fields(fields) + ["}"]
-    lines += ["", "#endif // SOFTDTA_SPEC_P4", ""]
+    lines += ["", "// What the control-plane tables (p4/softdta_tables.p4) look up and return for one packet",
+              "struct translator_tables_t {"]
+    for table in p4_control_tables():
+        lines += [f"    {table.name}_key_t {table.name}_key;", f"    {table.name}_value_t {table.name};"]
+    lines += ["}", "", "#endif // SOFTDTA_SPEC_P4", ""]
     return "\n".join(lines)
 
 
@@ -281,8 +285,6 @@ def render_crc_header() -> str:
     return "\n".join(lines + ["", "#endif /* SOFTDTA_CRC_H */", ""])
 
 
-GENERATED = {Path("bpf/softdta_spec.h"): render_c_header, Path("p4/softdta_spec.p4"): render_p4,
-             Path("bpf/softdta_crc.h"): render_crc_header}
 
 
 def write_all(root: Path) -> list[Path]:
@@ -298,3 +300,116 @@ def write_all(root: Path) -> list[Path]:
 def stale(root: Path) -> list[Path]:
     return [root / relative for relative, render in GENERATED.items()
             if not (root / relative).is_file() or (root / relative).read_text() != render()]
+
+
+# --------------------------------------------------------------------------------------------------
+# P4 translator objects: the control-plane tables with their actions, and the data-plane state registers.
+#
+# Every object carries an explicit @name (global, with a leading dot) and @id, so the P4Info a compiler derives
+# from p4/*.p4 has the names and IDs of the P4Info generated here (`render_p4info`), whatever the architecture.
+
+P4_ID_ACTION, P4_ID_TABLE, P4_ID_REGISTER = 0x01, 0x02, 0x16  # p4.config.v1.P4Ids prefixes
+P4_MISS_ACTION = "softdta_miss"
+# Translator tables without a P4 counterpart, and why.
+P4_WITHOUT = {"fanout": "XDP parks frames 2..N for the tc stage; P4 replicates a report with multicast instead"}
+
+
+@dataclass(frozen=True)
+class P4Register:
+    name: str
+    table: str  # the spec table whose state it holds
+    field: str
+    bits: int
+    size: int  # elements: the table's capacity, times the 32-bit words of a byte-array field
+    id: int
+
+
+def p4_id(prefix: int, index: int) -> int:
+    return prefix << 24 | index
+
+
+def p4_control_tables() -> list[spec.Table]:
+    from .control_plane import CONFIG_TABLES
+    return [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_TABLES if t.name == name]
+
+
+def p4_action_params(table: spec.Table) -> list[Field | Raw]:
+    """Parameters of a table's set action: its value fields, without padding."""
+    return [f for f in table.value if f.name != "pad"]
+
+
+def p4_table_id(index: int) -> int:
+    return p4_id(P4_ID_TABLE, index + 1)
+
+
+def p4_action_id(index: int) -> int:
+    return p4_id(P4_ID_ACTION, index + 1)
+
+
+P4_MISS_ACTION_ID = p4_id(P4_ID_ACTION, 0xFFFF)
+
+
+def p4_registers() -> list[P4Register]:
+    """One register per field of each data-plane state table (spin locks and padding have no P4 meaning)."""
+    from .control_plane import CONFIG_TABLES
+    registers: list[P4Register] = []
+    for table in spec.TRANSLATOR_TABLES:
+        if table.name in CONFIG_TABLES or table.name in P4_WITHOUT:
+            continue
+        for f in table.value:
+            if isinstance(f, spec.SpinLock) or f.name == "pad":
+                continue
+            bits, size = (32, table.max_entries * f.size // 4) if isinstance(f, Raw) else (f.bits, table.max_entries)
+            registers.append(P4Register(f"{table.name}_{f.name}", table.name, f.name, bits, size,
+                                        p4_id(P4_ID_REGISTER, len(registers) + 1)))
+    return registers
+
+
+def render_p4_tables() -> str:
+    lines = [f"// {BANNER}",
+             "// The translator's control-plane tables and their actions. #include it inside the ingress control;",
+             "// that control names its metadata `meta`, with a field `tables` of type translator_tables_t",
+             "// (p4/softdta_spec.p4): actions fill meta.tables.<table>, keys read meta.tables.<table>_key.",
+             "", "#ifndef SOFTDTA_TABLES_P4", "#define SOFTDTA_TABLES_P4", "",
+             f'@id({P4_MISS_ACTION_ID:#010x}) @name(".{P4_MISS_ACTION}") action {P4_MISS_ACTION}() {{ }}']
+    for index, table in enumerate(p4_control_tables()):
+        params = p4_action_params(table)
+        lines += ["", f"// {table.doc}",
+                  f'@id({p4_action_id(index):#010x}) @name(".set_{table.name}")',
+                  f"action set_{table.name}(" + ", ".join(f"bit<{f.bits}> {f.name}" for f in params) + ") {"]
+        lines += [f"    meta.tables.{table.name}.{f.name} = {f.name};" for f in params]
+        lines += ["}", f'@id({p4_table_id(index):#010x}) @name(".{table.name}")', f"table {table.name} {{",
+                  "    key = {"]
+        lines += [f'        meta.tables.{table.name}_key.{f.name} : exact @name("{f.name}");' for f in table.key]
+        lines += ["    }", f"    actions = {{ set_{table.name}; @defaultonly {P4_MISS_ACTION}; }}",
+                  f"    const default_action = {P4_MISS_ACTION}();", f"    size = {table.max_entries};", "}"]
+    lines += ["", "#endif // SOFTDTA_TABLES_P4", ""]
+    return "\n".join(lines)
+
+
+def render_p4_registers() -> str:
+    lines = [f"// {BANNER}",
+             "// The translator's data-plane state as registers, one per field of a spec state table.",
+             "// SOFTDTA_<TABLE>_REGISTERS declares a table's registers; expand it where that state lives (top level",
+             "// in v1model, inside the one gress that uses it in TNA) after defining SOFTDTA_REGISTER(W, N) as the",
+             "// architecture's register type of N elements of bit<W>.", "",
+             "#ifndef SOFTDTA_REGISTERS_P4", "#define SOFTDTA_REGISTERS_P4"]
+    by_table: dict[str, list[P4Register]] = {}
+    for register in p4_registers():
+        by_table.setdefault(register.table, []).append(register)
+    for table, registers in by_table.items():
+        lines += ["", f"#define SOFTDTA_{table.upper()}_REGISTERS \\"]
+        lines += [f'    @id({r.id:#010x}) @name(".{r.name}") SOFTDTA_REGISTER({r.bits}, {r.size}) {r.name};'
+                  + (" \\" if i < len(registers) - 1 else "") for i, r in enumerate(registers)]
+    lines += ["", "#endif // SOFTDTA_REGISTERS_P4", ""]
+    return "\n".join(lines)
+
+
+def render_p4info() -> str:
+    from .p4info import p4info_text
+    return p4info_text()
+
+
+GENERATED = {Path("bpf/softdta_spec.h"): render_c_header, Path("p4/softdta_spec.p4"): render_p4,
+             Path("bpf/softdta_crc.h"): render_crc_header, Path("p4/softdta_tables.p4"): render_p4_tables,
+             Path("p4/softdta_registers.p4"): render_p4_registers, Path("p4/softdta.p4info.txtpb"): render_p4info}

@@ -50,9 +50,9 @@ class Slots:
 @dataclass
 class Plan:
     """What one application of the tables writes, in order: `state` (initial values for state that is new or
-    whose QP changed, before any entry leads traffic to it), then `entries`, then `retire` (slots freed).
-    Entries of `PRUNED_TABLES` whose keys are not in `keep` are deleted last, so traffic for the rest never
-    sees a gap."""
+    whose QP changed, before any entry leads traffic to it), then `entries`; then entries of `PRUNED_TABLES`
+    whose keys are not in `keep` are deleted, and last the QP slots in `retire` are freed, once nothing refers
+    to them. Traffic for what stays never sees a gap."""
 
     entries: list[Entry]
     state: list[Entry]
@@ -132,6 +132,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     state: list[Entry] = []
     used = set(slots.qp.values())
     qp_index: dict[str, int] = {}
+    collectors: set[bytes] = set()
     for qp in tables.qps:
         index = slots.qp.get(qp.local_qpn)
         if index is None:
@@ -145,7 +146,9 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             state.append(Entry("qp_state", {"qp_index": index},
                                {"next_psn": qp.start_psn, "state": int(QpState.ACTIVE)}))
         entries.append(Entry("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, {"qp_index": index}))
-        entries.append(Entry("collector", {"ip": qp.collector_ip}, {"mac": qp.collector_mac}))
+        if qp.collector_ip not in collectors:
+            collectors.add(qp.collector_ip)
+            entries.append(Entry("collector", {"ip": qp.collector_ip}, {"mac": qp.collector_mac}))
     postcard_ranges = [(first, size) for (_, size), first in slots.postcard.items()]
     sketch_used = set(slots.sketch.values())
     for structure in tables.structures:
@@ -199,8 +202,10 @@ def deletions(plan: Plan, installed: Mapping[str, Iterable[Entry]]) -> list[Entr
 
 
 def apply_plan(target: Target, plan: Plan) -> None:
-    """Write a plan to a data plane: initial state, entries, retired slots, then deletions."""
-    for entry in plan.state + plan.entries + plan.retire:
+    """Write a plan to a data plane: initial state, entries, deletions, then retired slots."""
+    for entry in plan.state + plan.entries:
         target.write(entry)
     for entry in deletions(plan, {name: list(target.installed(name)) for name in PRUNED_TABLES}):
         target.delete(entry)
+    for entry in plan.retire:
+        target.write(entry)

@@ -154,7 +154,7 @@ class XdpTranslator:
             current = self.read("qp", qp_index=index)
             if current is not None:
                 installed[index] = (current["remote_qpn"], current["start_psn"])
-        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=_egress,
+        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=route_egress,
                        installed_qps=installed)
         apply_plan(MapTarget(self.maps), planned)
         self.slots = planned.slots
@@ -383,7 +383,7 @@ def _output(action: int, data: bytes) -> Output:
     return Output()
 
 
-def _egress(qp: QueuePair) -> int:
+def route_egress(qp: QueuePair) -> int:
     """The interface towards a QP's collector: the configured one, else the route to the collector's IP, else
     0 (send back out of the interface the report came in on)."""
     if qp.interface:

@@ -1,0 +1,319 @@
+"""The control plane's P4 back end: the entries of `control_plane.plan` as P4Runtime updates, and a client.
+
+`P4RuntimeTarget` turns control-plane entries into `p4.v1.Update` messages (table entries for the control
+tables, register entries for initial state) with the IDs of the generated P4Info (p4/softdta.p4info.txtpb);
+building the messages is pure. `P4RuntimeClient` carries them to a switch over gRPC: stream arbitration with
+an election ID, optional SetForwardingPipelineConfig, Write and Read. `P4Translator.apply` is the P4
+counterpart of `XdpTranslator.apply`: the same plan, the same calls, another target.
+
+    python -m softdta.p4runtime entries --tables examples/tables.toml     # the updates, as text
+    python -m softdta.p4runtime push --tables t.toml --p4runtime 10.0.0.2:9559 --device-id 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .p4info import parse_p4info
+from .codegen import p4_registers
+from .control_plane import CONFIG_TABLES, Entry, Slots, address_fields, apply_plan, plan, table_spec
+from .spec import Primitive, Raw
+from .tables import QueuePair, Tables
+
+import grpc  # noqa: E402  (after .p4info, which selects the protobuf runtime the p4runtime wheel needs)
+from google.protobuf import text_format  # noqa: E402
+from google.rpc import code_pb2  # noqa: E402
+from p4.config.v1 import p4info_pb2  # noqa: E402
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc  # noqa: E402
+
+P4INFO_FILE = Path(__file__).resolve().parent.parent / "p4" / "softdta.p4info.txtpb"
+DEFAULT_FLUSH_IDLE_NS = 1_000_000
+
+
+class P4RuntimeError(RuntimeError):
+    """The switch refused or could not be reached; the message says what to check."""
+
+
+def load_p4info(path: Path = P4INFO_FILE) -> p4info_pb2.P4Info:
+    return parse_p4info(path.read_text())
+
+
+def encode_value(value: int | bytes, bits: int) -> bytes:
+    """A P4Runtime bitstring in canonical form: big-endian, no leading zero bytes, at least one byte."""
+    number = int.from_bytes(value, "big") if isinstance(value, bytes) else value
+    if not 0 <= number < 1 << bits:
+        raise ValueError(f"{value!r} does not fit in bit<{bits}>")
+    return number.to_bytes(max(1, (number.bit_length() + 7) // 8), "big")
+
+
+def _logical(table: str, name: str, data: bytes) -> int | bytes:
+    """A bitstring as the control plane holds the field: bytes for addresses and byte fields, else an int."""
+    spec_field = next(f for f in table_spec(table).key + table_spec(table).value if f.name == name)
+    number = int.from_bytes(data, "big")
+    if isinstance(spec_field, Raw):
+        return number.to_bytes(spec_field.size, "big")
+    if name in address_fields(table):
+        return number.to_bytes(spec_field.bits // 8, "big")
+    return number
+
+
+class P4Names:
+    """IDs of the P4Info objects by name."""
+
+    def __init__(self, info: p4info_pb2.P4Info):
+        self.info = info
+        self.tables = {t.preamble.name: t for t in info.tables}
+        self.actions = {a.preamble.name: a for a in info.actions}
+        self.registers = {r.preamble.name: r for r in info.registers}
+        self.table_by_id = {t.preamble.id: t for t in info.tables}
+        self.action_by_id = {a.preamble.id: a for a in info.actions}
+
+
+def table_entry(entry: Entry, names: P4Names) -> p4runtime_pb2.TableEntry:
+    """A control-table entry as a P4Runtime TableEntry (the action only when the entry has a value)."""
+    table = names.tables[entry.table]
+    message = p4runtime_pb2.TableEntry(table_id=table.preamble.id)
+    for match in table.match_fields:
+        field = message.match.add(field_id=match.id)
+        field.exact.value = encode_value(entry.key[match.name], match.bitwidth)
+    if entry.value:
+        action = names.actions[f"set_{entry.table}"]
+        message.action.action.action_id = action.preamble.id
+        for param in action.params:
+            message.action.action.params.add(param_id=param.id,
+                                             value=encode_value(entry.value.get(param.name, 0), param.bitwidth))
+    return message
+
+
+def decode_table_entry(message: p4runtime_pb2.TableEntry, names: P4Names) -> Entry:
+    table = names.table_by_id[message.table_id]
+    name = table.preamble.name
+    match_names = {m.id: m.name for m in table.match_fields}
+    key = {match_names[m.field_id]: _logical(name, match_names[m.field_id], m.exact.value) for m in message.match}
+    value = {}
+    if message.action.action.action_id:
+        action = names.action_by_id[message.action.action.action_id]
+        param_names = {p.id: p.name for p in action.params}
+        value = {param_names[p.param_id]: _logical(name, param_names[p.param_id], p.value)
+                 for p in message.action.action.params}
+    return Entry(name, key, value)
+
+
+def register_entries(entry: Entry, names: P4Names) -> list[p4runtime_pb2.RegisterEntry]:
+    """Initial state as register writes at the entry's index. Byte-array registers are left alone: the data
+    plane reads them only up to the counts these writes reset (an Append batch's `pending`)."""
+    (index,) = entry.key.values()
+    messages = []
+    for register in p4_registers():
+        if register.table != entry.table or register.size != table_spec(entry.table).max_entries:
+            continue
+        message = p4runtime_pb2.RegisterEntry(register_id=names.registers[register.name].preamble.id)
+        message.index.index = index
+        message.data.bitstring = encode_value(entry.value.get(register.field, 0), register.bits)
+        messages.append(message)
+    return messages
+
+
+class P4RuntimeTarget:
+    """A P4 switch as a control-plane target. `send` carries one list of updates (one WriteRequest) at a time,
+    so the order the control plane writes in is the order the switch applies."""
+
+    def __init__(self, names: P4Names, send: Callable[[list[p4runtime_pb2.Update]], None],
+                 present: dict[str, dict[tuple, Entry]] | None = None):
+        self.names = names
+        self.send = send
+        self.present = present if present is not None else {name: {} for name in CONFIG_TABLES}
+
+    def write(self, entry: Entry) -> None:
+        if entry.table not in CONFIG_TABLES:
+            self.send([_update(p4runtime_pb2.Update.MODIFY, register_entry=message)
+                       for message in register_entries(entry, self.names)])
+            return
+        held = self.present[entry.table]
+        if not entry.value:  # a retired slot: the P4 table has no entry where the BPF array holds zeros
+            if entry.key_tuple() in held:
+                self.delete(entry)
+            return
+        kind = p4runtime_pb2.Update.MODIFY if entry.key_tuple() in held else p4runtime_pb2.Update.INSERT
+        self.send([_update(kind, table_entry=table_entry(entry, self.names))])
+        held[entry.key_tuple()] = entry
+
+    def delete(self, entry: Entry) -> None:
+        self.send([_update(p4runtime_pb2.Update.DELETE, table_entry=table_entry(Entry(entry.table, entry.key),
+                                                                                self.names))])
+        self.present[entry.table].pop(entry.key_tuple(), None)
+
+    def installed(self, table: str) -> list[Entry]:
+        return list(self.present[table].values())
+
+
+def _update(kind: int, **entity) -> p4runtime_pb2.Update:
+    return p4runtime_pb2.Update(type=kind, entity=p4runtime_pb2.Entity(**entity))
+
+
+class P4RuntimeClient:
+    """A P4Runtime controller session with one device: primary by election ID, then writes and reads."""
+
+    def __init__(self, address: str, *, device_id: int = 1, election_id: int = 1, timeout: float = 10.0):
+        self.device_id = device_id
+        self.election_id = p4runtime_pb2.Uint128(high=election_id >> 64, low=election_id & (1 << 64) - 1)
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address)
+        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+        self._outbox: queue.Queue = queue.Queue()
+        self._stream = self.stub.StreamChannel(iter(self._outbox.get, None))
+        arbitration = p4runtime_pb2.StreamMessageRequest()
+        arbitration.arbitration.device_id = device_id
+        arbitration.arbitration.election_id.CopyFrom(self.election_id)
+        self._outbox.put(arbitration)
+        try:
+            reply = next(self._stream)
+        except grpc.RpcError as error:
+            self.close()
+            raise P4RuntimeError(f"P4Runtime at {address}: {error.code().name} {error.details()}; check the "
+                                 "address and that the switch's P4Runtime server runs") from None
+        if reply.arbitration.status.code != code_pb2.OK:
+            self.close()
+            raise P4RuntimeError(f"P4Runtime at {address}: not primary for device {device_id} "
+                                 f"({reply.arbitration.status.message}); use a higher --election-id")
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self.channel.close()
+
+    def __enter__(self) -> P4RuntimeClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def set_pipeline(self, info: p4info_pb2.P4Info, device_config: bytes) -> None:
+        request = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id, election_id=self.election_id,
+            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        request.config.p4info.CopyFrom(info)
+        request.config.p4_device_config = device_config
+        self._call(self.stub.SetForwardingPipelineConfig, request)
+
+    def write(self, updates: list[p4runtime_pb2.Update]) -> None:
+        if updates:
+            self._call(self.stub.Write, p4runtime_pb2.WriteRequest(device_id=self.device_id,
+                                                                   election_id=self.election_id, updates=updates))
+
+    def read_table(self, table_id: int) -> list[p4runtime_pb2.TableEntry]:
+        request = p4runtime_pb2.ReadRequest(device_id=self.device_id)
+        request.entities.add().table_entry.table_id = table_id
+        try:
+            return [entity.table_entry for reply in self.stub.Read(request, timeout=self.timeout)
+                    for entity in reply.entities]
+        except grpc.RpcError as error:
+            raise P4RuntimeError(f"P4Runtime Read: {error.code().name} {error.details()}") from None
+
+    def _call(self, method, request) -> None:
+        try:
+            method(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise P4RuntimeError(f"P4Runtime {type(request).__name__}: {error.code().name} "
+                                 f"{error.details()}") from None
+
+
+class P4Translator:
+    """A P4 translator on a switch, driven like `XdpTranslator`: `apply(tables)` re-applies live, keeping
+    slots (and so register state) for entries that stay. What the switch holds is read back first, so a
+    restarted control plane finds its slots again."""
+
+    def __init__(self, client: P4RuntimeClient, *, info: p4info_pb2.P4Info | None = None,
+                 egress: Callable[[QueuePair], int] = lambda qp: 0,
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS):
+        self.client = client
+        self.names = P4Names(info or load_p4info())
+        self.egress = egress
+        self.flush_idle_ns = flush_idle_ns
+        present = {name: {} for name in CONFIG_TABLES}
+        for name in CONFIG_TABLES:
+            for message in client.read_table(self.names.tables[name].preamble.id):
+                entry = decode_table_entry(message, self.names)
+                present[name][entry.key_tuple()] = entry
+        self.target = P4RuntimeTarget(self.names, client.write, present)
+        self.slots = slots_of(present)
+
+    def apply(self, tables: Tables) -> None:
+        installed = {key[0]: (entry.value["remote_qpn"], entry.value["start_psn"])
+                     for key, entry in self.target.present["qp"].items()}
+        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=self.egress,
+                       installed_qps=installed)
+        apply_plan(self.target, planned)
+        self.slots = planned.slots
+
+
+def slots_of(present: dict[str, dict[tuple, Entry]]) -> Slots:
+    """The slot allocation that entries held by a switch imply (as `XdpTranslator` rebuilds it from maps)."""
+    slots = Slots()
+    for (index,), entry in present["qp"].items():
+        slots.qp[entry.value["local_qpn"]] = index
+    for (list_id,), entry in present["append_list"].items():
+        slots.append[list_id] = entry.value["state_index"]
+    for (ip, primitive), entry in present["structure"].items():
+        if primitive == Primitive.POSTCARDING:
+            slots.postcard[(ip, entry.value["cache_entries"])] = entry.value["state_index"]
+        elif primitive == Primitive.SKETCH_MERGE:
+            slots.sketch[ip] = entry.value["state_index"]
+    return slots
+
+
+def planned_updates(tables: Tables, *, egress: Callable[[QueuePair], int] = lambda qp: 0,
+                    flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS,
+                    info: p4info_pb2.P4Info | None = None) -> list[p4runtime_pb2.Update]:
+    """Every update a first push of `tables` to an empty switch sends, in order (pure)."""
+    updates: list[p4runtime_pb2.Update] = []
+    target = P4RuntimeTarget(P4Names(info or load_p4info()), updates.extend)
+    apply_plan(target, plan(tables, Slots(), flush_idle_ns=flush_idle_ns, egress=egress))
+    return updates
+
+
+def _ports(pairs: Iterable[str]) -> Callable[[QueuePair], int]:
+    ports = {}
+    for pair in pairs:
+        name, _, port = pair.partition("=")
+        ports[name] = int(port)
+    return lambda qp: ports.get(qp.name, ports.get(qp.interface, 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m softdta.p4runtime",
+                                     description="the translator tables as P4Runtime entries (docs/p4.md)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("entries", "print the updates a push sends, in protobuf text format"),
+                       ("push", "write the tables to a switch")):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--tables", required=True, type=Path)
+        command.add_argument("--port", action="append", default=[], metavar="QP_OR_INTERFACE=PORT",
+                             help="device port towards a QP's collector (default 0: the ingress port)")
+    push = commands.choices["push"]
+    push.add_argument("--p4runtime", required=True, metavar="HOST:PORT")
+    push.add_argument("--device-id", type=int, default=1)
+    push.add_argument("--election-id", type=int, default=1)
+    push.add_argument("--pipeline", type=Path, help="device config (compiler output) to install first")
+    args = parser.parse_args(argv)
+    tables = Tables.from_toml(args.tables)
+    if args.command == "entries":
+        for update in planned_updates(tables, egress=_ports(args.port)):
+            print(text_format.MessageToString(update, as_one_line=True))
+        return 0
+    try:
+        with P4RuntimeClient(args.p4runtime, device_id=args.device_id, election_id=args.election_id) as client:
+            if args.pipeline:
+                client.set_pipeline(load_p4info(), args.pipeline.read_bytes())
+            P4Translator(client, egress=_ports(args.port)).apply(tables)
+    except P4RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""One control plane, two targets: the P4Runtime entries equal the XDP map entries, and a real gRPC round trip
+to an in-process P4Runtime server carries them in the order the control plane writes them."""
+
+import copy
+import threading
+from concurrent import futures
+
+import pytest
+
+from softdta import p4info  # noqa: F401  (selects the protobuf runtime before grpc and the p4 protos load)
+from softdta.control_plane import CONFIG_TABLES, Slots, plan
+from softdta.maps import table
+from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator,
+                               decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
+from softdta.spec import QpState
+from softdta.tables import Tables
+from softdta.xdp import map_entry, map_logical
+
+import grpc
+from google.rpc import code_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from common import EXAMPLE_TABLES
+
+NAMES = P4Names(load_p4info())
+
+
+def egress(qp) -> int:
+    return 7 if qp.local_qpn % 2 else 0
+
+
+def without_padding(values: dict) -> dict:
+    return {name: value for name, value in values.items() if name != "pad"}
+
+
+def as_map_reads_it(entry) -> tuple[dict, dict]:
+    """An entry packed into its BPF map layout and read back as control-plane values."""
+    key, value = map_entry(entry)
+    layout = table(entry.table)
+    return (map_logical(entry.table, layout.key.unpack(key)),
+            without_padding(map_logical(entry.table, layout.value.unpack(value))))
+
+
+def test_p4_entries_equal_map_entries_for_the_example_tables():
+    planned = plan(Tables.from_toml(EXAMPLE_TABLES), Slots(), flush_idle_ns=1_000_000, egress=egress)
+    assert {entry.table for entry in planned.entries} == set(CONFIG_TABLES)
+    for entry in planned.entries:
+        p4 = decode_table_entry(table_entry(entry, NAMES), NAMES)
+        assert (dict(p4.key), dict(p4.value)) == as_map_reads_it(entry), entry.table
+
+
+def test_canonical_bitstrings():
+    assert encode_value(0, 32) == b"\x00"
+    assert encode_value(0x1234, 32) == b"\x12\x34"
+    assert encode_value(bytes([10, 77, 1, 1]), 32) == bytes([10, 77, 1, 1])
+    assert encode_value(bytes([0, 0, 0, 1]), 32) == b"\x01"
+    with pytest.raises(ValueError):
+        encode_value(1 << 32, 32)
+
+
+def test_first_push_writes_state_then_entries_with_p4info_ids():
+    updates = planned_updates(Tables.from_toml(EXAMPLE_TABLES))
+    kinds = [u.entity.WhichOneof("entity") for u in updates]
+    first_table = kinds.index("table_entry")
+    assert set(kinds[:first_table]) == {"register_entry"} and set(kinds[first_table:]) == {"table_entry"}
+    assert all(u.type == p4runtime_pb2.Update.INSERT for u in updates[first_table:])
+    table_ids = {t.preamble.id for t in NAMES.info.tables}
+    assert {u.entity.table_entry.table_id for u in updates[first_table:]} == table_ids
+    next_psn = NAMES.registers["qp_state_next_psn"].preamble.id
+    psns = {u.entity.register_entry.index.index: u.entity.register_entry.data.bitstring for u in updates
+            if u.entity.register_entry.register_id == next_psn}
+    assert len(psns) == len(Tables.from_toml(EXAMPLE_TABLES).qps)
+
+
+class RecordingP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """A P4Runtime server that holds table entries as a switch would and records every request."""
+
+    def __init__(self, primary_election_id: int = 1):
+        self.primary = primary_election_id
+        self.writes: list[p4runtime_pb2.WriteRequest] = []
+        self.pipelines: list[p4runtime_pb2.SetForwardingPipelineConfigRequest] = []
+        self.entries: dict[bytes, p4runtime_pb2.TableEntry] = {}
+        self.lock = threading.Lock()
+
+    def StreamChannel(self, request_iterator, context):
+        for request in request_iterator:
+            reply = p4runtime_pb2.StreamMessageResponse()
+            reply.arbitration.CopyFrom(request.arbitration)
+            ok = request.arbitration.election_id.low >= self.primary
+            reply.arbitration.status.code = code_pb2.OK if ok else code_pb2.ALREADY_EXISTS
+            yield reply
+
+    def SetForwardingPipelineConfig(self, request, context):
+        self.pipelines.append(request)
+        return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+
+    def Write(self, request, context):
+        with self.lock:
+            self.writes.append(copy.deepcopy(request))
+            for update in request.updates:
+                if update.entity.WhichOneof("entity") != "table_entry":
+                    continue
+                entry = update.entity.table_entry
+                match = p4runtime_pb2.TableEntry(table_id=entry.table_id, match=entry.match).SerializeToString()
+                exists = match in self.entries
+                if (update.type == p4runtime_pb2.Update.INSERT) == exists:
+                    context.abort(grpc.StatusCode.ALREADY_EXISTS if exists else grpc.StatusCode.NOT_FOUND,
+                                  "entry exists" if exists else "no such entry")
+                if update.type == p4runtime_pb2.Update.DELETE:
+                    del self.entries[match]
+                else:
+                    self.entries[match] = copy.deepcopy(entry)
+        return p4runtime_pb2.WriteResponse()
+
+    def Read(self, request, context):
+        wanted = {entity.table_entry.table_id for entity in request.entities}
+        reply = p4runtime_pb2.ReadResponse()
+        with self.lock:
+            for entry in self.entries.values():
+                if entry.table_id in wanted:
+                    reply.entities.add().table_entry.CopyFrom(entry)
+        yield reply
+
+    def held(self) -> list:
+        return [decode_table_entry(entry, NAMES) for entry in self.entries.values()]
+
+
+@pytest.fixture
+def switch():
+    servicer = RecordingP4Runtime()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_push_over_grpc_installs_the_planned_entries(switch):
+    servicer, address = switch
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    with P4RuntimeClient(address, device_id=3, election_id=5) as client:
+        client.set_pipeline(NAMES.info, b"compiled program")
+        P4Translator(client, egress=egress).apply(tables)
+    assert servicer.pipelines[0].config.p4info == NAMES.info
+    assert servicer.pipelines[0].config.p4_device_config == b"compiled program"
+    assert all(w.device_id == 3 and w.election_id.low == 5 for w in servicer.writes)
+    expected = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress).entries
+    assert sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in servicer.held()) == \
+        sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in expected)
+
+
+def test_live_reapply_keeps_slots_and_deletes_last(switch):
+    servicer, address = switch
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    with P4RuntimeClient(address) as client:
+        P4Translator(client).apply(tables)
+        before = {(e.table, e.key_tuple()): e for e in servicer.held()}
+        servicer.writes.clear()
+        smaller = Tables.from_toml(EXAMPLE_TABLES)
+        smaller.structures = [s for s in smaller.structures if s.primitive.name != "POSTCARDING"]
+        smaller.qps = [qp for qp in smaller.qps if qp.name != "postcarding@c1"]
+        smaller.validate()
+        restarted = P4Translator(client)  # a new control plane finds its slots on the switch
+        restarted.apply(smaller)
+    after = {(e.table, e.key_tuple()): e for e in servicer.held()}
+    removed = set(before) - set(after)
+    assert {name for name, _ in removed} == {"qp", "qp_by_local_qpn", "structure"}
+    for key, entry in after.items():
+        assert before[key].value == entry.value, key  # every remaining entry kept its slot and value
+    updates = [u for w in servicer.writes for u in w.updates]
+    deletes = [i for i, u in enumerate(updates) if u.type == p4runtime_pb2.Update.DELETE]
+    assert deletes == list(range(len(updates) - len(removed), len(updates)))  # after every write
+    assert updates[-1].entity.table_entry.table_id == NAMES.tables["qp"].preamble.id  # once unreferenced
+    assert not any(u.entity.WhichOneof("entity") == "register_entry" for u in updates)  # no state reset
+
+
+def test_losing_arbitration_is_an_error(switch):
+    servicer, address = switch
+    servicer.primary = 10
+    with pytest.raises(P4RuntimeError, match="not primary"):
+        P4RuntimeClient(address, election_id=2)
+
+
+def test_unreachable_switch_is_an_error():
+    with pytest.raises(P4RuntimeError, match="UNAVAILABLE"):
+        P4RuntimeClient("127.0.0.1:1", timeout=2)
+
+
+@pytest.mark.privileged
+def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
+    """The same tables file through both back ends: the maps of a loaded XDP translator and the entries a
+    P4Runtime switch holds are the same entries."""
+    from softdta.xdp import XdpTranslator, route_egress
+    servicer, address = switch
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    with XdpTranslator(tables) as xdp:
+        in_maps = []
+        for name in CONFIG_TABLES:
+            layout = table(name)
+            for raw, value in xdp.maps[name].items():
+                entry = without_padding(map_logical(name, layout.value.unpack(value)))
+                if name == "qp" and not entry["remote_qpn"]:
+                    continue  # an unused slot of the qp array
+                in_maps.append((name, map_logical(name, layout.key.unpack(raw)), entry))
+        with P4RuntimeClient(address) as client:
+            P4Translator(client, egress=route_egress, flush_idle_ns=xdp.flush_idle_ns).apply(tables)
+        qp_state = [xdp.read("qp_state", qp_index=index) for index in xdp.slots.qp.values()]
+    held = [(e.table, dict(e.key), dict(e.value)) for e in servicer.held()]
+    assert sorted(map(repr, held)) == sorted(map(repr, in_maps))
+    assert all(state["state"] == QpState.ACTIVE for state in qp_state)
