@@ -710,6 +710,8 @@ struct translator_tables_t {
     structure_value_t structure;
     append_list_key_t append_list_key;
     append_list_value_t append_list;
+    icrc_constant_key_t icrc_constant_key;
+    icrc_constant_value_t icrc_constant;
 }
 
 #endif // SOFTDTA_SPEC_P4

@@ -134,4 +134,21 @@ table append_list {
     size = 65536;
 }
 
+// TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
+@id(0x01000007) @name(".set_icrc_constant")
+action set_icrc_constant(bit<32> constant) {
+    meta.tables.icrc_constant.constant = constant;
+}
+@id(0x02000007) @name(".icrc_constant")
+table icrc_constant {
+    key = {
+        meta.tables.icrc_constant_key.qp_index : exact @name("qp_index");
+        meta.tables.icrc_constant_key.opcode : exact @name("opcode");
+        meta.tables.icrc_constant_key.ip_length : exact @name("ip_length");
+    }
+    actions = { set_icrc_constant; @defaultonly softdta_miss; }
+    const default_action = softdta_miss();
+    size = 16384;
+}
+
 #endif // SOFTDTA_TABLES_P4

@@ -312,6 +312,8 @@ P4_ID_ACTION, P4_ID_TABLE, P4_ID_REGISTER = 0x01, 0x02, 0x16  # p4.config.v1.P4I
 P4_MISS_ACTION = "softdta_miss"
 # Translator tables without a P4 counterpart, and why.
 P4_WITHOUT = {"fanout": "XDP parks frames 2..N for the tc stage; P4 replicates a report with multicast instead"}
+# spec.P4_TABLES that P4Runtime writes as packet replication entries, not as P4 tables.
+P4_REPLICATION = ("multicast_group",)
 
 
 @dataclass(frozen=True)
@@ -329,8 +331,10 @@ def p4_id(prefix: int, index: int) -> int:
 
 
 def p4_control_tables() -> list[spec.Table]:
+    """The P4 tables the control plane writes: the shared configuration tables, then the P4-only ones."""
     from .control_plane import CONFIG_TABLES
-    return [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_TABLES if t.name == name]
+    shared = [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_TABLES if t.name == name]
+    return shared + [t for t in spec.P4_TABLES if t.name not in P4_REPLICATION]
 
 
 def p4_action_params(table: spec.Table) -> list[Field | Raw]:

@@ -15,14 +15,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .spec import TRANSLATOR_TABLES, Field, Primitive, QpState, Raw
+from . import icrc_split
+from .frames import UdpEndpoints, build_udp_frame
+from .roce import transport_payload
+from .spec import (ETHERNET, ICRC_LEN, MAX_REDUNDANCY, P4_TABLES, ROCE_PORT, TRANSLATOR_TABLES, Field, Primitive,
+                   QpState, Raw, RoceOpcode, Transport)
 from .tables import QueuePair, TableError, Tables
 
 # Written by the control plane; the data plane only reads them.
 CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list")
+# Written only to data planes that have them (P4: iCRC constants, packet replication groups).
+DATA_PLANE_TABLES = tuple(t.name for t in P4_TABLES)
 # Entries that stop existing when the tables no longer name them (the qp array is zeroed instead, by the
 # `retire` entries of a plan, because its index is a slot that a later QP may reuse).
-PRUNED_TABLES = ("structure", "append_list", "qp_by_local_qpn", "collector")
+PRUNED_TABLES = ("structure", "append_list", "qp_by_local_qpn", "collector") + DATA_PLANE_TABLES
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,9 @@ class Plan:
 
 
 class Target(Protocol):
-    """A data plane the control plane writes to."""
+    """A data plane the control plane writes to; it receives the entries of the tables it has."""
+
+    tables: frozenset[str]
 
     def write(self, entry: Entry) -> None: ...
 
@@ -74,10 +82,10 @@ class Target(Protocol):
 
 
 def table_spec(name: str):
-    for table in TRANSLATOR_TABLES:
+    for table in TRANSLATOR_TABLES + P4_TABLES:
         if table.name == name:
             return table
-    raise KeyError(f"no translator table named {name!r} in spec.TRANSLATOR_TABLES")
+    raise KeyError(f"no translator table named {name!r} in spec.TRANSLATOR_TABLES or spec.P4_TABLES")
 
 
 def address_fields(name: str) -> frozenset[str]:
@@ -191,6 +199,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
+    entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
     keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
     return Plan(entries, state, retire, keep, new)
 
@@ -204,8 +213,58 @@ def deletions(plan: Plan, installed: Mapping[str, Iterable[Entry]]) -> list[Entr
 def apply_plan(target: Target, plan: Plan) -> None:
     """Write a plan to a data plane: initial state, entries, deletions, then retired slots."""
     for entry in plan.state + plan.entries:
-        target.write(entry)
-    for entry in deletions(plan, {name: list(target.installed(name)) for name in PRUNED_TABLES}):
+        if entry.table in target.tables:
+            target.write(entry)
+    pruned = [name for name in PRUNED_TABLES if name in target.tables]
+    for entry in deletions(plan, {name: list(target.installed(name)) for name in pruned}):
         target.delete(entry)
     for entry in plan.retire:
         target.write(entry)
+
+
+def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:
+    """Every (opcode, payload length) each QP can send, by QP name."""
+    shapes: dict[str, set[tuple[RoceOpcode, int]]] = {qp.name: set() for qp in tables.qps}
+
+    def writes(qp: QueuePair, lengths) -> None:
+        rc = qp.transport is Transport.RC
+        for opcode in ((RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM) if rc
+                       else (RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM)):
+            shapes[qp.name].update((opcode, length) for length in lengths)
+
+    for structure in tables.structures:
+        if structure.primitive is Primitive.KEY_INCREMENT:
+            shapes[structure.qp.name].add((RoceOpcode.RC_FETCH_ADD, 0))
+        elif structure.primitive is Primitive.KEY_WRITE:
+            writes(structure.qp, [4 + structure.data_len])  # key checksum, then data
+        elif structure.primitive is Primitive.POSTCARDING:
+            writes(structure.qp, [4 * structure.hops])
+        else:
+            writes(structure.qp, [structure.batch * structure.slot_size])
+    for lists in tables.append_lists:
+        writes(lists.qp, [count * lists.data_len for count in range(1, lists.batch + 1)])  # idle flushes too
+    return shapes
+
+
+def icrc_constants(tables: Tables, qp_index: Mapping[str, int]) -> list[Entry]:
+    """The per-QP iCRC parts (`icrc_split.constant`) of every frame shape, from a frame with zeroed variables."""
+    entries, shapes = [], frame_shapes(tables)
+    for qp in tables.qps:
+        ends = UdpEndpoints(src_mac=tables.mac, dst_mac=qp.collector_mac, src_ip=tables.ip, dst_ip=qp.collector_ip,
+                            sport=tables.udp_sport, dport=ROCE_PORT, dscp=tables.dscp, ttl=tables.ttl)
+        for opcode, length in sorted(shapes[qp.name]):
+            headers = {"reth": {"rkey": qp.rkey, "dma_length": length}, "atomic_eth": {"rkey": qp.rkey}}
+            transport = transport_payload(opcode, qp.remote_qpn, 0, headers, bytes(length))
+            packet = build_udp_frame(ends, transport + bytes(ICRC_LEN))[ETHERNET.size:-ICRC_LEN]
+            entries.append(Entry("icrc_constant", {"qp_index": qp_index[qp.name], "opcode": int(opcode),
+                                                   "ip_length": len(packet) + ICRC_LEN},
+                                 {"constant": icrc_split.constant(packet)}))
+    return entries
+
+
+def multicast_groups(tables: Tables, egress: Callable[[QueuePair], int]) -> list[Entry]:
+    """Replication groups for Key-Write and Key-Increment: one per egress port and copy count 1..N."""
+    ports = sorted({egress(s.qp) for s in tables.structures
+                    if s.primitive in (Primitive.KEY_WRITE, Primitive.KEY_INCREMENT)})
+    return [Entry("multicast_group", {"group": port * MAX_REDUNDANCY + copies}, {"port": port, "copies": copies})
+            for port in ports for copies in range(1, MAX_REDUNDANCY + 1)]

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .p4info import parse_p4info
-from .codegen import p4_registers
-from .control_plane import CONFIG_TABLES, Entry, Slots, address_fields, apply_plan, plan, table_spec
+from .codegen import P4_REPLICATION, p4_control_tables, p4_registers
+from .control_plane import Entry, Slots, address_fields, apply_plan, plan, table_spec
 from .spec import Primitive, Raw
 from .tables import QueuePair, Tables
 
@@ -32,6 +32,8 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc  # noqa: E402
 
 P4INFO_FILE = Path(__file__).resolve().parent.parent / "p4" / "softdta.p4info.txtpb"
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
+P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
+HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
 
 
 class P4RuntimeError(RuntimeError):
@@ -103,6 +105,28 @@ def decode_table_entry(message: p4runtime_pb2.TableEntry, names: P4Names) -> Ent
     return Entry(name, key, value)
 
 
+def multicast_group_entry(entry: Entry) -> p4runtime_pb2.MulticastGroupEntry:
+    """Copies of a report to one port, each with its replication ID (egress rid = the copy index)."""
+    group = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=entry.key["group"])
+    for copy in range(entry.value.get("copies", 0)):
+        group.replicas.add(egress_port=entry.value["port"], instance=copy)
+    return group
+
+
+def decode_multicast_group(group: p4runtime_pb2.MulticastGroupEntry) -> Entry:
+    ports = {replica.egress_port for replica in group.replicas}
+    value = {"port": ports.pop(), "copies": len(group.replicas)} if ports else {}
+    return Entry("multicast_group", {"group": group.multicast_group_id}, value)
+
+
+def _entity(entry: Entry, names: P4Names) -> dict:
+    if entry.table in P4_REPLICATION:
+        replication = p4runtime_pb2.PacketReplicationEngineEntry()
+        replication.multicast_group_entry.CopyFrom(multicast_group_entry(entry))
+        return {"packet_replication_engine_entry": replication}
+    return {"table_entry": table_entry(entry, names)}
+
+
 def register_entries(entry: Entry, names: P4Names) -> list[p4runtime_pb2.RegisterEntry]:
     """Initial state as register writes at the entry's index. Byte-array registers are left alone: the data
     plane reads them only up to the counts these writes reset (an Append batch's `pending`)."""
@@ -122,14 +146,16 @@ class P4RuntimeTarget:
     """A P4 switch as a control-plane target. `send` carries one list of updates (one WriteRequest) at a time,
     so the order the control plane writes in is the order the switch applies."""
 
+    tables = frozenset(HELD_TABLES + tuple({r.table for r in p4_registers()}))
+
     def __init__(self, names: P4Names, send: Callable[[list[p4runtime_pb2.Update]], None],
                  present: dict[str, dict[tuple, Entry]] | None = None):
         self.names = names
         self.send = send
-        self.present = present if present is not None else {name: {} for name in CONFIG_TABLES}
+        self.present = present if present is not None else {name: {} for name in HELD_TABLES}
 
     def write(self, entry: Entry) -> None:
-        if entry.table not in CONFIG_TABLES:
+        if entry.table not in HELD_TABLES:
             self.send([_update(p4runtime_pb2.Update.MODIFY, register_entry=message)
                        for message in register_entries(entry, self.names)])
             return
@@ -139,12 +165,11 @@ class P4RuntimeTarget:
                 self.delete(entry)
             return
         kind = p4runtime_pb2.Update.MODIFY if entry.key_tuple() in held else p4runtime_pb2.Update.INSERT
-        self.send([_update(kind, table_entry=table_entry(entry, self.names))])
+        self.send([_update(kind, **_entity(entry, self.names))])
         held[entry.key_tuple()] = entry
 
     def delete(self, entry: Entry) -> None:
-        self.send([_update(p4runtime_pb2.Update.DELETE, table_entry=table_entry(Entry(entry.table, entry.key),
-                                                                                self.names))])
+        self.send([_update(p4runtime_pb2.Update.DELETE, **_entity(Entry(entry.table, entry.key), self.names))])
         self.present[entry.table].pop(entry.key_tuple(), None)
 
     def installed(self, table: str) -> list[Entry]:
@@ -207,9 +232,17 @@ class P4RuntimeClient:
     def read_table(self, table_id: int) -> list[p4runtime_pb2.TableEntry]:
         request = p4runtime_pb2.ReadRequest(device_id=self.device_id)
         request.entities.add().table_entry.table_id = table_id
+        return [entity.table_entry for entity in self._read(request)]
+
+    def read_multicast_groups(self) -> list[p4runtime_pb2.MulticastGroupEntry]:
+        """Every multicast group (group ID 0 reads them all)."""
+        request = p4runtime_pb2.ReadRequest(device_id=self.device_id)
+        request.entities.add().packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
+        return [entity.packet_replication_engine_entry.multicast_group_entry for entity in self._read(request)]
+
+    def _read(self, request: p4runtime_pb2.ReadRequest) -> list[p4runtime_pb2.Entity]:
         try:
-            return [entity.table_entry for reply in self.stub.Read(request, timeout=self.timeout)
-                    for entity in reply.entities]
+            return [entity for reply in self.stub.Read(request, timeout=self.timeout) for entity in reply.entities]
         except grpc.RpcError as error:
             raise P4RuntimeError(f"P4Runtime Read: {error.code().name} {error.details()}") from None
 
@@ -233,11 +266,12 @@ class P4Translator:
         self.names = P4Names(info or load_p4info())
         self.egress = egress
         self.flush_idle_ns = flush_idle_ns
-        present = {name: {} for name in CONFIG_TABLES}
-        for name in CONFIG_TABLES:
-            for message in client.read_table(self.names.tables[name].preamble.id):
-                entry = decode_table_entry(message, self.names)
-                present[name][entry.key_tuple()] = entry
+        present: dict[str, dict[tuple, Entry]] = {name: {} for name in HELD_TABLES}
+        held = [decode_table_entry(message, self.names) for name in P4_TABLE_NAMES
+                for message in client.read_table(self.names.tables[name].preamble.id)]
+        held += [decode_multicast_group(group) for group in client.read_multicast_groups()]
+        for entry in held:
+            present[entry.table][entry.key_tuple()] = entry
         self.target = P4RuntimeTarget(self.names, client.write, present)
         self.slots = slots_of(present)
 

@@ -483,3 +483,15 @@ RESPONDER_TABLES = (
 )
 
 TABLES = TRANSLATOR_TABLES + RESPONDER_TABLES  # every BPF map layout the control planes share with the kernel
+
+# --------------------------------------------------------------------------------------------------
+# Control-plane entries only the P4 data planes take (p4/, docs/p4.md).
+
+P4_TABLES = (
+    Table("icrc_constant", (Field("qp_index", 32), Field("opcode", 8), Field("ip_length", 16)), (
+        Field("constant", 32, "iCRC of such a frame with its variable tail zeroed, read little-endian"),
+    ), 16384, "TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)"),
+    Table("multicast_group", (Field("group", 16, "port x MAX_REDUNDANCY + copies"),), (
+        Field("port", 32), Field("copies", 8, "replicas, with replication IDs 0..copies-1"),
+    ), 1024, "packet replication of Key-Write and Key-Increment reports (a P4Runtime multicast group)"),
+)

@@ -69,6 +69,7 @@ class MapTarget:
 
     def __init__(self, maps: dict[str, Map]):
         self.maps = maps
+        self.tables = frozenset(maps)
 
     def write(self, entry: Entry) -> None:
         key, value = map_entry(entry)

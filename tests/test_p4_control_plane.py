@@ -2,17 +2,18 @@
 to an in-process P4Runtime server carries them in the order the control plane writes them."""
 
 import copy
+import dataclasses
 import threading
 from concurrent import futures
 
 import pytest
 
 from softdta import p4info  # noqa: F401  (selects the protobuf runtime before grpc and the p4 protos load)
-from softdta.control_plane import CONFIG_TABLES, Slots, plan
+from softdta.control_plane import CONFIG_TABLES, DATA_PLANE_TABLES, Slots, plan
 from softdta.maps import table
-from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator,
+from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
                                decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
-from softdta.spec import QpState
+from softdta.spec import QpState, RoceOpcode
 from softdta.tables import Tables
 from softdta.xdp import map_entry, map_logical
 
@@ -43,8 +44,10 @@ def as_map_reads_it(entry) -> tuple[dict, dict]:
 
 def test_p4_entries_equal_map_entries_for_the_example_tables():
     planned = plan(Tables.from_toml(EXAMPLE_TABLES), Slots(), flush_idle_ns=1_000_000, egress=egress)
-    assert {entry.table for entry in planned.entries} == set(CONFIG_TABLES)
+    assert {entry.table for entry in planned.entries} == set(CONFIG_TABLES + DATA_PLANE_TABLES)
     for entry in planned.entries:
+        if entry.table in DATA_PLANE_TABLES:
+            continue
         p4 = decode_table_entry(table_entry(entry, NAMES), NAMES)
         assert (dict(p4.key), dict(p4.value)) == as_map_reads_it(entry), entry.table
 
@@ -62,10 +65,16 @@ def test_first_push_writes_state_then_entries_with_p4info_ids():
     updates = planned_updates(Tables.from_toml(EXAMPLE_TABLES))
     kinds = [u.entity.WhichOneof("entity") for u in updates]
     first_table = kinds.index("table_entry")
-    assert set(kinds[:first_table]) == {"register_entry"} and set(kinds[first_table:]) == {"table_entry"}
+    assert set(kinds[:first_table]) == {"register_entry"}
+    assert set(kinds[first_table:]) == {"table_entry", "packet_replication_engine_entry"}
     assert all(u.type == p4runtime_pb2.Update.INSERT for u in updates[first_table:])
     table_ids = {t.preamble.id for t in NAMES.info.tables}
-    assert {u.entity.table_entry.table_id for u in updates[first_table:]} == table_ids
+    assert {u.entity.table_entry.table_id for u in updates[first_table:] if u.entity.HasField("table_entry")} \
+        == table_ids
+    groups = [u.entity.packet_replication_engine_entry.multicast_group_entry for u in updates
+              if u.entity.HasField("packet_replication_engine_entry")]
+    assert sorted((g.multicast_group_id, [(r.egress_port, r.instance) for r in g.replicas]) for g in groups) == \
+        [(copies, [(0, rid) for rid in range(copies)]) for copies in range(1, 5)]
     next_psn = NAMES.registers["qp_state_next_psn"].preamble.id
     psns = {u.entity.register_entry.index.index: u.entity.register_entry.data.bitstring for u in updates
             if u.entity.register_entry.register_id == next_psn}
@@ -98,10 +107,15 @@ class RecordingP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         with self.lock:
             self.writes.append(copy.deepcopy(request))
             for update in request.updates:
-                if update.entity.WhichOneof("entity") != "table_entry":
+                kind = update.entity.WhichOneof("entity")
+                if kind == "table_entry":
+                    entry = update.entity.table_entry
+                    match = p4runtime_pb2.TableEntry(table_id=entry.table_id, match=entry.match).SerializeToString()
+                elif kind == "packet_replication_engine_entry":
+                    entry = update.entity.packet_replication_engine_entry
+                    match = b"group %d" % entry.multicast_group_entry.multicast_group_id
+                else:
                     continue
-                entry = update.entity.table_entry
-                match = p4runtime_pb2.TableEntry(table_id=entry.table_id, match=entry.match).SerializeToString()
                 exists = match in self.entries
                 if (update.type == p4runtime_pb2.Update.INSERT) == exists:
                     context.abort(grpc.StatusCode.ALREADY_EXISTS if exists else grpc.StatusCode.NOT_FOUND,
@@ -113,16 +127,20 @@ class RecordingP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         return p4runtime_pb2.WriteResponse()
 
     def Read(self, request, context):
-        wanted = {entity.table_entry.table_id for entity in request.entities}
+        wanted = {entity.table_entry.table_id for entity in request.entities if entity.HasField("table_entry")}
+        groups = any(entity.HasField("packet_replication_engine_entry") for entity in request.entities)
         reply = p4runtime_pb2.ReadResponse()
         with self.lock:
             for entry in self.entries.values():
-                if entry.table_id in wanted:
+                if isinstance(entry, p4runtime_pb2.TableEntry) and entry.table_id in wanted:
                     reply.entities.add().table_entry.CopyFrom(entry)
+                elif isinstance(entry, p4runtime_pb2.PacketReplicationEngineEntry) and groups:
+                    reply.entities.add().packet_replication_engine_entry.CopyFrom(entry)
         yield reply
 
     def held(self) -> list:
-        return [decode_table_entry(entry, NAMES) for entry in self.entries.values()]
+        return [decode_table_entry(entry, NAMES) if isinstance(entry, p4runtime_pb2.TableEntry)
+                else decode_multicast_group(entry.multicast_group_entry) for entry in self.entries.values()]
 
 
 @pytest.fixture
@@ -165,7 +183,7 @@ def test_live_reapply_keeps_slots_and_deletes_last(switch):
         restarted.apply(smaller)
     after = {(e.table, e.key_tuple()): e for e in servicer.held()}
     removed = set(before) - set(after)
-    assert {name for name, _ in removed} == {"qp", "qp_by_local_qpn", "structure"}
+    assert {name for name, _ in removed} == {"qp", "qp_by_local_qpn", "structure", "icrc_constant"}
     for key, entry in after.items():
         assert before[key].value == entry.value, key  # every remaining entry kept its slot and value
     updates = [u for w in servicer.writes for u in w.updates]
@@ -206,6 +224,37 @@ def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
         with P4RuntimeClient(address) as client:
             P4Translator(client, egress=route_egress, flush_idle_ns=xdp.flush_idle_ns).apply(tables)
         qp_state = [xdp.read("qp_state", qp_index=index) for index in xdp.slots.qp.values()]
-    held = [(e.table, dict(e.key), dict(e.value)) for e in servicer.held()]
+    held = [(e.table, dict(e.key), dict(e.value)) for e in servicer.held() if e.table not in DATA_PLANE_TABLES]
     assert sorted(map(repr, held)) == sorted(map(repr, in_maps))
     assert all(state["state"] == QpState.ACTIVE for state in qp_state)
+
+
+def test_icrc_constants_complete_every_frame_the_reference_translator_sends(reporter):
+    """Each RoCE frame the oracle emits, for every primitive and with immediates, finds its per-QP constant,
+    and the constant XOR the tail CRC is the frame's real iCRC."""
+    from softdta import workload
+    from softdta.icrc_split import combine
+    from softdta.roce import parse_roce
+    from softdta.translator import Translator
+
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
+    constants = {entry.key_tuple(): entry.value["constant"] for entry in planned.entries
+                 if entry.table == "icrc_constant"}
+    qp_index = {qp.remote_qpn: planned.slots.qp[qp.local_qpn] for qp in tables.qps}
+    reports = (workload.key_write(50, redundancy=3) + workload.key_increment(50) + workload.append(61)
+               + workload.postcards(20) + workload.sketch_epoch(2, 64, 4))
+    reports = [dataclasses.replace(report, immediate=number % 3 == 0) for number, report in enumerate(reports)]
+    translator = Translator(tables)
+    frames = [f for r in reports for f in translator.process(reporter.frame(r), now_ns=0).frames]
+    frames += translator.flush_idle(now_ns=10**9)
+    shapes = set()
+    for frame in frames:
+        roce = parse_roce(frame)
+        packet = frame[14:-4]
+        key = (qp_index[roce.bth["dest_qp"]], roce.opcode, len(packet) + 4)
+        shapes.add(key)
+        assert combine(constants[key], packet) == roce.icrc, key
+    assert {index for index, _, _ in shapes} == set(qp_index.values())  # every primitive
+    assert {RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM} <= {opcode for _, opcode, _ in shapes}
+    assert len({length for index, _, length in shapes if index == qp_index[0x105]}) > 1  # partial Append batches
