@@ -696,6 +696,12 @@ struct arena_value_t {
     bit<32768> bytes;
 }
 
+// iCRC split (softdta/icrc_split.py): the variable tail starts this many bytes into the IP packet;
+// v1model hashes it right-aligned in ICRC_TAIL_BYTES bytes, whose all-zero CRC-32 is ICRC_TAIL_ZEROS_CRC
+const bit<16> ICRC_VARIABLE_FROM = 36;
+const bit<16> ICRC_TAIL_BYTES = 280;
+const bit<32> ICRC_TAIL_ZEROS_CRC = 0x84fad56c;
+
 // What the control-plane tables (p4/softdta_tables.p4) look up and return for one packet
 struct translator_tables_t {
     translator_config_key_t translator_config_key;

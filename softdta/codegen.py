@@ -245,6 +245,12 @@ def render_p4() -> str:
         for part, fields in (("key", table.key), ("value", table.value)):
             lines += ["", f"// {table.name} {part}: {table.doc}", f"struct {table.name}_{part}_t {{"]
             lines += _p4_fields(fields) + ["}"]
+    from . import icrc_split
+    lines += ["", "// iCRC split (softdta/icrc_split.py): the variable tail starts this many bytes into the IP packet;",
+              "// v1model hashes it right-aligned in ICRC_TAIL_BYTES bytes, whose all-zero CRC-32 is ICRC_TAIL_ZEROS_CRC",
+              f"const bit<16> ICRC_VARIABLE_FROM = {icrc_split.VARIABLE_FROM};",
+              f"const bit<16> ICRC_TAIL_BYTES = {icrc_split.TAIL_BYTES};",
+              f"const bit<32> ICRC_TAIL_ZEROS_CRC = {icrc_split.TAIL_ZEROS_CRC:#010x};"]
     lines += ["", "// What the control-plane tables (p4/softdta_tables.p4) look up and return for one packet",
               "struct translator_tables_t {"]
     for table in p4_control_tables():

@@ -6,7 +6,7 @@ import zlib
 import pytest
 
 from softdta.frames import UdpEndpoints, build_udp_frame
-from softdta.icrc_split import VARIABLE_FROM, combine, constant, linear_crc
+from softdta.icrc_split import VARIABLE_FROM, combine, combine_padded, constant, linear_crc
 from softdta.roce import icrc, transport_payload
 from softdta.spec import ICRC_LEN, ROCE_PORT, RoceOpcode
 
@@ -56,6 +56,7 @@ def test_constant_and_tail_give_the_real_icrc(opcode, payload_len):
             packet = ip_packet(rng, ends, opcode, dest_qp, rkey, payload_len)
             assert constant(packet) == per_qp
             assert combine(per_qp, packet) == icrc(packet)
+            assert combine_padded(per_qp, packet) == icrc(packet)
 
 
 def test_a_variable_byte_before_the_tail_breaks_the_split():
