@@ -1,0 +1,744 @@
+// softdta translator for v1model (bmv2 simple_switch): DTA reports in, RoCEv2 frames out, like the XDP
+// translator and softdta.translator (the oracle). Layouts, tables and registers come from the generated
+// softdta_spec.p4, softdta_tables.p4 and softdta_registers.p4; docs/p4.md explains the pipeline.
+//
+//   p4c-bm2-ss --std p4-16 --p4runtime-files softdta.p4info.txtpb -o softdta.json softdta_v1model.p4
+//
+// Reports use the dta-v1 base header (3 bytes, with seqnum); Sketch-Merge uses the extended one.
+
+#include <core.p4>
+#include <v1model.p4>
+
+#include "softdta_spec.p4"
+#include "softdta_types.p4"
+#include "softdta_registers.p4"
+
+const bit<32> INSTANCE_RECIRCULATED = 4; // bmv2's instance_type of a recirculated packet
+const bit<8> GATHER_FIELDS = 0; // no metadata survives recirculation: the gather header carries the state
+
+// v1model registers are global: ingress and egress both reach them.
+#define SOFTDTA_REGISTER(W, N) register<bit<W>>(N)
+SOFTDTA_QP_STATE_REGISTERS
+SOFTDTA_APPEND_STATE_REGISTERS
+SOFTDTA_POSTCARD_CACHE_REGISTERS
+SOFTDTA_SKETCH_COLUMN_REGISTERS
+SOFTDTA_SKETCH_REPORTER_REGISTERS
+SOFTDTA_REPORTER_SEQ_REGISTERS
+
+@name(".translator_counters") counter((bit<32>)COUNTER_SLOTS, CounterType.packets) translator_counters;
+
+parser SoftdtaParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t std) {
+    state start {
+        packet.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ethertype) {
+            ETH_P_IP: parse_ipv4;
+            default: accept;
+        }
+    }
+    state parse_ipv4 {
+        packet.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.protocol) {
+            (4w5, IPPROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+    state parse_udp {
+        packet.extract(hdr.udp);
+        transition select(std.instance_type, hdr.udp.dport) {
+            (INSTANCE_RECIRCULATED, _): parse_gather;
+            (_, DTA_PORT): parse_dta;
+            (_, ROCE_PORT): parse_bth;
+            default: accept;
+        }
+    }
+    state parse_gather {
+        packet.extract(hdr.gather);
+        meta.words_left = hdr.gather.gathered;
+        transition select(hdr.gather.gathered) {
+            0: accept;
+            default: parse_gathered_word;
+        }
+    }
+    state parse_gathered_word {
+        packet.extract(hdr.payload.next);
+        meta.words_left = meta.words_left - 1;
+        transition select(meta.words_left) {
+            0: accept;
+            default: parse_gathered_word;
+        }
+    }
+    state parse_dta {
+        transition select(packet.lookahead<bit<8>>()) {
+            EXTENDED_FIRST_BYTE: parse_base_ext;
+            default: parse_base_v1;
+        }
+    }
+    state parse_base_v1 {
+        packet.extract(hdr.base_v1);
+        transition select(hdr.base_v1.opcode) {
+            DTA_OP_KEY_WRITE: parse_key_write;
+            DTA_OP_APPEND: parse_append;
+            DTA_OP_KEY_INCREMENT: parse_key_increment;
+            DTA_OP_POSTCARDING: parse_postcard;
+            default: accept;
+        }
+    }
+    state parse_key_write {
+        packet.extract(hdr.key_write);
+        transition accept;
+    }
+    state parse_append {
+        packet.extract(hdr.append);
+        transition accept;
+    }
+    state parse_key_increment {
+        packet.extract(hdr.key_increment);
+        transition accept;
+    }
+    state parse_postcard {
+        packet.extract(hdr.postcard);
+        transition accept;
+    }
+    state parse_base_ext {
+        packet.extract(hdr.base_ext);
+        transition select(hdr.base_ext.opcode) {
+            DTA_OP_SKETCH_MERGE: parse_sketch;
+            default: accept;
+        }
+    }
+    state parse_sketch {
+        packet.extract(hdr.sketch);
+        meta.words_left = hdr.sketch.rows;
+        transition select(hdr.sketch.rows) {
+            0: accept;
+            default: parse_counter;
+        }
+    }
+    state parse_counter {
+        packet.extract(hdr.counters.next);
+        meta.words_left = meta.words_left - 1;
+        transition select(meta.words_left) {
+            0: accept;
+            default: parse_counter;
+        }
+    }
+    state parse_bth {
+        packet.extract(hdr.bth);
+        transition select(hdr.bth.opcode) {
+            ROCE_OP_RC_ACK: parse_aeth;
+            ROCE_OP_RC_ATOMIC_ACK: parse_aeth;
+            default: accept;
+        }
+    }
+    state parse_aeth {
+        packet.extract(hdr.aeth);
+        transition accept;
+    }
+}
+
+control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+// Bytes of a 32-bit value in the other order: DTA data and sketch counters are stored little-endian.
+#define BYTESWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
+
+// Append: word i of the batch being written, from the list's batch registers.
+#define APPEND_WORD(i) \
+    if ((bit<32>)i < batch) { \
+        append_state_data.read(word, (state_index << APPEND_BATCH_BITS) | i); \
+        hdr.payload[i].setValid(); \
+        hdr.payload[i].word = word; \
+    }
+
+// Postcarding: value i of a path (cached entry `entry`), into the payload.
+#define POSTCARD_WORD(i) \
+    if ((bit<32>)i < hops) { \
+        postcard_cache_values.read(word, (entry << POSTCARD_WORD_BITS) | i); \
+        hdr.payload[i].setValid(); \
+        hdr.payload[i].word = word; \
+    }
+
+// Postcarding: hop value i of a new cache entry: this report's value at its hop, 0 elsewhere.
+#define POSTCARD_RESET(i) \
+    postcard_cache_values.write((entry << POSTCARD_WORD_BITS) | i, \
+                                (bit<32>)i == (bit<32>)hdr.postcard.hop - 1 ? encoded : 32w0);
+
+// Postcarding: H_hop(key) of hop n, POSTCARD_HOP_POLYNOMIALS[n - 1].
+#define HOP_HASH(n) \
+    if (hdr.postcard.hop == n) { \
+        hash(hop_hash, HashAlgorithm.crc32_custom, 32w0, { hdr.postcard.key }, 64w0x100000000); \
+    }
+
+// Sketch-Merge: merge row i of the report into its column's aggregate.
+#define MERGE_ROW(i) \
+    if ((bit<32>)i < (bit<32>)hdr.sketch.rows) { \
+        sketch_column_counters.read(word, (column_index << 4) | i); \
+        if (meta.tables.structure.merge == SKETCH_MERGE_MAX) { \
+            word = word > hdr.counters[i].word ? word : hdr.counters[i].word; \
+        } else { \
+            word = word + hdr.counters[i].word; \
+        } \
+        sketch_column_counters.write((column_index << 4) | i, word); \
+    }
+
+control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+#include "softdta_tables.p4"
+
+    action count(bit<8> slot) {
+        translator_counters.count((bit<32>)slot);
+    }
+    // The report ends here: dropped for `slot`'s reason, or held in state (batched, cached, merged).
+    action consume(bit<8> slot) {
+        translator_counters.count((bit<32>)slot);
+        mark_to_drop(std);
+    }
+    // A WRITE of `length` payload bytes, with an immediate when the report asks for one.
+    action write_frame(bit<64> va, bit<16> length, bit<1> immediate, bit<32> tag) {
+        bool rc = meta.tables.qp.transport == TRANSPORT_RC;
+        meta.out.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
+                                              : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
+        meta.out.emit = 1;
+        meta.out.va = va;
+        meta.out.payload_len = length;
+        meta.out.immediate = tag;
+        meta.out.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
+                             + (bit<16>)RETH_SIZE + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0)
+                             + length + (bit<16>)ICRC_LEN;
+    }
+
+    apply {
+        if (std.parser_error != error.NoError) {
+            consume(CNT_DROP_TRUNCATED);
+            return;
+        }
+        if (!hdr.udp.isValid()) {
+            mark_to_drop(std); // not DTA, not RoCE: the translator forwards nothing else
+            return;
+        }
+        meta.now_ns = (bit<64>)std.ingress_global_timestamp * 1000; // bmv2 counts microseconds
+        meta.tables.translator_config_key.index = 0;
+        if (!translator_config.apply().hit) {
+            mark_to_drop(std);
+            return;
+        }
+        bit<32> word;
+
+        // ---------------------------------------------------------------------------------------
+        // A Sketch-Merge group being collected: one aggregate word per pass, the last first.
+        if (hdr.gather.isValid()) {
+            bit<32> column_index = (hdr.gather.state_index << SKETCH_COLUMN_BITS) | (bit<32>)hdr.gather.column;
+            bit<32> cell = (column_index << 4) | (bit<32>)hdr.gather.row;
+            sketch_column_counters.read(word, cell);
+            sketch_column_counters.write(cell, 0);
+            hdr.payload.push_front(1);
+            hdr.payload[0].setValid();
+            hdr.payload[0].word = BYTESWAP32(word);
+            hdr.gather.gathered = hdr.gather.gathered + 1;
+            hdr.gather.left = hdr.gather.left - 1;
+            if (hdr.gather.row == 0) {
+                sketch_column_contributors.write(column_index, 0);
+                bit<32> epoch;
+                sketch_column_epoch.read(epoch, column_index);
+                sketch_column_epoch.write(column_index, epoch + 1);
+                hdr.gather.row = hdr.gather.rows - 1;
+                hdr.gather.column = hdr.gather.column - 1;
+            } else {
+                hdr.gather.row = hdr.gather.row - 1;
+            }
+            if (hdr.gather.left != 0) {
+                std.egress_spec = std.ingress_port; // egress recirculates it
+                return;
+            }
+            meta.tables.qp_key.qp_index = hdr.gather.qp_index;
+            qp.apply();
+            meta.out.qp_index = hdr.gather.qp_index;
+            meta.out.primitive = PRIM_SKETCH_MERGE;
+            bit<16> length = (bit<16>)hdr.gather.gathered << 2;
+            write_frame(meta.tables.qp.base_va
+                        + ((bit<64>)hdr.gather.first_column << 2) * (bit<64>)hdr.gather.rows,
+                        length, hdr.gather.immediate[0:0], (bit<32>)hdr.gather.first_column);
+            hdr.gather.setInvalid();
+        }
+
+        // ---------------------------------------------------------------------------------------
+        // Collector replies: AETH syndrome per QP; resync on a PSN sequence error NAK only.
+        else if (hdr.aeth.isValid()) {
+            mark_to_drop(std);
+            meta.tables.qp_by_local_qpn_key.local_qpn = (bit<32>)hdr.bth.dest_qp;
+            if (!qp_by_local_qpn.apply().hit) {
+                count(CNT_DROP_UNKNOWN_QP);
+                return;
+            }
+            bit<32> index = meta.tables.qp_by_local_qpn.qp_index;
+            meta.tables.qp_key.qp_index = index;
+            if (!qp.apply().hit || meta.tables.qp.collector_ip != hdr.ipv4.src) {
+                count(CNT_DROP_UNKNOWN_QP);
+                return;
+            }
+            bit<3> kind = hdr.aeth.syndrome[7:5];
+            bit<5> code = hdr.aeth.syndrome[4:0];
+            if (kind == (bit<3>)AETH_ACK) {
+                count(CNT_RX_ACKS);
+            } else if (kind == (bit<3>)AETH_RNR_NAK) {
+                count(CNT_RX_RNR_NAKS);
+            } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
+                count(CNT_RX_NAK_SEQUENCE);
+                qp_state_next_psn.write(index, (bit<32>)hdr.bth.psn);
+                qp_state_state.write(index, (bit<32>)QP_STATE_GRACE);
+                qp_state_grace_until_ns.write(index, meta.now_ns + meta.tables.translator_config.grace_ns);
+            } else {
+                count(CNT_RX_NAK_FATAL);
+                qp_state_state.write(index, (bit<32>)QP_STATE_FAILED);
+            }
+            return;
+        }
+
+        // ---------------------------------------------------------------------------------------
+        // Reports
+        else {
+            if (hdr.udp.dport != DTA_PORT) {
+                mark_to_drop(std);
+                return;
+            }
+            count(CNT_RX_REPORTS);
+            if (meta.tables.translator_config.profile != 0 && hdr.base_v1.isValid()) {
+                consume(CNT_DROP_BAD_PROFILE); // compiled for the 3-byte dta-v1 base header
+                return;
+            }
+            bit<8> opcode = hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode;
+            bit<1> immediate = hdr.base_v1.isValid() ? hdr.base_v1.immediate : hdr.base_ext.immediate;
+            // dta-v1 sub-headers, and extended Sketch-Merge; other extended reports take the XDP translator.
+            if (!(hdr.key_write.isValid() || hdr.key_increment.isValid() || hdr.append.isValid()
+                  || hdr.postcard.isValid() || hdr.sketch.isValid())) {
+                consume(CNT_DROP_UNKNOWN_OPCODE);
+                return;
+            }
+            if (opcode == DTA_OP_APPEND) {
+                meta.tables.append_list_key.list_id = hdr.append.list_id;
+                if (!append_list.apply().hit) {
+                    consume(CNT_DROP_UNKNOWN_LIST);
+                    return;
+                }
+                if (meta.tables.append_list.entry_size != 4) {
+                    consume(CNT_DROP_BAD_LENGTH); // dta-v1 Append data is 4 bytes
+                    return;
+                }
+                meta.tables.qp_key.qp_index = meta.tables.append_list.qp_index;
+            } else {
+                meta.tables.structure_key.collector_ip = hdr.ipv4.dst;
+                meta.tables.structure_key.primitive = (bit<32>)opcode;
+                if (!structure.apply().hit) {
+                    consume(CNT_DROP_UNKNOWN_COLLECTOR);
+                    return;
+                }
+                meta.tables.qp_key.qp_index = meta.tables.structure.qp_index;
+            }
+            if (!qp.apply().hit) {
+                consume(CNT_DROP_UNKNOWN_QP);
+                return;
+            }
+            bit<32> qp_index = meta.tables.qp_key.qp_index;
+            meta.out.qp_index = qp_index;
+            meta.out.primitive = opcode;
+
+            // A QP that cannot send takes no report: its state stays as the collector last saw it.
+            bit<32> state;
+            bit<64> grace_until;
+            qp_state_state.read(state, qp_index);
+            qp_state_grace_until_ns.read(grace_until, qp_index);
+            if (state == (bit<32>)QP_STATE_FAILED) {
+                consume(CNT_DROP_QP_FAILED);
+                return;
+            }
+            if (state == (bit<32>)QP_STATE_GRACE) {
+                if (meta.now_ns < grace_until) {
+                    consume(CNT_DROP_GRACE);
+                    return;
+                }
+                qp_state_state.write(qp_index, (bit<32>)QP_STATE_ACTIVE);
+            }
+
+            if (opcode == DTA_OP_KEY_WRITE || opcode == DTA_OP_KEY_INCREMENT) {
+                bit<8> redundancy = opcode == DTA_OP_KEY_WRITE ? hdr.key_write.redundancy
+                                                               : hdr.key_increment.redundancy;
+                if (redundancy == 0 || redundancy > MAX_REDUNDANCY) {
+                    consume(CNT_DROP_BAD_REDUNDANCY);
+                    return;
+                }
+                // N copies, one per replication ID 0..N-1: egress hashes copy `rid`'s own slot.
+                std.mcast_grp = (bit<16>)(meta.tables.qp.ifindex * (bit<32>)MAX_REDUNDANCY + (bit<32>)redundancy);
+                meta.out.copies = redundancy;
+                meta.out.emit = 1;
+                if (opcode == DTA_OP_KEY_WRITE) {
+                    count(CNT_RX_KEY_WRITE);
+                    if (meta.tables.structure.key_len != 4 || meta.tables.structure.data_len != 4) {
+                        consume(CNT_DROP_BAD_LENGTH); // dta-v1 keys and data are 4 bytes
+                        return;
+                    }
+                    meta.out.key = hdr.key_write.key;
+                    bit<32> checksum;
+                    hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(hdr.key_write.key) }, 64w0x100000000);
+                    write_frame(0, 4 + (bit<16>)meta.tables.structure.data_len, immediate, checksum);
+                } else {
+                    count(CNT_RX_KEY_INCREMENT);
+                    meta.out.key = hdr.key_increment.key;
+                    meta.out.roce_opcode = ROCE_OP_RC_FETCH_ADD;
+                    meta.out.payload_len = 0;
+                    meta.out.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
+                                         + (bit<16>)ATOMIC_ETH_SIZE + (bit<16>)ICRC_LEN;
+                }
+            } else if (opcode == DTA_OP_APPEND) {
+                count(CNT_RX_APPEND);
+                bit<32> state_index = meta.tables.append_list.state_index;
+                bit<32> batch = meta.tables.append_list.batch;
+                bit<32> pending;
+                append_state_pending.read(pending, state_index);
+                append_state_data.write((state_index << APPEND_BATCH_BITS) | pending, BYTESWAP32(hdr.append.data));
+                if (pending + 1 < batch) {
+                    append_state_pending.write(state_index, pending + 1);
+                    consume(CNT_APPEND_BATCHED);
+                    return;
+                }
+                append_state_pending.write(state_index, 0);
+                bit<32> head;
+                append_state_head.read(head, state_index);
+                // Rings hold a whole number of batches (validated), so a batch never straddles the end and
+                // the head wraps to 0 exactly when it reaches it.
+                bit<32> next = head + batch;
+                append_state_head.write(state_index, next == meta.tables.append_list.slot_count ? 32w0 : next);
+                APPEND_WORD(0) APPEND_WORD(1) APPEND_WORD(2) APPEND_WORD(3)
+                APPEND_WORD(4) APPEND_WORD(5) APPEND_WORD(6) APPEND_WORD(7)
+                APPEND_WORD(8) APPEND_WORD(9) APPEND_WORD(10) APPEND_WORD(11)
+                APPEND_WORD(12) APPEND_WORD(13) APPEND_WORD(14) APPEND_WORD(15)
+                write_frame(meta.tables.qp.base_va + ((bit<64>)(meta.tables.append_list.first_slot + head) << 2),
+                            (bit<16>)batch << 2, immediate, hdr.append.list_id);
+            } else if (opcode == DTA_OP_POSTCARDING) {
+                count(CNT_RX_POSTCARDING);
+                bit<32> hops = (bit<32>)meta.tables.structure.hops;
+                if (hdr.postcard.hop == 0 || (bit<32>)hdr.postcard.hop > hops) {
+                    consume(CNT_DROP_BAD_HOP);
+                    return;
+                }
+                bit<32> reversed_key = BYTESWAP32(hdr.postcard.key);
+                bit<32> slot_hash;
+                hash(slot_hash, HashAlgorithm.crc32, 32w0, { hdr.postcard.key }, 64w0x100000000);
+                // H_hop(key): one CRC per hop polynomial (bmv2: set crc32_custom parameters, docs/p4.md).
+                bit<32> hop_hash = 0;
+                HOP_HASH(1) HOP_HASH(2) HOP_HASH(3) HOP_HASH(4) HOP_HASH(5) HOP_HASH(6) HOP_HASH(7) HOP_HASH(8)
+                bit<32> encoded = hdr.postcard.data ^ hop_hash;
+                bit<32> entry = meta.tables.structure.state_index
+                                + (slot_hash & (meta.tables.structure.cache_entries - 1));
+                bit<8> valid;
+                bit<32> cached_key;
+                bit<8> hop_mask;
+                postcard_cache_valid.read(valid, entry);
+                postcard_cache_key.read(cached_key, entry << POSTCARD_WORD_BITS);
+                postcard_cache_hop_mask.read(hop_mask, entry);
+                bit<8> hop_bit = 8w1 << (hdr.postcard.hop - 1);
+                bit<8> complete = (bit<8>)((9w1 << (bit<9>)hops) - 1);
+                bit<32> slot_mask = meta.tables.structure.slot_count - 1;
+                bit<64> slot_bytes = (bit<64>)meta.tables.structure.slot_size;
+                bit<32> checksum;
+                if (valid == 1 && cached_key != hdr.postcard.key && hops == 1) {
+                    // A one-hop path is complete on arrival: written without evicting another flow.
+                    hdr.payload[0].setValid();
+                    hdr.payload[0].word = encoded;
+                    hash(checksum, HashAlgorithm.crc32, 32w0, { reversed_key }, 64w0x100000000);
+                    write_frame(meta.tables.qp.base_va + (bit<64>)(slot_hash & slot_mask) * slot_bytes,
+                                4, immediate, checksum);
+                } else {
+                    if (valid == 1 && cached_key != hdr.postcard.key) {
+                        // Eviction: the cached path goes to the cached key's own slot, then this flow takes over.
+                        count(CNT_POSTCARD_EVICTIONS);
+                        POSTCARD_WORD(0) POSTCARD_WORD(1) POSTCARD_WORD(2) POSTCARD_WORD(3)
+                        POSTCARD_WORD(4) POSTCARD_WORD(5) POSTCARD_WORD(6) POSTCARD_WORD(7)
+                        bit<32> evicted_hash;
+                        hash(evicted_hash, HashAlgorithm.crc32, 32w0, { cached_key }, 64w0x100000000);
+                        hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(cached_key) }, 64w0x100000000);
+                        write_frame(meta.tables.qp.base_va + (bit<64>)(evicted_hash & slot_mask) * slot_bytes,
+                                    (bit<16>)hops << 2, 0, checksum);
+                        valid = 0;
+                    }
+                    if (valid == 0) {
+                        postcard_cache_valid.write(entry, 1);
+                        postcard_cache_key.write(entry << POSTCARD_WORD_BITS, hdr.postcard.key);
+                        postcard_cache_key_len.write(entry, 4);
+                        postcard_cache_path_length.write(entry, (bit<8>)hops);
+                        postcard_cache_first_ns.write(entry, meta.now_ns);
+                        POSTCARD_RESET(0) POSTCARD_RESET(1) POSTCARD_RESET(2) POSTCARD_RESET(3)
+                        POSTCARD_RESET(4) POSTCARD_RESET(5) POSTCARD_RESET(6) POSTCARD_RESET(7)
+                        hop_mask = 0;
+                    } else {
+                        postcard_cache_values.write((entry << POSTCARD_WORD_BITS) | ((bit<32>)hdr.postcard.hop - 1),
+                                                    encoded);
+                    }
+                    hop_mask = hop_mask | hop_bit;
+                    postcard_cache_hop_mask.write(entry, hop_mask);
+                    // After an eviction its frame leaves: this flow's path has just begun.
+                    if (meta.out.emit == 0) {
+                        if (hop_mask != complete) {
+                            consume(CNT_POSTCARD_CACHED);
+                            return;
+                        }
+                        postcard_cache_valid.write(entry, 0);
+                        POSTCARD_WORD(0) POSTCARD_WORD(1) POSTCARD_WORD(2) POSTCARD_WORD(3)
+                        POSTCARD_WORD(4) POSTCARD_WORD(5) POSTCARD_WORD(6) POSTCARD_WORD(7)
+                        hash(checksum, HashAlgorithm.crc32, 32w0, { reversed_key }, 64w0x100000000);
+                        write_frame(meta.tables.qp.base_va + (bit<64>)(slot_hash & slot_mask) * slot_bytes,
+                                    (bit<16>)hops << 2, immediate, checksum);
+                    }
+                }
+            } else if (opcode == DTA_OP_SKETCH_MERGE) {
+                count(CNT_RX_SKETCH_MERGE);
+                bit<32> rows = meta.tables.structure.rows;
+                if ((bit<32>)hdr.sketch.reporter >= meta.tables.structure.reporters) {
+                    consume(CNT_DROP_UNKNOWN_REPORTER);
+                    return;
+                }
+                if ((bit<32>)hdr.sketch.rows != rows || (bit<32>)hdr.sketch.column >= meta.tables.structure.columns) {
+                    consume(CNT_DROP_BAD_LENGTH);
+                    return;
+                }
+                bit<32> state_index = meta.tables.structure.state_index;
+                bit<32> progress = (state_index << SKETCH_REPORTER_BITS) | (bit<32>)hdr.sketch.reporter;
+                bit<32> expected;
+                sketch_reporter_next_column.read(expected, progress);
+                bit<32> column_index = (state_index << SKETCH_COLUMN_BITS) | expected;
+                bit<32> contributors;
+                sketch_column_contributors.read(contributors, column_index);
+                bit<32> reporter_bit = 32w1 << hdr.sketch.reporter;
+                if ((bit<32>)hdr.sketch.column != expected || (contributors & reporter_bit) != 0) {
+                    consume((bit<32>)hdr.sketch.column > expected ? CNT_DROP_SKETCH_GAP : CNT_DROP_SKETCH_STALE);
+                    return;
+                }
+                sketch_reporter_next_column.write(progress,
+                    expected + 1 == meta.tables.structure.columns ? 32w0 : expected + 1);
+                MERGE_ROW(0) MERGE_ROW(1) MERGE_ROW(2) MERGE_ROW(3) MERGE_ROW(4) MERGE_ROW(5) MERGE_ROW(6)
+                MERGE_ROW(7) MERGE_ROW(8) MERGE_ROW(9) MERGE_ROW(10) MERGE_ROW(11) MERGE_ROW(12) MERGE_ROW(13)
+                MERGE_ROW(14) MERGE_ROW(15)
+                contributors = contributors | reporter_bit;
+                sketch_column_contributors.write(column_index, contributors);
+                bit<32> everyone = (32w1 << (bit<8>)meta.tables.structure.reporters) - 1;
+                bit<32> batch = meta.tables.structure.batch;
+                // Reporters send columns in order, so a group is complete when its last column is.
+                bool last_of_group = (expected & (batch - 1)) == batch - 1;
+                if (contributors != everyone || !last_of_group) {
+                    consume(CNT_SKETCH_MERGED);
+                    return;
+                }
+                count(CNT_SKETCH_MERGED);
+                hdr.base_ext.setInvalid();
+                hdr.sketch.setInvalid();
+                hdr.counters.pop_front(16); // all MAX_SKETCH_ROWS of them
+                hdr.gather.setValid();
+                hdr.gather.state_index = state_index;
+                hdr.gather.qp_index = qp_index;
+                hdr.gather.first_column = (bit<16>)(expected - (batch - 1));
+                hdr.gather.column = (bit<16>)expected;
+                hdr.gather.rows = (bit<8>)rows;
+                hdr.gather.row = (bit<8>)rows - 1;
+                hdr.gather.left = (bit<16>)batch * (bit<16>)rows;
+                hdr.gather.gathered = 0;
+                hdr.gather.immediate = (bit<8>)immediate;
+                std.egress_spec = std.ingress_port; // egress recirculates it
+                return;
+            }
+        }
+
+        // The per-QP part of the iCRC for this frame's shape (control plane, softdta/icrc_split.py).
+        meta.tables.icrc_constant_key.qp_index = meta.out.qp_index;
+        meta.tables.icrc_constant_key.opcode = meta.out.roce_opcode;
+        meta.tables.icrc_constant_key.ip_length = meta.out.ip_length;
+        if (!icrc_constant.apply().hit) {
+            consume(CNT_DROP_BAD_LENGTH);
+            return;
+        }
+        meta.out.icrc_constant = meta.tables.icrc_constant.constant;
+        if (meta.out.copies == 0) {
+            std.egress_spec = meta.tables.qp.ifindex == 0 ? std.ingress_port : (bit<9>)meta.tables.qp.ifindex;
+        }
+    }
+}
+
+// Copy n of a Key-Write or Key-Increment: its slot hash over reversed key || n.
+// KeyHash.DTA_V1 hashes every copy with CRC-32; KeyHash.INDEPENDENT copy n with KEY_HASH_POLYNOMIALS[n]
+// (bmv2: crc32_custom parameters, docs/p4.md). Copy 0 is the same under both.
+#define COPY_HASH(n) \
+    if (copy == n) { \
+        if (meta.tables.structure.key_hash == (bit<32>)KEY_HASH_DTA_V1) { \
+            hash(slot_hash, HashAlgorithm.crc32, 32w0, { reversed_key, 8w##n }, 64w0x100000000); \
+        } else { \
+            hash(slot_hash, HashAlgorithm.crc32_custom, 32w0, { reversed_key, 8w##n }, 64w0x100000000); \
+        } \
+    }
+
+// The variable tail of the iCRC input, right-aligned: payload word i.
+#define TAIL_WORD(i) \
+    if (hdr.payload[i].isValid()) { \
+        tail = (tail << 32) | (bit<2240>)hdr.payload[i].word; \
+    }
+
+control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    apply {
+        if (hdr.gather.isValid()) {
+            recirculate_preserving_field_list(GATHER_FIELDS);
+            return;
+        }
+        if (meta.out.emit == 0) {
+            mark_to_drop(std);
+            return;
+        }
+        bit<8> copy = (bit<8>)std.egress_rid;
+        bit<32> index = meta.out.qp_index;
+
+        // Per copy: its own slot, from its replication ID (not from any register shared by reports).
+        if (meta.out.copies != 0) {
+            bit<32> reversed_key = BYTESWAP32(meta.out.key);
+            bit<32> slot_hash = 0;
+            hash(slot_hash, HashAlgorithm.crc32, 32w0, { reversed_key, 8w0 }, 64w0x100000000);
+            COPY_HASH(1) COPY_HASH(2) COPY_HASH(3)
+            bit<32> slot = slot_hash & (meta.tables.structure.slot_count - 1);
+            meta.out.va = meta.tables.qp.base_va + (bit<64>)slot * (bit<64>)meta.tables.structure.slot_size;
+        }
+
+        // The RoCE frame, replacing the report's headers.
+        hdr.base_v1.setInvalid();
+        hdr.base_ext.setInvalid();
+        hdr.sketch.setInvalid();
+        hdr.aeth.setInvalid();
+        hdr.ethernet.src = meta.tables.translator_config.src_mac;
+        hdr.ethernet.dst = meta.tables.qp.collector_mac;
+        hdr.ipv4.dscp = (bit<6>)meta.tables.translator_config.dscp;
+        hdr.ipv4.ecn = 0;
+        hdr.ipv4.total_length = meta.out.ip_length;
+        hdr.ipv4.identification = 0;
+        hdr.ipv4.flags = 0b010;
+        hdr.ipv4.fragment_offset = 0;
+        hdr.ipv4.ttl = meta.tables.translator_config.ttl;
+        hdr.ipv4.src = meta.tables.translator_config.src_ip;
+        hdr.ipv4.dst = meta.tables.qp.collector_ip;
+        hdr.udp.sport = meta.tables.translator_config.udp_sport;
+        hdr.udp.dport = ROCE_PORT;
+        hdr.udp.length = meta.out.ip_length - (bit<16>)IPV4_SIZE;
+        hdr.udp.checksum = 0;
+
+        bit<32> psn;
+        bit<32> frames_sent;
+        qp_state_next_psn.read(psn, index);
+        qp_state_next_psn.write(index, (psn + 1) & 0xffffff);
+        // AckReq on every n-th frame of an RC QP: frames_sent counts up to the interval and starts over.
+        qp_state_frames_sent.read(frames_sent, index);
+        frames_sent = frames_sent + 1;
+        bit<32> interval = (bit<32>)meta.tables.translator_config.ack_req_interval;
+        bit<1> ack_req = 0;
+        if (meta.tables.qp.transport == TRANSPORT_RC && interval != 0 && frames_sent >= interval) {
+            ack_req = 1;
+            frames_sent = 0;
+        }
+        qp_state_frames_sent.write(index, frames_sent);
+        hdr.bth.setValid();
+        hdr.bth.opcode = meta.out.roce_opcode;
+        hdr.bth.solicited = 0;
+        hdr.bth.migreq = 1;
+        hdr.bth.pad_count = 0;
+        hdr.bth.tver = 0;
+        hdr.bth.pkey = DEFAULT_PKEY;
+        hdr.bth.fecn = 0;
+        hdr.bth.becn = 0;
+        hdr.bth.reserved6 = 0;
+        hdr.bth.dest_qp = meta.tables.qp.remote_qpn[23:0];
+        hdr.bth.ack_req = ack_req;
+        hdr.bth.reserved7 = 0;
+        hdr.bth.psn = psn[23:0];
+
+        bit<2240> tail = (bit<2240>)(ack_req ++ 7w0 ++ psn[23:0]);
+        if (meta.out.roce_opcode == ROCE_OP_RC_FETCH_ADD) {
+            hdr.atomic_eth.setValid();
+            hdr.atomic_eth.va = meta.out.va;
+            hdr.atomic_eth.rkey = meta.tables.qp.rkey;
+            hdr.atomic_eth.swap_add = hdr.key_increment.counter;
+            hdr.atomic_eth.compare = 0;
+            tail = (tail << 224) | (bit<2240>)(hdr.atomic_eth.va ++ hdr.atomic_eth.rkey ++ hdr.atomic_eth.swap_add
+                                              ++ hdr.atomic_eth.compare);
+        } else {
+            hdr.reth.setValid();
+            hdr.reth.va = meta.out.va;
+            hdr.reth.rkey = meta.tables.qp.rkey;
+            hdr.reth.dma_length = (bit<32>)meta.out.payload_len;
+            tail = (tail << 128) | (bit<2240>)(hdr.reth.va ++ hdr.reth.rkey ++ hdr.reth.dma_length);
+            if (meta.out.roce_opcode == ROCE_OP_RC_WRITE_ONLY_IMM || meta.out.roce_opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
+                hdr.immdt.setValid();
+                hdr.immdt.immediate = meta.out.immediate;
+                tail = (tail << 32) | (bit<2240>)hdr.immdt.immediate;
+            }
+        }
+        if (hdr.key_write.isValid()) {
+            // Key-Write: the key checksum (stored little-endian), then the data.
+            bit<32> checksum;
+            hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(hdr.key_write.key) }, 64w0x100000000);
+            hdr.payload[0].setValid();
+            hdr.payload[0].word = BYTESWAP32(checksum);
+            hdr.payload[1].setValid();
+            hdr.payload[1].word = hdr.key_write.data;
+        }
+        hdr.key_write.setInvalid();
+        hdr.key_increment.setInvalid();
+        hdr.append.setInvalid();
+        hdr.postcard.setInvalid();
+        TAIL_WORD(0) TAIL_WORD(1) TAIL_WORD(2) TAIL_WORD(3) TAIL_WORD(4) TAIL_WORD(5) TAIL_WORD(6) TAIL_WORD(7)
+        TAIL_WORD(8) TAIL_WORD(9) TAIL_WORD(10) TAIL_WORD(11) TAIL_WORD(12) TAIL_WORD(13) TAIL_WORD(14)
+        TAIL_WORD(15) TAIL_WORD(16) TAIL_WORD(17) TAIL_WORD(18) TAIL_WORD(19) TAIL_WORD(20) TAIL_WORD(21)
+        TAIL_WORD(22) TAIL_WORD(23) TAIL_WORD(24) TAIL_WORD(25) TAIL_WORD(26) TAIL_WORD(27) TAIL_WORD(28)
+        TAIL_WORD(29) TAIL_WORD(30) TAIL_WORD(31) TAIL_WORD(32) TAIL_WORD(33) TAIL_WORD(34) TAIL_WORD(35)
+        TAIL_WORD(36) TAIL_WORD(37) TAIL_WORD(38) TAIL_WORD(39) TAIL_WORD(40) TAIL_WORD(41) TAIL_WORD(42)
+        TAIL_WORD(43) TAIL_WORD(44) TAIL_WORD(45) TAIL_WORD(46) TAIL_WORD(47) TAIL_WORD(48) TAIL_WORD(49)
+        TAIL_WORD(50) TAIL_WORD(51) TAIL_WORD(52) TAIL_WORD(53) TAIL_WORD(54) TAIL_WORD(55) TAIL_WORD(56)
+        TAIL_WORD(57) TAIL_WORD(58) TAIL_WORD(59) TAIL_WORD(60) TAIL_WORD(61) TAIL_WORD(62) TAIL_WORD(63)
+        bit<32> crc;
+        hash(crc, HashAlgorithm.crc32, 32w0, { tail }, 64w0x100000000);
+        crc = meta.out.icrc_constant ^ crc ^ ICRC_TAIL_ZEROS_CRC;
+        hdr.icrc.setValid();
+        hdr.icrc.value = BYTESWAP32(crc);
+        truncate((bit<32>)ETHERNET_SIZE + (bit<32>)meta.out.ip_length); // nothing of the report trails
+        translator_counters.count((bit<32>)CNT_TX_FRAMES);
+    }
+}
+
+control SoftdtaComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply {
+        update_checksum(hdr.ipv4.isValid(),
+                        { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.dscp, hdr.ipv4.ecn, hdr.ipv4.total_length,
+                          hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.fragment_offset, hdr.ipv4.ttl,
+                          hdr.ipv4.protocol, hdr.ipv4.src, hdr.ipv4.dst },
+                        hdr.ipv4.checksum, HashAlgorithm.csum16);
+    }
+}
+
+control SoftdtaDeparser(packet_out packet, in headers_t hdr) {
+    apply {
+        packet.emit(hdr.ethernet);
+        packet.emit(hdr.ipv4);
+        packet.emit(hdr.udp);
+        packet.emit(hdr.gather);
+        packet.emit(hdr.base_v1);
+        packet.emit(hdr.base_ext);
+        packet.emit(hdr.key_write);
+        packet.emit(hdr.key_increment);
+        packet.emit(hdr.append);
+        packet.emit(hdr.postcard);
+        packet.emit(hdr.sketch);
+        packet.emit(hdr.counters);
+        packet.emit(hdr.bth);
+        packet.emit(hdr.reth);
+        packet.emit(hdr.atomic_eth);
+        packet.emit(hdr.immdt);
+        packet.emit(hdr.aeth);
+        packet.emit(hdr.payload);
+        packet.emit(hdr.icrc);
+    }
+}
+
+V1Switch(SoftdtaParser(), SoftdtaVerifyChecksum(), SoftdtaIngress(), SoftdtaEgress(), SoftdtaComputeChecksum(),
+         SoftdtaDeparser()) main;
