@@ -151,7 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the live lab end to end: reporters -> XDP translator -> collector -> "
                                             "queries, with a summary (root); --offline runs the Python models")
     demo.add_argument("--reporters", type=int, default=2, help="reporter namespaces")
-    demo.add_argument("--scale", type=float, default=1.0, help="workload size (1.0: about 100 k reports)")
+    demo.add_argument("--collector", choices=["xdp", "rxe"], default="xdp",
+                      help="the XDP responder, or the kernel's soft-RoCE in a QEMU guest (slower: see --rate)")
+    demo.add_argument("--scale", type=float, help="workload size (1.0: about 100 k reports; default 1.0, rxe 0.2)")
+    demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000)")
     demo.add_argument("--seconds", type=float, default=60.0, help="stop streaming after this long")
     demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down`)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -591,7 +594,9 @@ def _demo(args) -> int:
         return 0
     from . import lab, live_demo
     try:
-        return live_demo.run(args.reporters, args.seed, args.scale, args.seconds, args.keep, args.json)
+        defaults = live_demo.DEFAULTS[args.collector]
+        return live_demo.run(args.reporters, args.seed, args.scale or defaults["scale"], args.seconds, args.keep,
+                             args.json, args.rate or defaults["rate"], args.collector)
     except lab.LabError as error:
         raise CliError(str(error)) from None
 
@@ -602,7 +607,8 @@ def _lab(args) -> int:
         if args.action == "up":
             state = lab.up(args.reporters, args.collector)
             print(f"lab up: {state.reporters} reporters ({', '.join(state.reporter(i)['netns'] for i in range(1, state.reporters + 1))}) "
-                  f"-> {lab.PREFIX}t -> {lab.PREFIX}c; queries at {state.query_url} (inside the lab namespaces); "
+                  f"-> {lab.PREFIX}t -> {lab.PREFIX}c ({'soft-RoCE guest' if state.collector == 'rxe' else 'XDP responder'}); "
+                  f"queries at {state.query_url} (inside the lab namespaces); "
                   f"logs in {lab.STATE_DIR}")
         elif args.action == "down":
             removed = lab.down()
@@ -617,7 +623,7 @@ def _lab(args) -> int:
             else:
                 print(f"lab up: {', '.join(report['namespaces'])}; translator "
                       f"{'running' if report['translator']['running'] else 'NOT running'}, collector "
-                      f"{'running' if report['collector']['running'] else 'NOT running'}")
+                      f"({report['collector']['kind']}) {'running' if report['collector']['running'] else 'NOT running'}")
                 for name, value in report["translator"].get("counters", {}).items():
                     print(f"  {name:28} {value}")
     except lab.LabError as error:

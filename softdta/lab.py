@@ -4,6 +4,10 @@
     reporter r2 (r2-0) ─┤ bridge (namespace sw) ├─ (t0) translator: softdta translator up --collector ...
                         └───────────────────────┴─ (c0) collector: softdta collector up (XDP responder)
 
+With `--collector rxe` the collector is the Linux kernel's soft-RoCE instead: c0 and the tap of a QEMU guest
+(softdta.rxe_lab) are bridged in the collector namespace, and the guest runs `softdta collector up` on the verbs
+backend over rdma_rxe, at the collector's address.
+
 The translator is single-armed, like a translator box with one port on the switch: reports come in, RoCEv2
 leaves and the collector's ACKs and NAKs return on t0, so all of its translation runs in one NAPI context
 (docs/translator.md, "one context per QP"). Every name starts with `sdta-lab-`; `down` finds and removes them
@@ -25,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import rxe_lab
 from .bpf import BpfObject, attach_xdp, ensure_bpffs
 from .netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, veth_pair
 from .xdp import EngineError, build_object, pinned_stats
@@ -35,6 +40,9 @@ PIN_DIR = Path("/sys/fs/bpf/softdta-lab")
 TRANSLATOR_MAC, TRANSLATOR_IP = "02:5d:7a:00:00:01", "10.77.0.1"
 COLLECTOR_MAC, COLLECTOR_IP = "02:5d:7a:00:01:01", "10.77.1.1"
 CONTROL_PORT, QUERY_PORT = 40050, 8040
+COLLECTORS = ("xdp", "rxe")
+GUEST_RUN_DIR = STATE_DIR / "guest"
+BRIDGE_IP = "10.77.1.254/16"  # the collector namespace's own address, beside the guest (rxe)
 
 
 class LabError(RuntimeError):
@@ -45,8 +53,9 @@ class LabError(RuntimeError):
 class LabState:
     reporters: int
     token: str
+    collector: str = "xdp"
     translator_pid: int = 0
-    collector_pid: int = 0
+    collector_pid: int = 0  # xdp only: the rxe collector runs inside the guest
 
     @property
     def query_url(self) -> str:
@@ -60,13 +69,13 @@ class LabState:
 
 def collector_config(state: LabState) -> str:
     """The lab collector: every primitive, sized for the demo's workloads (INT path tracing with 5-tuple keys)."""
+    backend = (f'backend = "xdp"\nmac = "{COLLECTOR_MAC}"\ninterface = "c0"\ndata_dir = "{STATE_DIR / "regions"}"'
+               if state.collector == "xdp" else
+               f'backend = "verbs"\nmac = "{rxe_lab.GUEST_MAC}"\ndata_dir = "/dev/shm/softdta"')
     return f"""[collector]
 name = "lab"
 ip = "{COLLECTOR_IP}"
-mac = "{COLLECTOR_MAC}"
-backend = "xdp"
-interface = "c0"
-data_dir = "{STATE_DIR / 'regions'}"
+{backend}
 token = "{state.token}"
 control_port = {CONTROL_PORT}
 query_port = {QUERY_PORT}
@@ -104,14 +113,22 @@ batch = 16
 """
 
 
-TRANSLATOR_SETTINGS = f"""[translator]
+def translator_settings(collector: str) -> str:
+    """rxe in an emulated guest answers in milliseconds: a NAK's resync grace must outlast that."""
+    return f"""[translator]
 mac = "{TRANSLATOR_MAC}"
 ip = "{TRANSLATOR_IP}"
 profile = "dta-v1"
 dscp = 26
 ack_request_interval = 8
-grace_ms = 1.0
+grace_ms = {1.0 if collector == "xdp" else 50.0}
 """
+
+
+def flush_idle_ms(collector: str) -> float:
+    """At rxe's pace (DEFAULTS in live_demo) a Postcarding path's hops arrive up to ~100 ms apart: a 1 ms idle
+    flush would write most paths out in pieces."""
+    return 1.0 if collector == "xdp" else 250.0
 
 
 def _softdta(*argv: str) -> list[str]:
@@ -132,20 +149,19 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float = 
 
 def up(reporters: int = 2, collector: str = "xdp") -> LabState:
     """Build the topology and start the collector and the translator; returns the state `status` shows."""
-    if collector != "xdp":
-        raise LabError(f"--collector {collector}: the soft-RoCE (rxe) collector needs the QEMU lab, which is not "
-                       "built yet; use --collector xdp")
+    if collector not in COLLECTORS:
+        raise LabError(f"--collector {collector}: choose one of {', '.join(COLLECTORS)}")
     if not 1 <= reporters <= 16:
         raise LabError(f"--reporters {reporters}: give 1..16 reporter namespaces")
     if read_state() is not None:
         raise LabError("a lab is already up; `softdta lab down` removes it first")
     down()
-    state = LabState(reporters=reporters, token=secrets.token_hex(16))
+    state = LabState(reporters=reporters, token=secrets.token_hex(16), collector=collector)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
         _build(state)
         _start(state)
-    except (LabError, NetnsError, OSError) as error:
+    except (LabError, NetnsError, OSError, rxe_lab.RxeLabError) as error:
         down()
         raise LabError(f"lab up failed and was rolled back: {error}") from None
     return state
@@ -158,7 +174,7 @@ def _build(state: LabState) -> None:
     translator = Namespace.create(PREFIX + "t")
     collector = Namespace.create(PREFIX + "c")
     ports = [(translator, "t0", TRANSLATOR_MAC, f"{TRANSLATOR_IP}/16", "sw-t"),
-             (collector, "c0", COLLECTOR_MAC, f"{COLLECTOR_IP}/16", "sw-c")]
+             (collector, "c0", COLLECTOR_MAC, f"{COLLECTOR_IP}/16" if state.collector == "xdp" else None, "sw-c")]
     for index in range(1, state.reporters + 1):
         reporter = state.reporter(index)
         ports.append((Namespace.create(reporter["netns"]), reporter["interface"], reporter["mac"],
@@ -166,19 +182,41 @@ def _build(state: LabState) -> None:
     with BpfObject(build_object()) as passer:
         for namespace, interface, mac, cidr, switch_port in ports:
             veth_pair(namespace, interface, switch, switch_port, mac_a=mac)
-            address(namespace, interface, cidr)
+            if cidr:
+                address(namespace, interface, cidr)
             switch.run("ip", "link", "set", switch_port, "master", "br0")
             # XDP_TX'd frames (RoCEv2, ACKs, NACKs) enter a veth only if its peer runs XDP
             with in_netns(switch.name):
                 attach_xdp(socket.if_nametoindex(switch_port), passer.programs["softdta_pass"].fd)
+    if state.collector == "rxe":
+        collector.run("ip", "link", "add", "br0", "type", "bridge")
+        collector.run("ip", "link", "set", "c0", "master", "br0")
+        collector.run("ip", "link", "set", "br0", "up")
 
 
 def _start(state: LabState) -> None:
     (STATE_DIR / "collector.toml").write_text(collector_config(state))
-    (STATE_DIR / "translator.toml").write_text(TRANSLATOR_SETTINGS)
+    (STATE_DIR / "translator.toml").write_text(translator_settings(state.collector))
     ensure_bpffs()
     PIN_DIR.mkdir(parents=True, exist_ok=True)
-    collector_log, translator_log = STATE_DIR / "collector.log", STATE_DIR / "translator.log"
+    if state.collector == "rxe":
+        _start_guest_collector(state)
+    else:
+        _start_xdp_collector(state)
+    translator_log = STATE_DIR / "translator.log"
+    translator = subprocess.Popen(
+        _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), "-i", "t0",
+                 "--netns", PREFIX + "t", "--pin", str(PIN_DIR), "--collector", f"{COLLECTOR_IP}:{CONTROL_PORT}",
+                 "--flush-idle-ms", str(flush_idle_ms(state.collector)),
+                 "--token", state.token),
+        stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    state.translator_pid = translator.pid
+    write_state(state)
+    _wait_for(translator_log, "translator up on", translator)
+
+
+def _start_xdp_collector(state: LabState) -> None:
+    collector_log = STATE_DIR / "collector.log"
     collector = subprocess.Popen(
         _softdta("collector", "up", "--config", str(STATE_DIR / "collector.toml"), "--netns", PREFIX + "c",
                  "--query-host", COLLECTOR_IP),
@@ -186,14 +224,37 @@ def _start(state: LabState) -> None:
     state.collector_pid = collector.pid
     write_state(state)
     _wait_for(collector_log, "collector lab up", collector)
-    translator = subprocess.Popen(
-        _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), "-i", "t0",
-                 "--netns", PREFIX + "t", "--pin", str(PIN_DIR), "--collector", f"{COLLECTOR_IP}:{CONTROL_PORT}",
-                 "--token", state.token),
-        stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    state.translator_pid = translator.pid
-    write_state(state)
-    _wait_for(translator_log, "translator up on", translator)
+
+
+def guest() -> rxe_lab.Guest:
+    """The lab's soft-RoCE guest, for `run` and `close` from any process."""
+    booted = rxe_lab.Guest(namespace=PREFIX + "c", run_dir=GUEST_RUN_DIR)
+    booted.host_ip, booted.guest_ip = BRIDGE_IP.split("/")[0], COLLECTOR_IP
+    return booted
+
+
+def _start_guest_collector(state: LabState, timeout: float = 60.0) -> None:
+    """Boot the guest on the collector namespace's bridge, then `softdta collector up` on rxe0 inside it."""
+    write_state(state)  # `down` finds the guest from here on, whatever happens next
+    rxe_lab.Guest(namespace=PREFIX + "c", run_dir=GUEST_RUN_DIR).boot(BRIDGE_IP, COLLECTOR_IP, bridge="br0")
+    vm = guest()
+    config = (STATE_DIR / "collector.toml").read_text()
+    status, output = vm.run(f"mkdir -p /dev/shm/softdta && cat > /tmp/collector.toml <<'EOF'\n{config}EOF\n"
+                            "cd /tmp && python3 -m softdta.cli collector up --config /tmp/collector.toml "
+                            "--query-host 0.0.0.0 > /tmp/collector.log 2>&1 & echo $!")
+    if status != 0:
+        raise LabError(f"starting the collector in the guest failed: {output}")
+    pid = output.split()[-1]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = vm.run("cat /tmp/collector.log")[1]
+        if "collector lab up" in log:
+            (STATE_DIR / "collector.log").write_text(log)
+            return
+        if vm.run(f"kill -0 {pid}")[0] != 0:  # the guest has no procps
+            raise LabError(f"the collector in the guest exited:\n{log[-2000:]}")
+        time.sleep(0.5)
+    raise LabError(f"the collector in the guest did not come up within {timeout:.0f} s:\n{log[-2000:]}")
 
 
 def write_state(state: LabState) -> None:
@@ -234,6 +295,7 @@ def down() -> list[str]:
     if state is not None:
         _stop(state.translator_pid)
         _stop(state.collector_pid)
+    rxe_lab.stop_qemu(GUEST_RUN_DIR)
     removed = cleanup_prefix(PREFIX)
     shutil.rmtree(PIN_DIR, ignore_errors=True)
     shutil.rmtree(STATE_DIR, ignore_errors=True)
@@ -255,9 +317,15 @@ def status() -> dict:
         except ProcessLookupError:
             return False
 
+    if state.collector == "rxe":
+        qemu = GUEST_RUN_DIR / "qemu.pid"
+        pid = int(qemu.read_text()) if qemu.exists() else 0
+        collector = {"kind": "rxe", "qemu_pid": pid, "running": bool(pid) and alive(pid)}
+    else:
+        collector = {"kind": "xdp", "pid": state.collector_pid, "running": alive(state.collector_pid)}
     report = {"up": True, "namespaces": namespaces, "reporters": state.reporters, "query_url": state.query_url,
               "translator": {"pid": state.translator_pid, "running": alive(state.translator_pid)},
-              "collector": {"pid": state.collector_pid, "running": alive(state.collector_pid)}}
+              "collector": collector}
     if PIN_DIR.exists():
         try:
             report["translator"].update(pinned_stats(PIN_DIR))

@@ -21,6 +21,7 @@ from .dta import DtaOpcode, Report
 from .frames import ip_bytes, mac_bytes
 from .netns import in_netns
 from .reporter import RingReporter
+from .spec import ResponderCounter
 from .xdp import pinned_stats
 
 SWITCH_IDS = list(range(1, 4097))
@@ -30,6 +31,12 @@ APPEND_LISTS = 256
 SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
 CHUNK = 128
 DEFAULT_RATE = 100_000.0  # reports/s over all reporters
+# rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
+DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
+# responder counters of frames not executed: the XDP responder's reasons, and rxe's RNR NAKs (its other
+# counters, rcvd_pkts and such, count traffic)
+RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"executed", "replies_sent", "completions"} \
+    | {"send_rnr_err"}
 APPEND_POLL_S = 0.2
 NAMES = {DtaOpcode.KEY_WRITE: "key-write", DtaOpcode.KEY_INCREMENT: "key-increment", DtaOpcode.APPEND: "append",
          DtaOpcode.POSTCARDING: "postcarding", DtaOpcode.SKETCH_MERGE: "sketch-merge"}
@@ -164,8 +171,7 @@ def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[d
     drops = {name: value for name, value in counters.items() if name.startswith("drop_")}
     collector_stats = _http("/stats")
     responder = collector_stats.get("responder", {})
-    responder_drops = {name: value for name, value in responder.items()
-                       if name not in ("executed", "replies_sent", "completions")}
+    responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
     links = _link_drops()
     summary: dict = {
         "reports_sent": {NAMES[op]: n for op, n in sent.items()},
@@ -173,7 +179,8 @@ def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[d
         "translator": {"received": {NAMES[op]: counters.get(f"rx_{NAMES[op].replace('-', '_')}", 0) for op in sent},
                        "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
                        "acks_from_collector": counters.get("rx_acks", 0), "drops": drops},
-        "collector": {"executed": responder.get("executed", 0), "drops": responder_drops,
+        "collector": {"executed" if "executed" in responder else "rxe_rcvd_pkts":
+                      responder.get("executed", responder.get("rcvd_pkts", 0)), "drops": responder_drops,
                       "fill": {s["name"].split("@")[0]: round(s["fill"], 4) for s in collector_stats["structures"]}},
         "link_drops": links,
     }
@@ -249,14 +256,15 @@ def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[d
 
 
 def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 60.0, keep: bool = False,
-        as_json: bool = False, rate: float = DEFAULT_RATE) -> int:
+        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp") -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     console = Console(stderr=as_json)
-    with console.status("bringing the lab up (namespaces, XDP translator, XDP responder collector)"):
-        state = lab.up(reporters)
+    kind = "XDP responder" if collector == "xdp" else "soft-RoCE in a QEMU guest"
+    with console.status(f"bringing the lab up (namespaces, XDP translator, {kind} collector)"):
+        state = lab.up(reporters, collector)
     try:
         load = build_workload(reporters, seed, scale)
         total = sum(len(r) for r in load.per_reporter)
@@ -265,7 +273,7 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
             with Progress(console=console, transient=as_json) as progress:
                 task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
                 streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
-            time.sleep(1.0)  # the idle flush writes out partial Append batches and Postcarding paths
+            time.sleep(1.0 + lab.flush_idle_ms(collector) / 1e3)  # the idle flush writes out partial batches and paths
         finally:
             import os
             os.close(stats_fd)
@@ -293,7 +301,9 @@ def _print(console, summary: dict, Table) -> None:
                   f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of XDP+tc CPU per report")
     console.print(f"drops: translator {translator['drops'] or 'none'}, collector {collector['drops'] or 'none'}, "
                   f"links {summary['link_drops'] or 'none'}")
-    console.print(f"collector executed {collector['executed']:,} requests; fill {collector['fill']}")
+    received = (f"executed {collector['executed']:,} requests" if "executed" in collector else
+                f"(rxe) received {collector['rxe_rcvd_pkts']:,} packets")
+    console.print(f"collector {received}; fill {collector['fill']}")
     queries = Table(title="queries against the truth", show_edge=False)
     queries.add_column("structure")
     queries.add_column("result")

@@ -80,7 +80,7 @@ class RxeLabError(RuntimeError):
 
 
 def _progress(message: str) -> None:
-    print(f"rxe-lab: {message}", flush=True)
+    print(f"rxe-lab: {message}", file=sys.stderr, flush=True)  # stdout may carry a command's JSON
 
 
 def _run(what: str, argv: list[str], **options) -> str:
@@ -242,11 +242,15 @@ class Guest:
     in the namespace; the guest is `guest_ip` with MAC GUEST_MAC, and rxe0's RoCEv2 GID index 1 is ::ffff:guest_ip.
     """
 
-    def __init__(self, image: Path | None = None):
+    def __init__(self, image: Path | None = None, namespace: str | None = None, run_dir: Path | None = None):
+        """By default the guest owns its namespace and run folder (removed by `close` or `cleanup`). With
+        `namespace` (which must exist) and `run_dir` it lives in someone else's, as in `softdta lab up --collector
+        rxe`, which also outlives the process that booted it: `close` then leaves the namespace alone."""
         self.image = image
-        self.name = f"{NAMESPACE_PREFIX}{os.getpid()}"
+        self.name = namespace or f"{NAMESPACE_PREFIX}{os.getpid()}"
+        self.owns_namespace = namespace is None
         self.namespace = Namespace(self.name)
-        self.run_dir = RUN_DIR / self.name
+        self.run_dir = run_dir or RUN_DIR / self.name
         self.process: subprocess.Popen | None = None
         self.host_ip = self.guest_ip = self.host_mac = ""
 
@@ -256,20 +260,27 @@ class Guest:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def boot(self, host_ip: str = "10.77.2.1/24", guest_ip: str = "10.77.2.2") -> Guest:
-        """Build or find the image, boot the guest and wait until its control server listens; 11 to 16 s."""
+    def boot(self, host_ip: str = "10.77.2.1/24", guest_ip: str = "10.77.2.2", bridge: str | None = None) -> Guest:
+        """Build or find the image, boot the guest and wait until its control server listens; 11 to 16 s.
+
+        With `bridge` (a bridge in the namespace) the tap becomes its port and `host_ip` goes on the bridge, so
+        the guest sits on that bridge's network."""
         image = self.image or ensure_image()
         started = time.monotonic()
         self.host_ip, prefix = host_ip.split("/")
         self.guest_ip = guest_ip
+        host_side = bridge or TAP
         try:
             self.run_dir.mkdir(parents=True)
             initrd = self._pack_initrd(image / "rootfs.cpio")
-            Namespace.create(self.name)
+            if self.owns_namespace:
+                Namespace.create(self.name)
             self.namespace.run("ip", "tuntap", "add", "dev", TAP, "mode", "tap")
-            self.namespace.run("ip", "address", "add", host_ip, "dev", TAP)
+            if bridge:
+                self.namespace.run("ip", "link", "set", TAP, "master", bridge)
+            self.namespace.run("ip", "address", "add", host_ip, "dev", host_side)
             self.namespace.run("ip", "link", "set", TAP, "up")
-            self.host_mac = json.loads(self.namespace.run("ip", "-j", "link", "show", TAP).stdout)[0]["address"]
+            self.host_mac = json.loads(self.namespace.run("ip", "-j", "link", "show", host_side).stdout)[0]["address"]
             self._start_qemu(image / "vmlinuz", initrd, f"{guest_ip}/{prefix}")
             self._wait_until_ready()
         except BaseException:
@@ -308,7 +319,7 @@ class Guest:
                 "-pidfile", str(self.run_dir / "qemu.pid")]
         with (self.run_dir / "qemu.log").open("wb") as log:  # qemu's own complaints; the guest's go to serial.log
             self.process = subprocess.Popen(["ip", "netns", "exec", self.name, *qemu], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT)
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
@@ -363,7 +374,8 @@ class Guest:
             sock.send(frame)
 
     def close(self) -> None:
-        """Stop qemu, delete the namespace (and the tap in it) and the run folder; safe to call again."""
+        """Stop qemu, delete the tap (with the namespace, if the guest owns it) and the run folder; safe to call
+        again, also from a process other than the one that booted the guest."""
         if self.process is not None:
             self.process.terminate()
             try:
@@ -372,17 +384,35 @@ class Guest:
                 self.process.kill()
                 self.process.wait()
             self.process = None
-        self.namespace.delete()
+        else:
+            stop_qemu(self.run_dir)
+        if self.owns_namespace:
+            self.namespace.delete()
+        elif (NETNS_DIR / self.name).exists():
+            self.namespace.run("ip", "link", "del", TAP, check=False)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """A zombie counts as gone: it only waits for its parent to collect its exit status."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the command name, which may hold spaces
+
+
+def stop_qemu(run_dir: Path) -> None:
+    """Kill the qemu whose pid file is in `run_dir`, if it still runs."""
+    pidfile = run_dir / "qemu.pid"
+    if pidfile.exists():
+        pid = int(pidfile.read_text())
+        comm = Path(f"/proc/{pid}/comm")
+        if comm.exists() and comm.read_text().startswith("qemu"):  # the pid may have been reused meanwhile
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while process_alive(pid) and time.monotonic() < deadline:  # the tap stays busy until qemu is gone
+                time.sleep(0.05)
 
 
 def cleanup() -> list[str]:
@@ -394,14 +424,9 @@ def cleanup() -> list[str]:
     removed = []
     for name in sorted(names):
         owner = name.removeprefix(NAMESPACE_PREFIX)
-        if owner.isdigit() and _alive(int(owner)):
+        if owner.isdigit() and process_alive(int(owner)):
             continue
-        pidfile = RUN_DIR / name / "qemu.pid"
-        if pidfile.exists():
-            pid = int(pidfile.read_text())
-            comm = Path(f"/proc/{pid}/comm")
-            if comm.exists() and comm.read_text().startswith("qemu"):  # the pid may have been reused meanwhile
-                os.kill(pid, signal.SIGKILL)
+        stop_qemu(RUN_DIR / name)
         Namespace(name).delete()
         shutil.rmtree(RUN_DIR / name, ignore_errors=True)
         removed.append(name)

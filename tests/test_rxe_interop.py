@@ -83,7 +83,8 @@ def collector(guest):
     config = COLLECTOR_CONFIG.format(ip=guest.guest_ip, mac=rxe_lab.GUEST_MAC, token=TOKEN)
     checked(guest, f"mkdir -p /dev/shm/softdta && cat > /tmp/collector.toml <<'EOF'\n{config}\nEOF")
     checked(guest, f"cd /tmp && PYTHONPATH={rxe_lab.GUEST_PYTHONPATH} python3 -m softdta.cli collector up "
-                   "--config /tmp/collector.toml --query-host 0.0.0.0 > /tmp/collector.log 2>&1 &")
+                   "--config /tmp/collector.toml --query-host 0.0.0.0 > /tmp/collector.log 2>&1 & "
+                   "echo $! > /tmp/collector.pid")
     deadline = time.monotonic() + 60
     while "collector rxe up" not in guest.run("cat /tmp/collector.log")[1]:
         assert time.monotonic() < deadline, guest.run("cat /tmp/collector.log")[1]
@@ -97,7 +98,7 @@ def collector(guest):
     with XdpTranslator(tables, flush_idle_ns=0) as kernel:
         yield Rig(guest, links, tables, kernel, Link(guest))
     links.close()
-    guest.run("pkill -f 'softdta.cli collector' ; sleep 1")
+    guest.run("kill $(cat /tmp/collector.pid); sleep 1")
 
 
 class Rig:
@@ -132,6 +133,38 @@ def http(guest, path: str, body: dict | None = None) -> dict:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
+
+
+FRAMES_OUT = (Counter.TX_FRAMES, Counter.APPEND_FLUSHES, Counter.POSTCARD_FLUSHES)  # every frame the translator emits
+REPLIES_IN = (Counter.RX_ACKS, Counter.RX_NAK_SEQUENCE, Counter.RX_NAK_FATAL)
+
+
+class Balance:
+    """Counter movements since it was made, on both sides: rxe's hw_counters and the translator's counters."""
+
+    def __init__(self, rig):
+        self.rig = rig
+        self.rxe, self.translator = rig.guest.hw_counters(), rig.kernel.counters()
+
+    def since(self) -> tuple[dict[str, int], dict[Counter, int]]:
+        rxe, translator = self.rig.guest.hw_counters(), self.rig.kernel.counters()
+        return ({name: rxe[name] - self.rxe.get(name, 0) for name in rxe},
+                {counter: translator.get(counter, 0) - self.translator.get(counter, 0) for counter in Counter})
+
+
+def emitted(translator: dict[Counter, int]) -> int:
+    return sum(translator[counter] for counter in FRAMES_OUT)
+
+
+def replies_seen(translator: dict[Counter, int]) -> int:
+    return sum(translator[counter] for counter in REPLIES_IN)
+
+
+def assert_psns_agree(rig) -> None:
+    """Every QP: the translator's next PSN is the PSN rxe expects (rq_psn, read by the collector's backend)."""
+    qps = http(rig.guest, "/health")["qps"]
+    for qp in rig.tables.qps:
+        assert rig.kernel.qp_state(qp)["next_psn"] == qps[f"{qp.remote_qpn:#x}"]["expected_psn"], qp.name
 
 
 class Link:
@@ -171,24 +204,25 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
     assert {qp.transport for qp in tables.qps} == {Transport.RC, Transport.UC}
     reports = reports_of_every_primitive(tables)
     offline_translator, offline = Translator(tables), OfflineCollector(tables)
-    before = guest.hw_counters()
+    balance = Balance(rig)
     sent = 0
     for report in reports:
         sent += rig.send(report)
-        for emitted in offline_translator.process(rig.reporter.frame(report)).frames:
-            offline.deliver(emitted)
-    for emitted in kernel.flush():
-        guest.send(emitted)
+        for frame in offline_translator.process(rig.reporter.frame(report)).frames:
+            offline.deliver(frame)
+    for frame in kernel.flush():
+        guest.send(frame)
         sent += 1
-    for emitted in offline_translator.flush_idle(0):
-        offline.deliver(emitted)
+    for frame in offline_translator.flush_idle(0):
+        offline.deliver(frame)
     time.sleep(1.0)
     rig.replies(wait=0.5)
-    counters = kernel.counters()
-    after = guest.hw_counters()
-    assert counters[Counter.RX_ACKS] > 0, "rxe acknowledged the RC writes and Fetch&Adds"
-    assert counters.get(Counter.RX_NAK_SEQUENCE, 0) == 0 and counters.get(Counter.RX_NAK_FATAL, 0) == 0
-    assert after.get("out_of_seq_request", 0) == before.get("out_of_seq_request", 0)
+    rxe, translator = balance.since()
+    assert sent == emitted(translator) == rxe["rcvd_pkts"], "every frame emitted reached rxe"
+    assert translator[Counter.RX_ACKS] > 0, "rxe acknowledged the RC writes and Fetch&Adds"
+    assert rxe["sent_pkts"] == replies_seen(translator) == translator[Counter.RX_ACKS], "no NAK, every ACK seen"
+    assert rxe["out_of_seq_request"] == rxe["duplicate_request"] == rxe["send_rnr_err"] == 0
+    assert_psns_agree(rig)
 
     ip = rig.ip
     kw_reports = [r for r in reports if r.opcode is DtaOpcode.KEY_WRITE]
@@ -221,7 +255,6 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
 
     matrix = np.array(http(guest, f"/sketch/sketch-merge@{guest.guest_ip}")["matrix"])
     assert (matrix == offline.structure_region(Primitive.SKETCH_MERGE, ip).matrix().T).all()
-    assert after["rcvd_pkts"] - before["rcvd_pkts"] >= sent
 
     offline_completions = [(c.immediate, c.byte_len) for _, c in offline.completion_log.since(0)]
     assert len(offline_completions) == sum(r.redundancy for r in kw_reports if r.immediate) > 0
@@ -243,15 +276,17 @@ def counts(rig, keys: list[bytes]) -> list[int]:
 
 def test_a_lost_rc_frame_is_nakked_resynced_and_traffic_recovers(collector):
     rig = collector
-    before, naks = rig.guest.hw_counters(), rig.kernel.counters().get(Counter.RX_NAK_SEQUENCE, 0)
+    balance = Balance(rig)
     lost_flow = fresh_keys(41, 1)
-    rig.send(dta.key_increment(lost_flow[0], 5, 2), lose=0)  # copy 0 never reaches rxe
-    for key in fresh_keys(42, 5):  # these arrive after the gap: rxe NAKs once, then drops them
+    rig.send(dta.key_increment(lost_flow[0], 5, 2), lose=0)  # copy 0 never reaches rxe; copy 1 is out of sequence
+    after_gap = fresh_keys(42, 5)
+    for key in after_gap:  # rxe's NAK is back: these come in the grace period, and the translator drops them
         rig.send(dta.key_increment(key, 1, 2))
     time.sleep(0.5)
     rig.replies(wait=0.5)
-    assert rig.kernel.counters()[Counter.RX_NAK_SEQUENCE] == naks + 1
-    assert rig.guest.hw_counters()["out_of_seq_request"] > before.get("out_of_seq_request", 0)
+    rxe, translator = balance.since()
+    assert translator[Counter.RX_NAK_SEQUENCE] == rxe["out_of_seq_request"] == 1
+    assert translator[Counter.DROP_GRACE] == len(after_gap)
     time.sleep(0.1)  # the grace period (50 ms) ends
     recovered = fresh_keys(43, 10)
     for key in recovered:
@@ -260,10 +295,22 @@ def test_a_lost_rc_frame_is_nakked_resynced_and_traffic_recovers(collector):
     rig.replies(wait=0.5)
     assert rig.qp_state(Primitive.KEY_INCREMENT)["state"] == 0  # active
     assert counts(rig, recovered) == [7] * len(recovered)
+    assert counts(rig, lost_flow + after_gap) == [0] * 6
+
+    rxe, translator = balance.since()
+    reports = translator[Counter.RX_REPORTS]
+    assert reports == 1 + len(after_gap) + len(recovered) and translator[Counter.DROP_GRACE] == len(after_gap)
+    assert emitted(translator) == 2 * (reports - len(after_gap)), "N=2: two Fetch&Adds per report not dropped"
+    assert rxe["rcvd_pkts"] == emitted(translator) - 1, "all but the frame our drop stage lost reached rxe"
+    # rxe answered the out-of-sequence copy with one NAK and executed the rest: one Atomic ACK each
+    assert rxe["sent_pkts"] == replies_seen(translator) == 1 + 2 * len(recovered) == translator[Counter.RX_ACKS] + 1
+    assert rxe["duplicate_request"] == 0
+    assert_psns_agree(rig)
 
 
 def test_a_lost_uc_frame_loses_only_that_write(collector):
     rig = collector
+    balance = Balance(rig)
     keys = fresh_keys(51, 12)
     for index, key in enumerate(keys):
         rig.send(dta.postcard(key, 1, 10 + index, path_length=1, extended=True), lose=0 if index == 3 else None)
@@ -272,18 +319,23 @@ def test_a_lost_uc_frame_loses_only_that_write(collector):
                   {"keys": [k.hex() for k in keys], "value_set": list(range(1, 64))})
     delivered = [row["path"][0] == 10 + index for index, row in enumerate(answer["results"])]
     assert delivered == [index != 3 for index in range(len(keys))]
+    rxe, translator = balance.since()
+    assert emitted(translator) == 12 and rxe["rcvd_pkts"] == 11, "UC: no stall, nothing else lost"
+    assert rxe["sent_pkts"] == replies_seen(translator) == 0 and rxe["out_of_seq_request"] == 0
+    assert_psns_agree(rig)  # rxe's UC responder takes up the sequence at the next message
 
 
 def test_a_wrong_rkey_fails_the_qp_and_the_collector_recreates_it(collector):
     rig = collector
     kw = rig.tables.structure(rig.ip, Primitive.KEY_WRITE)
-    fatal = rig.kernel.counters().get(Counter.RX_NAK_FATAL, 0)
+    balance = Balance(rig)
     rig.kernel.apply(_tables_with_rkey(rig, kw.qp.name, kw.qp.rkey ^ 0x5A5A))
     rig.send(dta.key_write(fresh_keys(61, 1)[0], 1, 2))
     time.sleep(0.5)
     rig.replies(wait=0.5)
     assert rig.qp_state(Primitive.KEY_WRITE)["state"] == 2  # failed, after rxe's remote access NAK
-    assert rig.kernel.counters()[Counter.RX_NAK_FATAL] == fatal + 1
+    rxe, translator = balance.since()
+    assert translator[Counter.RX_NAK_FATAL] == 1 and rxe["sent_pkts"] == replies_seen(translator) == 1
     rig.tables = rig.links.updates.get(timeout=15)  # re-created by the collector, re-advertised
     new_qp = rig.tables.structure(rig.ip, Primitive.KEY_WRITE).qp
     assert new_qp.remote_qpn != kw.qp.remote_qpn
@@ -297,6 +349,11 @@ def test_a_wrong_rkey_fails_the_qp_and_the_collector_recreates_it(collector):
     answer = http(rig.guest, f"/keywrite/key-write@{rig.guest.guest_ip}", {"keys": [k.hex() for k in keys],
                                                                            "redundancy": 2})
     assert [row["value"] for row in answer["results"]] == [f"{1000 + i:08x}" for i in range(len(keys))]
+    rxe, translator = balance.since()
+    # copy 1 with the wrong R_Key reached a QP already in ERROR: rxe discards it before counting it
+    assert emitted(translator) == 2 + 40 and rxe["rcvd_pkts"] == 1 + 40
+    assert rxe["sent_pkts"] == replies_seen(translator)
+    assert_psns_agree(rig)
 
 
 def _tables_with_rkey(rig, qp_name: str, rkey: int) -> Tables:

@@ -60,6 +60,9 @@ class Backend(Protocol):
     def connect(self, region: Region, transport: Transport, peer: Peer) -> QpInfo:
         """A queue pair that accepts `peer`'s requests into `region`, brought up to receive."""
 
+    def expected_psn(self, qpn: int) -> int:
+        """The PSN the queue pair expects next (rxe's rq_psn): the translator's next PSN, when both agree."""
+
     def failed(self) -> list[int]:
         """QPNs of queue pairs in ERROR (after an access violation); `reconnect` brings them back."""
 

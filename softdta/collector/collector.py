@@ -92,7 +92,8 @@ class Collector:
         failed = set(self.backend.failed())
         return {"backend": self.backend.name, "collector": self.config.name,
                 "qps": {f"{qpn:#x}": {"structure": structure, "translator": ip_str(peer.ip),
-                                      "state": "error" if qpn in failed else "ready"}
+                                      "state": "error" if qpn in failed else "ready",
+                                      "expected_psn": self.backend.expected_psn(qpn)}
                         for qpn, (structure, peer, _) in self.connections.items()}}
 
 

@@ -158,7 +158,8 @@ def read_hw_counters(directory: Path) -> dict[str, int]:
     """RDMA drivers publish one integer per file in ports/<n>/hw_counters; drivers without them publish none."""
     if not directory.is_dir():
         return {}
-    return {path.name: int(path.read_text()) for path in sorted(directory.iterdir()) if path.is_file()}
+    return {path.name: int(path.read_text()) for path in sorted(directory.iterdir())
+            if path.is_file() and path.name != "lifespan"}  # lifespan is a setting: how long values are cached
 
 
 @dataclass
@@ -264,6 +265,12 @@ class VerbsBackend:
                                f"lladdr {peer.mac.hex(':')} dev <interface>)") from None
         self.connections[qp.qp_num] = _Connection(qp, cq, recv, region, transport, peer)
         return QpInfo(qp.qp_num, peer.psn, transport, region.name)
+
+    def expected_psn(self, qpn: int) -> int:
+        connection = self.connections.get(qpn)
+        if connection is None:
+            raise BackendError(f"no queue pair {qpn:#x} on this collector")
+        return connection.qp.query(self.pv.enums.IBV_QP_RQ_PSN)[0].rq_psn
 
     def failed(self) -> list[int]:
         state, error = self.pv.enums.IBV_QP_STATE, self.pv.enums.IBV_QPS_ERR

@@ -64,6 +64,9 @@ class XdpBackend:
                               region=self.regions[region.name][1], base_va=region.base_va, rkey=region.rkey,
                               expected_psn=psn, access=region.access)
 
+    def expected_psn(self, qpn: int) -> int:
+        return self.responder.qp_state(qpn)["expected_psn"]
+
     def failed(self) -> list[int]:
         return [qpn for qpn in self.qps if self.responder.qp_state(qpn)["error"]]
 
