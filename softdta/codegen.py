@@ -400,17 +400,21 @@ def render_p4_tables() -> str:
 def render_p4_registers() -> str:
     lines = [f"// {BANNER}",
              "// The translator's data-plane state as registers, one per field of a spec state table.",
-             "// SOFTDTA_<TABLE>_REGISTERS declares a table's registers; expand it where that state lives (top level",
-             "// in v1model, inside the one gress that uses it in TNA) after defining SOFTDTA_REGISTER(W, N) as the",
-             "// architecture's register type of N elements of bit<W>.", "",
+             "// SOFTDTA_REGISTER_<NAME> declares one, SOFTDTA_<TABLE>_REGISTERS all of a table's; expand them where",
+             "// that state lives (top level in v1model, inside the one gress that uses it in TNA) after defining",
+             "// SOFTDTA_REGISTER(W, N) as the architecture's register type of N elements of bit<W>.", "",
              "#ifndef SOFTDTA_REGISTERS_P4", "#define SOFTDTA_REGISTERS_P4"]
     by_table: dict[str, list[P4Register]] = {}
     for register in p4_registers():
         by_table.setdefault(register.table, []).append(register)
+        lines += ["", f"// {register.table}.{register.field}",
+                  f"#define SOFTDTA_REGISTER_{register.name.upper()} \\",
+                  f'    @id({register.id:#010x}) @name(".{register.name}") '
+                  f"SOFTDTA_REGISTER({register.bits}, {register.size}) {register.name};"]
     for table, registers in by_table.items():
         lines += ["", f"#define SOFTDTA_{table.upper()}_REGISTERS \\"]
-        lines += [f'    @id({r.id:#010x}) @name(".{r.name}") SOFTDTA_REGISTER({r.bits}, {r.size}) {r.name};'
-                  + (" \\" if i < len(registers) - 1 else "") for i, r in enumerate(registers)]
+        lines += [f"    SOFTDTA_REGISTER_{r.name.upper()}" + (" \\" if i < len(registers) - 1 else "")
+                  for i, r in enumerate(registers)]
     lines += ["", "#endif // SOFTDTA_REGISTERS_P4", ""]
     return "\n".join(lines)
 
