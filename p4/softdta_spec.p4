@@ -696,6 +696,29 @@ struct arena_value_t {
     bit<32768> bytes;
 }
 
+// icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
+struct icrc_constant_key_t {
+    bit<32> qp_index;
+    bit<8> opcode;
+    bit<16> ip_length;
+}
+
+// icrc_constant value: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
+struct icrc_constant_value_t {
+    bit<32> constant; // iCRC of such a frame with its variable tail zeroed, read little-endian
+}
+
+// multicast_group key: packet replication of Key-Write and Key-Increment reports (a P4Runtime multicast group)
+struct multicast_group_key_t {
+    bit<16> group; // port x MAX_REDUNDANCY + copies
+}
+
+// multicast_group value: packet replication of Key-Write and Key-Increment reports (a P4Runtime multicast group)
+struct multicast_group_value_t {
+    bit<32> port;
+    bit<8> copies; // replicas, with replication IDs 0..copies-1
+}
+
 // iCRC split (softdta/icrc_split.py): the variable tail starts this many bytes into the IP packet;
 // v1model hashes it right-aligned in ICRC_TAIL_BYTES bytes, whose all-zero CRC-32 is ICRC_TAIL_ZEROS_CRC
 const bit<16> ICRC_VARIABLE_FROM = 36;

@@ -241,7 +241,7 @@ def render_p4() -> str:
         if header.tail:
             lines.append(f"    // {_tail_comment(header)}: variable length, not part of this header")
         lines.append("}")
-    for table in spec.TABLES:
+    for table in spec.TABLES + spec.P4_TABLES:
         for part, fields in (("key", table.key), ("value", table.value)):
             lines += ["", f"// {table.name} {part}: {table.doc}", f"struct {table.name}_{part}_t {{"]
             lines += _p4_fields(fields) + ["}"]

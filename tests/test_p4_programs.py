@@ -1,0 +1,220 @@
+"""The P4 programs (p4/): a structural check that runs everywhere, and compiles where a P4 compiler exists.
+
+No P4 compiler installs from the package registries here, so the structural check stands in for the parts of a
+compile that concern the spec: every table, action, register, constant and field a program names exists in
+the generated files with the spec's widths, and the hand-unrolled loops match the spec's limits.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from softdta import spec
+from softdta.codegen import p4_control_tables, p4_registers
+from softdta.control_plane import CONFIG_TABLES
+from softdta.p4runtime import load_p4info
+
+ROOT = Path(__file__).resolve().parents[1]
+P4 = ROOT / "p4"
+PROGRAMS = {"v1model": P4 / "softdta_v1model.p4", "tna": P4 / "softdta_tna.p4"}
+GENERATED = ("softdta_spec.p4", "softdta_tables.p4", "softdta_registers.p4")
+
+
+def strip(text: str) -> str:
+    """P4 without comments and string literals."""
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r'"[^"\n]*"', '""', text)
+
+
+def header_fields(text: str) -> dict[str, dict[str, int]]:
+    """header and struct types -> {field: width (bits) or 0 for a non-bit type}."""
+    types = {}
+    for kind, name, body in re.findall(r"^(header|struct) (\w+) \{\n(.*?)^\}", strip(text), re.M | re.S):
+        fields = {}
+        for declaration in body.split(";"):
+            parts = declaration.split()
+            if len(parts) < 2:
+                continue
+            width = re.fullmatch(r"bit<(\d+)>", parts[0])
+            fields[re.sub(r"\[.*", "", parts[-1])] = int(width.group(1)) if width else 0
+            if not width:
+                fields.setdefault("_types", {})[re.sub(r"\[.*", "", parts[-1])] = re.sub(r"\[.*", "", parts[0])
+        types[name] = fields
+    return types
+
+
+def member_types(types: dict, struct: str) -> dict[str, str]:
+    return types[struct].get("_types", {})
+
+
+def p4_problems(program: str, generated: dict[str, str], types_file: str) -> list[str]:
+    """What in a P4 program does not match the generated definitions (empty when all is well)."""
+    problems = []
+    code = strip(program)
+    for opening, closing in ("{}", "()", "[]"):
+        if code.count(opening) != code.count(closing):
+            problems.append(f"unbalanced {opening}{closing}: {code.count(opening)} vs {code.count(closing)}")
+    everything = "\n".join(list(generated.values()) + [types_file, program])
+    types = header_fields(everything)
+    tables = {t.name: t for t in p4_control_tables()}
+    for name in set(re.findall(r"\b(\w+)\.apply\(\)", code)):
+        if name not in tables and not re.search(rf"\btable {name}\b", code):
+            problems.append(f"applies table {name}, which is neither generated nor declared")
+    for table, part, field in set(re.findall(r"meta\.tables\.(\w+?)(_key)?\.(\w+)", code)):
+        if table not in tables:
+            problems.append(f"meta.tables.{table}: no such control-plane table")
+            continue
+        fields = tables[table].key if part else tables[table].value
+        if field not in {f.name for f in fields}:
+            problems.append(f"meta.tables.{table}{part}.{field}: not a field of the spec table")
+    registers = {r.name for r in p4_registers()}
+    for macro in set(re.findall(r"\bSOFTDTA_REGISTER_(\w+)", code)):
+        if macro.lower() not in registers:
+            problems.append(f"SOFTDTA_REGISTER_{macro}: no such generated register")
+    declared = {m.lower() for m in re.findall(r"\bSOFTDTA_REGISTER_(\w+)", code)}
+    for group in re.findall(r"\bSOFTDTA_(\w+)_REGISTERS\b", code):
+        declared |= {r.name for r in p4_registers() if r.table == group.lower()}
+    declared |= set(re.findall(r"Register<[^>]*>+\([^)]*\)\s*(\w+);", code))
+    used = set(re.findall(r"\b(\w+)\.(?:read|write)\(", code))
+    used |= set(re.findall(r"RegisterAction<[^>]*>\((\w+)\)", code))
+    for name in used - declared:
+        problems.append(f"register {name} is used but not declared")
+    known = set(re.findall(r"\bconst [\w<>]+ (\w+)\s*=", everything))
+    known |= set(re.findall(r"#define (\w+)", everything))
+    known |= {"PORT_METADATA_SIZE"}  # from tna.p4
+    for name in set(re.findall(r"\b([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)\b", code)):
+        if name not in known and not name.startswith(("SOFTDTA_REGISTER_",)):
+            problems.append(f"constant {name} is not defined")
+    for name, fields in types.items():
+        for member, kind in fields.get("_types", {}).items():
+            if kind not in types and kind not in ("bool",):
+                problems.append(f"{name}.{member} has type {kind}, which is not defined")
+    headers = member_types(types, "headers_t")
+    roots = {"hdr": headers}
+    if "tna_headers_t" in types:
+        roots["hdr"] = {**member_types(types, "tna_headers_t"), **{f"dta.{k}": v for k, v in headers.items()}}
+    for path, field in set(re.findall(r"\bhdr\.((?:dta\.)?\w+)(?:\[\w+\])?\.(\w+)\b", code)):
+        kind = roots["hdr"].get(path)
+        if kind is None:
+            problems.append(f"hdr.{path}: no such header")
+        elif field not in types[kind] and field not in ("isValid", "setValid", "setInvalid", "next",
+                                                         "push_front", "pop_front"):
+            problems.append(f"hdr.{path}.{field}: {kind} has no such field")
+    return problems
+
+
+def read_generated() -> dict[str, str]:
+    return {name: (P4 / name).read_text() for name in GENERATED}
+
+
+@pytest.mark.parametrize("architecture", sorted(PROGRAMS))
+def test_program_matches_the_generated_definitions(architecture):
+    problems = p4_problems(PROGRAMS[architecture].read_text(), read_generated(), (P4 / "softdta_types.p4").read_text())
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("mutation,expected", [
+    (lambda p: p.replace("qp_by_local_qpn.apply()", "qp_by_local_qpns.apply()", 1), "applies table qp_by_local_qpns"),
+    (lambda p: p.replace("meta.tables.qp.rkey", "meta.tables.qp.r_key", 1), "meta.tables.qp.r_key"),
+    (lambda p: p.replace("hdr.bth.psn", "hdr.bth.sequence", 1), "hdr.bth.sequence"),
+    (lambda p: p.replace("qp_state_next_psn.read(", "qp_next_psn.read(", 1), "register qp_next_psn"),
+    (lambda p: p.replace("CNT_DROP_GRACE", "CNT_DROP_GRACE_PERIOD", 1), "constant CNT_DROP_GRACE_PERIOD"),
+    (lambda p: p.replace("apply {", "apply {{", 1), "unbalanced {}"),
+    (lambda p: p.replace("V1Switch(", "struct broken_t { missing_t m; }\nV1Switch(", 1), "missing_t, which is not"),
+])
+def test_structural_check_finds_mistakes(mutation, expected):
+    program = PROGRAMS["v1model"].read_text()
+    mutated = mutation(program)
+    assert mutated != program
+    problems = p4_problems(mutated, read_generated(), (P4 / "softdta_types.p4").read_text())
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_unrolled_loops_cover_the_spec_limits():
+    """P4 has no loops: the v1model program unrolls them, once per element the spec allows."""
+    program = strip(PROGRAMS["v1model"].read_text())
+    uses = lambda macro: len(re.findall(rf"\b{macro}\(\d+\)", program))  # noqa: E731
+    assert uses("APPEND_WORD") == spec.MAX_APPEND_BATCH
+    assert uses("POSTCARD_WORD") == 2 * spec.MAX_POSTCARD_HOPS  # the evicted path and the completed one
+    assert uses("POSTCARD_RESET") == spec.MAX_POSTCARD_HOPS
+    assert uses("HOP_HASH") == spec.MAX_POSTCARD_HOPS
+    assert uses("MERGE_ROW") == spec.MAX_SKETCH_ROWS
+    assert uses("TAIL_WORD") == spec.MAX_WRITE_PAYLOAD // 4
+    assert uses("COPY_HASH") == spec.MAX_REDUNDANCY - 1  # copy 0 hashes the same under every scheme
+    assert f"pop_front({spec.MAX_SKETCH_ROWS})" in program
+    assert "<< 4) | i" in program and 1 << 4 == spec.MAX_SKETCH_ROWS  # sketch cell = column x rows + row
+    types = (P4 / "softdta_types.p4").read_text()
+    bits = {name: int(value) for name, value in re.findall(r"const bit<32> (\w+_BITS) = (\d+);", types)}
+    assert 1 << bits["APPEND_BATCH_BITS"] == spec.MAX_APPEND_BATCH
+    assert 1 << bits["POSTCARD_WORD_BITS"] == spec.MAX_POSTCARD_HOPS == spec.MAX_KEY_LEN // 4
+    assert 1 << bits["SKETCH_REPORTER_BITS"] == 32  # contributors: a bitmap in a 32-bit register
+
+
+def test_generated_ids_and_names_agree_with_the_p4info():
+    info = load_p4info()
+    annotated = {}
+    for name in ("softdta_tables.p4", "softdta_registers.p4"):
+        for object_id, object_name in re.findall(r'@id\((0x[0-9a-f]+)\) @name\("\.(\w+)"\)', (P4 / name).read_text()):
+            annotated[object_name] = int(object_id, 16)
+    in_p4info = {o.preamble.name: o.preamble.id for o in list(info.tables) + list(info.actions) + list(info.registers)}
+    assert annotated == in_p4info
+    for table in info.tables:
+        fields = {t.name: t for t in p4_control_tables()}[table.preamble.name].key
+        assert [(m.name, m.bitwidth) for m in table.match_fields] == [(f.name, f.bits) for f in fields]
+    assert [t.preamble.name for t in info.tables][:len(CONFIG_TABLES)] == list(CONFIG_TABLES)
+
+
+def test_shared_types_use_the_spec_layouts():
+    types = header_fields("\n".join(read_generated().values()) + (P4 / "softdta_types.p4").read_text())
+    for header in spec.DTA_HEADERS + spec.ROCE_HEADERS + (spec.ETHERNET, spec.IPV4, spec.UDP):
+        assert {k: v for k, v in types[f"{header.name}_h"].items() if k != "_types"} == \
+            {f.name: f.bits for f in header.fields}, header.name
+    for table in p4_control_tables():
+        assert {k: v for k, v in types[f"{table.name}_value_t"].items()} == {f.name: f.bits for f in table.value}
+
+
+def tofino_includes() -> Path | None:
+    candidates = [os.environ.get("SOFTDTA_TOFINO_INCLUDE", "")]
+    candidates += [str(Path(p).resolve().parent.parent / "share" / "p4c" / "p4include")
+                   for p in (shutil.which("p4test"), shutil.which("bf-p4c")) if p]
+    candidates += ["/usr/share/p4c/p4include", "/usr/local/share/p4c/p4include"]
+    return next((Path(c) for c in candidates if c and (Path(c) / "tna.p4").is_file()), None)
+
+
+@pytest.mark.interop
+@pytest.mark.skipif(shutil.which("p4c-bm2-ss") is None,
+                    reason="p4c-bm2-ss (p4c) is not installed (not packaged for Debian bookworm or on PyPI)")
+def test_v1model_program_compiles_and_its_p4info_agrees(tmp_path):
+    p4info = tmp_path / "softdta.p4info.txtpb"
+    result = subprocess.run(["p4c-bm2-ss", "--std", "p4-16", "-I", str(P4), "-o", str(tmp_path / "softdta.json"),
+                             "--p4runtime-files", str(p4info), str(PROGRAMS["v1model"])],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
+    from softdta.p4info import parse_p4info
+    compiled = parse_p4info(p4info.read_text())
+    ours = load_p4info()
+    for kind in ("tables", "actions"):
+        theirs = {o.preamble.name.lstrip("."): o.preamble.id for o in getattr(compiled, kind)}
+        for item in getattr(ours, kind):
+            assert theirs.get(item.preamble.name) == item.preamble.id, item.preamble.name
+
+
+@pytest.mark.interop
+@pytest.mark.skipif(shutil.which("p4test") is None,
+                    reason="p4test (p4c) is not installed (not packaged for Debian bookworm or on PyPI)")
+def test_programs_pass_p4test():
+    result = subprocess.run(["p4test", "--std", "p4-16", "-I", str(P4), str(PROGRAMS["v1model"])],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    includes = tofino_includes()
+    if includes is None:
+        pytest.skip("tna.p4 not found: set SOFTDTA_TOFINO_INCLUDE to the Tofino p4include directory")
+    result = subprocess.run(["p4test", "--std", "p4-16", "-I", str(includes), "-I", str(P4), "-D__TARGET_TOFINO__=1",
+                             str(PROGRAMS["tna"])], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
