@@ -125,7 +125,7 @@ def test_program_matches_the_generated_definitions(architecture):
     (lambda p: p.replace("qp_state_next_psn.read(", "qp_next_psn.read(", 1), "register qp_next_psn"),
     (lambda p: p.replace("CNT_DROP_GRACE", "CNT_DROP_GRACE_PERIOD", 1), "constant CNT_DROP_GRACE_PERIOD"),
     (lambda p: p.replace("apply {", "apply {{", 1), "unbalanced {}"),
-    (lambda p: p.replace("V1Switch(", "struct broken_t { missing_t m; }\nV1Switch(", 1), "missing_t, which is not"),
+    (lambda p: p.replace("V1Switch(", "struct broken_t {\n    missing_t m;\n}\nV1Switch(", 1), "missing_t, which is not"),
 ])
 def test_structural_check_finds_mistakes(mutation, expected):
     program = PROGRAMS["v1model"].read_text()
