@@ -28,6 +28,7 @@
 #define PSN_MASK 0xffffff
 #define SEQ_WINDOW 128
 #define DEFERRED 1		/* qp_blocked(): the report went to userspace */
+#define PASS_UP 2		/* not a reply: a CM MAD or a collector's SEND, for the control plane */
 #define FLUSH_APPEND 1
 #define FLUSH_POSTCARD 2
 /* n, for 1 <= n <= limit (a power of two), in a form the verifier bounds to 1..limit for helper sizes */
@@ -1101,6 +1102,8 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 	pad = (body[1] >> 4) & 3;
 	if (body_len - ICRC_LEN - pad < BTH_SIZE + ext)
 		return CNT_DROP_BAD_LENGTH;
+	if (body[0] != ROCE_OP_RC_ACK && body[0] != ROCE_OP_RC_ATOMIC_ACK)
+		return PASS_UP;
 	dest_qp = (__u32)body[5] << 16 | (__u32)body[6] << 8 | body[7];
 	psn = (__u32)body[9] << 16 | (__u32)body[10] << 8 | body[11];
 	syndrome = body[BTH_SIZE];
@@ -1113,8 +1116,7 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 
 	key.local_qpn = dest_qp;
 	index = bpf_map_lookup_elem(&qp_by_local_qpn, &key);
-	if (!index || !qp_lookup(index->qp_index, &ref) || ref.q->collector_ip != s->src_ip ||
-	    (body[0] != ROCE_OP_RC_ACK && body[0] != ROCE_OP_RC_ATOMIC_ACK))
+	if (!index || !qp_lookup(index->qp_index, &ref) || ref.q->collector_ip != s->src_ip)
 		return CNT_DROP_UNKNOWN_QP;
 	switch (syndrome >> 5) {
 	case AETH_ACK:
@@ -1351,6 +1353,8 @@ static __always_inline int translate(struct xdp_md *ctx)
 			return XDP_PASS;
 		s->frame.payload_len = ip_total;
 		reason = on_reply(ctx, ip_off, ihl);
+		if (reason == PASS_UP)
+			return XDP_PASS;
 	} else {
 		return XDP_PASS;
 	}

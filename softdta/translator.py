@@ -409,11 +409,13 @@ class Translator:
             reply = parse_roce(frame, udp)
         except WireError as error:
             return self._drop(Counter[f"DROP_{error.reason}"])
+        if reply.opcode not in (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK):
+            return Output(passed=True)  # a CM MAD or a collector's SEND: for the control plane (softdta.cm)
         if not reply.icrc_ok:
             return self._drop(Counter.DROP_BAD_ICRC)
         qp = self.tables.qp_by_local_qpn(reply.bth["dest_qp"])
-        aeth = reply.headers.get("aeth")
-        if qp is None or qp.collector_ip != udp.src_ip or aeth is None:
+        aeth = reply.headers["aeth"]
+        if qp is None or qp.collector_ip != udp.src_ip:
             return self._drop(Counter.DROP_UNKNOWN_QP)
         kind, code = aeth_kind(aeth["syndrome"])
         if kind == AethKind.ACK:

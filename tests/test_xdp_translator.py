@@ -284,6 +284,16 @@ def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
         for frame in replies:
             assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
         assert_same_state(reference, kernel)
+        assert kernel.counters()[Counter.DROP_BAD_ICRC] == 1
+        # Not replies, so the control plane's: a CM MAD to QP1, a collector's SEND on a new QP, a stray WRITE
+        ends = UdpEndpoints(rc[0].collector_mac, tables.mac, rc[0].collector_ip, tables.ip, 49999, ROCE_PORT)
+        counted = kernel.counters()
+        for frame in (build_roce_frame(ends, transport_payload(RoceOpcode.UD_SEND_ONLY, 1, 0, {
+                          "deth": {"qkey": 0x80010000, "src_qp": 1}}, bytes(256))),
+                      build_roce_frame(ends, transport_payload(RoceOpcode.RC_SEND_ONLY, 0x4321, 9, {}, bytes(16))),
+                      replies[-1]):
+            assert kernel.process(frame).passed and reference.process(frame).passed
+        assert kernel.counters() == counted
         assert kernel.qp_state(rc[0])["state"] == QpState.GRACE
         assert kernel.qp_state(rc[0])["next_psn"] == 0x123456
         assert kernel.qp_state(rc[-1])["state"] == QpState.FAILED
