@@ -10,28 +10,23 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .codec import WireError
+from .codec import WireError, codec
 from .dta import Nack, Report, decode, encode_nack
 from .frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
-from .hashing import key_checksum, key_slot, postcard_hop_hash, postcard_slot_hash
+from .primitives import BUILT_IN, AppendRuntime, Output, PluginReport, PostcardEntry, Primitive, SketchRuntime
 from .roce import aeth_kind, build_roce_frame, parse_roce, transport_payload
-from .spec import (DTA_NACK_PORT, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, NackKind, NakCode,
-                   Primitive, QpState, RoceOpcode, SketchMerge, Transport)
-from .tables import AppendLists, QueuePair, Structure, Tables
+from .spec import (DTA_BASE_EXT, DTA_NACK_PORT, DTA_PORT, EXTENDED_MARKER, ROCE_PORT, AethKind, Counter,
+                   DtaOpcode, NackKind, NakCode, QpState, RoceOpcode, Transport)
+from .spec import Primitive as StructureKind
+from .tables import QueuePair, Structure, Tables
+
+__all__ = ["Output", "AppendRuntime", "PostcardEntry", "SketchRuntime", "QpRuntime", "Translator"]
 
 PSN_MASK = 0xFFFFFF
+_BUILT_IN_OPCODES = frozenset(int(opcode) for opcode in DtaOpcode)
 _SEQ_WINDOW = 128
-
-
-@dataclass
-class Output:
-    frames: list[bytes] = field(default_factory=list)
-    to_reporter: list[bytes] = field(default_factory=list)
-    drop: Counter | None = None
-    deferred: bool = False
-    passed: bool = False
 
 
 @dataclass
@@ -44,45 +39,34 @@ class QpRuntime:
     flush_mark_ns: int = 0
 
 
-@dataclass
-class AppendRuntime:
-    head: int = 0
-    pending: list[bytes] = field(default_factory=list)
-    first_pending_ns: int = 0
-    token: int = 0  # names this batch in the flush queue
-
-
-@dataclass
-class PostcardEntry:
-    key: bytes
-    path_length: int
-    values: list[int]
-    hop_mask: int = 0
-    first_ns: int = 0
-    token: int = 0
-
-
-@dataclass
-class SketchRuntime:
-    aggregate: list[list[int]]
-    contributors: list[set[int]]
-    next_column: dict[int, int] = field(default_factory=dict)
-
-
 class Translator:
-    def __init__(self, tables: Tables):
+    """`plugins` are extra `primitives.Primitive` classes, each with an opcode no other primitive has."""
+
+    def __init__(self, tables: Tables, plugins: tuple[type[Primitive], ...] | list[type[Primitive]] = ()):
         self.tables = tables
         self.counters: Tally[Counter] = Tally()
         self.qp_state = {qp.index: QpRuntime(qp.start_psn) for qp in tables.qps}
-        self.append_state: dict[int, AppendRuntime] = {}
-        self.postcard_cache: dict[int, dict[int, PostcardEntry]] = {}
-        self.sketch_state: dict[int, SketchRuntime] = {}
         self.reporter_seqnum: dict[bytes, int] = {}
         self.flush_queue: deque[tuple[int, int, int, object]] = deque()  # (token, first ns, list id | index, structure)
         self._tokens = 0
-        self._handlers = {DtaOpcode.KEY_WRITE: self._key_write, DtaOpcode.KEY_INCREMENT: self._key_increment,
-                          DtaOpcode.APPEND: self._append, DtaOpcode.POSTCARDING: self._postcard,
-                          DtaOpcode.SKETCH_MERGE: self._sketch}
+        self.primitives: dict[int, Primitive] = {}
+        for cls in (*BUILT_IN, *plugins):
+            if cls.opcode in self.primitives:
+                raise ValueError(f"primitive {cls.__name__} takes opcode {cls.opcode}, which "
+                                 f"{type(self.primitives[cls.opcode]).__name__} already has")
+            self.primitives[cls.opcode] = cls(self)
+
+    @property
+    def append_state(self) -> dict[int, AppendRuntime]:
+        return self.primitives[DtaOpcode.APPEND].state
+
+    @property
+    def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]:
+        return self.primitives[DtaOpcode.POSTCARDING].state
+
+    @property
+    def sketch_state(self) -> dict[int, SketchRuntime]:
+        return self.primitives[DtaOpcode.SKETCH_MERGE].state
 
     # ----------------------------------------------------------------------------------------------
     # entry points
@@ -130,11 +114,11 @@ class Translator:
                 lists = self.tables.append_range(index)
                 pending.pending += [bytes(lists.data_len)] * (lists.batch - len(pending.pending))
                 self.counters[Counter.APPEND_FLUSHES] += 1
-                frames += self._append_write(lists, index, pending, None)
+                frames += self.primitives[DtaOpcode.APPEND].write_batch(lists, index, pending, None)
             else:
                 del self.postcard_cache[structure.qp.index][index]
                 self.counters[Counter.POSTCARD_FLUSHES] += 1
-                frames += self._postcard_write(structure, pending, None)
+                frames += self.primitives[DtaOpcode.POSTCARDING].write_path(structure, pending, None)
             runtime = self.qp_state[qp.index]
             runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
             pushed_back.clear()
@@ -174,24 +158,34 @@ class Translator:
     def _report(self, udp: UdpFrame, now_ns: int) -> Output:
         self.counters[Counter.RX_REPORTS] += 1
         try:
-            report = decode(udp.payload, self.tables.profile)
+            report = self._decode(udp.payload)
         except WireError as error:
-            return self._drop(Counter[f"DROP_{error.reason}"])
-        self.counters[Counter(Counter.RX_KEY_WRITE + report.opcode - 1)] += 1
+            return self.drop(Counter[f"DROP_{error.reason}"])
+        if report.opcode in _BUILT_IN_OPCODES:
+            self.counters[Counter(Counter.RX_KEY_WRITE + report.opcode - 1)] += 1
         if report.retransmit:
             verdict = self._check_sequence(udp, report)
             if verdict is not None:
                 return verdict
-        out = self._handlers[report.opcode](udp, report, now_ns)
+        out = self.primitives[report.opcode].translate(udp, report, now_ns)
         self.counters[Counter.TX_FRAMES] += len(out.frames)
         self.counters[Counter.TX_NACKS] += len(out.to_reporter)
         return out
 
-    def _drop(self, reason: Counter) -> Output:
+    def _decode(self, payload: bytes) -> Report | PluginReport:
+        """Built-in reports through `dta.decode`; extended reports with a plug-in's opcode through the plug-in."""
+        if len(payload) >= DTA_BASE_EXT.size and payload[0] & EXTENDED_MARKER:
+            base, offset = codec(DTA_BASE_EXT).unpack(payload)
+            primitive = self.primitives.get(base["opcode"])
+            if primitive is not None and base["opcode"] not in _BUILT_IN_OPCODES:
+                return primitive.decode(base, payload, offset)
+        return decode(payload, self.tables.profile)
+
+    def drop(self, reason: Counter) -> Output:
         self.counters[reason] += 1
         return Output(drop=reason)
 
-    def _blocked(self, qp: QueuePair, report: Report, now_ns: int) -> Output | None:
+    def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None:
         """None if the QP may send now; otherwise the drop (or deferral of an essential report)."""
         if self._qp_ready(qp, now_ns):
             return None
@@ -199,7 +193,7 @@ class Translator:
             self.counters[Counter.ESSENTIAL_DEFERRED] += 1
             return Output(deferred=True)
         state = self.qp_state[qp.index].state
-        return self._drop(Counter.DROP_QP_FAILED if state is QpState.FAILED else Counter.DROP_GRACE)
+        return self.drop(Counter.DROP_QP_FAILED if state is QpState.FAILED else Counter.DROP_GRACE)
 
     def _qp_ready(self, qp: QueuePair, now_ns: int) -> bool:
         runtime = self.qp_state[qp.index]
@@ -207,177 +201,49 @@ class Translator:
             runtime.state = QpState.ACTIVE
         return runtime.state is QpState.ACTIVE
 
-    def _check_sequence(self, udp: UdpFrame, report: Report) -> Output | None:
+    def _check_sequence(self, udp: UdpFrame, report: Report | PluginReport) -> Output | None:
         """Go-back-N tracking per reporter IP: accept the next seqnum, NACK a gap, drop a duplicate."""
         last = self.reporter_seqnum.get(udp.src_ip)
         if last is None or report.seqnum == (last + 1) & 0xFF:
             self.reporter_seqnum[udp.src_ip] = report.seqnum
             return None
         if (last - report.seqnum) & 0xFF < _SEQ_WINDOW:
-            return self._drop(Counter.DROP_DUPLICATE)
-        out = self._drop(Counter.DROP_SEQUENCE_GAP)
-        out.to_reporter.append(self._nack_frame(udp, Nack(NackKind.SEQUENCE, last, extended=report.extended)))
+            return self.drop(Counter.DROP_DUPLICATE)
+        out = self.drop(Counter.DROP_SEQUENCE_GAP)
+        out.to_reporter.append(self.nack_frame(udp, Nack(NackKind.SEQUENCE, last, extended=report.extended)))
         self.counters[Counter.TX_NACKS] += 1
         return out
 
-    def _nack_frame(self, udp: UdpFrame, nack: Nack) -> bytes:
+    def nack_frame(self, udp: UdpFrame, nack: Nack) -> bytes:
         ends = UdpEndpoints(src_mac=self.tables.mac, dst_mac=udp.eth["src"], src_ip=udp.dst_ip,
                             dst_ip=udp.src_ip, sport=DTA_PORT, dport=DTA_NACK_PORT, dscp=self.tables.dscp,
                             ttl=self.tables.ttl)
         return build_udp_frame(ends, encode_nack(nack))
 
-    def _structure(self, udp: UdpFrame, primitive: Primitive, report: Report) -> Structure | Output:
-        structure = self.tables.structure(udp.dst_ip, primitive)
+    def structure(self, udp: UdpFrame, kind: StructureKind, report: Report | PluginReport,
+                  key: bytes | None = None) -> Structure | Output:
+        """The collector structure of `kind` at the report's destination, or the drop when there is none or the
+        key (`report.key` unless given) or Key-Write data does not fit it."""
+        structure = self.tables.structure(udp.dst_ip, kind)
         if structure is None:
-            return self._drop(Counter.DROP_UNKNOWN_COLLECTOR)
-        if len(report.key) != structure.key_len or \
-                (primitive is Primitive.KEY_WRITE and len(report.data) != structure.data_len):
-            return self._drop(Counter.DROP_BAD_LENGTH)
+            return self.drop(Counter.DROP_UNKNOWN_COLLECTOR)
+        key = report.key if key is None else key
+        if len(key) != structure.key_len or \
+                (kind is StructureKind.KEY_WRITE and isinstance(report, Report)
+                 and len(report.data) != structure.data_len):
+            return self.drop(Counter.DROP_BAD_LENGTH)
         return structure
 
-    def _key_write(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        structure = self._structure(udp, Primitive.KEY_WRITE, report)
-        if isinstance(structure, Output):
-            return structure
-        blocked = self._blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
-        payload = key_checksum(report.key).to_bytes(4, "little") + report.data
-        out = Output()
-        for copy in range(report.redundancy):
-            offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
-            out.frames.append(self._write(structure.qp, offset, payload, report, key_checksum(report.key)))
-        return out
-
-    def _key_increment(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        structure = self._structure(udp, Primitive.KEY_INCREMENT, report)
-        if isinstance(structure, Output):
-            return structure
-        blocked = self._blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
-        qp = structure.qp
-        out = Output()
-        for copy in range(report.redundancy):
-            offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
-            atomic = {"va": qp.base_va + offset, "rkey": qp.rkey, "swap_add": report.counter, "compare": 0}
-            out.frames.append(self._emit(qp, RoceOpcode.RC_FETCH_ADD, {"atomic_eth": atomic}, b""))
-        return out
-
-    def _append(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        lists = self.tables.append_range(report.list_id)
-        if lists is None:
-            return self._drop(Counter.DROP_UNKNOWN_LIST)
-        if len(report.data) != lists.data_len:
-            return self._drop(Counter.DROP_BAD_LENGTH)
-        blocked = self._blocked(lists.qp, report, now_ns)
-        if blocked:
-            return blocked
-        runtime = self.append_state.setdefault(report.list_id, AppendRuntime())
-        if not runtime.pending:
-            runtime.first_pending_ns = now_ns
-            runtime.token = self._flush_later(now_ns, report.list_id, None)
-        runtime.pending.append(_append_entry(report.data))
-        if len(runtime.pending) < lists.batch:
-            self.counters[Counter.APPEND_BATCHED] += 1
-            return Output()
-        return Output(frames=self._append_write(lists, report.list_id, runtime, report))
-
-    def _flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
+    def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
         self._tokens += 1
         self.flush_queue.append((self._tokens, now_ns, index, structure))
         return self._tokens
 
-    def _append_write(self, lists: AppendLists, list_id: int, runtime: AppendRuntime,
-                      report: Report | None) -> list[bytes]:
-        offset = lists.ring_offset(list_id) + runtime.head * lists.data_len
-        payload = b"".join(runtime.pending)
-        runtime.pending = []
-        runtime.head = (runtime.head + lists.batch) % lists.entries
-        return [self._write(lists.qp, offset, payload, report, list_id)]
-
-    def _postcard(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        structure = self._structure(udp, Primitive.POSTCARDING, report)
-        if isinstance(structure, Output):
-            return structure
-        path_length = report.path_length or structure.hops
-        if report.hop > path_length or path_length > structure.hops:
-            return self._drop(Counter.DROP_BAD_HOP)
-        blocked = self._blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
-        cache = self.postcard_cache.setdefault(structure.qp.index, {})
-        index = postcard_slot_hash(report.key) & (structure.cache_entries - 1)
-        encoded = int.from_bytes(report.data, "big") ^ postcard_hop_hash(report.key, report.hop)
-        out = Output()
-        entry = cache.get(index)
-        if entry is not None and entry.key != report.key:
-            if path_length == 1:
-                # A one-hop path is complete on arrival: write it without evicting another flow's path.
-                single = PostcardEntry(report.key, 1, [0] * structure.hops, hop_mask=1)
-                single.values[report.hop - 1] = encoded
-                return Output(frames=self._postcard_write(structure, single, report))
-            self.counters[Counter.POSTCARD_EVICTIONS] += 1
-            out.frames += self._postcard_write(structure, entry, None)
-            entry = None
-        if entry is None:
-            entry = cache[index] = PostcardEntry(report.key, path_length, [0] * structure.hops, first_ns=now_ns,
-                                                 token=self._flush_later(now_ns, index, structure))
-        entry.values[report.hop - 1] = encoded
-        entry.hop_mask |= 1 << (report.hop - 1)
-        if entry.hop_mask.bit_count() >= entry.path_length:
-            del cache[index]
-            out.frames += self._postcard_write(structure, entry, report)
-        elif not out.frames:
-            self.counters[Counter.POSTCARD_CACHED] += 1
-        return out
-
-    def _postcard_write(self, structure: Structure, entry: PostcardEntry, report: Report | None) -> list[bytes]:
-        offset = (postcard_slot_hash(entry.key) & (structure.slot_count - 1)) * structure.slot_size
-        payload = b"".join(v.to_bytes(4, "big") for v in entry.values)
-        return [self._write(structure.qp, offset, payload, report, key_checksum(entry.key))]
-
-    def _sketch(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        structure = self.tables.structure(udp.dst_ip, Primitive.SKETCH_MERGE)
-        if structure is None:
-            return self._drop(Counter.DROP_UNKNOWN_COLLECTOR)
-        if report.reporter >= structure.reporters:
-            return self._drop(Counter.DROP_UNKNOWN_REPORTER)
-        if len(report.counters) != structure.rows or report.column >= structure.columns:
-            return self._drop(Counter.DROP_BAD_LENGTH)
-        runtime = self.sketch_state.setdefault(structure.qp.index, SketchRuntime(
-            [[0] * structure.rows for _ in range(structure.columns)], [set() for _ in range(structure.columns)]))
-        expected = runtime.next_column.get(report.reporter, 0)
-        # A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written.
-        if report.column != expected or report.reporter in runtime.contributors[expected]:
-            out = self._drop(Counter.DROP_SKETCH_GAP if report.column > expected else Counter.DROP_SKETCH_STALE)
-            nack = Nack(NackKind.SKETCH_COLUMN, expected, report.reporter, extended=True)
-            out.to_reporter.append(self._nack_frame(udp, nack))
-            return out
-        blocked = self._blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
-        runtime.next_column[report.reporter] = (expected + 1) % structure.columns
-        column = runtime.aggregate[report.column]
-        for row, value in enumerate(report.counters):
-            column[row] = max(column[row], value) if structure.merge is SketchMerge.MAX \
-                else (column[row] + value) & 0xFFFFFFFF
-        runtime.contributors[report.column].add(report.reporter)
-        self.counters[Counter.SKETCH_MERGED] += 1
-        first = report.column - report.column % structure.batch
-        group = range(first, first + structure.batch)
-        if any(len(runtime.contributors[c]) < structure.reporters for c in group):
-            return Output()
-        payload = b"".join(v.to_bytes(4, "little") for c in group for v in runtime.aggregate[c])
-        for c in group:
-            runtime.aggregate[c] = [0] * structure.rows
-            runtime.contributors[c] = set()
-        return Output(frames=[self._write(structure.qp, first * structure.slot_size, payload, report, first)])
-
     # ----------------------------------------------------------------------------------------------
     # frames
 
-    def _write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | None, tag: int) -> bytes:
+    def write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | PluginReport | None,
+              tag: int) -> bytes:
         immediate = report is not None and report.immediate
         if qp.transport is Transport.RC:
             opcode = RoceOpcode.RC_WRITE_ONLY_IMM if immediate else RoceOpcode.RC_WRITE_ONLY
@@ -387,9 +253,9 @@ class Translator:
             raise AssertionError(f"write of {len(payload)} B at offset {offset} leaves region of qp {qp.name}")
         headers = {"reth": {"va": qp.base_va + offset, "rkey": qp.rkey, "dma_length": len(payload)},
                    "immdt": {"immediate": tag & 0xFFFFFFFF}}
-        return self._emit(qp, opcode, headers, payload)
+        return self.emit(qp, opcode, headers, payload)
 
-    def _emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes:
+    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes:
         runtime = self.qp_state[qp.index]
         interval = self.tables.ack_request_interval
         runtime.frames_sent += 1
@@ -408,15 +274,15 @@ class Translator:
         try:
             reply = parse_roce(frame, udp)
         except WireError as error:
-            return self._drop(Counter[f"DROP_{error.reason}"])
+            return self.drop(Counter[f"DROP_{error.reason}"])
         if reply.opcode not in (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK):
             return Output(passed=True)  # a CM MAD or a collector's SEND: for the control plane (softdta.cm)
         if not reply.icrc_ok:
-            return self._drop(Counter.DROP_BAD_ICRC)
+            return self.drop(Counter.DROP_BAD_ICRC)
         qp = self.tables.qp_by_local_qpn(reply.bth["dest_qp"])
         aeth = reply.headers["aeth"]
         if qp is None or qp.collector_ip != udp.src_ip:
-            return self._drop(Counter.DROP_UNKNOWN_QP)
+            return self.drop(Counter.DROP_UNKNOWN_QP)
         kind, code = aeth_kind(aeth["syndrome"])
         if kind == AethKind.ACK:
             self.counters[Counter.RX_ACKS] += 1
@@ -430,7 +296,3 @@ class Translator:
             self.qp_state[qp.index].state = QpState.FAILED
         return Output()
 
-
-def _append_entry(data: bytes) -> bytes:
-    """Append entries of 4 or 8 bytes are integers and stored little-endian (host order); others verbatim."""
-    return data[::-1] if len(data) in (4, 8) else data

@@ -1,0 +1,1 @@
+"""Primitives beyond the paper's, written against `softdta.primitives` (docs/primitives.md)."""
