@@ -13,7 +13,13 @@ import os
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 from google.protobuf import text_format  # noqa: E402
-from p4.config.v1 import p4info_pb2  # noqa: E402
+
+try:
+    from p4.config.v1 import p4info_pb2  # noqa: E402
+except TypeError as error:  # protobuf was imported with its upb runtime before this module
+    raise ImportError("the p4runtime protos need protobuf's pure-Python runtime: import softdta.p4info before "
+                      "anything that imports google.protobuf, or set PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="
+                      f"python ({error})") from None
 
 from .codegen import (P4_MISS_ACTION, P4_MISS_ACTION_ID, p4_action_id, p4_action_params,  # noqa: E402
                       p4_control_tables, p4_registers, p4_table_id)

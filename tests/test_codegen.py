@@ -8,7 +8,7 @@ import pytest
 
 from softdta import spec
 from softdta.codec import codec
-from softdta.codegen import headers, stale, wire_members
+from softdta.codegen import GENERATED, headers, stale, wire_members
 
 ROOT = Path(__file__).resolve().parents[1]
 C_HEADER = ROOT / "bpf" / "softdta_spec.h"
@@ -22,6 +22,12 @@ def test_generated_files_are_up_to_date():
     outdated = stale(ROOT)
     names = [str(path.relative_to(ROOT)) for path in outdated]
     assert not outdated, f"{names} differ from what softdta/spec.py generates: run `softdta codegen`"
+
+
+def test_every_p4_definition_is_generated():
+    generated = {str(path) for path in GENERATED}
+    assert {"p4/softdta_spec.p4", "p4/softdta_tables.p4", "p4/softdta_registers.p4",
+            "p4/softdta.p4info.txtpb"} <= generated
 
 
 def spec_checks_program(body: str) -> str:

@@ -258,3 +258,23 @@ def test_icrc_constants_complete_every_frame_the_reference_translator_sends(repo
     assert {index for index, _, _ in shapes} == set(qp_index.values())  # every primitive
     assert {RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM} <= {opcode for _, opcode, _ in shapes}
     assert len({length for index, _, length in shapes if index == qp_index[0x105]}) > 1  # partial Append batches
+
+
+def test_entries_command_prints_the_first_push(capsys):
+    from google.protobuf import text_format
+    from softdta.p4runtime import main
+
+    assert main(["entries", "--tables", str(EXAMPLE_TABLES), "--port", "key-write@c1=4"]) == 0
+    printed = [text_format.Parse(line, p4runtime_pb2.Update()) for line in capsys.readouterr().out.splitlines()]
+    assert printed == planned_updates(Tables.from_toml(EXAMPLE_TABLES),
+                                      egress=lambda qp: 4 if qp.name == "key-write@c1" else 0)
+    groups = {u.entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id for u in printed
+              if u.entity.HasField("packet_replication_engine_entry")}
+    assert groups == {4 * 4 + copies for copies in range(1, 5)} | {copies for copies in range(1, 5)}
+
+
+def test_push_command_reports_an_unreachable_switch(capsys):
+    from softdta.p4runtime import main
+
+    assert main(["push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1"]) == 2
+    assert "P4Runtime at 127.0.0.1:1" in capsys.readouterr().err
