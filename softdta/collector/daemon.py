@@ -63,7 +63,8 @@ def run(config: CollectorConfig, **options) -> None:
     import uvloop
     collector = Collector(config, make_backend(config))
     try:
-        uvloop.install()  # uvloop.run needs uvloop 0.18; Debian bookworm (the soft-RoCE guest) has 0.17
-        asyncio.run(serve_collector(collector, **options))
+        # not uvloop.install(): pyroute2 (detaching XDP at close) needs a standard loop, which it makes itself
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve_collector(collector, **options))
     finally:
         collector.close()
