@@ -217,9 +217,10 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         hdr.bridge.slot_size = (bit<8>)meta.tables.structure.slot_size;
         hdr.bridge.slot_mask = meta.tables.structure.slot_count - 1;
         bit<1> immediate = hdr.dta.base_v1.immediate;
-        bit<32> key = hdr.dta.key_write.isValid() ? hdr.dta.key_write.key : hdr.dta.key_increment.key;
-        hdr.bridge.key = key;
-        hdr.bridge.key_checksum = key_checksum.get({ key[7:0], key[15:8], key[23:16], key[31:24] });
+        bit<32> report_key = hdr.dta.key_write.isValid() ? hdr.dta.key_write.key : hdr.dta.key_increment.key;
+        hdr.bridge.key = report_key;
+        hdr.bridge.key_checksum = key_checksum.get({ report_key[7:0], report_key[15:8], report_key[23:16],
+                                                     report_key[31:24] });
         if (hdr.dta.key_write.isValid()) {
             translator_counters.count((bit<32>)CNT_RX_KEY_WRITE);
             if (meta.tables.structure.key_len != 4 || meta.tables.structure.data_len != 4) {

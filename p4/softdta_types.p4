@@ -50,7 +50,7 @@ struct headers_t {
     atomic_eth_h atomic_eth;
     immdt_h immdt;
     aeth_h aeth;
-    word_h[64] payload; // MAX_WRITE_PAYLOAD / 4
+    word_h[MAX_WRITE_PAYLOAD / 4] payload;
     icrc_h icrc;
 }
 

@@ -223,10 +223,19 @@ def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
                 in_maps.append((name, map_logical(name, layout.key.unpack(raw)), entry))
         with P4RuntimeClient(address) as client:
             P4Translator(client, egress=route_egress, flush_idle_ns=xdp.flush_idle_ns).apply(tables)
-        qp_state = [xdp.read("qp_state", qp_index=index) for index in xdp.slots.qp.values()]
+        qp_state = {index: xdp.read("qp_state", qp_index=index) for index in xdp.slots.qp.values()}
     held = [(e.table, dict(e.key), dict(e.value)) for e in servicer.held() if e.table not in DATA_PLANE_TABLES]
     assert sorted(map(repr, held)) == sorted(map(repr, in_maps))
-    assert all(state["state"] == QpState.ACTIVE for state in qp_state)
+    # The initial QP state the switch got in registers is the state the kernel holds.
+    registers = {r.preamble.id: r.preamble.name for r in NAMES.info.registers}
+    written = {}
+    for update in (u for w in servicer.writes for u in w.updates if u.entity.HasField("register_entry")):
+        entry = update.entity.register_entry
+        written[(registers[entry.register_id], entry.index.index)] = int.from_bytes(entry.data.bitstring, "big")
+    for index, state in qp_state.items():
+        assert state["state"] == QpState.ACTIVE
+        for field in ("next_psn", "state", "grace_until_ns", "frames_sent"):
+            assert written[(f"qp_state_{field}", index)] == state[field], (index, field)
 
 
 def test_icrc_constants_complete_every_frame_the_reference_translator_sends(reporter):
