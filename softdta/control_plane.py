@@ -24,11 +24,11 @@ from .tables import QueuePair, TableError, Tables
 
 # Written by the control plane; the data plane only reads them.
 CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list")
-# Written only to data planes that have them (P4: iCRC constants, packet replication groups).
-DATA_PLANE_TABLES = tuple(t.name for t in P4_TABLES)
+# Entries only the P4 data planes take (iCRC constants, packet replication groups); see spec.P4_TABLES.
+P4_ONLY_TABLES = tuple(t.name for t in P4_TABLES)
 # Entries that stop existing when the tables no longer name them (the qp array is zeroed instead, by the
 # `retire` entries of a plan, because its index is a slot that a later QP may reuse).
-PRUNED_TABLES = ("structure", "append_list", "qp_by_local_qpn", "collector") + DATA_PLANE_TABLES
+PRUNED_TABLES = ("structure", "append_list", "qp_by_local_qpn", "collector") + P4_ONLY_TABLES
 
 
 @dataclass(frozen=True)

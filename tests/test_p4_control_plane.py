@@ -9,7 +9,7 @@ from concurrent import futures
 import pytest
 
 from softdta import p4info  # noqa: F401  (selects the protobuf runtime before grpc and the p4 protos load)
-from softdta.control_plane import CONFIG_TABLES, DATA_PLANE_TABLES, Slots, plan
+from softdta.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
 from softdta.maps import table
 from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
                                decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
@@ -44,9 +44,9 @@ def as_map_reads_it(entry) -> tuple[dict, dict]:
 
 def test_p4_entries_equal_map_entries_for_the_example_tables():
     planned = plan(Tables.from_toml(EXAMPLE_TABLES), Slots(), flush_idle_ns=1_000_000, egress=egress)
-    assert {entry.table for entry in planned.entries} == set(CONFIG_TABLES + DATA_PLANE_TABLES)
+    assert {entry.table for entry in planned.entries} == set(CONFIG_TABLES + P4_ONLY_TABLES)
     for entry in planned.entries:
-        if entry.table in DATA_PLANE_TABLES:
+        if entry.table in P4_ONLY_TABLES:
             continue
         p4 = decode_table_entry(table_entry(entry, NAMES), NAMES)
         assert (dict(p4.key), dict(p4.value)) == as_map_reads_it(entry), entry.table
@@ -224,7 +224,7 @@ def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
         with P4RuntimeClient(address) as client:
             P4Translator(client, egress=route_egress, flush_idle_ns=xdp.flush_idle_ns).apply(tables)
         qp_state = {index: xdp.read("qp_state", qp_index=index) for index in xdp.slots.qp.values()}
-    held = [(e.table, dict(e.key), dict(e.value)) for e in servicer.held() if e.table not in DATA_PLANE_TABLES]
+    held = [(e.table, dict(e.key), dict(e.value)) for e in servicer.held() if e.table not in P4_ONLY_TABLES]
     assert sorted(map(repr, held)) == sorted(map(repr, in_maps))
     # The initial QP state the switch got in registers is the state the kernel holds.
     registers = {r.preamble.id: r.preamble.name for r in NAMES.info.registers}
