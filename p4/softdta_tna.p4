@@ -436,7 +436,8 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
             }
         }
         slot = slot_hash & hdr.bridge.slot_mask;
-        slot_offset.apply();
+        offset = 0;
+        slot_offset.apply(); // dta-v1 Key-Write and Key-Increment slots are 8 bytes; larger ones for other sizes
         bit<32> va_low = hdr.bridge.base_va[31:0] + offset;
         bit<32> va_high = hdr.bridge.base_va[63:32];
         if (va_low < offset) {

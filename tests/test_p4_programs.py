@@ -129,6 +129,21 @@ def test_program_matches_the_generated_definitions(architecture):
 ])
 def test_structural_check_finds_mistakes(mutation, expected):
     program = PROGRAMS["v1model"].read_text()
+    assert_finds(program, mutation, expected)
+
+
+@pytest.mark.parametrize("mutation,expected", [
+    (lambda p: p.replace("hdr.bridge.qp_index", "hdr.bridge.qp_idx", 1), "hdr.bridge.qp_idx"),
+    (lambda p: p.replace("hdr.dta.aeth.syndrome", "hdr.dta.aeth.syndrom", 1), "hdr.dta.aeth.syndrom"),
+    (lambda p: p.replace("SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT", "SOFTDTA_REGISTER_QP_STATE_FRAME_COUNT", 1),
+     "SOFTDTA_REGISTER_QP_STATE_FRAME_COUNT"),
+    (lambda p: p.replace("icrc_constant.apply()", "icrc_constants.apply()", 1), "applies table icrc_constants"),
+])
+def test_structural_check_finds_mistakes_in_tna(mutation, expected):
+    assert_finds(PROGRAMS["tna"].read_text(), mutation, expected)
+
+
+def assert_finds(program: str, mutation, expected: str) -> None:
     mutated = mutation(program)
     assert mutated != program
     problems = p4_problems(mutated, read_generated(), (P4 / "softdta_types.p4").read_text())
