@@ -188,6 +188,12 @@ class P4RuntimeClient:
         self.election_id = p4runtime_pb2.Uint128(high=election_id >> 64, low=election_id & (1 << 64) - 1)
         self.timeout = timeout
         self.channel = grpc.insecure_channel(address)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self.channel.close()
+            raise P4RuntimeError(f"P4Runtime at {address}: UNAVAILABLE after {timeout:g} s; check the address and "
+                                 "that the switch's P4Runtime server runs") from None
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self._outbox: queue.Queue = queue.Queue()
         self._stream = self.stub.StreamChannel(iter(self._outbox.get, None))
@@ -332,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--device-id", type=int, default=1)
     push.add_argument("--election-id", type=int, default=1)
     push.add_argument("--pipeline", type=Path, help="device config (compiler output) to install first")
+    push.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the switch")
     args = parser.parse_args(argv)
     tables = Tables.from_toml(args.tables)
     if args.command == "entries":
@@ -339,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             print(text_format.MessageToString(update, as_one_line=True))
         return 0
     try:
-        with P4RuntimeClient(args.p4runtime, device_id=args.device_id, election_id=args.election_id) as client:
+        with P4RuntimeClient(args.p4runtime, device_id=args.device_id, election_id=args.election_id,
+                             timeout=args.timeout) as client:
             if args.pipeline:
                 client.set_pipeline(load_p4info(), args.pipeline.read_bytes())
             P4Translator(client, egress=_ports(args.port)).apply(tables)

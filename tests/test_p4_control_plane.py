@@ -202,7 +202,7 @@ def test_losing_arbitration_is_an_error(switch):
 
 def test_unreachable_switch_is_an_error():
     with pytest.raises(P4RuntimeError, match="UNAVAILABLE"):
-        P4RuntimeClient("127.0.0.1:1", timeout=2)
+        P4RuntimeClient("127.0.0.1:1", timeout=1)
 
 
 @pytest.mark.privileged
@@ -285,5 +285,5 @@ def test_entries_command_prints_the_first_push(capsys):
 def test_push_command_reports_an_unreachable_switch(capsys):
     from softdta.p4runtime import main
 
-    assert main(["push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1"]) == 2
+    assert main(["push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1", "--timeout", "1"]) == 2
     assert "P4Runtime at 127.0.0.1:1" in capsys.readouterr().err
