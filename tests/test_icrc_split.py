@@ -68,3 +68,13 @@ def test_a_variable_byte_before_the_tail_breaks_the_split():
     changed[VARIABLE_FROM - 1] ^= 0x01  # BTH byte 7: the low byte of DestQP, part of the constant
     assert combine(per_qp, bytes(changed)) != icrc(bytes(changed))
     assert combine(constant(bytes(changed)), bytes(changed)) == icrc(bytes(changed))
+
+
+def test_the_tail_crc_continues_one_word_per_pass():
+    """What longer TNA tails would need (docs/p4.md): carrying L across passes costs one 32-bit hash per word,
+    L(prefix || w) = L(le(L(prefix)) ^ w) for a 4-byte w."""
+    rng = random.Random(3)
+    for _ in range(50):
+        prefix, word = rng.randbytes(rng.randrange(4, 40)), rng.randbytes(4)
+        state = linear_crc(prefix).to_bytes(4, "little")
+        assert linear_crc(prefix + word) == linear_crc(bytes(a ^ b for a, b in zip(state, word)))
