@@ -26,12 +26,6 @@ header gather_h {
     bit<8> immediate;
 }
 
-// Register indexes of Sketch-Merge state: a sketch's columns and reporters side by side.
-const bit<32> SKETCH_COLUMN_BITS = 12; // at most 4096 columns per sketch
-const bit<32> SKETCH_REPORTER_BITS = 5; // at most 32 reporters: a column's contributors are a bitmap
-const bit<32> APPEND_BATCH_BITS = 4; // MAX_APPEND_BATCH words of batch data per list
-const bit<32> POSTCARD_WORD_BITS = 3; // MAX_POSTCARD_HOPS values (and MAX_KEY_LEN / 4 key words) per entry
-
 struct headers_t {
     ethernet_h ethernet;
     ipv4_h ipv4;

@@ -147,7 +147,7 @@ control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 // Append: word i of the batch being written, from the list's batch registers.
 #define APPEND_WORD(i) \
     if ((bit<32>)i < batch) { \
-        append_state_data.read(word, (state_index << APPEND_BATCH_BITS) | i); \
+        append_state_data.read(word, (state_index << P4_APPEND_BATCH_BITS) | i); \
         hdr.payload[i].setValid(); \
         hdr.payload[i].word = word; \
     }
@@ -155,14 +155,14 @@ control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 // Postcarding: value i of a path (cached entry `entry`), into the payload.
 #define POSTCARD_WORD(i) \
     if ((bit<32>)i < hops) { \
-        postcard_cache_values.read(word, (entry << POSTCARD_WORD_BITS) | i); \
+        postcard_cache_values.read(word, (entry << P4_POSTCARD_WORD_BITS) | i); \
         hdr.payload[i].setValid(); \
         hdr.payload[i].word = word; \
     }
 
 // Postcarding: hop value i of a new cache entry: this report's value at its hop, 0 elsewhere.
 #define POSTCARD_RESET(i) \
-    postcard_cache_values.write((entry << POSTCARD_WORD_BITS) | i, \
+    postcard_cache_values.write((entry << P4_POSTCARD_WORD_BITS) | i, \
                                 (bit<32>)i == (bit<32>)hdr.postcard.hop - 1 ? encoded : 32w0);
 
 // Postcarding: H_hop(key) of hop n, POSTCARD_HOP_POLYNOMIALS[n - 1].
@@ -174,13 +174,13 @@ control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 // Sketch-Merge: merge row i of the report into its column's aggregate.
 #define MERGE_ROW(i) \
     if ((bit<32>)i < (bit<32>)hdr.sketch.rows) { \
-        sketch_column_counters.read(word, (column_index << 4) | i); \
+        sketch_column_counters.read(word, (column_index << P4_SKETCH_ROW_BITS) | i); \
         if (meta.tables.structure.merge == SKETCH_MERGE_MAX) { \
             word = word > hdr.counters[i].word ? word : hdr.counters[i].word; \
         } else { \
             word = word + hdr.counters[i].word; \
         } \
-        sketch_column_counters.write((column_index << 4) | i, word); \
+        sketch_column_counters.write((column_index << P4_SKETCH_ROW_BITS) | i, word); \
     }
 
 control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
@@ -228,8 +228,8 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
         // ---------------------------------------------------------------------------------------
         // A Sketch-Merge group being collected: one aggregate word per pass, the last first.
         if (hdr.gather.isValid()) {
-            bit<32> column_index = (hdr.gather.state_index << SKETCH_COLUMN_BITS) | (bit<32>)hdr.gather.column;
-            bit<32> cell = (column_index << 4) | (bit<32>)hdr.gather.row;
+            bit<32> column_index = (hdr.gather.state_index << P4_SKETCH_COLUMN_BITS) | (bit<32>)hdr.gather.column;
+            bit<32> cell = (column_index << P4_SKETCH_ROW_BITS) | (bit<32>)hdr.gather.row;
             sketch_column_counters.read(word, cell);
             sketch_column_counters.write(cell, 0);
             hdr.payload.push_front(1);
@@ -395,7 +395,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 bit<32> batch = meta.tables.append_list.batch;
                 bit<32> pending;
                 append_state_pending.read(pending, state_index);
-                append_state_data.write((state_index << APPEND_BATCH_BITS) | pending, BYTESWAP32(hdr.append.data));
+                append_state_data.write((state_index << P4_APPEND_BATCH_BITS) | pending, BYTESWAP32(hdr.append.data));
                 if (pending + 1 < batch) {
                     append_state_pending.write(state_index, pending + 1);
                     consume(CNT_APPEND_BATCHED);
@@ -434,7 +434,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 bit<32> cached_key;
                 bit<8> hop_mask;
                 postcard_cache_valid.read(valid, entry);
-                postcard_cache_key.read(cached_key, entry << POSTCARD_WORD_BITS);
+                postcard_cache_key.read(cached_key, entry << P4_POSTCARD_WORD_BITS);
                 postcard_cache_hop_mask.read(hop_mask, entry);
                 bit<8> hop_bit = 8w1 << (hdr.postcard.hop - 1);
                 bit<8> complete = (bit<8>)((9w1 << (bit<9>)hops) - 1);
@@ -463,7 +463,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                     }
                     if (valid == 0) {
                         postcard_cache_valid.write(entry, 1);
-                        postcard_cache_key.write(entry << POSTCARD_WORD_BITS, hdr.postcard.key);
+                        postcard_cache_key.write(entry << P4_POSTCARD_WORD_BITS, hdr.postcard.key);
                         postcard_cache_key_len.write(entry, 4);
                         postcard_cache_path_length.write(entry, (bit<8>)hops);
                         postcard_cache_first_ns.write(entry, meta.now_ns);
@@ -471,7 +471,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                         POSTCARD_RESET(4) POSTCARD_RESET(5) POSTCARD_RESET(6) POSTCARD_RESET(7)
                         hop_mask = 0;
                     } else {
-                        postcard_cache_values.write((entry << POSTCARD_WORD_BITS) | ((bit<32>)hdr.postcard.hop - 1),
+                        postcard_cache_values.write((entry << P4_POSTCARD_WORD_BITS) | ((bit<32>)hdr.postcard.hop - 1),
                                                     encoded);
                     }
                     hop_mask = hop_mask | hop_bit;
@@ -502,10 +502,10 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                     return;
                 }
                 bit<32> state_index = meta.tables.structure.state_index;
-                bit<32> progress = (state_index << SKETCH_REPORTER_BITS) | (bit<32>)hdr.sketch.reporter;
+                bit<32> progress = (state_index << P4_SKETCH_REPORTER_BITS) | (bit<32>)hdr.sketch.reporter;
                 bit<32> expected;
                 sketch_reporter_next_column.read(expected, progress);
-                bit<32> column_index = (state_index << SKETCH_COLUMN_BITS) | expected;
+                bit<32> column_index = (state_index << P4_SKETCH_COLUMN_BITS) | expected;
                 bit<32> contributors;
                 sketch_column_contributors.read(contributors, column_index);
                 bit<32> reporter_bit = 32w1 << hdr.sketch.reporter;

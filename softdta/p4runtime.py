@@ -20,9 +20,10 @@ from pathlib import Path
 
 from .p4info import parse_p4info
 from .codegen import P4_REPLICATION, p4_control_tables, p4_registers
-from .control_plane import Entry, Slots, address_fields, apply_plan, plan, table_spec
-from .spec import Primitive, Raw
-from .tables import QueuePair, Tables
+from .control_plane import Entry, Plan, Slots, address_fields, apply_plan, plan, table_spec
+from .dta import Profile
+from .spec import P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, Primitive, Raw
+from .tables import QueuePair, TableError, Tables
 
 import grpc  # noqa: E402  (after .p4info, which selects the protobuf runtime the p4runtime wheel needs)
 from google.protobuf import text_format  # noqa: E402
@@ -260,15 +261,55 @@ class P4RuntimeClient:
                                  f"{error.details()}") from None
 
 
+ARCHITECTURES = ("v1model", "tna")
+
+
+def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
+    """What in `tables` the P4 program of `architecture` cannot translate (docs/p4.md); empty when it can."""
+    problems = []
+    if tables.profile is not Profile.DTA_V1:
+        problems.append(f"profile {tables.profile.value!r}: the P4 programs parse the 3-byte dta-v1 base header")
+    primitives = {s.primitive for s in tables.structures} | ({Primitive.APPEND} if tables.append_lists else set())
+    supported = ({Primitive.KEY_WRITE, Primitive.KEY_INCREMENT} if architecture == "tna" else set(Primitive))
+    problems += [f"{p.name.lower().replace('_', '-')}: not in the {architecture} program"
+                 for p in sorted(primitives - supported)]
+    for structure in tables.structures:
+        if structure.key_len != 4 or (structure.primitive is Primitive.KEY_WRITE and structure.data_len != 4):
+            problems.append(f"structure {structure.name}: dta-v1 reports carry 4-byte keys and data")
+        if structure.primitive is Primitive.SKETCH_MERGE:
+            if structure.batch & (structure.batch - 1):
+                problems.append(f"structure {structure.name}: batch {structure.batch} must be a power of two")
+            if structure.reporters > 1 << P4_SKETCH_REPORTER_BITS:
+                problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_REPORTER_BITS} reporters")
+            if structure.columns > 1 << P4_SKETCH_COLUMN_BITS:
+                problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_COLUMN_BITS} columns")
+    problems += [f"append lists from {lists.first_list}: dta-v1 Append data is 4 bytes"
+                 for lists in tables.append_lists if lists.data_len != 4]
+    sketches = table_spec("sketch_column").max_entries >> P4_SKETCH_COLUMN_BITS
+    if any(index >= sketches for index in planned.slots.sketch.values()):
+        problems.append(f"at most {sketches} Sketch-Merge structures")
+    return problems
+
+
+def require_supported(tables: Tables, planned: Plan, architecture: str) -> None:
+    problems = unsupported(tables, planned, architecture)
+    if problems:
+        raise TableError(f"the {architecture} P4 translator cannot take these tables: {'; '.join(problems)} "
+                         "(docs/p4.md; the XDP translator takes them)")
+
+
 class P4Translator:
     """A P4 translator on a switch, driven like `XdpTranslator`: `apply(tables)` re-applies live, keeping
     slots (and so register state) for entries that stay. What the switch holds is read back first, so a
     restarted control plane finds its slots again."""
 
-    def __init__(self, client: P4RuntimeClient, *, info: p4info_pb2.P4Info | None = None,
-                 egress: Callable[[QueuePair], int] = lambda qp: 0,
+    def __init__(self, client: P4RuntimeClient, *, architecture: str = "v1model",
+                 info: p4info_pb2.P4Info | None = None, egress: Callable[[QueuePair], int] = lambda qp: 0,
                  flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS):
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture {architecture!r} must be one of {ARCHITECTURES}")
         self.client = client
+        self.architecture = architecture
         self.names = P4Names(info or load_p4info())
         self.egress = egress
         self.flush_idle_ns = flush_idle_ns
@@ -286,6 +327,7 @@ class P4Translator:
                      for key, entry in self.target.present["qp"].items()}
         planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=self.egress,
                        installed_qps=installed)
+        require_supported(tables, planned, self.architecture)
         apply_plan(self.target, planned)
         self.slots = planned.slots
 
@@ -333,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--tables", required=True, type=Path)
         command.add_argument("--port", action="append", default=[], metavar="QP_OR_INTERFACE=PORT",
                              help="device port towards a QP's collector (default 0: the ingress port)")
+        command.add_argument("--architecture", choices=ARCHITECTURES, default="v1model")
     push = commands.choices["push"]
     push.add_argument("--p4runtime", required=True, metavar="HOST:PORT")
     push.add_argument("--device-id", type=int, default=1)
@@ -340,7 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--pipeline", type=Path, help="device config (compiler output) to install first")
     push.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the switch")
     args = parser.parse_args(argv)
-    tables = Tables.from_toml(args.tables)
+    try:
+        tables = Tables.from_toml(args.tables)
+        require_supported(tables, plan(tables, Slots(), flush_idle_ns=DEFAULT_FLUSH_IDLE_NS,
+                                       egress=_ports(args.port)), args.architecture)
+    except TableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.command == "entries":
         for update in planned_updates(tables, egress=_ports(args.port)):
             print(text_format.MessageToString(update, as_one_line=True))
@@ -350,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                              timeout=args.timeout) as client:
             if args.pipeline:
                 client.set_pipeline(load_p4info(), args.pipeline.read_bytes())
-            P4Translator(client, egress=_ports(args.port)).apply(tables)
+            P4Translator(client, architecture=args.architecture, egress=_ports(args.port)).apply(tables)
     except P4RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

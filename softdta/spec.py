@@ -487,6 +487,13 @@ TABLES = TRANSLATOR_TABLES + RESPONDER_TABLES  # every BPF map layout the contro
 # --------------------------------------------------------------------------------------------------
 # Control-plane entries only the P4 data planes take (p4/, docs/p4.md).
 
+# Register indexes of the P4 translators' state: the parts of a record side by side, index << bits | part.
+P4_APPEND_BATCH_BITS = (MAX_APPEND_BATCH - 1).bit_length()  # the batch words of an Append list
+P4_POSTCARD_WORD_BITS = (MAX_POSTCARD_HOPS - 1).bit_length()  # the hop values of a Postcarding cache entry
+P4_SKETCH_ROW_BITS = (MAX_SKETCH_ROWS - 1).bit_length()  # the counters of a sketch column
+P4_SKETCH_COLUMN_BITS = 12  # the columns of a sketch
+P4_SKETCH_REPORTER_BITS = 5  # the reporters of a sketch: a column's contributors are a 32-bit bitmap
+
 P4_TABLES = (
     Table("icrc_constant", (Field("qp_index", 32), Field("opcode", 8), Field("ip_length", 16)), (
         Field("constant", 32, "iCRC of such a frame with its variable tail zeroed, read little-endian"),

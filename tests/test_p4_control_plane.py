@@ -287,3 +287,22 @@ def test_push_command_reports_an_unreachable_switch(capsys):
 
     assert main(["push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1", "--timeout", "1"]) == 2
     assert "P4Runtime at 127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_tables_a_p4_program_cannot_take_are_refused(switch):
+    from softdta.p4runtime import unsupported
+    from softdta.tables import TableError
+
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
+    assert unsupported(tables, planned, "v1model") == []
+    assert unsupported(tables, planned, "tna") == [f"{name}: not in the tna program"
+                                                   for name in ("append", "postcarding", "sketch-merge")]
+    sketch = next(s for s in tables.structures if s.primitive.name == "SKETCH_MERGE")
+    sketch.columns, sketch.batch, sketch.reporters = 48, 6, 33
+    assert unsupported(tables, planned, "v1model") == [f"structure {sketch.name}: batch 6 must be a power of two",
+                                                       f"structure {sketch.name}: at most 32 reporters"]
+    servicer, address = switch
+    with P4RuntimeClient(address) as client, pytest.raises(TableError, match="at most 32 reporters"):
+        P4Translator(client).apply(tables)
+    assert not servicer.writes  # nothing half-written

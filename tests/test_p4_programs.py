@@ -162,12 +162,18 @@ def test_unrolled_loops_cover_the_spec_limits():
     assert uses("TAIL_WORD") == spec.MAX_WRITE_PAYLOAD // 4
     assert uses("COPY_HASH") == spec.MAX_REDUNDANCY - 1  # copy 0 hashes the same under every scheme
     assert f"pop_front({spec.MAX_SKETCH_ROWS})" in program
-    assert "<< 4) | i" in program and 1 << 4 == spec.MAX_SKETCH_ROWS  # sketch cell = column x rows + row
-    types = (P4 / "softdta_types.p4").read_text()
-    bits = {name: int(value) for name, value in re.findall(r"const bit<32> (\w+_BITS) = (\d+);", types)}
-    assert 1 << bits["APPEND_BATCH_BITS"] == spec.MAX_APPEND_BATCH
-    assert 1 << bits["POSTCARD_WORD_BITS"] == spec.MAX_POSTCARD_HOPS == spec.MAX_KEY_LEN // 4
-    assert 1 << bits["SKETCH_REPORTER_BITS"] == 32  # contributors: a bitmap in a 32-bit register
+    # Register index layouts: each record's parts fit the bits the spec gives them.
+    assert 1 << spec.P4_APPEND_BATCH_BITS == spec.MAX_APPEND_BATCH
+    assert 1 << spec.P4_POSTCARD_WORD_BITS == spec.MAX_POSTCARD_HOPS == spec.MAX_KEY_LEN // 4
+    assert 1 << spec.P4_SKETCH_ROW_BITS == spec.MAX_SKETCH_ROWS
+    assert 1 << spec.P4_SKETCH_REPORTER_BITS == 32  # contributors: a bitmap in a 32-bit register
+    sizes = {r.name: r.size for r in p4_registers()}
+    columns = sizes["sketch_column_contributors"]
+    assert sizes["sketch_column_counters"] == columns << spec.P4_SKETCH_ROW_BITS
+    assert sizes["postcard_cache_values"] == sizes["postcard_cache_valid"] << spec.P4_POSTCARD_WORD_BITS
+    assert sizes["append_state_data"] >= sizes["append_state_pending"] << spec.P4_APPEND_BATCH_BITS
+    assert columns >> spec.P4_SKETCH_COLUMN_BITS << spec.P4_SKETCH_REPORTER_BITS <= \
+        sizes["sketch_reporter_next_column"]
 
 
 def test_generated_ids_and_names_agree_with_the_p4info():
