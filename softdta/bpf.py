@@ -272,6 +272,13 @@ class Map:
         _check(_lib.bpf_map_update_elem(self.fd, self._sized("key", key, self.key_size), value, flags),
                f"update map '{self.name}'", {errno.E2BIG: f"the map is full ({self.max_entries} entries)"})
 
+    def update_percpu(self, key: bytes, values: list[bytes]) -> None:
+        """Store one value per possible CPU (missing CPUs get zeros) in a per-CPU map."""
+        slot = self._percpu_slot()
+        raw = b"".join(self._sized("value", v, self.value_size).ljust(slot, b"\0") for v in values)
+        _check(_lib.bpf_map_update_elem(self.fd, self._sized("key", key, self.key_size),
+                                        raw.ljust(slot * possible_cpus(), b"\0"), 0), f"update map '{self.name}'")
+
     def delete(self, key: bytes) -> bool:
         """Delete key; False if it was not there."""
         ret = _lib.bpf_map_delete_elem(self.fd, self._sized("key", key, self.key_size))
