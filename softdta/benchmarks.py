@@ -123,17 +123,17 @@ def fill_keywrite_store(slot_bits: int, redundancy: int, scheme: KeyHash, batch:
 # translator per report
 
 
-def translator_kernel(count: int, repeat: int) -> dict:
-    """ns per report of the XDP program (BPF_PROG_TEST_RUN, restore subtracted), per primitive."""
+def translator_kernel(count: int, repeat: int, cases: dict[str, list[dta.Report]] | None = None) -> dict:
+    """ns per report of the XDP program (BPF_PROG_TEST_RUN, restore subtracted), per primitive (or `cases`)."""
     from .xdp import XdpTranslator
     results = {}
     tables = _tables()
     reporter = _reporter(tables)
-    cases = {"key-write": [dta.key_write(k, k, 2) for k in range(1, 17)],
-             "key-increment": [dta.key_increment(k, 1, 2) for k in range(1, 17)],
-             "append": [dta.append(tables.append_lists[0].first_list, v) for v in range(16)],
-             "postcarding": [dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)],
-             "sketch-merge": [dta.sketch_column(r, c, [c, r, 1, 2]) for c in range(8) for r in range(2)]}
+    cases = cases or {"key-write": [dta.key_write(k, k, 2) for k in range(1, 17)],
+                      "key-increment": [dta.key_increment(k, 1, 2) for k in range(1, 17)],
+                      "append": [dta.append(tables.append_lists[0].first_list, v) for v in range(16)],
+                      "postcarding": [dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)],
+                      "sketch-merge": [dta.sketch_column(r, c, [c, r, 1, 2]) for c in range(8) for r in range(2)]}
     for name, reports in cases.items():
         frames = [reporter.frame(report) for report in reports]
         with XdpTranslator(_tables(), source=HARNESS, flush_idle_ns=0) as kernel:
@@ -281,6 +281,72 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
         lab.down()
     lossless = [step["achieved"] for step in steps if step["translated"] == step["sent"]]
     return {"steps": steps, "max_lossless_reports_per_s": max(lossless) if lossless else 0}
+
+
+def translator_python_engine(count: int) -> dict:
+    """Reports/s per core of the python engine (Key-Write N=1, 4-byte keys and data) over AF_XDP and over the
+    AF_PACKET fallback, beside the XDP engine on the same reports: CPU time of the engine's thread per report
+    (take the batch from the ring, translate, transmit), live on a veth pair between two namespaces."""
+    import os
+
+    from .bpf import BpfObject, attach_xdp
+    from .netns import Namespace, cleanup_prefix, in_netns, veth_pair
+    from .python_engine import PythonEngine
+    from .reporter import RingReporter
+    from .xdp import build_object
+    tables = _tables()
+    reporter = _reporter(tables)
+    frames = [reporter.frame(report) for report in workload.key_write(count, 11, redundancy=1)]
+    prefix = f"sdta-bench{os.getpid()}-"
+    cleanup_prefix(prefix)
+    results: dict = {}
+    try:
+        far, near = Namespace.create(prefix + "r"), Namespace.create(prefix + "t")
+        veth_pair(far, "r0", near, "t0", mac_b=":".join(f"{b:02x}" for b in tables.mac))
+        with BpfObject(build_object()) as passer, in_netns(far.name):
+            attach_xdp(socket.if_nametoindex("r0"), passer.programs["softdta_pass"].fd)
+        for io in ("af_xdp", "af_packet"):
+            samples = []
+            for _ in range(ROUNDS):
+                with in_netns(near.name):
+                    engine = PythonEngine(_tables(), io=io, flush_idle_ns=10**12)
+                    engine.attach(["t0"])
+                with engine, RingReporter("r0", far.name, 256) as ring:
+                    for first in range(0, len(frames), 128):
+                        ring.send(frames[first:first + 128])
+                        time.sleep(0.003)  # the kernel moves the burst into the engine's ring (AF_PACKET: 1 ms)
+                        while engine.step():
+                            pass
+                    samples.append(engine.run_time_ns / max(engine.runs, 1))
+                    received = engine.runs
+            results[io] = {**_stats(samples), "received": received, "sent": len(frames),
+                           "reports_per_s_per_core": round(1e9 / statistics.median(samples))}
+    finally:
+        cleanup_prefix(prefix)
+    reference = translator_reference_cases({"key-write-n1": [dta.key_write(k, k, 1) for k in range(1, 17)]},
+                                           count)["key-write-n1"]
+    kernel = translator_kernel(count, 100_000, {"key-write-n1": [dta.key_write(k, k, 1) for k in range(1, 17)]})
+    results["reference_translator_alone"] = {**reference, "reports_per_s_per_core": round(1e9 / reference["median"])}
+    results["xdp"] = {**kernel["key-write-n1"], "reports_per_s_per_core": round(1e9 / kernel["key-write-n1"]["median"])}
+    return results
+
+
+def translator_reference_cases(cases: dict[str, list[dta.Report]], count: int) -> dict:
+    """ns per report of the reference translator alone (no packet I/O) over `count` frames of each case."""
+    tables = _tables()
+    reporter = _reporter(tables)
+    results = {}
+    for name, reports in cases.items():
+        frames = [reporter.frame(reports[i % len(reports)]) for i in range(count)]
+        samples = []
+        for _ in range(ROUNDS):
+            translator = Translator(_tables())
+            started = time.thread_time_ns()
+            for frame in frames:
+                translator.process(frame)
+            samples.append((time.thread_time_ns() - started) / len(frames))
+        results[name] = _stats(samples)
+    return results
 
 
 # --------------------------------------------------------------------------------------------------

@@ -70,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--flush-idle-ms", type=float, default=DEFAULT_FLUSH_IDLE_NS / 1e6,
                     help="write out partial Append batches and Postcarding paths idle this long")
     up.add_argument("--netns", help="run in this network namespace (unlike `ip netns exec`, keeps the host's bpffs)")
+    up.add_argument("--engine", choices=["xdp", "python"], default="xdp",
+                    help="xdp: the kernel fast path; python: the reference translator (and plug-in primitives) "
+                         "on AF_XDP, one interface (docs/primitives.md)")
+    up.add_argument("--primitive", action="append", default=[], metavar="MODULE:CLASS",
+                    help="--engine python: add this plug-in primitive (repeat for several), e.g. "
+                         "softdta.plugins.latency_sum:LatencySum")
+    up.add_argument("--io", choices=["auto", "af_xdp", "af_packet"], default="auto",
+                    help="--engine python: packet I/O (auto: AF_XDP, else an AF_PACKET TPACKET_V3 ring)")
     up.set_defaults(run=_translator_up)
     stats = actions.add_parser("stats", help="counters and QP state of a running (or stopped) translator")
     stats.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
@@ -153,8 +161,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--reporters", type=int, default=2, help="reporter namespaces")
     demo.add_argument("--collector", choices=["xdp", "rxe"], default="xdp",
                       help="the XDP responder, or the kernel's soft-RoCE in a QEMU guest (slower: see --rate)")
+    demo.add_argument("--engine", choices=["xdp", "python"], default="xdp",
+                      help="the translator: the XDP fast path, or the reference translator on AF_XDP (slower: see --rate)")
     demo.add_argument("--scale", type=float, help="workload size (1.0: about 100 k reports; default 1.0, rxe 0.2)")
-    demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000)")
+    demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000, "
+                                                 "--engine python 3000)")
     demo.add_argument("--seconds", type=float, default=60.0, help="stop streaming after this long")
     demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down`)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -170,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     lab_up = lab_actions.add_parser("up", help="build the topology and start the translator and the collector")
     lab_up.add_argument("--reporters", type=int, default=2)
     lab_up.add_argument("--collector", choices=["xdp", "rxe"], default="xdp")
+    lab_up.add_argument("--engine", choices=["xdp", "python"], default="xdp", help="the translator's engine")
     lab_up.set_defaults(run=_lab)
     lab_actions.add_parser("down", help="stop everything and remove it (safe to repeat)").set_defaults(run=_lab)
     lab_status = lab_actions.add_parser("status", help="what is up, with the translator's counters")
@@ -422,11 +434,12 @@ def _translator_up(args) -> int:
 
 
 def _run_translator(args) -> int:
+    import queue
     import signal
     import threading
 
     from .bpf import BpfError, ensure_bpffs
-    from .xdp import EngineError, XdpTranslator
+    from .xdp import EngineError
     links = None
     if args.collector:
         links, tables = _collector_links(args)
@@ -436,14 +449,19 @@ def _run_translator(args) -> int:
         ensure_bpffs()
         pin = Path(args.pin)
         pin.mkdir(parents=True, exist_ok=True)
-        kernel = XdpTranslator(tables, pin_dir=pin, flush_idle_ns=int(args.flush_idle_ms * 1e6))
+        kernel = _translator_engine(args, tables, pin)
     except (EngineError, BpfError, PermissionError) as error:
         raise CliError(f"{error}; `softdta translator up` needs root") from None
     stop = threading.Event()
+    updates = links.updates if links else queue.Queue()
 
     def reload(*_) -> None:
         try:
-            kernel.apply(links.tables() if links else Tables.from_toml(args.tables))
+            new_tables = links.tables() if links else Tables.from_toml(args.tables)
+            if args.engine == "python":  # it takes new tables between batches, never in the middle of one
+                updates.put(new_tables)
+            else:
+                kernel.apply(new_tables)
             print(f"softdta: tables reloaded from {'the collectors' if links else args.tables}", flush=True)
         except TableError as error:
             print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
@@ -453,10 +471,12 @@ def _run_translator(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         kernel.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
-        print(f"softdta translator up on {', '.join(args.interface)} ({args.mode} XDP), maps pinned in {pin}; "
+        engine = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {kernel.io_name}" + \
+            (f" because AF_XDP failed: {kernel.fallback_reason}" if kernel.fallback_reason else "")
+        print(f"softdta translator up on {', '.join(args.interface)} ({engine}), maps pinned in {pin}; "
               f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
               f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
-        kernel.serve(stop, links.updates if links else None)
+        kernel.serve(stop, updates)
     except (EngineError, BpfError) as error:
         raise CliError(str(error)) from None
     finally:
@@ -465,6 +485,23 @@ def _run_translator(args) -> int:
             links.close()
     print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
     return 0
+
+
+def _translator_engine(args, tables: Tables, pin: Path):
+    """The engine `--engine` names, loaded with its tables and pinned in `pin`."""
+    flush_idle_ns = int(args.flush_idle_ms * 1e6)
+    if args.engine == "xdp":
+        if args.primitive or args.io != "auto":
+            raise CliError("--primitive and --io apply to --engine python only")
+        from .xdp import XdpTranslator
+        return XdpTranslator(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns)
+    from .primitives import load
+    from .python_engine import PythonEngine
+    try:
+        plugins = [load(spec) for spec in args.primitive]
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    return PythonEngine(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns, plugins=plugins, io=args.io)
 
 
 def _collector_links(args) -> tuple:
@@ -548,14 +585,16 @@ def _query(args) -> int:
 
 
 def _translator_stats(args) -> int:
-    from .xdp import EngineError, pinned_stats
+    from .python_engine import engine_stats
+    from .xdp import EngineError
     try:
-        stats = pinned_stats(Path(args.pin))
+        stats = engine_stats(Path(args.pin))
     except EngineError as error:
         raise CliError(str(error)) from None
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
+    print(f"engine: {stats['engine']['name']}" + (f" ({stats['engine']['io']})" if "io" in stats["engine"] else ""))
     print("counters:")
     for name, value in stats["counters"].items():
         print(f"  {name:28} {value}")
@@ -595,8 +634,9 @@ def _demo(args) -> int:
     from . import lab, live_demo
     try:
         defaults = live_demo.DEFAULTS[args.collector]
+        rate = min(defaults["rate"], live_demo.PYTHON_ENGINE_RATE) if args.engine == "python" else defaults["rate"]
         return live_demo.run(args.reporters, args.seed, args.scale or defaults["scale"], args.seconds, args.keep,
-                             args.json, args.rate or defaults["rate"], args.collector)
+                             args.json, args.rate or rate, args.collector, args.engine)
     except lab.LabError as error:
         raise CliError(str(error)) from None
 
@@ -605,7 +645,7 @@ def _lab(args) -> int:
     from . import lab
     try:
         if args.action == "up":
-            state = lab.up(args.reporters, args.collector)
+            state = lab.up(args.reporters, args.collector, args.engine)
             print(f"lab up: {state.reporters} reporters ({', '.join(state.reporter(i)['netns'] for i in range(1, state.reporters + 1))}) "
                   f"-> {lab.PREFIX}t -> {lab.PREFIX}c ({'soft-RoCE guest' if state.collector == 'rxe' else 'XDP responder'}); "
                   f"queries at {state.query_url} (inside the lab namespaces); "

@@ -8,7 +8,8 @@ With `--collector rxe` the collector is the Linux kernel's soft-RoCE instead: c0
 (softdta.rxe_lab) are bridged in the collector namespace, and the guest runs `softdta collector up` on the verbs
 backend over rdma_rxe, at the collector's address.
 
-The translator is single-armed, like a translator box with one port on the switch: reports come in, RoCEv2
+The translator is `softdta translator up --engine xdp` (the kernel fast path) or `--engine python` (the
+reference translator on AF_XDP, softdta.python_engine). It is single-armed, like a translator box with one port on the switch: reports come in, RoCEv2
 leaves and the collector's ACKs and NAKs return on t0, so all of its translation runs in one NAPI context
 (docs/translator.md, "one context per QP"). Every name starts with `sdta-lab-`; `down` finds and removes them
 even when `up` crashed half-way. The translator and the collector run as processes (their own CLI); their
@@ -32,7 +33,8 @@ from pathlib import Path
 from . import rxe_lab
 from .bpf import BpfObject, attach_xdp, ensure_bpffs
 from .netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, veth_pair
-from .xdp import EngineError, build_object, pinned_stats
+from .python_engine import engine_stats
+from .xdp import EngineError, build_object
 
 PREFIX = "sdta-lab-"
 STATE_DIR = Path("/run/softdta-lab")
@@ -41,6 +43,7 @@ TRANSLATOR_MAC, TRANSLATOR_IP = "02:5d:7a:00:00:01", "10.77.0.1"
 COLLECTOR_MAC, COLLECTOR_IP = "02:5d:7a:00:01:01", "10.77.1.1"
 CONTROL_PORT, QUERY_PORT = 40050, 8040
 COLLECTORS = ("xdp", "rxe")
+ENGINES = ("xdp", "python")
 GUEST_RUN_DIR = STATE_DIR / "guest"
 BRIDGE_IP = "10.77.1.254/16"  # the collector namespace's own address, beside the guest (rxe)
 
@@ -54,6 +57,7 @@ class LabState:
     reporters: int
     token: str
     collector: str = "xdp"
+    engine: str = "xdp"  # the translator's: the kernel fast path, or the reference translator on AF_XDP
     translator_pid: int = 0
     collector_pid: int = 0  # xdp only: the rxe collector runs inside the guest
 
@@ -125,10 +129,11 @@ grace_ms = {1.0 if collector == "xdp" else 50.0}
 """
 
 
-def flush_idle_ms(collector: str) -> float:
+def flush_idle_ms(collector: str, engine: str = "xdp") -> float:
     """At rxe's pace (DEFAULTS in live_demo) a Postcarding path's hops arrive up to ~100 ms apart: a 1 ms idle
-    flush would write most paths out in pieces."""
-    return 1.0 if collector == "xdp" else 250.0
+    flush would write most paths out in pieces. The same holds at the python engine's pace, where the paced
+    reporters' chunks, which can split a path, arrive tens of milliseconds apart."""
+    return 1.0 if collector == "xdp" and engine == "xdp" else 250.0
 
 
 def _softdta(*argv: str) -> list[str]:
@@ -147,16 +152,18 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float = 
     raise LabError(f"{' '.join(process.args[3:5])} did not come up within {timeout:.0f} s; see {log}")
 
 
-def up(reporters: int = 2, collector: str = "xdp") -> LabState:
+def up(reporters: int = 2, collector: str = "xdp", engine: str = "xdp") -> LabState:
     """Build the topology and start the collector and the translator; returns the state `status` shows."""
     if collector not in COLLECTORS:
         raise LabError(f"--collector {collector}: choose one of {', '.join(COLLECTORS)}")
+    if engine not in ENGINES:
+        raise LabError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
     if not 1 <= reporters <= 16:
         raise LabError(f"--reporters {reporters}: give 1..16 reporter namespaces")
     if read_state() is not None:
         raise LabError("a lab is already up; `softdta lab down` removes it first")
     down()
-    state = LabState(reporters=reporters, token=secrets.token_hex(16), collector=collector)
+    state = LabState(reporters=reporters, token=secrets.token_hex(16), collector=collector, engine=engine)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
         _build(state)
@@ -207,8 +214,8 @@ def _start(state: LabState) -> None:
     translator = subprocess.Popen(
         _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), "-i", "t0",
                  "--netns", PREFIX + "t", "--pin", str(PIN_DIR), "--collector", f"{COLLECTOR_IP}:{CONTROL_PORT}",
-                 "--flush-idle-ms", str(flush_idle_ms(state.collector)),
-                 "--token", state.token),
+                 "--flush-idle-ms", str(flush_idle_ms(state.collector, state.engine)),
+                 "--token", state.token, "--engine", state.engine),
         stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     state.translator_pid = translator.pid
     write_state(state)
@@ -324,11 +331,12 @@ def status() -> dict:
     else:
         collector = {"kind": "xdp", "pid": state.collector_pid, "running": alive(state.collector_pid)}
     report = {"up": True, "namespaces": namespaces, "reporters": state.reporters, "query_url": state.query_url,
-              "translator": {"pid": state.translator_pid, "running": alive(state.translator_pid)},
+              "translator": {"pid": state.translator_pid, "running": alive(state.translator_pid),
+                             "engine": {"name": state.engine}},
               "collector": collector}
     if PIN_DIR.exists():
         try:
-            report["translator"].update(pinned_stats(PIN_DIR))
+            report["translator"].update(engine_stats(PIN_DIR))
         except EngineError as error:
             report["translator"]["error"] = str(error)
     return report

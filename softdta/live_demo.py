@@ -22,7 +22,7 @@ from .frames import ip_bytes, mac_bytes
 from .netns import in_netns
 from .reporter import RingReporter
 from .spec import ResponderCounter
-from .xdp import pinned_stats
+from .python_engine import engine_stats
 
 SWITCH_IDS = list(range(1, 4097))
 KEYWRITE_SLOTS = 65536
@@ -33,6 +33,8 @@ CHUNK = 128
 DEFAULT_RATE = 100_000.0  # reports/s over all reporters
 # rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
 DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
+# the python engine translates some ten thousand reports/s on one core (docs/benchmarks.md)
+PYTHON_ENGINE_RATE = 3000.0
 # responder counters of frames not executed: the XDP responder's reasons, and rxe's RNR NAKs (its other
 # counters, rcvd_pkts and such, count traffic)
 RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"executed", "replies_sent", "completions"} \
@@ -166,7 +168,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
 def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
     """Query the collector and compare with the truth; returns the summary and the problems found."""
     problems: list[str] = []
-    stats = pinned_stats(lab.PIN_DIR)
+    stats = engine_stats(lab.PIN_DIR)
     counters = stats["counters"]
     drops = {name: value for name, value in counters.items() if name.startswith("drop_")}
     collector_stats = _http("/stats")
@@ -178,7 +180,8 @@ def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[d
         "reports_per_second": round(streamed["rate"]),
         "translator": {"received": {NAMES[op]: counters.get(f"rx_{NAMES[op].replace('-', '_')}", 0) for op in sent},
                        "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
-                       "acks_from_collector": counters.get("rx_acks", 0), "drops": drops},
+                       "acks_from_collector": counters.get("rx_acks", 0), "drops": drops,
+                       "engine": stats["engine"]},
         "collector": {"executed" if "executed" in responder else "rxe_rcvd_pkts":
                       responder.get("executed", responder.get("rcvd_pkts", 0)), "drops": responder_drops,
                       "fill": {s["name"].split("@")[0]: round(s["fill"], 4) for s in collector_stats["structures"]}},
@@ -256,15 +259,16 @@ def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[d
 
 
 def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 60.0, keep: bool = False,
-        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp") -> int:
+        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp", engine: str = "xdp") -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     console = Console(stderr=as_json)
     kind = "XDP responder" if collector == "xdp" else "soft-RoCE in a QEMU guest"
-    with console.status(f"bringing the lab up (namespaces, XDP translator, {kind} collector)"):
-        state = lab.up(reporters, collector)
+    translator = "XDP translator" if engine == "xdp" else "python translator on AF_XDP"
+    with console.status(f"bringing the lab up (namespaces, {translator}, {kind} collector)"):
+        state = lab.up(reporters, collector, engine)
     try:
         load = build_workload(reporters, seed, scale)
         total = sum(len(r) for r in load.per_reporter)
@@ -273,7 +277,7 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
             with Progress(console=console, transient=as_json) as progress:
                 task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
                 streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
-            time.sleep(1.0 + lab.flush_idle_ms(collector) / 1e3)  # the idle flush writes out partial batches and paths
+            time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)  # the idle flush writes out partial batches and paths
         finally:
             import os
             os.close(stats_fd)
@@ -298,7 +302,8 @@ def _print(console, summary: dict, Table) -> None:
     translator, collector = summary["translator"], summary["collector"]
     console.print(f"sent at {summary['reports_per_second']:,} reports/s (AF_PACKET TX rings, paced); translator emitted "
                   f"{translator['frames_emitted']:,} RoCEv2 frames, consumed {translator['acks_from_collector']:,} "
-                  f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of XDP+tc CPU per report")
+                  f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of "
+                  f"{'XDP+tc' if translator['engine']['name'] == 'xdp' else 'python engine'} CPU per report")
     console.print(f"drops: translator {translator['drops'] or 'none'}, collector {collector['drops'] or 'none'}, "
                   f"links {summary['link_drops'] or 'none'}")
     received = (f"executed {collector['executed']:,} requests" if "executed" in collector else

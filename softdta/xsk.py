@@ -201,6 +201,17 @@ class XskSocket:
             if self.tx_ring.available() == 0:
                 return
 
+    def statistics(self) -> dict[str, int]:
+        """The kernel's XDP_STATISTICS for this socket: frames dropped because a ring was full or empty."""
+        raw = ctypes.create_string_buffer(_XDP_STATISTICS.size)
+        size = ctypes.c_uint32(_XDP_STATISTICS.size)
+        if _libc.getsockopt(self.fd, SOL_XDP, XDP_STATISTICS, raw, ctypes.byref(size)) < 0:
+            error = ctypes.get_errno()
+            raise XskError(error, f"AF_XDP statistics: {os.strerror(error)}")
+        names = ("rx_dropped", "rx_invalid_descs", "tx_invalid_descs", "rx_ring_full", "rx_fill_ring_empty_descs",
+                 "tx_ring_empty_descs")
+        return dict(zip(names, _XDP_STATISTICS.unpack(raw.raw)))
+
     def _kick(self) -> None:
         """sendto() makes the kernel transmit what the TX ring holds (copy mode needs it on every batch)."""
         if _libc.sendto(self.fd, None, 0, MSG_DONTWAIT, None, 0) < 0:
@@ -213,6 +224,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.sendto.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                          ctypes.c_uint32]
 _libc.sendto.restype = ctypes.c_ssize_t
+SOL_XDP, XDP_STATISTICS = 283, 7
+_XDP_STATISTICS = struct.Struct("<6Q")
 
 # --------------------------------------------------------------------------------------------------------------
 # AF_PACKET TPACKET_V3: the fallback

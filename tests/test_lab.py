@@ -69,9 +69,11 @@ def test_the_soft_roce_lab_comes_up_and_goes_down_with_its_guest(clean_lab):
     assert not rxe_lab.process_alive(status["collector"]["qemu_pid"])
 
 
-@pytest.mark.parametrize("collector,scale", [("xdp", "0.15"), pytest.param("rxe", "0.1", marks=pytest.mark.interop)])
-def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector, scale):
-    result = softdta("demo", "--json", "--scale", scale, "--reporters", "2", "--collector", collector, check=False)
+@pytest.mark.parametrize("collector,scale,engine", [("xdp", "0.15", "xdp"), ("xdp", "0.15", "python"),
+                                                    pytest.param("rxe", "0.1", "xdp", marks=pytest.mark.interop)])
+def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector, scale, engine):
+    result = softdta("demo", "--json", "--scale", scale, "--reporters", "2", "--collector", collector,
+                     "--engine", engine, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     assert summary["problems"] == []
@@ -91,6 +93,9 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
         queries["postcarding"]["bound"] - 0.01
     assert summary["translator"]["acks_from_collector"] > 0
     assert summary["translator"]["cpu_ns_per_report"] > 0
+    assert summary["translator"]["engine"]["name"] == engine
+    if engine == "python":
+        assert summary["translator"]["engine"]["io"] == "AF_XDP copy"  # veth: no zero-copy, and no fallback
 
 
 def test_docker_compose_runs_only_commands_the_cli_has():
