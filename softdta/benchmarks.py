@@ -550,6 +550,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
         "translator_ns_per_report": {"xdp": translator_kernel(count, repeat),
                                      "reference_python": translator_reference(count),
                                      "userspace_udp_python": translator_userspace_udp(count)},
+        "translator_python_engine": translator_python_engine(1000 if quick else 6000),
         "translator_live_lab": translator_live(2000 if quick else 20000,
                                                [20_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000,
                                                                                 400_000, 800_000]),

@@ -400,6 +400,11 @@ def _bench(args) -> int:
     udp = translator["userspace_udp_python"]["key-write"]["median"]
     print(f"  userspace UDP translator (Python, uvloop), key-write: {udp:.0f} ns per report "
           f"({udp / max(translator['xdp']['key-write']['median'], 1):.0f}x the XDP path)")
+    engines = results["translator_python_engine"]
+    print("  Key-Write N=1, reports/s per core: " + ", ".join(
+        f"{name} {engines[key]['reports_per_s_per_core']:,}" for name, key in (
+            ("python engine on AF_XDP", "af_xdp"), ("on AF_PACKET", "af_packet"),
+            ("reference translator alone", "reference_translator_alone"), ("XDP engine", "xdp"))))
     print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
           f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
     c = collector["c_epoll"]

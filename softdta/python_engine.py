@@ -145,6 +145,8 @@ class PythonEngine:
         while self.attached:
             detach_xdp(self.attached.pop())
         if self.io is not None:
+            if isinstance(self.io, XskSocket):  # the map holds the socket: the queue is free only without it
+                self.maps["xsks"].delete(bytes(4))
             self.io.close()
             self.io = None
 

@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import struct
+import time
 
 from .reporter import SLOT_SIZE, TX_DATA_OFFSET, RingReporter
 
@@ -26,6 +27,7 @@ FRAME_SIZE = 2048
 _DESC = struct.Struct("<QI")  # struct xdp_desc: addr, len (options unused)
 _ADDR = struct.Struct("<Q")
 MSG_DONTWAIT = 0x40
+BUSY_RETRIES = 40
 
 
 class XskError(OSError):
@@ -108,9 +110,13 @@ class XskSocket:
         self.mode = ""
         for mode, bind in (("zero-copy", XDP_ZEROCOPY), ("copy", XDP_COPY)):
             socket_config = _SocketConfig(ring_size, ring_size, XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD, 0, bind)
-            ret = self.lib.xsk_socket__create(ctypes.byref(self.xsk), interface.encode(), queue, self.umem,
-                                              ctypes.byref(self.rx), ctypes.byref(self.tx),
-                                              ctypes.byref(socket_config))
+            for _ in range(BUSY_RETRIES):  # a socket closed just before frees its queue asynchronously
+                ret = self.lib.xsk_socket__create(ctypes.byref(self.xsk), interface.encode(), queue, self.umem,
+                                                  ctypes.byref(self.rx), ctypes.byref(self.tx),
+                                                  ctypes.byref(socket_config))
+                if ret != -errno.EBUSY:
+                    break
+                time.sleep(0.05)
             if ret == 0:
                 self.mode = mode
                 break
