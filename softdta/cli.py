@@ -666,7 +666,9 @@ def _lab(args) -> int:
                 print("no lab is up" + (f" (stray namespaces: {', '.join(report['namespaces'])}; `softdta lab down` removes them)"
                                         if report["namespaces"] else ""))
             else:
-                print(f"lab up: {', '.join(report['namespaces'])}; translator "
+                engine = report["translator"]["engine"]
+                print(f"lab up: {', '.join(report['namespaces'])}; translator ({engine['name']}"
+                      f"{', ' + engine['io'] if 'io' in engine else ''}) "
                       f"{'running' if report['translator']['running'] else 'NOT running'}, collector "
                       f"({report['collector']['kind']}) {'running' if report['collector']['running'] else 'NOT running'}")
                 for name, value in report["translator"].get("counters", {}).items():

@@ -45,6 +45,15 @@ def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
     assert not json.loads(softdta("lab", "status", "--json").stdout)["up"]
 
 
+def test_lab_runs_the_python_engine_and_says_so(clean_lab):
+    softdta("lab", "up", "--reporters", "1", "--engine", "python")
+    status = json.loads(softdta("lab", "status", "--json").stdout)
+    assert status["translator"]["running"] and status["translator"]["engine"] == {"name": "python",
+                                                                                   "io": "AF_XDP copy"}
+    assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
+    assert "translator (python, AF_XDP copy) running" in softdta("lab", "status").stdout
+
+
 def test_lab_down_cleans_up_after_a_crash(clean_lab):
     """A lab whose processes died and whose state file is gone is still found by its names and removed."""
     softdta("lab", "up", "--reporters", "1")

@@ -25,6 +25,7 @@ from softdta.plugins.latency_sum import LatencySum
 from softdta.python_engine import PythonEngine, engine_stats
 from softdta.query import keywrite_query
 from softdta.spec import ROCE_PORT, Counter, Primitive
+from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator, build_object
 
@@ -177,3 +178,42 @@ def test_translator_up_names_the_problem_with_engine_options(request):
                            (["--engine", "python", "--primitive", "softdta.nowhere:X"], "cannot be loaded")]:
         result = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_new_tables_keep_the_psns_of_queue_pairs_that_stay(tables):
+    """What SIGHUP and collector re-advertisements do: a QP that stays keeps its PSN, a changed one restarts."""
+    from softdta import dta
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    with PythonEngine(tables) as engine:
+        for key in range(5):
+            engine.translator.process(reporter.frame(dta.key_write(key, key, 2)), 0)
+        key_write = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
+        assert engine.translator.qp_state[key_write.index].next_psn == 10
+        reloaded = Tables.from_toml(EXAMPLE_TABLES)
+        engine.apply(reloaded)
+        assert engine.tables is reloaded and engine.translator.qp_state[key_write.index].next_psn == 10
+        recreated = Tables.from_toml(EXAMPLE_TABLES)
+        recreated.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp.remote_qpn += 1  # the collector re-created it
+        engine.apply(recreated)
+        assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
+        addresses = {bytes(key) for key in engine.maps["collector"].keys()}
+        assert addresses == {COLLECTOR_IP}  # replies from exactly the tables' collectors reach the socket
+
+
+def test_essential_reports_wait_out_the_grace_period_and_are_then_sent(wire, tables):
+    """A QP in grace after a resync defers an essential report; the engine sends it once the QP may send."""
+    from softdta import dta
+    far, translator_ns, capture = wire
+    tables.grace_ns = 300_000_000
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    essential = reporter.frame(dta.key_write(7, 8, essential=True, extended=True))
+    with PythonEngine(tables, flush_idle_ns=2_000_000) as engine:
+        qp = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
+        engine.translator.resync(qp, 100, time.monotonic_ns())
+        seen = run_live(engine, translator_ns, far, capture, [essential], lambda: engine.attach(["t0"]))
+        assert engine.translator.counters[Counter.ESSENTIAL_DEFERRED] >= 1 and engine.deferred == []
+    reference = Translator(tables)
+    reference.resync(qp, 100, 0)
+    assert seen == reference.process(essential, tables.grace_ns).frames  # PSN 100, as after the resync
