@@ -6,8 +6,6 @@ big-endian bit fields, MSB first; `Raw` and `Var` parts are bytes.
 
 from __future__ import annotations
 
-from functools import cache
-
 from .spec import Header, Raw
 
 
@@ -34,11 +32,12 @@ class Codec:
             else:
                 self._int_fields.append((spec_field.name, offset_bits, (1 << spec_field.bits) - 1))
         self.names = tuple(f.name for f in header.fields) + tuple(v.name for v in header.tail)
+        self._known = frozenset(self.names)
 
     def pack(self, values: dict | None = None, **fields) -> bytes:
         if values:
             fields = {**values, **fields}
-        unknown = set(fields) - set(self.names)
+        unknown = fields.keys() - self._known
         if unknown:
             raise KeyError(f"{self.header.name} has no field(s) {sorted(unknown)}")
         word = 0
@@ -86,7 +85,14 @@ class Codec:
         return self.size + sum(int(fields[v.length_from]) * v.unit for v in self.header.tail)
 
 
-@cache
+_CODECS: dict[int, Codec] = {}
+
+
 def codec(header: Header) -> Codec:
-    return Codec(header)
+    """The codec of `header`, built once. Memoized by identity: headers are long-lived constants, and hashing a
+    frozen dataclass of field tuples on every lookup costs more than packing a small header."""
+    found = _CODECS.get(id(header))
+    if found is None or found.header is not header:
+        found = _CODECS[id(header)] = Codec(header)
+    return found
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import struct
 from dataclasses import dataclass
 
 from .codec import WireError, codec
@@ -42,7 +43,9 @@ def ip_str(address: bytes) -> str:
 
 
 def ipv4_checksum(header: bytes) -> int:
-    total = sum(int.from_bytes(header[i:i + 2], "big") for i in range(0, len(header), 2))
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header[:len(header) // 2 * 2]))
+    if len(header) % 2:
+        total += header[-1]  # as a one-byte big-endian word, like the slice of an odd tail
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF
@@ -71,10 +74,10 @@ class UdpEndpoints:
 
 def build_udp_frame(ends: UdpEndpoints, payload: bytes) -> bytes:
     """A complete Ethernet frame; UDP checksum 0 over IPv4, computed over IPv6 (where 0 is not allowed)."""
-    udp_length = UDP.size + len(payload)
+    udp_length = _UDP.size + len(payload)
     if len(ends.src_ip) == 4:
         ip_header = bytearray(_IPV4.pack(
-            version=4, ihl=5, dscp=ends.dscp, ecn=ends.ecn, total_length=IPV4.size + udp_length,
+            version=4, ihl=5, dscp=ends.dscp, ecn=ends.ecn, total_length=_IPV4.size + udp_length,
             identification=ends.identification, flags=0b010, ttl=ends.ttl, protocol=IPPROTO_UDP,
             src=ends.src_ip, dst=ends.dst_ip))
         ip_header[10:12] = ipv4_checksum(bytes(ip_header)).to_bytes(2, "big")
@@ -150,10 +153,10 @@ def parse_udp_frame(frame: bytes) -> UdpFrame:
         ip_end = offset + ip["payload_length"]
     else:
         raise WireError("NOT_UDP", f"ethertype 0x{eth['ethertype']:04x} is neither IPv4 nor IPv6")
-    if ip_end > len(frame) or ip_end < offset + UDP.size:
+    if ip_end > len(frame) or ip_end < offset + _UDP.size:
         raise WireError("TRUNCATED", f"IP length says {ip_end - ip_offset} bytes, frame holds {len(frame) - ip_offset}")
     udp, payload_offset = _UDP.unpack(frame, offset)
     payload_end = offset + udp["length"]
-    if udp["length"] < UDP.size or payload_end > ip_end:
+    if udp["length"] < _UDP.size or payload_end > ip_end:
         raise WireError("BAD_LENGTH", f"UDP length {udp['length']} does not fit the IP packet")
     return UdpFrame(bytes(frame), eth, ip, udp, ip_offset, payload_offset, payload_end)
