@@ -138,6 +138,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
         "ack_req_interval": tables.ack_request_interval, "grace_ns": tables.grace_ns,
         "flush_idle_ns": flush_idle_ns})]
     state: list[Entry] = []
+    restarted: set[int] = set()  # QP indexes whose PSN state starts over: a new peer, maybe a new region
     used = set(slots.qp.values())
     qp_index: dict[str, int] = {}
     collectors: set[bytes] = set()
@@ -151,6 +152,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             "collector_ip": qp.collector_ip, "collector_mac": qp.collector_mac, "transport": int(qp.transport),
             "start_psn": qp.start_psn, "ifindex": egress(qp), "base_va": qp.base_va, "length": qp.length}))
         if installed_qps.get(index) != (qp.remote_qpn, qp.start_psn):
+            restarted.add(index)
             state.append(Entry("qp_state", {"qp_index": index},
                                {"next_psn": qp.start_psn, "state": int(QpState.ACTIVE)}))
         entries.append(Entry("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, {"qp_index": index}))
@@ -186,6 +188,9 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             list_ids.add(list_id)
             if list_id not in new.append:
                 new.append[list_id] = _free_index(append_used, capacity("append_state"), "Append lists")
+                state.append(Entry("append_state", {"state_index": new.append[list_id]}))
+            elif qp_index[lists.qp.name] in restarted:
+                # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
                 state.append(Entry("append_state", {"state_index": new.append[list_id]}))
             entries.append(Entry("append_list", {"list_id": list_id}, {
                 "qp_index": qp_index[lists.qp.name], "first_slot": offset * lists.entries,

@@ -43,14 +43,14 @@ CONTROL_PORT = 40070
 READY_MARKER = "softdta-rxe-lab: ready"
 HW_COUNTERS = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
 BOOT_TIMEOUT_S = 180.0  # 11 to 16 s on an idle machine; emulation slows down a lot on a busy one
-RECIPE = 1  # part of the cache key: bump it when the image build changes
+RECIPE = 2  # part of the cache key: bump it when the image build changes
 
 GUEST_PACKAGES = ("rdma-core", "ibverbs-utils", "ibverbs-providers", "python3", "python3-pyverbs", "iproute2",
                   "kmod", "busybox", "python3-numpy", "python3-aiohttp", "python3-uvloop", "python3-prometheus-client",
                   "python3-pyroute2", "python3-rich")
 KERNEL_META_PACKAGE = "linux-image-amd64"
 # the guest's /init loads these; the image gets them and their dependencies (ib_core, udp_tunnel, virtio, ...)
-GUEST_MODULES = ("virtio_pci", "virtio_net", "crc32_generic", "ib_uverbs", "rdma_rxe")
+GUEST_MODULES = ("virtio_pci", "virtio_net", "crc32_generic", "ib_uverbs", "rdma_rxe", "rdma_ucm")  # rdma_ucm: rdma_cm for users
 # not needed in a guest without udev or iconv users: smaller archive, quicker boot
 TRIMMED = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt",
            "var/lib/apt/lists", "usr/lib/udev/hwdb.d", "usr/lib/x86_64-linux-gnu/gconv")

@@ -366,3 +366,22 @@ def test_live_table_changes_keep_the_state_of_entries_that_stay(tables, reporter
         kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
         frames = kernel.process(reporter.frame(dta.key_write(5, 6, 1))).frames
         assert parse_roce(frames[0]).bth["psn"] == (kw.qp.start_psn + 2) & 0xFFFFFF
+
+
+def test_a_recreated_collector_qp_restarts_its_psns_and_append_rings(tables, reporter):
+    """A collector that restarted advertises a new QP (and region): its rings are read from entry 0 again."""
+    lists = tables.append_lists[0]
+    with XdpTranslator(tables) as kernel:
+        first = [parse_roce(frame) for report in [dta.append(lists.first_list, value) for value in range(8)]
+                 for frame in kernel.process(reporter.frame(report)).frames]
+        assert first and first[0].headers["reth"]["va"] == lists.qp.base_va
+        recreated = Tables.from_toml(EXAMPLE_TABLES)
+        for qp in recreated.qps:
+            if qp.name == lists.qp.name:
+                qp.remote_qpn ^= 0x40
+        kernel.apply(recreated)
+        again = [parse_roce(frame) for report in [dta.append(lists.first_list, value) for value in range(8)]
+                 for frame in kernel.process(reporter.frame(report)).frames]
+        assert [(p.headers["reth"]["va"], p.bth["psn"]) for p in again] == \
+            [(p.headers["reth"]["va"], p.bth["psn"]) for p in first]
+        assert {p.bth["dest_qp"] for p in again} == {lists.qp.remote_qpn ^ 0x40}

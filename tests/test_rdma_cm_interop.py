@@ -1,0 +1,144 @@
+"""softdta as a drop-in for the Tofino translator: rdma_cm collectors written for the original DTA.
+
+In the QEMU guest, `softdta.dta_v1_collector` listens with the kernel's rdma_cm on rxe0, one port per structure,
+as the original collector.cpp does, and SENDs each region's 16-byte metadata once connected. On the host,
+`CmLinks` connects to every port with CM MADs built from fields, acknowledges the metadata and makes translator
+tables; the XDP program translates reports into the regions. The region files must equal the reference model's
+memory byte for byte, rxe must never see a request out of sequence, and a killed and restarted collector must be
+reconnected to.
+"""
+
+import base64
+import time
+
+import pytest
+
+from softdta import rxe_lab, workload
+from softdta.cm_links import CmLinks, CmTarget
+from softdta.frames import ip_bytes, mac_bytes
+from softdta.netns import in_netns
+from softdta.offline import OfflineCollector
+from softdta.spec import Counter, Primitive
+from softdta.translator import Translator
+from softdta.xdp import XdpTranslator
+
+from test_rxe_interop import Link
+
+pytestmark = [pytest.mark.interop, pytest.mark.privileged]
+
+KEY_WRITE_PORT, KEY_INCREMENT_PORT, FIRST_APPEND_PORT = 1337, 1342, 1338
+LISTENERS = {KEY_WRITE_PORT: 256 * 8, KEY_INCREMENT_PORT: 256 * 8,
+             **{FIRST_APPEND_PORT + list_id: 256 * 4 for list_id in range(4)}}
+DATA_DIR = "/dev/shm/dta"
+
+
+def targets(guest) -> list[CmTarget]:
+    ip = guest.guest_ip
+    return ([CmTarget.parse(f"{ip}:{KEY_WRITE_PORT},kind=keywrite"),
+             CmTarget.parse(f"{ip}:{KEY_INCREMENT_PORT},kind=keyincrement")]
+            + [CmTarget.parse(f"{ip}:{FIRST_APPEND_PORT + n},kind=append,list={n},batch=4") for n in range(4)])
+
+
+def start_collector(guest) -> int:
+    listeners = " ".join(f"{port}:{length}" for port, length in LISTENERS.items())
+    status, output = guest.run(f"cd /tmp && python3 -m softdta.dta_v1_collector --ip {guest.guest_ip} "
+                               f"--data-dir {DATA_DIR} {listeners} > /tmp/dta_v1.log 2>&1 & echo $!")
+    assert status == 0, output
+    deadline = time.monotonic() + 30
+    while guest.run("cat /tmp/dta_v1.log")[1].count("listening on") < len(LISTENERS):
+        assert time.monotonic() < deadline, guest.run("cat /tmp/dta_v1.log")[1]
+        time.sleep(0.3)
+    return int(output.split()[-1])
+
+
+def region(guest, port: int) -> bytes:
+    status, output = guest.run(f"base64 -w0 {DATA_DIR}/{port}.region")
+    assert status == 0, output
+    return base64.b64decode(output)
+
+
+class Rig:
+    def __init__(self, guest, tables):
+        self.guest, self.tables = guest, tables
+        self.kernel = XdpTranslator(tables, flush_idle_ns=0)
+        self.link = Link(guest)
+        ip = tables.qps[0].collector_ip
+        self.reporter = workload.ReporterAddress(mac_bytes("02:00:00:00:09:01"), ip_bytes("10.77.9.1"),
+                                                 tables.mac, ip)
+
+    def send(self, reports, oracle: Translator, memory: OfflineCollector) -> None:
+        for report in reports:
+            frame = self.reporter.frame(report)
+            for emitted in self.kernel.process(frame).frames:
+                self.guest.send(emitted)
+                time.sleep(0.002)  # the guest is emulated (TCG): give rxe time
+            for emitted in oracle.process(frame).frames:
+                memory.deliver(emitted)
+            for reply in self.link.collect():
+                self.kernel.process(reply)
+        for emitted in self.kernel.flush():
+            self.guest.send(emitted)
+        for emitted in oracle.flush_idle(0):
+            memory.deliver(emitted)
+        time.sleep(0.5)
+        for reply in self.link.collect(wait=0.3):
+            self.kernel.process(reply)
+
+
+def reports(tables, seed: int) -> list:
+    kw = workload.key_write(120, seed, 2)
+    ki = workload.key_increment(100, seed + 1, 2, flows=20)
+    append = workload.append(4 * 40, seed + 2, 4)  # 40 per list: batches of 4, no wrap
+    return kw + ki + append
+
+
+def assert_regions_match(guest, tables, memory: OfflineCollector) -> None:
+    """Every structure's region in the collector equals the reference model's, byte for byte."""
+    by_port = {target.port: target for target in targets(guest)}
+    for qp in tables.qps:
+        port = int(qp.name.split("@")[0].rsplit("-", 1)[1])
+        got = region(guest, port)[:qp.length]
+        assert got == bytes(memory.region_of(qp)), f"{by_port[port].kind} on port {port} differs"
+
+
+def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(guest):
+    pid = start_collector(guest)
+    translator = {"mac": guest.host_mac, "ip": guest.host_ip, "ack_request_interval": 4, "grace_ms": 50.0}
+    logged = []
+    with in_netns(guest.namespace.name):
+        links = CmLinks(translator, targets(guest), rxe_lab.TAP, log=logged.append)
+        tables = links.start(timeout=60)
+    rig = None
+    try:
+        assert len(tables.qps) == len(LISTENERS) and len(tables.append_lists) == 4
+        kw = tables.structure(tables.qps[0].collector_ip, Primitive.KEY_WRITE)
+        assert kw.slot_count == 256 and kw.qp.start_psn == links.connections[0].send_psn
+        rig = Rig(guest, tables)
+        before = guest.hw_counters()
+        oracle, memory = Translator(tables), OfflineCollector(tables)
+        rig.send(reports(tables, 1), oracle, memory)
+        counters = rig.kernel.counters()
+        after = guest.hw_counters()
+        assert after["out_of_seq_request"] == before["out_of_seq_request"], "no resync was needed to start"
+        assert counters[Counter.RX_NAK_SEQUENCE] == counters[Counter.RX_NAK_FATAL] == 0
+        assert counters[Counter.RX_ACKS] > 0  # the Fetch&Adds' Atomic ACKs
+        assert_regions_match(guest, tables, memory)
+
+        guest.run(f"kill -9 {pid}")  # the kernel tears its rdma_cm IDs down: a DREQ for each connection
+        pid = start_collector(guest)
+        new_tables = links.updates.get(timeout=30)
+        while len(new_tables.qps) < len(LISTENERS):  # the DREQs first empty the tables, then ports come back
+            new_tables = links.updates.get(timeout=30)
+        assert {qp.remote_qpn for qp in new_tables.qps}.isdisjoint({qp.remote_qpn for qp in tables.qps})
+        assert any("disconnected (DREQ)" in line for line in logged), logged
+        rig.kernel.apply(new_tables)
+        before = guest.hw_counters()
+        oracle, memory = Translator(new_tables), OfflineCollector(new_tables)
+        rig.send(reports(new_tables, 7), oracle, memory)
+        assert guest.hw_counters()["out_of_seq_request"] == before["out_of_seq_request"]
+        assert_regions_match(guest, new_tables, memory)
+    finally:
+        if rig is not None:
+            rig.kernel.close()
+        links.close()
+        guest.run(f"kill -9 {pid}")
