@@ -323,7 +323,7 @@ def translator_python_engine(count: int) -> dict:
                            "reports_per_s_per_core": round(1e9 / statistics.median(samples))}
     finally:
         cleanup_prefix(prefix)
-    reference = translator_reference_cases({"key-write-n1": [dta.key_write(k, k, 1) for k in range(1, 17)]},
+    reference = translator_reference_cases({"key-write-n1": workload.key_write(count, 11, redundancy=1)},
                                            count)["key-write-n1"]
     kernel = translator_kernel(count, 100_000, {"key-write-n1": [dta.key_write(k, k, 1) for k in range(1, 17)]})
     results["reference_translator_alone"] = {**reference, "reports_per_s_per_core": round(1e9 / reference["median"])}

@@ -26,6 +26,7 @@ __all__ = ["Output", "AppendRuntime", "PostcardEntry", "SketchRuntime", "QpRunti
 
 PSN_MASK = 0xFFFFFF
 _BUILT_IN_OPCODES = frozenset(int(opcode) for opcode in DtaOpcode)
+_BASE_EXT = codec(DTA_BASE_EXT)
 _SEQ_WINDOW = 128
 
 
@@ -174,8 +175,8 @@ class Translator:
 
     def _decode(self, payload: bytes) -> Report | PluginReport:
         """Built-in reports through `dta.decode`; extended reports with a plug-in's opcode through the plug-in."""
-        if len(payload) >= DTA_BASE_EXT.size and payload[0] & EXTENDED_MARKER:
-            base, offset = codec(DTA_BASE_EXT).unpack(payload)
+        if len(payload) >= _BASE_EXT.size and payload[0] & EXTENDED_MARKER:
+            base, offset = _BASE_EXT.unpack(payload)
             primitive = self.primitives.get(base["opcode"])
             if primitive is not None and base["opcode"] not in _BUILT_IN_OPCODES:
                 return primitive.decode(base, payload, offset)
