@@ -13,7 +13,7 @@ from .dta import Profile, decode, decode_nack
 from .frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 from .pcap import Packet, PcapError, read_pcap, write_pcap
 from .roce import describe_aeth, parse_roce
-from .spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, RoceOpcode
+from .spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, QpState, RoceOpcode
 from .tables import TableError, Tables
 from .translator import Translator
 from .xdp import DEFAULT_FLUSH_IDLE_NS, DEFAULT_PIN_DIR
@@ -87,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="take the structures from this collector's control service (repeat for several); "
                          "--tables then needs only its [translator] section")
     up.add_argument("--token", default="", help="the collectors' control token")
+    up.add_argument("--collector-cm", action="append", default=[], metavar="IP:PORT,kind=K[,list=N][,batch=B]",
+                    help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
+                         "structure (kind: keywrite, keyincrement, postcarding, append); repeat for each port. "
+                         "--tables then needs only its [translator] section (docs/drop-in.md)")
     down = actions.add_parser("down", help="detach the fast path from interfaces; --forget drops its state")
     down.add_argument("--interface", "-i", action="append", default=[])
     down.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
@@ -162,7 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--collector", choices=["xdp", "rxe"], default="xdp",
                       help="the XDP responder, or the kernel's soft-RoCE in a QEMU guest (slower: see --rate)")
     demo.add_argument("--engine", choices=["xdp", "python"], default="xdp",
-                      help="the translator: the XDP fast path, or the reference translator on AF_XDP (slower: see --rate)")
+                      help="the translator: the XDP fast path, or the reference translator on AF_XDP "
+                           "(slower: see --rate)")
     demo.add_argument("--scale", type=float, help="workload size (1.0: about 100 k reports; default 1.0, rxe 0.2)")
     demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000, "
                                                  "--engine python 3000)")
@@ -446,8 +451,12 @@ def _run_translator(args) -> int:
     from .bpf import BpfError, ensure_bpffs
     from .xdp import EngineError
     links = None
+    if args.collector and args.collector_cm:
+        raise CliError("give either --collector (softdta collectors) or --collector-cm (rdma_cm collectors)")
     if args.collector:
         links, tables = _collector_links(args)
+    elif args.collector_cm:
+        links, tables = _cm_links(args)
     else:
         tables = Tables.from_toml(args.tables)
     try:
@@ -456,7 +465,12 @@ def _run_translator(args) -> int:
         pin.mkdir(parents=True, exist_ok=True)
         kernel = _translator_engine(args, tables, pin)
     except (EngineError, BpfError, PermissionError) as error:
+        if links:
+            links.close()
         raise CliError(f"{error}; `softdta translator up` needs root") from None
+    if args.collector_cm and args.engine == "xdp":
+        links.failed_qpns = lambda: {qp.local_qpn for qp in kernel.tables.qps
+                                     if kernel.qp_state(qp)["state"] == QpState.FAILED}
     stop = threading.Event()
     updates = links.updates if links else queue.Queue()
 
@@ -509,15 +523,31 @@ def _translator_engine(args, tables: Tables, pin: Path):
     return PythonEngine(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns, plugins=plugins, io=args.io)
 
 
+def _translator_section(path: str) -> dict:
+    import tomllib
+    try:
+        return tomllib.loads(Path(path).read_text())["translator"]
+    except (KeyError, tomllib.TOMLDecodeError) as error:
+        raise CliError(f"{path}: needs a valid [translator] section ({error})") from None
+
+
+def _cm_links(args) -> tuple:
+    """rdma_cm connections to original-DTA collectors, and the first tables their regions make."""
+    from .cm_links import CmError, CmLinks, CmTarget
+    if len(args.interface) != 1:
+        raise CliError("--collector-cm: give one --interface, the one the collectors are reached on")
+    try:
+        links = CmLinks(_translator_section(args.tables), [CmTarget.parse(text) for text in args.collector_cm],
+                        args.interface[0], log=lambda line: print(line, flush=True))
+        return links, links.start()
+    except CmError as error:
+        raise CliError(str(error)) from None
+
+
 def _collector_links(args) -> tuple:
     """Control links to the collectors and the first tables they advertise."""
-    import tomllib
-
     from .collector.control import CollectorLinks, ControlError
-    try:
-        translator = tomllib.loads(Path(args.tables).read_text())["translator"]
-    except (KeyError, tomllib.TOMLDecodeError) as error:
-        raise CliError(f"{args.tables}: needs a valid [translator] section ({error})") from None
+    translator = _translator_section(args.tables)
     addresses = []
     for address in args.collector:
         host, _, port = address.rpartition(":")
