@@ -55,12 +55,12 @@ class CmTarget:
         host, _, port = address.rpartition(":")
         settings = dict(option.partition("=")[::2] for option in options)
         example = "for example 10.0.0.51:1337,kind=keywrite or 10.0.0.51:1338,kind=append,list=0"
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CmError(f"--collector-cm {text!r}: give the rdma_cm port after the IP; {example}")
         try:
             ip = ip_bytes(host)
         except ValueError:
             raise CmError(f"--collector-cm {text!r}: {host!r} is not an IP address; {example}") from None
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise CmError(f"--collector-cm {text!r}: give the rdma_cm port after the IP; {example}")
         unknown = set(settings) - {"kind", "list", "batch", "hash"}
         if unknown:
             raise CmError(f"--collector-cm {text!r}: unknown option(s) {sorted(unknown)}; {example}")
