@@ -28,6 +28,7 @@ from softdta.spec import ROCE_PORT, Counter, Primitive
 from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator, build_object
+from softdta.xsk import XskSocket
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 from test_primitives import hop_frames
@@ -217,3 +218,19 @@ def test_essential_reports_wait_out_the_grace_period_and_are_then_sent(wire, tab
     reference = Translator(tables)
     reference.resync(qp, 100, 0)
     assert seen == reference.process(essential, tables.grace_ns).frames  # PSN 100, as after the resync
+
+
+def test_without_af_xdp_the_engine_falls_back_to_af_packet_and_says_why(wire, tables):
+    """A queue already bound to another AF_XDP socket is one way AF_XDP is unavailable."""
+    far, translator_ns, capture = wire
+    frames = mixed_reports(tables)[:60]
+    with in_netns(translator_ns.name):
+        holder = XskSocket("t0")
+    try:
+        with PythonEngine(tables, flush_idle_ns=NO_FLUSH) as engine:
+            seen = run_live(engine, translator_ns, far, capture, frames, lambda: engine.attach(["t0"]))
+            assert engine.io_name == "AF_PACKET TPACKET_V3" and "Device or resource busy" in engine.fallback_reason
+        reference = Translator(tables)
+        assert seen == [emitted for frame in frames for emitted in reference.process(frame).frames]
+    finally:
+        holder.close()
