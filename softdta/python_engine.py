@@ -120,14 +120,11 @@ class PythonEngine:
         if self.io_choice in ("auto", "af_xdp"):
             try:
                 self.io = XskSocket(name)
+                self.maps["xsks"].update(bytes(4), self.io.fd.to_bytes(4, "little"))  # before any redirect
                 attach_xdp(ifindex, self.object.programs["softdta_xsk"].fd, mode=mode)
                 self.attached.append(ifindex)
-                self.maps["xsks"].update((0).to_bytes(4, "little"), self.io.fd.to_bytes(4, "little"))
                 self.io_name = f"AF_XDP {self.io.mode}"
             except (XskError, BpfError) as error:
-                if self.io is not None:
-                    self.io.close()
-                    self.io = None
                 self.detach()
                 failure = str(error)
                 if self.io_choice == "af_xdp":
@@ -214,24 +211,19 @@ class PythonEngine:
     # stats, in the XDP engine's maps
 
     def publish(self) -> None:
-        counters = self.maps["counters"]
-        for counter, value in self.translator.counters.items():
-            counters.update_percpu(int(counter).to_bytes(4, "little"), [value.to_bytes(8, "little")])
+        """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""
+        counters, tally = self.maps["counters"], self.translator.counters
+        for counter in Counter:  # every slot: a reused pin directory may hold another engine's counts
+            counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
         layout = table("qp_state")
         for index, runtime in self.translator.qp_state.items():
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
                 next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
                 flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
                 flush_mark=runtime.flush_mark & 0xFFFFFFFF))
-        engine = struct_engine(self.run_time_ns, self.runs, IO_CODES.get(self.io_name, 0))
-        self.maps["python_engine"].update(bytes(4), engine)
-
-    def counters(self) -> dict[Counter, int]:
-        return dict(self.translator.counters)
-
-
-def struct_engine(run_time_ns: int, runs: int, io: int) -> bytes:
-    return run_time_ns.to_bytes(8, "little") + runs.to_bytes(8, "little") + io.to_bytes(4, "little") + bytes(4)
+        record = (self.run_time_ns.to_bytes(8, "little") + self.runs.to_bytes(8, "little")
+                  + IO_CODES.get(self.io_name, 0).to_bytes(4, "little") + bytes(4))  # struct python_engine_value
+        self.maps["python_engine"].update(bytes(4), record)
 
 
 def engine_stats(pin_dir: Path) -> dict:
