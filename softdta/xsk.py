@@ -96,7 +96,6 @@ class XskSocket:
 
     def __init__(self, interface: str, queue: int = 0, frames: int = 4096, ring_size: int = 2048):
         self.lib = _libxdp()
-        self.frames = frames
         self.umem_area = mmap.mmap(-1, frames * FRAME_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._area = ctypes.c_char.from_buffer(self.umem_area)
         self.fill, self.comp, self.rx, self.tx = _Ring(), _Ring(), _Ring(), _Ring()
