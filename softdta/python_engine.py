@@ -19,7 +19,7 @@ from pathlib import Path
 from .bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from .maps import table
 from .primitives import Primitive
-from .spec import Counter
+from .spec import Counter, QpState
 from .tables import Tables
 from .translator import QpRuntime, Translator
 from .xdp import BPF_DIR, DEFAULT_FLUSH_IDLE_NS, EngineError, _rx_queues, build_object, pinned_stats
@@ -56,6 +56,7 @@ class PythonEngine:
         self.fallback_reason = ""  # why AF_XDP was not used, when it was not
         self._published_ns = 0
         self._qp_indices: set[int] = set()
+        self._restore_qp_state(tables)
         self.apply(tables)
 
     def close(self) -> None:
@@ -97,6 +98,20 @@ class PythonEngine:
                 transport=int(qp.transport), start_psn=qp.start_psn, base_va=qp.base_va, length=qp.length))
         self._qp_indices = {qp.index for qp in tables.qps}
         self.publish()
+
+    def _restore_qp_state(self, tables: Tables) -> None:
+        """PSNs and QP states a previous run left in the pinned maps, for QPs that are still the same ones."""
+        qp_layout, state_layout = table("qp"), table("qp_state")
+        for qp in tables.qps:
+            key = qp_layout.key.pack(qp_index=qp.index)
+            pinned_qp, pinned_state = self.maps["qp"].lookup(key), self.maps["qp_state"].lookup(key)
+            if pinned_qp is None or pinned_state is None:
+                continue
+            entry, state = qp_layout.value.unpack(pinned_qp), state_layout.value.unpack(pinned_state)
+            if (entry["local_qpn"], entry["remote_qpn"]) == (qp.local_qpn, qp.remote_qpn):
+                self.translator.qp_state[qp.index] = QpRuntime(
+                    state["next_psn"], QpState(state["state"]), state["grace_until_ns"], state["frames_sent"],
+                    state["flush_mark"], state["flush_mark_ns"])
 
     # ----------------------------------------------------------------------------------------------
     # packet I/O

@@ -234,3 +234,21 @@ def test_without_af_xdp_the_engine_falls_back_to_af_packet_and_says_why(wire, ta
         assert seen == [emitted for frame in frames for emitted in reference.process(frame).frames]
     finally:
         holder.close()
+
+
+def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
+    from softdta import dta
+    pin = ensure_bpffs() / f"softdta-python-restart-{os.getpid()}"
+    request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    key_write = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
+    with PythonEngine(tables, pin_dir=pin) as engine:
+        for key in range(7):
+            engine.translator.process(reporter.frame(dta.key_write(key, key, 2)), 0)
+    with PythonEngine(Tables.from_toml(EXAMPLE_TABLES), pin_dir=pin) as engine:
+        assert engine.translator.qp_state[key_write.index].next_psn == 14
+    recreated = Tables.from_toml(EXAMPLE_TABLES)
+    recreated.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp.remote_qpn += 1
+    with PythonEngine(recreated, pin_dir=pin) as engine:  # a different QP behind the same index starts afresh
+        assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
