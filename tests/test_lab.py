@@ -130,6 +130,10 @@ def test_bench_quick_writes_every_comparison_and_its_plots(tmp_path):
     assert set(translator["xdp"]) == primitives == set(translator["reference_python"])
     for name in primitives:  # the kernel path beats the Python model it is checked against, by far
         assert translator["xdp"][name]["median"] * 10 < translator["reference_python"][name]["median"]
+    engines = results["translator_python_engine"]  # Key-Write N=1 through the python engine, live
+    for io in ("af_xdp", "af_packet"):
+        assert engines[io]["received"] == engines[io]["sent"] and engines[io]["reports_per_s_per_core"] > 0
+        assert engines["xdp"]["median"] * 10 < engines[io]["median"]
     collector = results["collector_cpu_ns_per_report"]
     assert set(collector["xdp_responder_kernel"]) == {"uc-write-8", "uc-write-64", "rc-write-64-acked", "rc-fetch-add"}
     assert collector["python_asyncio"]["median"] > 0 and collector["c_epoll"]["median"] > 0
