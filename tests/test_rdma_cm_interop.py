@@ -9,19 +9,29 @@ reconnected to.
 """
 
 import base64
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from softdta import rxe_lab, workload
+from softdta.bpf import ensure_bpffs
+from softdta.cm import CmConnection, CmEndpoint, Metadata
 from softdta.cm_links import CmLinks, CmTarget
+from softdta.collector.collector import tables_document
 from softdta.frames import ip_bytes, mac_bytes
 from softdta.netns import in_netns
 from softdta.offline import OfflineCollector
 from softdta.spec import Counter, Primitive
+from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator
 
+from test_live_pipeline import wait_for_line
 from test_rxe_interop import Link
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
@@ -142,3 +152,78 @@ def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(
             rig.kernel.close()
         links.close()
         guest.run(f"kill -9 {pid}")
+
+
+GUEST_REPORTER = """
+import socket, sys, time
+from softdta import workload
+from softdta.frames import ip_bytes, mac_bytes
+reporter = workload.ReporterAddress(mac_bytes("{guest_mac}"), ip_bytes("{guest_ip}"), mac_bytes("{translator_mac}"),
+                                    ip_bytes("{guest_ip}"))
+sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+sock.bind(("eth0", 0))
+for report in {reports}:
+    sock.send(reporter.frame(report))
+    time.sleep(0.003)
+"""
+LIVE_REPORTS = ("workload.key_write(60, 21, 2) + workload.key_increment(60, 22, 2, flows=12) "
+                "+ workload.append(64, 23, 1)")
+
+
+def test_translator_up_with_collector_cm_runs_live_xdp_against_the_original_collector(guest, tmp_path):
+    """`softdta translator up --collector-cm` with XDP attached on the link: the handshake passes through the XDP
+    program, and reports from the guest's side of the link land in the collector's regions."""
+    ports = {KEY_WRITE_PORT: "keywrite", KEY_INCREMENT_PORT: "keyincrement", FIRST_APPEND_PORT: "append"}
+    pid = start_collector(guest)
+    (tmp_path / "translator.toml").write_text(f'[translator]\nmac = "{guest.host_mac}"\nip = "{guest.host_ip}"\n'
+                                              'ack_request_interval = 4\ngrace_ms = 50.0\n')
+    pin = ensure_bpffs() / f"softdta-cm-{os.getpid()}"
+    translator = subprocess.Popen(
+        [sys.executable, "-m", "softdta.cli", "translator", "up", "--tables", str(tmp_path / "translator.toml"),
+         "-i", rxe_lab.TAP, "--netns", guest.namespace.name, "--pin", str(pin), "--flush-idle-ms", "500",
+         *[arg for port, kind in ports.items() for arg in ("--collector-cm", f"{guest.guest_ip}:{port},kind={kind}")]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(translator, "translator up on", timeout=90)
+        before = guest.hw_counters()
+        script = GUEST_REPORTER.format(guest_mac=rxe_lab.GUEST_MAC, guest_ip=guest.guest_ip,
+                                       translator_mac=guest.host_mac, reports=LIVE_REPORTS)
+        status, output = guest.run(f"python3 - <<'EOF'\n{script}\nEOF", timeout=120)
+        assert status == 0, output
+        time.sleep(1.5)  # the idle flush writes out what is pending
+        after = guest.hw_counters()
+        assert after["out_of_seq_request"] == before["out_of_seq_request"]
+        assert after["rcvd_pkts"] > before["rcvd_pkts"]
+
+        # the reference model, on tables of the same layout (addresses and keys do not change region contents)
+        adverts = []
+        for index, (port, kind) in enumerate(ports.items()):
+            link = CmConnection(CmEndpoint(mac_bytes(guest.host_mac), ip_bytes(guest.host_ip), 0x2000 + index, 0, 0),
+                                ip_bytes(guest.guest_ip), mac_bytes(rxe_lab.GUEST_MAC), port, 0, 0)
+            link.remote_qpn, link.metadata = 0x100 + index, Metadata(0x10000 * (index + 1), LISTENERS[port], 1)
+            adverts.append(CmTarget.parse(f"{guest.guest_ip}:{port},kind={kind}").advertisement(link))
+        tables = Tables.from_dict(tables_document(
+            {"mac": guest.host_mac, "ip": guest.host_ip}, {"name": "cm", "ip": guest.guest_ip,
+                                                            "mac": rxe_lab.GUEST_MAC}, adverts))
+        oracle, memory = Translator(tables), OfflineCollector(tables)
+        reporter = workload.ReporterAddress(mac_bytes(rxe_lab.GUEST_MAC), ip_bytes(guest.guest_ip),
+                                            mac_bytes(guest.host_mac), ip_bytes(guest.guest_ip))
+        for report in eval(LIVE_REPORTS, {"workload": workload}):
+            for frame in oracle.process(reporter.frame(report)).frames:
+                memory.deliver(frame)
+        for frame in oracle.flush_idle(0):
+            memory.deliver(frame)
+        stats = json.loads(subprocess.run([sys.executable, "-m", "softdta.cli", "translator", "stats", "--pin",
+                                           str(pin), "--json"], capture_output=True, text=True, check=True).stdout)
+        assert stats["counters"]["rx_acks"] > 0
+        assert not [name for name in stats["counters"] if name.startswith("drop_")], stats["counters"]
+        for qp in tables.qps:
+            port = int(qp.name.split("@")[0].rsplit("-", 1)[1])
+            assert region(guest, port) == bytes(memory.region_of(qp)), f"{ports[port]} on port {port} differs"
+    finally:
+        translator.send_signal(signal.SIGTERM)
+        translator.communicate(timeout=20)
+        subprocess.run([sys.executable, "-m", "softdta.cli", "translator", "down", "--pin", str(pin), "--forget"],
+                       capture_output=True)
+        guest.run(f"kill -9 {pid}")
+    assert translator.returncode == 0
