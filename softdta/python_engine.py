@@ -20,7 +20,7 @@ from .bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from .maps import table
 from .primitives import Primitive
 from .spec import Counter, QpState
-from .tables import Tables
+from .tables import QueuePair, Tables
 from .translator import QpRuntime, Translator
 from .xdp import BPF_DIR, DEFAULT_FLUSH_IDLE_NS, EngineError, _rx_queues, build_object, pinned_stats
 from .xsk import PacketRing, XskError, XskSocket
@@ -78,9 +78,9 @@ class PythonEngine:
         """New tables, live: a QP that stays (same local and remote QPN) keeps its PSN and state."""
         old = {(qp.local_qpn, qp.remote_qpn): self.translator.qp_state[qp.index]
                for qp in self.translator.tables.qps if qp.index in self.translator.qp_state}
-        self.translator.tables = tables
         self.translator.qp_state = {qp.index: old.get((qp.local_qpn, qp.remote_qpn)) or QpRuntime(qp.start_psn)
                                     for qp in tables.qps}
+        self.translator.tables = tables
         collectors, layout = self.maps["collector"], table("collector")
         wanted = {layout.key.pack(ip=int.from_bytes(qp.collector_ip, "little")): layout.value.pack(mac=qp.collector_mac)
                   for qp in tables.qps}
@@ -98,6 +98,14 @@ class PythonEngine:
                 transport=int(qp.transport), start_psn=qp.start_psn, base_va=qp.base_va, length=qp.length))
         self._qp_indices = {qp.index for qp in tables.qps}
         self.publish()
+
+    def qp_state(self, qp: QueuePair) -> dict:
+        """A QP's PSN and state, in the fields `XdpTranslator.qp_state` reads from its map."""
+        # another thread (rdma_cm links) may ask while `apply` swaps the tables: a QP not yet in the state
+        # is one being added, at its start
+        runtime = self.translator.qp_state.get(qp.index) or QpRuntime(qp.start_psn)
+        return {"next_psn": runtime.next_psn, "state": int(runtime.state), "grace_until_ns": runtime.grace_until_ns,
+                "frames_sent": runtime.frames_sent}
 
     def _restore_qp_state(self, tables: Tables) -> None:
         """PSNs and QP states a previous run left in the pinned maps, for QPs that are still the same ones."""

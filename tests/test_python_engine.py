@@ -24,7 +24,7 @@ from softdta.offline import OfflineCollector
 from softdta.plugins.latency_sum import LatencySum
 from softdta.python_engine import PythonEngine, engine_stats
 from softdta.query import keywrite_query
-from softdta.spec import ROCE_PORT, Counter, Primitive
+from softdta.spec import ROCE_PORT, Counter, Primitive, QpState
 from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator, build_object
@@ -191,6 +191,7 @@ def test_new_tables_keep_the_psns_of_queue_pairs_that_stay(tables):
             engine.translator.process(reporter.frame(dta.key_write(key, key, 2)), 0)
         key_write = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
         assert engine.translator.qp_state[key_write.index].next_psn == 10
+        assert engine.qp_state(key_write)["next_psn"] == 10 and engine.qp_state(key_write)["state"] == QpState.ACTIVE
         reloaded = Tables.from_toml(EXAMPLE_TABLES)
         engine.apply(reloaded)
         assert engine.tables is reloaded and engine.translator.qp_state[key_write.index].next_psn == 10
