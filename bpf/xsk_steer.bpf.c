@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
-/* The python engine's XDP program: steers DTA reports (UDP 40040) and RoCEv2 replies from known collectors
- * (UDP 4791) into the AF_XDP socket of their RX queue; everything else goes up the stack.
+/* The python engine's XDP program: steers DTA reports (UDP 40040) and RoCEv2 ACKs from known collectors
+ * (UDP 4791) into the AF_XDP socket of their RX queue; everything else goes up the stack, as the kernel
+ * translator passes it.
  *
  * Its maps `counters`, `qp` and `qp_state` have the kernel translator's layouts (bpf/softdta_spec.h), so the
  * python engine publishes its counters and QP state where `softdta translator stats` reads them; it adds its
@@ -59,7 +60,11 @@ int softdta_xsk(struct xdp_md *ctx)
 		return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
 	if (udp->dest == bpf_htons(ROCE_PORT)) {
 		struct collector_key key = { .ip = ip->saddr };
+		__u8 *opcode = (void *)(udp + 1);
 
+		/* only ACKs are the translator's: CM MADs and a collector's SENDs go to the control plane */
+		if ((void *)(opcode + 1) > end || (*opcode != ROCE_OP_RC_ACK && *opcode != ROCE_OP_RC_ATOMIC_ACK))
+			return XDP_PASS;
 		if (bpf_map_lookup_elem(&collector, &key))
 			return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
 	}

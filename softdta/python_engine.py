@@ -1,6 +1,6 @@
 """The python engine: the reference translator (the oracle itself, with any plug-in primitives) on the wire.
 
-A tiny XDP program (bpf/xsk_steer.bpf.c) steers DTA reports and collector replies into an AF_XDP socket; the
+A tiny XDP program (bpf/xsk_steer.bpf.c) steers DTA reports and collectors' ACKs into an AF_XDP socket; the
 engine takes them a batch at a time, runs each through `Translator.process`, and transmits what comes out,
 a batch per call. Without AF_XDP it falls back to an AF_PACKET TPACKET_V3 ring. Tables come from the same TOML
 or collector control links as the XDP engine's, and the counters and QP state go into maps with the XDP

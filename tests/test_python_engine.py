@@ -253,3 +253,21 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
     recreated.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp.remote_qpn += 1
     with PythonEngine(recreated, pin_dir=pin) as engine:  # a different QP behind the same index starts afresh
         assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
+
+
+def test_only_acks_from_collectors_reach_the_engine(wire, tables):
+    """CM MADs and a collector's SENDs go up the stack to the control plane, as the XDP engine passes them."""
+    from softdta.frames import UdpEndpoints
+    from softdta.roce import build_roce_frame, transport_payload
+    from softdta.spec import RoceOpcode
+    far, translator_ns, capture = wire
+    qp = tables.qps[0]
+    ends = UdpEndpoints(src_mac=qp.collector_mac, dst_mac=tables.mac, src_ip=COLLECTOR_IP, dst_ip=tables.ip,
+                        sport=49152, dport=ROCE_PORT)
+    ack = build_roce_frame(ends, transport_payload(RoceOpcode.RC_ACK, qp.local_qpn, 0,
+                                                   {"aeth": {"syndrome": 0x1F, "msn": 1}}))
+    mad = build_roce_frame(ends, transport_payload(RoceOpcode.UD_SEND_ONLY, 1, 0,
+                                                   {"deth": {"qkey": 0x80010000, "src_qp": 1}}, bytes(256)))
+    with PythonEngine(tables, flush_idle_ns=NO_FLUSH) as engine:
+        run_live(engine, translator_ns, far, capture, [mad, ack, mad], lambda: engine.attach(["t0"]))
+        assert engine.runs == 1 and engine.translator.counters[Counter.RX_ACKS] == 1
