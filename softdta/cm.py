@@ -104,8 +104,10 @@ class CmAttribute(enum.IntEnum):
 
 BODIES = {CmAttribute.REQ: CM_REQ, CmAttribute.MRA: CM_MRA, CmAttribute.REJ: CM_REJ, CmAttribute.REP: CM_REP,
           CmAttribute.RTU: CM_RTU, CmAttribute.DREQ: CM_DREQ, CmAttribute.DREP: CM_DREP}
-REJECT_REASONS = {1: "no QP", 8: "invalid communication ID", 12: "stale connection", 13: "reject by consumer",
-                  28: "invalid service ID (nothing listens on that port)"}
+QPN_STRIDE = 0x100  # each new attempt claims another QPN: a collector's CM remembers the last one for a while
+REJECT_REASONS = {1: "no QP", 3: "no resources", 8: "invalid service ID (nothing listens on that port)",
+                  10: "stale connection (the collector's CM still holds our previous QP)",
+                  27: "insufficient responder resources", 28: "rejected by the collector's application"}
 
 
 @dataclass(frozen=True)
@@ -193,8 +195,9 @@ class CmConnection:
 
     Feed it the RoCEv2 frames from that collector (`receive`) and call `tick` regularly; both return frames
     to send. `connected` becomes true once the metadata SEND has been acknowledged; `remote_qpn`, `send_psn`
-    (where the translator's writes start) and `metadata` then describe the structure. A DREQ from the collector, or a `disconnect`, ends it; after
-    `retry_s` a new REQ goes out, with a new communication ID, until a collector answers again.
+    (where the translator's writes start) and `metadata` then describe the structure. A DREQ from the collector,
+    a rejection or a `disconnect` ends it; after `retry_s` a new REQ goes out, with a new communication ID and
+    the next QPN (`QPN_STRIDE` on), until a collector answers again.
     """
 
     local: CmEndpoint
@@ -318,6 +321,7 @@ class CmConnection:
     def _restart(self, now: float) -> None:
         self.state, self._deadline = CmState.IDLE, now + self.retry_s
         self.metadata = None
+        self.local.qpn = max((self.local.qpn + QPN_STRIDE) & 0xFFFFFF, GSI_QP + 1)
 
     def _mad(self, attribute: CmAttribute, **fields) -> bytes:
         self._gsi_psn = (self._gsi_psn + 1) & 0xFFFFFF

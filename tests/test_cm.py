@@ -4,8 +4,9 @@ tests/test_rdma_cm_interop.py."""
 
 import pytest
 
-from softdta.cm import (BODIES, CM_REP, CM_REQ, GSI_QKEY, GSI_QP, MAD_HEADER, MAD_SIZE, RDMA_PS_TCP_SERVICE,
-                        CmAttribute, CmConnection, CmEndpoint, CmState, Metadata, decode_mad, encode_mad)
+from softdta.cm import (BODIES, CM_REP, CM_REQ, GSI_QKEY, GSI_QP, MAD_HEADER, MAD_SIZE, QPN_STRIDE,
+                        RDMA_PS_TCP_SERVICE, CmAttribute, CmConnection, CmEndpoint, CmState, Metadata, decode_mad,
+                        encode_mad)
 from softdta.cm_links import CmError, CmTarget
 from softdta.codec import WireError
 from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes
@@ -166,12 +167,17 @@ def test_a_rejection_waits_and_tries_again_with_a_new_communication_id():
     link = connection(retry_s=2.0)
     req = sent_mad(link.tick(0.0)[0])
     assert link.receive(mad_from_collector(CmAttribute.REJ, local_comm_id=0x5000,
-                                           remote_comm_id=req.fields["local_comm_id"], reason=28), 0.1) == []
+                                           remote_comm_id=req.fields["local_comm_id"], reason=8), 0.1) == []
     assert link.state is CmState.IDLE and "invalid service ID" in link.last_rejection
     assert link.tick(1.0) == []
     retry = sent_mad(link.tick(2.2)[0])
     assert retry.attribute is CmAttribute.REQ and retry.fields["local_comm_id"] != req.fields["local_comm_id"]
     assert retry.transaction_id != req.transaction_id
+    # the collector's CM may still hold the QPN of a connection it lost: every attempt claims a new one
+    assert retry.fields["local_qpn"] == LOCAL_QPN + QPN_STRIDE
+    link.receive(mad_from_collector(CmAttribute.REJ, local_comm_id=0x5001, remote_comm_id=retry.fields["local_comm_id"],
+                                    reason=10), 2.3)
+    assert "stale connection" in link.last_rejection
 
 
 def test_silence_sends_the_req_again_and_an_mra_buys_time():

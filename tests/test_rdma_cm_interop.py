@@ -26,7 +26,7 @@ from softdta.collector.collector import tables_document
 from softdta.frames import ip_bytes, mac_bytes
 from softdta.netns import in_netns
 from softdta.offline import OfflineCollector
-from softdta.spec import Counter, Primitive
+from softdta.spec import Counter, Primitive, QpState
 from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator
@@ -227,3 +227,38 @@ def test_translator_up_with_collector_cm_runs_live_xdp_against_the_original_coll
                        capture_output=True)
         guest.run(f"kill -9 {pid}")
     assert translator.returncode == 0
+
+
+def test_a_failed_qp_is_disconnected_and_connected_again(guest):
+    """A fatal NAK (here: a wrong R_Key, as after an operator's mistake) fails the translator's QP; the CM link
+    leaves the connection with a DREQ and connects again, and the new QP takes writes."""
+    pid = start_collector(guest)
+    translator = {"mac": guest.host_mac, "ip": guest.host_ip, "ack_request_interval": 1, "grace_ms": 50.0}
+    logged = []
+    with in_netns(guest.namespace.name):
+        links = CmLinks(translator, targets(guest)[:1], rxe_lab.TAP, log=logged.append)
+        tables = links.start(timeout=60)
+    rig = Rig(guest, tables)
+    try:
+        links.failed_qpns = lambda: {qp.local_qpn for qp in rig.kernel.tables.qps
+                                     if rig.kernel.qp_state(qp)["state"] == QpState.FAILED}
+        document = links.document()
+        document["structures"][0]["qp"]["rkey"] ^= 0x5A5A
+        rig.kernel.apply(Tables.from_dict(document))
+        rig.send(workload.key_write(2, 31, 1), Translator(tables), OfflineCollector(tables))
+        assert rig.kernel.counters()[Counter.RX_NAK_FATAL] == 1
+        new_tables = links.updates.get(timeout=30)
+        assert any("failed; reconnecting" in line for line in logged), logged
+        while not new_tables.qps:  # the failed QP leaves the tables first, then comes back
+            new_tables = links.updates.get(timeout=30)
+        assert new_tables.qps[0].remote_qpn != tables.qps[0].remote_qpn
+        assert new_tables.qps[0].local_qpn != tables.qps[0].local_qpn  # the collector's CM remembers the old one
+        rig.kernel.apply(new_tables)
+        assert rig.kernel.qp_state(new_tables.qps[0])["state"] == QpState.ACTIVE
+        oracle, memory = Translator(new_tables), OfflineCollector(new_tables)
+        rig.send(workload.key_write(50, 32, 2), oracle, memory)
+        assert_regions_match(guest, new_tables, memory)
+    finally:
+        rig.kernel.close()
+        links.close()
+        guest.run(f"kill -9 {pid}")
