@@ -681,8 +681,9 @@ def _lab(args) -> int:
     try:
         if args.action == "up":
             state = lab.up(args.reporters, args.collector, args.engine)
-            print(f"lab up: {state.reporters} reporters ({', '.join(state.reporter(i)['netns'] for i in range(1, state.reporters + 1))}) "
-                  f"-> {lab.PREFIX}t -> {lab.PREFIX}c ({'soft-RoCE guest' if state.collector == 'rxe' else 'XDP responder'}); "
+            namespaces = ", ".join(state.reporter(i)["netns"] for i in range(1, state.reporters + 1))
+            collector = "soft-RoCE guest" if state.collector == "rxe" else "XDP responder"
+            print(f"lab up: {state.reporters} reporters ({namespaces}) -> {lab.PREFIX}t -> {lab.PREFIX}c ({collector}); "
                   f"queries at {state.query_url} (inside the lab namespaces); "
                   f"logs in {lab.STATE_DIR}")
         elif args.action == "down":

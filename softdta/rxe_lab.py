@@ -49,8 +49,9 @@ GUEST_PACKAGES = ("rdma-core", "ibverbs-utils", "ibverbs-providers", "python3", 
                   "kmod", "busybox", "python3-numpy", "python3-aiohttp", "python3-uvloop", "python3-prometheus-client",
                   "python3-pyroute2", "python3-rich")
 KERNEL_META_PACKAGE = "linux-image-amd64"
-# the guest's /init loads these; the image gets them and their dependencies (ib_core, udp_tunnel, virtio, ...)
-GUEST_MODULES = ("virtio_pci", "virtio_net", "crc32_generic", "ib_uverbs", "rdma_rxe", "rdma_ucm")  # rdma_ucm: rdma_cm for users
+# the guest's /init loads these; the image gets them and their dependencies (ib_core, udp_tunnel, virtio, ...);
+# rdma_ucm is rdma_cm for userspace (the original-DTA collector of the drop-in tests)
+GUEST_MODULES = ("virtio_pci", "virtio_net", "crc32_generic", "ib_uverbs", "rdma_rxe", "rdma_ucm")
 # not needed in a guest without udev or iconv users: smaller archive, quicker boot
 TRIMMED = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt",
            "var/lib/apt/lists", "usr/lib/udev/hwdb.d", "usr/lib/x86_64-linux-gnu/gconv")

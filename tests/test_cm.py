@@ -67,7 +67,8 @@ def test_every_cm_message_fills_a_256_byte_mad():
 
 def test_fields_sit_at_the_ibta_offsets():
     """Byte offsets of IBTA Vol 1 Tables 106 and 110 (as in Linux's ibta_vol1_c12.h), from the MAD's start."""
-    req = encode_mad(CmAttribute.REQ, 0x0102030405060708, local_comm_id=0xA1A2A3A4, service_id=RDMA_PS_TCP_SERVICE | 1337,
+    req = encode_mad(CmAttribute.REQ, 0x0102030405060708, local_comm_id=0xA1A2A3A4,
+                     service_id=RDMA_PS_TCP_SERVICE | 1337,
                      local_qpn=0xB1B2B3, starting_psn=0xC1C2C3, partition_key=0xFFFF, path_mtu=3,
                      primary_local_gid=bytes(range(16)), private_data=bytes([0xEE]) * 92)
     assert req[0:4] == bytes([1, 7, 2, 3]) and req[8:16] == bytes(range(1, 9)) and req[16:18] == b"\x00\x10"
