@@ -122,7 +122,7 @@ def test_translated_frames_with_faults_match_the_reference(seed, rc):
         for frame in translator.flush_idle(now + 10**9):
             pair.deliver(frame, "flush")
         pair.assert_same_state()
-        assert pair.kernel.counters()[ResponderCounter.EXECUTED] > 250
+        assert pair.kernel.counters()[ResponderCounter.EXECUTED] > 200  # traffic goes on well past the first loss
 
 
 def request(tables, qp, opcode, psn, *, va=None, rkey=None, payload=b"", src_ip=None, dma_length=None,
