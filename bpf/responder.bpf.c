@@ -40,14 +40,6 @@ struct completion {
 	__u32 pad;
 };
 
-#define TABLE(_name, _type, _key, _value, _max)                                                          \
-	struct {                                                                                         \
-		__uint(type, _type);                                                                     \
-		__type(key, _key);                                                                       \
-		__type(value, _value);                                                                   \
-		__uint(max_entries, _max);                                                               \
-	} _name SEC(".maps")
-
 TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
 TABLE(responder_qp, BPF_MAP_TYPE_HASH, struct responder_qp_key, struct responder_qp_value,
       RESPONDER_QP_MAX_ENTRIES);

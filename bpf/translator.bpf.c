@@ -107,14 +107,6 @@ struct deferred_report {
 	__u8 frame[DEFER_FRAME_MAX];
 };
 
-#define TABLE(_name, _type, _key, _value, _max)                                                          \
-	struct {                                                                                         \
-		__uint(type, _type);                                                                     \
-		__type(key, _key);                                                                       \
-		__type(value, _value);                                                                   \
-		__uint(max_entries, _max);                                                               \
-	} _name SEC(".maps")
-
 TABLE(translator_config, BPF_MAP_TYPE_ARRAY, __u32, struct translator_config_value, 1);
 TABLE(qp, BPF_MAP_TYPE_ARRAY, __u32, struct qp_value, QP_MAX_ENTRIES);
 TABLE(qp_state, BPF_MAP_TYPE_ARRAY, __u32, struct qp_state_value, QP_STATE_MAX_ENTRIES);

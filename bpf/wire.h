@@ -1,10 +1,19 @@
-/* Byte-level helpers shared by the translator and the responder: big-endian fields, IPv4 headers, RoCE
- * header lengths and iCRC masking. */
+/* Helpers shared by the BPF programs: map declarations, big-endian fields, IPv4 headers, RoCE header lengths
+ * and iCRC masking. */
 #ifndef SOFTDTA_WIRE_H
 #define SOFTDTA_WIRE_H
 
 #include <linux/in.h>
 #include "softdta_spec.h"
+
+/* One map; its key and value layouts are the generated ones of softdta_spec.h (the control plane's contract). */
+#define TABLE(_name, _type, _key, _value, _max)                                                          \
+	struct {                                                                                         \
+		__uint(type, _type);                                                                     \
+		__type(key, _key);                                                                       \
+		__type(value, _value);                                                                   \
+		__uint(max_entries, _max);                                                               \
+	} _name SEC(".maps")
 
 static __always_inline void put16(__u8 *p, __u16 v)
 {

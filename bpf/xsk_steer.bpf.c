@@ -16,16 +16,9 @@
 #include <bpf/bpf_endian.h>
 
 #include "softdta_spec.h"
+#include "wire.h"
 
 #define XSK_QUEUES 64
-
-#define TABLE(_name, _type, _key, _value, _max)                                                          \
-	struct {                                                                                         \
-		__uint(type, _type);                                                                     \
-		__type(key, _key);                                                                       \
-		__type(value, _value);                                                                   \
-		__uint(max_entries, _max);                                                               \
-	} _name SEC(".maps")
 
 TABLE(xsks, BPF_MAP_TYPE_XSKMAP, __u32, __u32, XSK_QUEUES);
 TABLE(collector, BPF_MAP_TYPE_HASH, struct collector_key, struct collector_value, COLLECTOR_MAX_ENTRIES);

@@ -161,18 +161,20 @@ def translator_reference(count: int) -> dict:
     """ns per report of the pure-Python reference translator, per primitive."""
     tables = _tables()
     reporter = _reporter(tables)
-    results = {}
-    for name, reports in primitive_workloads(tables, count).items():
-        frames = [reporter.frame(report) for report in reports]
-        samples = []
-        for _ in range(ROUNDS):
-            translator = Translator(_tables())
-            started = time.perf_counter_ns()
-            for frame in frames:
-                translator.process(frame)
-            samples.append((time.perf_counter_ns() - started) / len(frames))
-        results[name] = _stats(samples)
-    return results
+    return {name: _reference_ns_per_frame([reporter.frame(report) for report in reports], time.perf_counter_ns)
+            for name, reports in primitive_workloads(tables, count).items()}
+
+
+def _reference_ns_per_frame(frames: list[bytes], clock) -> dict:
+    """ROUNDS runs of a fresh reference translator over `frames`, timed with `clock`."""
+    samples = []
+    for _ in range(ROUNDS):
+        translator = Translator(_tables())
+        started = clock()
+        for frame in frames:
+            translator.process(frame)
+        samples.append((clock() - started) / len(frames))
+    return _stats(samples)
 
 
 def translator_userspace_udp(count: int) -> dict:
@@ -333,20 +335,10 @@ def translator_python_engine(count: int) -> dict:
 
 def translator_reference_cases(cases: dict[str, list[dta.Report]], count: int) -> dict:
     """ns per report of the reference translator alone (no packet I/O) over `count` frames of each case."""
-    tables = _tables()
-    reporter = _reporter(tables)
-    results = {}
-    for name, reports in cases.items():
-        frames = [reporter.frame(reports[i % len(reports)]) for i in range(count)]
-        samples = []
-        for _ in range(ROUNDS):
-            translator = Translator(_tables())
-            started = time.thread_time_ns()
-            for frame in frames:
-                translator.process(frame)
-            samples.append((time.thread_time_ns() - started) / len(frames))
-        results[name] = _stats(samples)
-    return results
+    reporter = _reporter(_tables())
+    return {name: _reference_ns_per_frame([reporter.frame(reports[i % len(reports)]) for i in range(count)],
+                                          time.thread_time_ns)
+            for name, reports in cases.items()}
 
 
 # --------------------------------------------------------------------------------------------------
