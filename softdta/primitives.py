@@ -12,6 +12,7 @@ uses the extended format only: base header `spec.DTA_BASE_EXT` with its own opco
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ class PluginReport:
     extended: bool = True
 
 
-class Primitive:
+class Primitive(abc.ABC):
     """One DTA primitive. Subclasses set `opcode`, `name` and `subheader`, and implement `translate`.
 
     `new_state()` returns the primitive's state, kept in `self.state` for the translator's lifetime. Inside
@@ -86,8 +87,9 @@ class Primitive:
                                         essential=int(essential), retransmit=int(retransmit), seqnum=seqnum)
         return base + codec(cls.subheader).pack(fields)
 
+    @abc.abstractmethod
     def translate(self, udp: UdpFrame, report, now_ns: int) -> Output:
-        raise NotImplementedError(f"{type(self).__name__} must implement translate()")
+        """The frames for one report (or the drop, deferral or NACK that replaces them)."""
 
 
 # ------------------------------------------------------------------------------------------------------------
