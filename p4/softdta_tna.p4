@@ -1,8 +1,9 @@
-// softdta translator for TNA (Tofino-1): Key-Write and Key-Increment with per-copy slots from the egress
-// replication ID, per-QP PSNs, AETH resync with a time-based grace, and the iCRC as a per-QP constant XOR a
-// CRC over the variable tail. Layouts and control-plane tables come from the generated softdta_spec.p4 and
-// softdta_tables.p4; docs/p4.md says what this program covers and what it does not (Append, Postcarding and
-// Sketch-Merge run on the v1model program and the XDP translator).
+// softdta translator for TNA (Tofino-1): every dta-v1 primitive. Key-Write and Key-Increment with per-copy
+// slots from the egress replication ID; Append batches in registers with the ring wrap; Postcarding with a
+// cache whose evicted path goes to the evicted key's own slot; Sketch-Merge merged in registers and collected
+// by recirculation; per-QP PSNs, AETH resync with a time-based grace, and the iCRC as a per-QP constant XOR a
+// CRC over the variable tail, chained over hash units (softdta/icrc_split.py). Layouts and control-plane
+// tables come from the generated softdta_spec.p4 and softdta_tables.p4; docs/p4.md says what is verified.
 //
 //   p4test --std p4-16 -I <tofino includes> -D__TARGET_TOFINO__=1 softdta_tna.p4     (or bf-p4c)
 
@@ -15,6 +16,12 @@
 
 const bit<8> BRIDGE_REPORT = 1;
 const bit<8> BRIDGE_REPLY = 2;
+const bit<8> BRIDGE_FRAME = 3; // a WRITE whose payload ingress built (Append, Postcarding, Sketch-Merge)
+const bit<8> BRIDGE_GATHER = 4; // a Sketch-Merge group being collected, one word per recirculation
+const bit<8> BRIDGE_ICRC_PASS = 5; // a frame whose tail CRC continues in a second egress pass
+const PortId_t RECIRCULATION_PORT = 68; // pipe 0's recirculation port on Tofino-1
+const bit<8> TAIL_CHUNK_WORDS = 8; // 32 bytes per chained hash unit (icrc_split.TAIL_CHUNK_BYTES)
+const bit<8> TAIL_CHUNKS_PER_PASS = 4; // chained hash units one egress pass affords
 const bit<32> GATE_ACTIVE = (bit<32>)QP_STATE_ACTIVE;
 const bit<32> GATE_GRACE = (bit<32>)QP_STATE_GRACE;
 const bit<32> GATE_FAILED = (bit<32>)QP_STATE_FAILED;
@@ -47,12 +54,88 @@ header bridge_h {
     bit<32> grace_units; // grace_ns / 1024: the gate counts time in 1.024 us units
     bit<8> syndrome; // a reply's AETH syndrome
     bit<24> psn; // a reply's PSN
+    bit<64> va; // a FRAME's address
+    bit<32> immediate; // a FRAME's ImmDt
+    bit<8> lead_words; // a FRAME's payload: lead_words words, then `chunks` chunks of TAIL_CHUNK_WORDS
+    bit<8> chunks;
+    bit<32> tail_crc; // an ICRC_PASS: L over the tail up to its chunk TAIL_CHUNKS_PER_PASS
+    bit<16> egress_port; // where a recirculated frame leaves in the end
+}
+
+// The first (payload words mod TAIL_CHUNK_WORDS) words of a FRAME's payload, hashed with the headers.
+header tail_lead_1_h {
+    bit<32> w0;
+}
+header tail_lead_2_h {
+    bit<32> w0;
+    bit<32> w1;
+}
+header tail_lead_3_h {
+    bit<32> w0;
+    bit<32> w1;
+    bit<32> w2;
+}
+header tail_lead_4_h {
+    bit<32> w0;
+    bit<32> w1;
+    bit<32> w2;
+    bit<32> w3;
+}
+header tail_lead_5_h {
+    bit<32> w0;
+    bit<32> w1;
+    bit<32> w2;
+    bit<32> w3;
+    bit<32> w4;
+}
+header tail_lead_6_h {
+    bit<32> w0;
+    bit<32> w1;
+    bit<32> w2;
+    bit<32> w3;
+    bit<32> w4;
+    bit<32> w5;
+}
+header tail_lead_7_h {
+    bit<32> w0;
+    bit<32> w1;
+    bit<32> w2;
+    bit<32> w3;
+    bit<32> w4;
+    bit<32> w5;
+    bit<32> w6;
+}
+
+// TAIL_CHUNK_WORDS payload words: the input of one chained hash unit.
+header tail_chunk_h {
+    bit<32> w0;
+    bit<32> w1;
+    bit<32> w2;
+    bit<32> w3;
+    bit<32> w4;
+    bit<32> w5;
+    bit<32> w6;
+    bit<32> w7;
 }
 
 struct tna_headers_t {
     bridge_h bridge;
     headers_t dta;
+    word_h gathered; // the word a gather pass adds in front of those gathered before
+    tail_lead_1_h lead_1;
+    tail_lead_2_h lead_2;
+    tail_lead_3_h lead_3;
+    tail_lead_4_h lead_4;
+    tail_lead_5_h lead_5;
+    tail_lead_6_h lead_6;
+    tail_lead_7_h lead_7;
+    tail_chunk_h[8] chunks; // MAX_WRITE_PAYLOAD / 4 / TAIL_CHUNK_WORDS
 }
+
+// TNA registers: one element type, indexed by bit<32>. A register is accessed once per packet, so a record
+// whose words are all read at once (an Append batch, a Postcarding path, a sketch column) has one register
+// per word.
+#define SOFTDTA_REGISTER(W, N) Register<bit<W>, bit<32>>(N)
 
 // The gate of a QP: its state and the end of its grace period, one register pair so one stateful ALU
 // decides (TNA's form of qp_state.state and qp_state.grace_until_ns, which need two ALUs in one decision).
@@ -63,10 +146,30 @@ struct qp_gate_t {
 
 parser SoftdtaIngressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t meta,
                             out ingress_intrinsic_metadata_t ig_intr_md) {
+    ParserCounter() rows_left;
+
     state start {
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
-        transition parse_ethernet;
+        transition select(ig_intr_md.ingress_port) {
+            RECIRCULATION_PORT: parse_recirculated;
+            default: parse_ethernet;
+        }
+    }
+    // Recirculated: a gather pass reads its gather header; the words gathered so far stay payload.
+    state parse_recirculated {
+        pkt.extract(hdr.bridge);
+        transition select(hdr.bridge.kind) {
+            BRIDGE_GATHER: parse_gather;
+            default: accept;
+        }
+    }
+    state parse_gather {
+        pkt.extract(hdr.dta.ethernet);
+        pkt.extract(hdr.dta.ipv4);
+        pkt.extract(hdr.dta.udp);
+        pkt.extract(hdr.dta.gather);
+        transition accept;
     }
     state parse_ethernet {
         pkt.extract(hdr.dta.ethernet);
@@ -85,16 +188,24 @@ parser SoftdtaIngressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t
     state parse_udp {
         pkt.extract(hdr.dta.udp);
         transition select(hdr.dta.udp.dport) {
-            DTA_PORT: parse_base_v1;
+            DTA_PORT: parse_dta;
             ROCE_PORT: parse_bth;
             default: accept;
+        }
+    }
+    state parse_dta {
+        transition select(pkt.lookahead<bit<8>>()) {
+            EXTENDED_FIRST_BYTE: parse_base_ext;
+            default: parse_base_v1;
         }
     }
     state parse_base_v1 {
         pkt.extract(hdr.dta.base_v1);
         transition select(hdr.dta.base_v1.opcode) {
             DTA_OP_KEY_WRITE: parse_key_write;
+            DTA_OP_APPEND: parse_append;
             DTA_OP_KEY_INCREMENT: parse_key_increment;
+            DTA_OP_POSTCARDING: parse_postcard;
             default: accept;
         }
     }
@@ -102,9 +213,40 @@ parser SoftdtaIngressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t
         pkt.extract(hdr.dta.key_write);
         transition accept;
     }
+    state parse_append {
+        pkt.extract(hdr.dta.append);
+        transition accept;
+    }
     state parse_key_increment {
         pkt.extract(hdr.dta.key_increment);
         transition accept;
+    }
+    state parse_postcard {
+        pkt.extract(hdr.dta.postcard);
+        transition accept;
+    }
+    state parse_base_ext {
+        pkt.extract(hdr.dta.base_ext);
+        transition select(hdr.dta.base_ext.opcode) {
+            DTA_OP_SKETCH_MERGE: parse_sketch;
+            default: accept;
+        }
+    }
+    state parse_sketch {
+        pkt.extract(hdr.dta.sketch);
+        rows_left.set(hdr.dta.sketch.rows);
+        transition select(hdr.dta.sketch.rows) {
+            0: accept;
+            default: parse_counter;
+        }
+    }
+    state parse_counter {
+        pkt.extract(hdr.dta.counters.next);
+        rows_left.decrement(1);
+        transition select(rows_left.is_zero()) {
+            true: accept;
+            default: parse_counter;
+        }
     }
     state parse_bth {
         pkt.extract(hdr.dta.bth);
@@ -120,6 +262,9 @@ parser SoftdtaIngressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t
     }
 }
 
+// Bytes of a 32-bit value in the other order: DTA data and sketch counters are stored little-endian.
+#define BYTESWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
+
 control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                        in ingress_intrinsic_metadata_t ig_intr_md,
                        in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
@@ -129,10 +274,691 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
 
     Counter<bit<32>, bit<32>>((bit<32>)COUNTER_SLOTS, CounterType_t.PACKETS) translator_counters;
     Hash<bit<32>>(HashAlgorithm_t.CRC32) key_checksum;
+    Hash<bit<32>>(HashAlgorithm_t.CRC32) postcard_slot_hash;
+    Hash<bit<32>>(HashAlgorithm_t.CRC32) postcard_checksum;
+    Hash<bit<32>>(HashAlgorithm_t.CRC32) postcard_entry_hash;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_0, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_0;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_0) hop_hash_0;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_1, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_1;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_1) hop_hash_1;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_2, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_2;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_2) hop_hash_2;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_3, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_3;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_3) hop_hash_3;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_4, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_4;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_4) hop_hash_4;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_5, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_5;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_5) hop_hash_5;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_6, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_6;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_6) hop_hash_6;
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_7, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_7;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_7) hop_hash_7;
+
+    // Values the register actions read: set before the stage that executes them.
+    bit<32> batch;
+    bit<32> pending;
+    bit<32> stored_data;
+    bit<32> postcard_key;
+    bit<8> hop_bit;
+    bit<8> complete_mask;
+    bit<32> hop_index;
+    bit<32> encoded;
+    bool fresh_entry;
+    bit<32> sketch_column;
+    bit<32> reporter_bit;
+    bit<32> offset;
+
+    // Append: state in the list's registers (ingress owns them; nothing else touches them).
+    SOFTDTA_REGISTER_APPEND_STATE_PENDING
+    SOFTDTA_REGISTER_APPEND_STATE_HEAD
+    // The batch position of this entry; the count starts over when the batch is full.
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_state_pending) take_pending = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            if (value + 1 >= batch) {
+                value = 0;
+            } else {
+                value = value + 1;
+            }
+        }
+    };
+    // Rings hold a whole number of batches (validated), so the head wraps to 0 exactly at the end (dta-v1
+    // §7.19) and a batch never straddles it.
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_state_head) advance_head = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            if (value + batch == meta.tables.append_list.slot_count) {
+                value = 0;
+            } else {
+                value = value + batch;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_0;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_0) append_slot_0 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 0) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_1;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_1) append_slot_1 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 1) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_2;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_2) append_slot_2 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 2) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_3;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_3) append_slot_3 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 3) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_4;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_4) append_slot_4 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 4) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_5;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_5) append_slot_5 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 5) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_6;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_6) append_slot_6 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 6) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_7;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_7) append_slot_7 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 7) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_8;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_8) append_slot_8 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 8) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_9;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_9) append_slot_9 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 9) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_10;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_10) append_slot_10 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 10) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_11;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_11) append_slot_11 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 11) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_12;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_12) append_slot_12 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 12) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_13;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_13) append_slot_13 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 13) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_14;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_14) append_slot_14 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 14) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_15;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_15) append_slot_15 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (pending == 15) {
+                value = stored_data;
+            }
+            result = value;
+        }
+    };
+
+    // Postcarding: the cached key, its hop mask (0: the entry is free, so key 0 is an ordinary key) and one
+    // register per hop value.
+    SOFTDTA_REGISTER_POSTCARD_CACHE_KEY
+    SOFTDTA_REGISTER_POSTCARD_CACHE_HOP_MASK
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_cache_key) claim_entry = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = postcard_key;
+        }
+    };
+    // The hop mask before this report; the entry keeps this flow's hops, and is freed when the path is complete.
+    RegisterAction<bit<8>, bit<32>, bit<8>>(postcard_cache_hop_mask) mark_hop = {
+        void apply(inout bit<8> value, out bit<8> result) {
+            result = value;
+            bit<8> mask = fresh_entry || value == 0 ? hop_bit : value | hop_bit;
+            if (mask == complete_mask) {
+                value = 0;
+            } else {
+                value = mask;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_0;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_0) postcard_value_0 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 0 ? encoded : 32w0;
+            } else {
+                if (hop_index == 0) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_1;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_1) postcard_value_1 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 1 ? encoded : 32w0;
+            } else {
+                if (hop_index == 1) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_2;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_2) postcard_value_2 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 2 ? encoded : 32w0;
+            } else {
+                if (hop_index == 2) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_3;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_3) postcard_value_3 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 3 ? encoded : 32w0;
+            } else {
+                if (hop_index == 3) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_4;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_4) postcard_value_4 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 4 ? encoded : 32w0;
+            } else {
+                if (hop_index == 4) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_5;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_5) postcard_value_5 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 5 ? encoded : 32w0;
+            } else {
+                if (hop_index == 5) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_6;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_6) postcard_value_6 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 6 ? encoded : 32w0;
+            } else {
+                if (hop_index == 6) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_7;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_7) postcard_value_7 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            if (fresh_entry) {
+                result = value; // an evicted path's value
+                value = hop_index == 7 ? encoded : 32w0;
+            } else {
+                if (hop_index == 7) {
+                    value = encoded;
+                }
+                result = value;
+            }
+        }
+    };
+
+    // Sketch-Merge: a reporter's next column, a column's contributors and epoch, one register per row.
+    SOFTDTA_REGISTER_SKETCH_REPORTER_NEXT_COLUMN
+    SOFTDTA_REGISTER_SKETCH_COLUMN_CONTRIBUTORS
+    SOFTDTA_REGISTER_SKETCH_COLUMN_EPOCH
+    // The column the reporter must send; it moves on only when this report is that column.
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_reporter_next_column) expect_column = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            if (value == sketch_column) {
+                if (value + 1 == meta.tables.structure.columns) {
+                    value = 0;
+                } else {
+                    value = value + 1;
+                }
+            }
+        }
+    };
+    // The contributors before this report; its bit is added.
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_column_contributors) contribute = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = value | reporter_bit;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_column_contributors) clear_contributors = {
+        void apply(inout bit<32> value) {
+            value = 0;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_column_epoch) next_epoch = {
+        void apply(inout bit<32> value) {
+            value = value + 1;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_0;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_0) sketch_sum_0 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[0].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_0) sketch_max_0 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[0].word > value) {
+                value = hdr.dta.counters[0].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_0) sketch_take_0 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_1;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_1) sketch_sum_1 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[1].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_1) sketch_max_1 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[1].word > value) {
+                value = hdr.dta.counters[1].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_1) sketch_take_1 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_2;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_2) sketch_sum_2 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[2].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_2) sketch_max_2 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[2].word > value) {
+                value = hdr.dta.counters[2].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_2) sketch_take_2 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_3;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_3) sketch_sum_3 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[3].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_3) sketch_max_3 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[3].word > value) {
+                value = hdr.dta.counters[3].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_3) sketch_take_3 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_4;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_4) sketch_sum_4 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[4].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_4) sketch_max_4 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[4].word > value) {
+                value = hdr.dta.counters[4].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_4) sketch_take_4 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_5;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_5) sketch_sum_5 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[5].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_5) sketch_max_5 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[5].word > value) {
+                value = hdr.dta.counters[5].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_5) sketch_take_5 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_6;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_6) sketch_sum_6 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[6].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_6) sketch_max_6 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[6].word > value) {
+                value = hdr.dta.counters[6].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_6) sketch_take_6 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_7;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_7) sketch_sum_7 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[7].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_7) sketch_max_7 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[7].word > value) {
+                value = hdr.dta.counters[7].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_7) sketch_take_7 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_8;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_8) sketch_sum_8 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[8].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_8) sketch_max_8 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[8].word > value) {
+                value = hdr.dta.counters[8].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_8) sketch_take_8 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_9;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_9) sketch_sum_9 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[9].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_9) sketch_max_9 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[9].word > value) {
+                value = hdr.dta.counters[9].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_9) sketch_take_9 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_10;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_10) sketch_sum_10 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[10].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_10) sketch_max_10 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[10].word > value) {
+                value = hdr.dta.counters[10].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_10) sketch_take_10 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_11;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_11) sketch_sum_11 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[11].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_11) sketch_max_11 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[11].word > value) {
+                value = hdr.dta.counters[11].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_11) sketch_take_11 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_12;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_12) sketch_sum_12 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[12].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_12) sketch_max_12 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[12].word > value) {
+                value = hdr.dta.counters[12].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_12) sketch_take_12 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_13;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_13) sketch_sum_13 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[13].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_13) sketch_max_13 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[13].word > value) {
+                value = hdr.dta.counters[13].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_13) sketch_take_13 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_14;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_14) sketch_sum_14 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[14].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_14) sketch_max_14 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[14].word > value) {
+                value = hdr.dta.counters[14].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_14) sketch_take_14 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_15;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_15) sketch_sum_15 = {
+        void apply(inout bit<32> value) {
+            value = value + hdr.dta.counters[15].word;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_15) sketch_max_15 = {
+        void apply(inout bit<32> value) {
+            if (hdr.dta.counters[15].word > value) {
+                value = hdr.dta.counters[15].word;
+            }
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_15) sketch_take_15 = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+            value = 0;
+        }
+    };
 
     action consume(bit<8> slot) {
         translator_counters.count((bit<32>)slot);
         ig_dprsr_md.drop_ctl = 1;
+    }
+    action count(bit<8> slot) {
+        translator_counters.count((bit<32>)slot);
     }
     action bridge_qp() {
         hdr.bridge.setValid();
@@ -151,9 +977,53 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         hdr.bridge.ack_req_interval = meta.tables.translator_config.ack_req_interval;
         hdr.bridge.grace_units = meta.tables.translator_config.grace_ns[41:10];
     }
+    // A WRITE of `words` payload words at `va`, with an ImmDt when `immediate` is set.
+    action write_frame(bit<64> va, bit<8> words, bit<1> immediate, bit<32> tag) {
+        bool rc = meta.tables.qp.transport == TRANSPORT_RC;
+        hdr.bridge.kind = BRIDGE_FRAME;
+        hdr.bridge.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
+                                                : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
+        hdr.bridge.va = va;
+        hdr.bridge.immediate = tag;
+        hdr.bridge.payload_len = (bit<16>)words << 2;
+        hdr.bridge.lead_words = words & (TAIL_CHUNK_WORDS - 1);
+        hdr.bridge.chunks = words >> 3;
+        hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE + (bit<16>)RETH_SIZE
+                               + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0) + ((bit<16>)words << 2)
+                               + (bit<16>)ICRC_LEN;
+    }
+
+    // slot * slot_size: Postcarding slots are powers of two of 4..32 bytes (4 per hop, rounded up).
+    action offset_2() { offset = offset << 2; }
+    action offset_3() { offset = offset << 3; }
+    action offset_4() { offset = offset << 4; }
+    action offset_5() { offset = offset << 5; }
+    action offset_6() { offset = offset << 6; }
+    action offset_7() { offset = offset << 7; }
+    table postcard_slot_offset {
+        key = { meta.tables.structure.slot_size : exact; }
+        actions = { offset_2; offset_3; offset_4; offset_5; offset_6; offset_7; }
+        const entries = {
+            4 : offset_2();
+            8 : offset_3();
+            16 : offset_4();
+            32 : offset_5();
+            64 : offset_6();
+            128 : offset_7();
+        }
+        size = 8;
+    }
 
     apply {
-        if (ig_prsr_md.parser_err != 0 || !hdr.dta.udp.isValid()) {
+        if (ig_prsr_md.parser_err != 0) {
+            consume(CNT_DROP_TRUNCATED);
+            return;
+        }
+        if (hdr.bridge.isValid() && hdr.bridge.kind == BRIDGE_ICRC_PASS) {
+            ig_tm_md.ucast_egress_port = (PortId_t)hdr.bridge.egress_port; // egress finishes its tail CRC
+            return;
+        }
+        if (!hdr.dta.udp.isValid()) {
             ig_dprsr_md.drop_ctl = 1;
             return;
         }
@@ -162,8 +1032,77 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             ig_dprsr_md.drop_ctl = 1;
             return;
         }
-        if (hdr.dta.aeth.isValid()) {
-            // A collector reply: egress owns the QP registers, so it goes there with its AETH.
+        bit<32> word;
+
+        // ---------------------------------------------------------------------------------------
+        // A Sketch-Merge group being collected: one aggregate word per pass, the last first, each in front
+        // of those gathered before, so the payload ends up in order.
+        if (hdr.dta.gather.isValid()) {
+            bit<32> column_index = (hdr.dta.gather.state_index << P4_SKETCH_COLUMN_BITS) | (bit<32>)hdr.dta.gather.column;
+            if (hdr.dta.gather.row == 0) {
+                word = sketch_take_0.execute(column_index);
+            } else if (hdr.dta.gather.row == 1) {
+                word = sketch_take_1.execute(column_index);
+            } else if (hdr.dta.gather.row == 2) {
+                word = sketch_take_2.execute(column_index);
+            } else if (hdr.dta.gather.row == 3) {
+                word = sketch_take_3.execute(column_index);
+            } else if (hdr.dta.gather.row == 4) {
+                word = sketch_take_4.execute(column_index);
+            } else if (hdr.dta.gather.row == 5) {
+                word = sketch_take_5.execute(column_index);
+            } else if (hdr.dta.gather.row == 6) {
+                word = sketch_take_6.execute(column_index);
+            } else if (hdr.dta.gather.row == 7) {
+                word = sketch_take_7.execute(column_index);
+            } else if (hdr.dta.gather.row == 8) {
+                word = sketch_take_8.execute(column_index);
+            } else if (hdr.dta.gather.row == 9) {
+                word = sketch_take_9.execute(column_index);
+            } else if (hdr.dta.gather.row == 10) {
+                word = sketch_take_10.execute(column_index);
+            } else if (hdr.dta.gather.row == 11) {
+                word = sketch_take_11.execute(column_index);
+            } else if (hdr.dta.gather.row == 12) {
+                word = sketch_take_12.execute(column_index);
+            } else if (hdr.dta.gather.row == 13) {
+                word = sketch_take_13.execute(column_index);
+            } else if (hdr.dta.gather.row == 14) {
+                word = sketch_take_14.execute(column_index);
+            } else if (hdr.dta.gather.row == 15) {
+                word = sketch_take_15.execute(column_index);
+            }
+            hdr.gathered.setValid();
+            hdr.gathered.word = BYTESWAP32(word);
+            hdr.dta.gather.gathered = hdr.dta.gather.gathered + 1;
+            hdr.dta.gather.left = hdr.dta.gather.left - 1;
+            if (hdr.dta.gather.row == 0) {
+                clear_contributors.execute(column_index);
+                next_epoch.execute(column_index);
+                hdr.dta.gather.row = hdr.dta.gather.rows - 1;
+                hdr.dta.gather.column = hdr.dta.gather.column - 1;
+            } else {
+                hdr.dta.gather.row = hdr.dta.gather.row - 1;
+            }
+            if (hdr.dta.gather.left != 0) {
+                ig_tm_md.ucast_egress_port = RECIRCULATION_PORT;
+                return;
+            }
+            meta.tables.qp_key.qp_index = hdr.dta.gather.qp_index;
+            qp.apply();
+            bit<16> origin = hdr.bridge.egress_port;
+            bridge_qp();
+            hdr.bridge.egress_port = origin;
+            bit<64> va = meta.tables.qp.base_va
+                         + ((bit<64>)hdr.dta.gather.first_column << 2) * (bit<64>)hdr.dta.gather.rows;
+            write_frame(va, hdr.dta.gather.gathered, hdr.dta.gather.immediate[0:0],
+                        (bit<32>)hdr.dta.gather.first_column);
+            hdr.dta.gather.setInvalid();
+        }
+
+        // ---------------------------------------------------------------------------------------
+        // Collector replies: egress owns the QP registers, so a reply goes there with its AETH.
+        else if (hdr.dta.aeth.isValid()) {
             meta.tables.qp_by_local_qpn_key.local_qpn = (bit<32>)hdr.dta.bth.dest_qp;
             if (!qp_by_local_qpn.apply().hit) {
                 consume(CNT_DROP_UNKNOWN_QP);
@@ -181,65 +1120,463 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
             return;
         }
-        if (hdr.dta.udp.dport != DTA_PORT) {
-            ig_dprsr_md.drop_ctl = 1;
-            return;
-        }
-        translator_counters.count((bit<32>)CNT_RX_REPORTS);
-        if (!(hdr.dta.key_write.isValid() || hdr.dta.key_increment.isValid())) {
-            consume(CNT_DROP_UNKNOWN_OPCODE); // other primitives: v1model program or XDP translator
-            return;
-        }
-        if (meta.tables.translator_config.profile != 0) {
-            consume(CNT_DROP_BAD_PROFILE); // compiled for the 3-byte dta-v1 base header
-            return;
-        }
-        meta.tables.structure_key.collector_ip = hdr.dta.ipv4.dst;
-        meta.tables.structure_key.primitive = (bit<32>)hdr.dta.base_v1.opcode;
-        if (!structure.apply().hit) {
-            consume(CNT_DROP_UNKNOWN_COLLECTOR);
-            return;
-        }
-        meta.tables.qp_key.qp_index = meta.tables.structure.qp_index;
-        if (!qp.apply().hit) {
-            consume(CNT_DROP_UNKNOWN_QP);
-            return;
-        }
-        bit<8> redundancy = hdr.dta.key_write.isValid() ? hdr.dta.key_write.redundancy
-                                                        : hdr.dta.key_increment.redundancy;
-        if (redundancy == 0 || redundancy > MAX_REDUNDANCY) {
-            consume(CNT_DROP_BAD_REDUNDANCY);
-            return;
-        }
-        bridge_qp();
-        hdr.bridge.kind = BRIDGE_REPORT;
-        hdr.bridge.key_hash = (bit<8>)meta.tables.structure.key_hash;
-        hdr.bridge.slot_size = (bit<8>)meta.tables.structure.slot_size;
-        hdr.bridge.slot_mask = meta.tables.structure.slot_count - 1;
-        bit<1> immediate = hdr.dta.base_v1.immediate;
-        bit<32> report_key = hdr.dta.key_write.isValid() ? hdr.dta.key_write.key : hdr.dta.key_increment.key;
-        hdr.bridge.key = report_key;
-        hdr.bridge.key_checksum = key_checksum.get({ report_key[7:0], report_key[15:8], report_key[23:16],
-                                                     report_key[31:24] });
-        if (hdr.dta.key_write.isValid()) {
-            translator_counters.count((bit<32>)CNT_RX_KEY_WRITE);
-            if (meta.tables.structure.key_len != 4 || meta.tables.structure.data_len != 4) {
-                consume(CNT_DROP_BAD_LENGTH);
+
+        // ---------------------------------------------------------------------------------------
+        // Reports
+        else {
+            if (hdr.dta.udp.dport != DTA_PORT) {
+                ig_dprsr_md.drop_ctl = 1;
                 return;
             }
-            bool rc = meta.tables.qp.transport == TRANSPORT_RC;
-            hdr.bridge.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
-                                                    : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
-            hdr.bridge.payload_len = 8; // key checksum, data
-            hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE + (bit<16>)RETH_SIZE
-                                   + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0) + 8 + (bit<16>)ICRC_LEN;
-        } else {
-            translator_counters.count((bit<32>)CNT_RX_KEY_INCREMENT);
-            hdr.bridge.roce_opcode = ROCE_OP_RC_FETCH_ADD;
-            hdr.bridge.payload_len = 0;
-            hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
-                                   + (bit<16>)ATOMIC_ETH_SIZE + (bit<16>)ICRC_LEN;
+            count(CNT_RX_REPORTS);
+            if (!(hdr.dta.key_write.isValid() || hdr.dta.key_increment.isValid() || hdr.dta.append.isValid()
+                  || hdr.dta.postcard.isValid() || hdr.dta.sketch.isValid())) {
+                consume(CNT_DROP_UNKNOWN_OPCODE); // other extended reports: the XDP translator
+                return;
+            }
+            if (meta.tables.translator_config.profile != 0 && hdr.dta.base_v1.isValid()) {
+                consume(CNT_DROP_BAD_PROFILE); // compiled for the 3-byte dta-v1 base header
+                return;
+            }
+            bit<8> opcode = hdr.dta.base_v1.isValid() ? hdr.dta.base_v1.opcode : hdr.dta.base_ext.opcode;
+            bit<1> immediate = hdr.dta.base_v1.isValid() ? hdr.dta.base_v1.immediate : hdr.dta.base_ext.immediate;
+            if (opcode == DTA_OP_APPEND) {
+                meta.tables.append_list_key.list_id = hdr.dta.append.list_id;
+                if (!append_list.apply().hit) {
+                    consume(CNT_DROP_UNKNOWN_LIST);
+                    return;
+                }
+                if (meta.tables.append_list.entry_size != 4) {
+                    consume(CNT_DROP_BAD_LENGTH); // dta-v1 Append data is 4 bytes
+                    return;
+                }
+                meta.tables.qp_key.qp_index = meta.tables.append_list.qp_index;
+            } else {
+                meta.tables.structure_key.collector_ip = hdr.dta.ipv4.dst;
+                meta.tables.structure_key.primitive = (bit<32>)opcode;
+                if (!structure.apply().hit) {
+                    consume(CNT_DROP_UNKNOWN_COLLECTOR);
+                    return;
+                }
+                meta.tables.qp_key.qp_index = meta.tables.structure.qp_index;
+            }
+            if (!qp.apply().hit) {
+                consume(CNT_DROP_UNKNOWN_QP);
+                return;
+            }
+            bridge_qp();
+            hdr.bridge.egress_port = meta.tables.qp.ifindex == 0 ? (bit<16>)ig_intr_md.ingress_port
+                                                                  : (bit<16>)meta.tables.qp.ifindex;
+
+            if (opcode == DTA_OP_KEY_WRITE || opcode == DTA_OP_KEY_INCREMENT) {
+                bit<8> redundancy = hdr.dta.key_write.isValid() ? hdr.dta.key_write.redundancy
+                                                                : hdr.dta.key_increment.redundancy;
+                if (redundancy == 0 || redundancy > MAX_REDUNDANCY) {
+                    consume(CNT_DROP_BAD_REDUNDANCY);
+                    return;
+                }
+                hdr.bridge.kind = BRIDGE_REPORT;
+                hdr.bridge.key_hash = (bit<8>)meta.tables.structure.key_hash;
+                hdr.bridge.slot_size = (bit<8>)meta.tables.structure.slot_size;
+                hdr.bridge.slot_mask = meta.tables.structure.slot_count - 1;
+                bit<32> report_key = hdr.dta.key_write.isValid() ? hdr.dta.key_write.key : hdr.dta.key_increment.key;
+                hdr.bridge.key = report_key;
+                hdr.bridge.key_checksum = key_checksum.get({ BYTESWAP32(report_key) });
+                if (hdr.dta.key_write.isValid()) {
+                    count(CNT_RX_KEY_WRITE);
+                    if (meta.tables.structure.key_len != 4 || meta.tables.structure.data_len != 4) {
+                        consume(CNT_DROP_BAD_LENGTH);
+                        return;
+                    }
+                    bool rc = meta.tables.qp.transport == TRANSPORT_RC;
+                    hdr.bridge.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
+                                                            : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
+                    hdr.bridge.payload_len = 8; // key checksum, data
+                    hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
+                                           + (bit<16>)RETH_SIZE + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0) + 8
+                                           + (bit<16>)ICRC_LEN;
+                } else {
+                    count(CNT_RX_KEY_INCREMENT);
+                    hdr.bridge.roce_opcode = ROCE_OP_RC_FETCH_ADD;
+                    hdr.bridge.payload_len = 0;
+                    hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
+                                           + (bit<16>)ATOMIC_ETH_SIZE + (bit<16>)ICRC_LEN;
+                }
+                // N copies, one per replication ID 0..N-1: egress hashes copy `rid`'s own slot.
+                ig_tm_md.mcast_grp_a = (bit<16>)(meta.tables.qp.ifindex * (bit<32>)MAX_REDUNDANCY
+                                                 + (bit<32>)redundancy);
+            } else if (opcode == DTA_OP_APPEND) {
+                count(CNT_RX_APPEND);
+                batch = meta.tables.append_list.batch;
+                stored_data = BYTESWAP32(hdr.dta.append.data);
+                bit<32> slot_base = meta.tables.append_list.state_index;
+                pending = take_pending.execute(slot_base);
+                // Every word register is read (one access each); the entry lands in word `pending`.
+                word = append_slot_0.execute(slot_base);
+                if (0 < batch) {
+                    hdr.dta.payload[0].setValid();
+                    hdr.dta.payload[0].word = word;
+                }
+                word = append_slot_1.execute(slot_base);
+                if (1 < batch) {
+                    hdr.dta.payload[1].setValid();
+                    hdr.dta.payload[1].word = word;
+                }
+                word = append_slot_2.execute(slot_base);
+                if (2 < batch) {
+                    hdr.dta.payload[2].setValid();
+                    hdr.dta.payload[2].word = word;
+                }
+                word = append_slot_3.execute(slot_base);
+                if (3 < batch) {
+                    hdr.dta.payload[3].setValid();
+                    hdr.dta.payload[3].word = word;
+                }
+                word = append_slot_4.execute(slot_base);
+                if (4 < batch) {
+                    hdr.dta.payload[4].setValid();
+                    hdr.dta.payload[4].word = word;
+                }
+                word = append_slot_5.execute(slot_base);
+                if (5 < batch) {
+                    hdr.dta.payload[5].setValid();
+                    hdr.dta.payload[5].word = word;
+                }
+                word = append_slot_6.execute(slot_base);
+                if (6 < batch) {
+                    hdr.dta.payload[6].setValid();
+                    hdr.dta.payload[6].word = word;
+                }
+                word = append_slot_7.execute(slot_base);
+                if (7 < batch) {
+                    hdr.dta.payload[7].setValid();
+                    hdr.dta.payload[7].word = word;
+                }
+                word = append_slot_8.execute(slot_base);
+                if (8 < batch) {
+                    hdr.dta.payload[8].setValid();
+                    hdr.dta.payload[8].word = word;
+                }
+                word = append_slot_9.execute(slot_base);
+                if (9 < batch) {
+                    hdr.dta.payload[9].setValid();
+                    hdr.dta.payload[9].word = word;
+                }
+                word = append_slot_10.execute(slot_base);
+                if (10 < batch) {
+                    hdr.dta.payload[10].setValid();
+                    hdr.dta.payload[10].word = word;
+                }
+                word = append_slot_11.execute(slot_base);
+                if (11 < batch) {
+                    hdr.dta.payload[11].setValid();
+                    hdr.dta.payload[11].word = word;
+                }
+                word = append_slot_12.execute(slot_base);
+                if (12 < batch) {
+                    hdr.dta.payload[12].setValid();
+                    hdr.dta.payload[12].word = word;
+                }
+                word = append_slot_13.execute(slot_base);
+                if (13 < batch) {
+                    hdr.dta.payload[13].setValid();
+                    hdr.dta.payload[13].word = word;
+                }
+                word = append_slot_14.execute(slot_base);
+                if (14 < batch) {
+                    hdr.dta.payload[14].setValid();
+                    hdr.dta.payload[14].word = word;
+                }
+                word = append_slot_15.execute(slot_base);
+                if (15 < batch) {
+                    hdr.dta.payload[15].setValid();
+                    hdr.dta.payload[15].word = word;
+                }
+                if (pending + 1 < batch) {
+                    consume(CNT_APPEND_BATCHED);
+                    return;
+                }
+                bit<32> head = advance_head.execute(slot_base);
+                write_frame(meta.tables.qp.base_va + ((bit<64>)(meta.tables.append_list.first_slot + head) << 2),
+                            (bit<8>)batch, immediate, hdr.dta.append.list_id);
+            } else if (opcode == DTA_OP_POSTCARDING) {
+                count(CNT_RX_POSTCARDING);
+                bit<32> hops = (bit<32>)meta.tables.structure.hops;
+                if (hdr.dta.postcard.hop == 0 || (bit<32>)hdr.dta.postcard.hop > hops) {
+                    consume(CNT_DROP_BAD_HOP);
+                    return;
+                }
+                // H_hop(key): one CRC per hop polynomial.
+                bit<32> hop_hash = 0;
+                if (hdr.dta.postcard.hop == 1) {
+                    hop_hash = hop_hash_0.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 2) {
+                    hop_hash = hop_hash_1.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 3) {
+                    hop_hash = hop_hash_2.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 4) {
+                    hop_hash = hop_hash_3.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 5) {
+                    hop_hash = hop_hash_4.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 6) {
+                    hop_hash = hop_hash_5.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 7) {
+                    hop_hash = hop_hash_6.get({ hdr.dta.postcard.key });
+                }
+                if (hdr.dta.postcard.hop == 8) {
+                    hop_hash = hop_hash_7.get({ hdr.dta.postcard.key });
+                }
+                encoded = hdr.dta.postcard.data ^ hop_hash;
+                // The frame goes to the slot of `frame_key`: this flow's, or an evicted flow's own (dta-v1 §7.3).
+                bit<32> frame_key = hdr.dta.postcard.key;
+                bit<8> frame_words = (bit<8>)hops;
+                bit<1> frame_immediate = immediate;
+                if (hops == 1) {
+                    // A one-hop path is complete on arrival: written without touching the cache.
+                    hdr.dta.payload[0].setValid();
+                    hdr.dta.payload[0].word = encoded;
+                } else {
+                    bit<32> entry = meta.tables.structure.state_index
+                                    + (postcard_entry_hash.get({ hdr.dta.postcard.key })
+                                       & (meta.tables.structure.cache_entries - 1));
+                    postcard_key = hdr.dta.postcard.key;
+                    hop_index = (bit<32>)hdr.dta.postcard.hop - 1;
+                    hop_bit = 8w1 << (hdr.dta.postcard.hop - 1);
+                    complete_mask = (bit<8>)((9w1 << (bit<9>)hops) - 1);
+                    bit<32> cached_key = claim_entry.execute(entry << P4_POSTCARD_WORD_BITS);
+                    fresh_entry = cached_key != postcard_key;
+                    bit<8> hop_mask = mark_hop.execute(entry);
+                    bool evict = fresh_entry && hop_mask != 0;
+                    fresh_entry = fresh_entry || hop_mask == 0; // a free entry starts a path as an evicted one does
+                    bit<8> mask = fresh_entry ? hop_bit : hop_mask | hop_bit;
+                    word = postcard_value_0.execute(entry);
+                    if (0 < hops) {
+                        hdr.dta.payload[0].setValid();
+                        hdr.dta.payload[0].word = word;
+                    }
+                    word = postcard_value_1.execute(entry);
+                    if (1 < hops) {
+                        hdr.dta.payload[1].setValid();
+                        hdr.dta.payload[1].word = word;
+                    }
+                    word = postcard_value_2.execute(entry);
+                    if (2 < hops) {
+                        hdr.dta.payload[2].setValid();
+                        hdr.dta.payload[2].word = word;
+                    }
+                    word = postcard_value_3.execute(entry);
+                    if (3 < hops) {
+                        hdr.dta.payload[3].setValid();
+                        hdr.dta.payload[3].word = word;
+                    }
+                    word = postcard_value_4.execute(entry);
+                    if (4 < hops) {
+                        hdr.dta.payload[4].setValid();
+                        hdr.dta.payload[4].word = word;
+                    }
+                    word = postcard_value_5.execute(entry);
+                    if (5 < hops) {
+                        hdr.dta.payload[5].setValid();
+                        hdr.dta.payload[5].word = word;
+                    }
+                    word = postcard_value_6.execute(entry);
+                    if (6 < hops) {
+                        hdr.dta.payload[6].setValid();
+                        hdr.dta.payload[6].word = word;
+                    }
+                    word = postcard_value_7.execute(entry);
+                    if (7 < hops) {
+                        hdr.dta.payload[7].setValid();
+                        hdr.dta.payload[7].word = word;
+                    }
+                    if (evict) {
+                        count(CNT_POSTCARD_EVICTIONS);
+                        frame_key = cached_key;
+                        frame_immediate = 0;
+                    } else if (mask != complete_mask) {
+                        consume(CNT_POSTCARD_CACHED);
+                        return;
+                    }
+                }
+                offset = postcard_slot_hash.get({ frame_key }) & (meta.tables.structure.slot_count - 1);
+                postcard_slot_offset.apply();
+                write_frame(meta.tables.qp.base_va + (bit<64>)offset, frame_words, frame_immediate,
+                            postcard_checksum.get({ BYTESWAP32(frame_key) }));
+            } else {
+                count(CNT_RX_SKETCH_MERGE);
+                bit<32> rows = meta.tables.structure.rows;
+                if ((bit<32>)hdr.dta.sketch.reporter >= meta.tables.structure.reporters) {
+                    consume(CNT_DROP_UNKNOWN_REPORTER);
+                    return;
+                }
+                if ((bit<32>)hdr.dta.sketch.rows != rows
+                    || (bit<32>)hdr.dta.sketch.column >= meta.tables.structure.columns) {
+                    consume(CNT_DROP_BAD_LENGTH);
+                    return;
+                }
+                bit<32> state_index = meta.tables.structure.state_index;
+                sketch_column = (bit<32>)hdr.dta.sketch.column;
+                bit<32> expected = expect_column.execute((state_index << P4_SKETCH_REPORTER_BITS)
+                                                         | (bit<32>)hdr.dta.sketch.reporter);
+                if (sketch_column != expected) {
+                    consume(sketch_column > expected ? CNT_DROP_SKETCH_GAP : CNT_DROP_SKETCH_STALE);
+                    return;
+                }
+                bit<32> column_index = (state_index << P4_SKETCH_COLUMN_BITS) | expected;
+                reporter_bit = 32w1 << hdr.dta.sketch.reporter;
+                bit<32> contributors = contribute.execute(column_index);
+                if ((contributors & reporter_bit) != 0) {
+                    consume(CNT_DROP_SKETCH_STALE);
+                    return;
+                }
+                if (0 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_0.execute(column_index);
+                    } else {
+                        sketch_sum_0.execute(column_index);
+                    }
+                }
+                if (1 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_1.execute(column_index);
+                    } else {
+                        sketch_sum_1.execute(column_index);
+                    }
+                }
+                if (2 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_2.execute(column_index);
+                    } else {
+                        sketch_sum_2.execute(column_index);
+                    }
+                }
+                if (3 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_3.execute(column_index);
+                    } else {
+                        sketch_sum_3.execute(column_index);
+                    }
+                }
+                if (4 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_4.execute(column_index);
+                    } else {
+                        sketch_sum_4.execute(column_index);
+                    }
+                }
+                if (5 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_5.execute(column_index);
+                    } else {
+                        sketch_sum_5.execute(column_index);
+                    }
+                }
+                if (6 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_6.execute(column_index);
+                    } else {
+                        sketch_sum_6.execute(column_index);
+                    }
+                }
+                if (7 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_7.execute(column_index);
+                    } else {
+                        sketch_sum_7.execute(column_index);
+                    }
+                }
+                if (8 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_8.execute(column_index);
+                    } else {
+                        sketch_sum_8.execute(column_index);
+                    }
+                }
+                if (9 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_9.execute(column_index);
+                    } else {
+                        sketch_sum_9.execute(column_index);
+                    }
+                }
+                if (10 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_10.execute(column_index);
+                    } else {
+                        sketch_sum_10.execute(column_index);
+                    }
+                }
+                if (11 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_11.execute(column_index);
+                    } else {
+                        sketch_sum_11.execute(column_index);
+                    }
+                }
+                if (12 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_12.execute(column_index);
+                    } else {
+                        sketch_sum_12.execute(column_index);
+                    }
+                }
+                if (13 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_13.execute(column_index);
+                    } else {
+                        sketch_sum_13.execute(column_index);
+                    }
+                }
+                if (14 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_14.execute(column_index);
+                    } else {
+                        sketch_sum_14.execute(column_index);
+                    }
+                }
+                if (15 < rows) {
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
+                        sketch_max_15.execute(column_index);
+                    } else {
+                        sketch_sum_15.execute(column_index);
+                    }
+                }
+                contributors = contributors | reporter_bit;
+                bit<32> everyone = (32w1 << (bit<8>)meta.tables.structure.reporters) - 1;
+                batch = meta.tables.structure.batch;
+                // Reporters send columns in order, so a group is complete when its last column is.
+                bool last_of_group = (expected & (batch - 1)) == batch - 1;
+                if (contributors != everyone || !last_of_group) {
+                    consume(CNT_SKETCH_MERGED);
+                    return;
+                }
+                count(CNT_SKETCH_MERGED);
+                hdr.dta.base_ext.setInvalid();
+                hdr.dta.sketch.setInvalid();
+                hdr.dta.counters.pop_front(16); // all MAX_SKETCH_ROWS of them
+                hdr.bridge.kind = BRIDGE_GATHER;
+                hdr.dta.gather.setValid();
+                hdr.dta.gather.state_index = state_index;
+                hdr.dta.gather.qp_index = meta.tables.qp_key.qp_index;
+                hdr.dta.gather.first_column = (bit<16>)(expected - (batch - 1));
+                hdr.dta.gather.column = (bit<16>)expected;
+                hdr.dta.gather.rows = (bit<8>)rows;
+                hdr.dta.gather.row = (bit<8>)rows - 1;
+                hdr.dta.gather.left = (bit<16>)batch * (bit<16>)rows;
+                hdr.dta.gather.gathered = 0;
+                hdr.dta.gather.immediate = (bit<8>)immediate;
+                ig_tm_md.ucast_egress_port = RECIRCULATION_PORT;
+                return;
+            }
         }
+
+        // The per-QP part of the iCRC for this frame's shape (control plane, softdta/icrc_split.py).
         meta.tables.icrc_constant_key.qp_index = meta.tables.qp_key.qp_index;
         meta.tables.icrc_constant_key.opcode = hdr.bridge.roce_opcode;
         meta.tables.icrc_constant_key.ip_length = hdr.bridge.ip_length;
@@ -248,8 +1585,14 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             return;
         }
         hdr.bridge.icrc_constant = meta.tables.icrc_constant.constant;
-        // N copies, one per replication ID 0..N-1: egress hashes copy `rid`'s own slot.
-        ig_tm_md.mcast_grp_a = (bit<16>)(meta.tables.qp.ifindex * (bit<32>)MAX_REDUNDANCY + (bit<32>)redundancy);
+        if (hdr.bridge.kind == BRIDGE_FRAME) {
+            hdr.dta.base_v1.setInvalid();
+            hdr.dta.append.setInvalid();
+            hdr.dta.postcard.setInvalid();
+            // Tails longer than one pass's chained hash units finish in a second egress pass.
+            ig_tm_md.ucast_egress_port = hdr.bridge.chunks > TAIL_CHUNKS_PER_PASS ? RECIRCULATION_PORT
+                                                                                  : (PortId_t)hdr.bridge.egress_port;
+        }
     }
 }
 
@@ -260,28 +1603,44 @@ control SoftdtaIngressDeparser(packet_out pkt, inout tna_headers_t hdr, in metad
         pkt.emit(hdr.dta.ethernet);
         pkt.emit(hdr.dta.ipv4);
         pkt.emit(hdr.dta.udp);
+        pkt.emit(hdr.dta.gather);
+        pkt.emit(hdr.gathered); // in front of the words gathered before, which follow as payload
         pkt.emit(hdr.dta.base_v1);
         pkt.emit(hdr.dta.key_write);
         pkt.emit(hdr.dta.key_increment);
         pkt.emit(hdr.dta.bth);
         pkt.emit(hdr.dta.aeth);
+        pkt.emit(hdr.dta.payload); // an Append batch or a Postcarding path
     }
 }
 
 parser SoftdtaEgressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t meta,
                            out egress_intrinsic_metadata_t eg_intr_md) {
+    ParserCounter() chunks_left;
+
     state start {
         pkt.extract(eg_intr_md);
         pkt.extract(hdr.bridge);
+        transition select(hdr.bridge.kind) {
+            BRIDGE_GATHER: accept; // passes through on its way back to ingress
+            BRIDGE_REPLY: parse_reply;
+            BRIDGE_REPORT: parse_report;
+            BRIDGE_ICRC_PASS: parse_built;
+            default: parse_frame;
+        }
+    }
+    state parse_reply {
         pkt.extract(hdr.dta.ethernet);
         pkt.extract(hdr.dta.ipv4);
         pkt.extract(hdr.dta.udp);
-        transition select(hdr.bridge.kind) {
-            BRIDGE_REPLY: parse_bth;
-            default: parse_base_v1;
-        }
+        pkt.extract(hdr.dta.bth);
+        pkt.extract(hdr.dta.aeth);
+        transition accept;
     }
-    state parse_base_v1 {
+    state parse_report {
+        pkt.extract(hdr.dta.ethernet);
+        pkt.extract(hdr.dta.ipv4);
+        pkt.extract(hdr.dta.udp);
         pkt.extract(hdr.dta.base_v1);
         transition select(hdr.dta.base_v1.opcode) {
             DTA_OP_KEY_WRITE: parse_key_write;
@@ -296,10 +1655,84 @@ parser SoftdtaEgressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t 
         pkt.extract(hdr.dta.key_increment);
         transition accept;
     }
-    state parse_bth {
+    // A FRAME's payload follows its UDP header: the lead words, then whole chunks.
+    state parse_frame {
+        pkt.extract(hdr.dta.ethernet);
+        pkt.extract(hdr.dta.ipv4);
+        pkt.extract(hdr.dta.udp);
+        transition parse_lead;
+    }
+    // The second pass of a long frame: its RoCE headers are built, the payload follows them.
+    state parse_built {
+        pkt.extract(hdr.dta.ethernet);
+        pkt.extract(hdr.dta.ipv4);
+        pkt.extract(hdr.dta.udp);
         pkt.extract(hdr.dta.bth);
-        pkt.extract(hdr.dta.aeth);
-        transition accept;
+        pkt.extract(hdr.dta.reth);
+        transition select(hdr.dta.bth.opcode) {
+            ROCE_OP_RC_WRITE_ONLY_IMM: parse_immdt;
+            ROCE_OP_UC_WRITE_ONLY_IMM: parse_immdt;
+            default: parse_lead;
+        }
+    }
+    state parse_immdt {
+        pkt.extract(hdr.dta.immdt);
+        transition parse_lead;
+    }
+    state parse_lead {
+        chunks_left.set(hdr.bridge.chunks);
+        transition select(hdr.bridge.lead_words) {
+            1: parse_lead_1;
+            2: parse_lead_2;
+            3: parse_lead_3;
+            4: parse_lead_4;
+            5: parse_lead_5;
+            6: parse_lead_6;
+            7: parse_lead_7;
+            default: parse_chunks;
+        }
+    }
+    state parse_lead_1 {
+        pkt.extract(hdr.lead_1);
+        transition parse_chunks;
+    }
+    state parse_lead_2 {
+        pkt.extract(hdr.lead_2);
+        transition parse_chunks;
+    }
+    state parse_lead_3 {
+        pkt.extract(hdr.lead_3);
+        transition parse_chunks;
+    }
+    state parse_lead_4 {
+        pkt.extract(hdr.lead_4);
+        transition parse_chunks;
+    }
+    state parse_lead_5 {
+        pkt.extract(hdr.lead_5);
+        transition parse_chunks;
+    }
+    state parse_lead_6 {
+        pkt.extract(hdr.lead_6);
+        transition parse_chunks;
+    }
+    state parse_lead_7 {
+        pkt.extract(hdr.lead_7);
+        transition parse_chunks;
+    }
+    state parse_chunks {
+        transition select(hdr.bridge.chunks) {
+            0: accept;
+            default: parse_chunk;
+        }
+    }
+    state parse_chunk {
+        pkt.extract(hdr.chunks.next);
+        chunks_left.decrement(1);
+        transition select(chunks_left.is_zero()) {
+            true: accept;
+            default: parse_chunk;
+        }
     }
 }
 
@@ -317,7 +1750,6 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
                       in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
                       inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md,
                       inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
-#define SOFTDTA_REGISTER(W, N) Register<bit<W>, bit<32>>(N)
     SOFTDTA_REGISTER_QP_STATE_NEXT_PSN
     SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT
     Register<qp_gate_t, bit<32>>((bit<32>)QP_STATE_MAX_ENTRIES) qp_gate;
@@ -331,6 +1763,32 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) write_tail;
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) write_imm_tail;
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) fetch_add_tail;
+    // A FRAME's tail: its headers and lead words in one unit (one per lead length, with and without ImmDt),
+    // then one unit per chunk, each continuing the CRC of all before it (icrc_split.continue_crc).
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_0;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_1;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_2;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_3;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_4;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_5;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_6;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_lead_7;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_0;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_1;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_2;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_3;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_4;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_5;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_6;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) head_imm_lead_7;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_0;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_1;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_2;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_3;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_4;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_5;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_6;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_7;
 
     bit<32> now; // ingress-to-egress global time in 1.024 us units
     bit<32> slot;
@@ -338,6 +1796,7 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     bit<32> psn;
     bit<32> gate;
     bit<1> ack_req;
+    bit<32> tail; // L over the iCRC tail so far (softdta/icrc_split.py)
 
     RegisterAction<bit<32>, bit<32>, bit<32>>(qp_state_next_psn) take_psn = {
         void apply(inout bit<32> value, out bit<32> result) {
@@ -397,7 +1856,18 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
         size = 8;
     }
 
+    // The iCRC: the per-QP constant XOR L over the tail, in wire order.
+    action finish_icrc() {
+        bit<32> crc = hdr.bridge.icrc_constant ^ tail;
+        hdr.dta.icrc.setValid();
+        hdr.dta.icrc.value = crc[7:0] ++ crc[15:8] ++ crc[23:16] ++ crc[31:24];
+        hdr.bridge.setInvalid();
+    }
+
     apply {
+        if (hdr.bridge.kind == BRIDGE_GATHER) {
+            return; // a Sketch-Merge group on its way back to ingress
+        }
         now = eg_prsr_md.global_tstamp[41:10];
         bit<32> index = hdr.bridge.qp_index;
         if (hdr.bridge.kind == BRIDGE_REPLY) {
@@ -415,35 +1885,33 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
             eg_dprsr_md.drop_ctl = 1;
             return;
         }
+        if (hdr.bridge.kind == BRIDGE_ICRC_PASS) {
+            // The second pass of a long frame: the CRC continues where the first pass left it.
+            tail = hdr.bridge.tail_crc;
+            if (hdr.chunks[4].isValid()) {
+                tail = chunk_4.get({ BYTESWAP32(tail) ^ hdr.chunks[4].w0,
+                                       hdr.chunks[4].w1, hdr.chunks[4].w2, hdr.chunks[4].w3, hdr.chunks[4].w4, hdr.chunks[4].w5, hdr.chunks[4].w6, hdr.chunks[4].w7 });
+            }
+            if (hdr.chunks[5].isValid()) {
+                tail = chunk_5.get({ BYTESWAP32(tail) ^ hdr.chunks[5].w0,
+                                       hdr.chunks[5].w1, hdr.chunks[5].w2, hdr.chunks[5].w3, hdr.chunks[5].w4, hdr.chunks[5].w5, hdr.chunks[5].w6, hdr.chunks[5].w7 });
+            }
+            if (hdr.chunks[6].isValid()) {
+                tail = chunk_6.get({ BYTESWAP32(tail) ^ hdr.chunks[6].w0,
+                                       hdr.chunks[6].w1, hdr.chunks[6].w2, hdr.chunks[6].w3, hdr.chunks[6].w4, hdr.chunks[6].w5, hdr.chunks[6].w6, hdr.chunks[6].w7 });
+            }
+            if (hdr.chunks[7].isValid()) {
+                tail = chunk_7.get({ BYTESWAP32(tail) ^ hdr.chunks[7].w0,
+                                       hdr.chunks[7].w1, hdr.chunks[7].w2, hdr.chunks[7].w3, hdr.chunks[7].w4, hdr.chunks[7].w5, hdr.chunks[7].w6, hdr.chunks[7].w7 });
+            }
+            finish_icrc();
+            return;
+        }
         gate = pass_gate.execute(index);
         if (gate != GATE_ACTIVE) {
             eg_dprsr_md.drop_ctl = 1; // grace or failed: the collector would reject the frame
             return;
         }
-
-        // Per copy: its own slot, from its replication ID (not from any register shared by reports).
-        bit<8> copy = (bit<8>)eg_intr_md.egress_rid;
-        bit<32> reversed_key = hdr.bridge.key[7:0] ++ hdr.bridge.key[15:8] ++ hdr.bridge.key[23:16]
-                               ++ hdr.bridge.key[31:24];
-        bit<32> slot_hash = dta_v1_key_hash.get({ reversed_key, copy });
-        if (hdr.bridge.key_hash != KEY_HASH_DTA_V1) {
-            if (copy == 1) {
-                slot_hash = independent_1.get({ reversed_key, copy });
-            } else if (copy == 2) {
-                slot_hash = independent_2.get({ reversed_key, copy });
-            } else if (copy == 3) {
-                slot_hash = independent_3.get({ reversed_key, copy });
-            }
-        }
-        slot = slot_hash & hdr.bridge.slot_mask;
-        offset = 0;
-        slot_offset.apply(); // dta-v1 Key-Write and Key-Increment slots are 8 bytes; larger ones for other sizes
-        bit<32> va_low = hdr.bridge.base_va[31:0] + offset;
-        bit<32> va_high = hdr.bridge.base_va[63:32];
-        if (va_low < offset) {
-            va_high = va_high + 1;
-        }
-
         psn = take_psn.execute(index);
         ack_req = 0;
         if (hdr.bridge.transport == TRANSPORT_RC && hdr.bridge.ack_req_interval != 0) {
@@ -480,45 +1948,134 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
         hdr.dta.bth.reserved7 = 0;
         hdr.dta.bth.psn = psn[23:0];
 
-        bit<32> tail;
-        if (hdr.dta.key_increment.isValid()) {
-            hdr.dta.atomic_eth.setValid();
-            hdr.dta.atomic_eth.va = va_high ++ va_low;
-            hdr.dta.atomic_eth.rkey = hdr.bridge.rkey;
-            hdr.dta.atomic_eth.swap_add = hdr.dta.key_increment.counter;
-            hdr.dta.atomic_eth.compare = 0;
-            tail = fetch_add_tail.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey,
-                                        hdr.dta.key_increment.counter, 64w0 });
+        if (hdr.bridge.kind == BRIDGE_REPORT) {
+            // Per copy: its own slot, from its replication ID (not from any register shared by reports).
+            bit<8> copy = (bit<8>)eg_intr_md.egress_rid;
+            bit<32> reversed_key = BYTESWAP32(hdr.bridge.key);
+            bit<32> slot_hash = dta_v1_key_hash.get({ reversed_key, copy });
+            if (hdr.bridge.key_hash != KEY_HASH_DTA_V1) {
+                if (copy == 1) {
+                    slot_hash = independent_1.get({ reversed_key, copy });
+                } else if (copy == 2) {
+                    slot_hash = independent_2.get({ reversed_key, copy });
+                } else if (copy == 3) {
+                    slot_hash = independent_3.get({ reversed_key, copy });
+                }
+            }
+            slot = slot_hash & hdr.bridge.slot_mask;
+            offset = 0;
+            slot_offset.apply(); // dta-v1 Key-Write and Key-Increment slots are 8 bytes; larger ones for other sizes
+            bit<32> va_low = hdr.bridge.base_va[31:0] + offset;
+            bit<32> va_high = hdr.bridge.base_va[63:32];
+            if (va_low < offset) {
+                va_high = va_high + 1;
+            }
+            if (hdr.dta.key_increment.isValid()) {
+                hdr.dta.atomic_eth.setValid();
+                hdr.dta.atomic_eth.va = va_high ++ va_low;
+                hdr.dta.atomic_eth.rkey = hdr.bridge.rkey;
+                hdr.dta.atomic_eth.swap_add = hdr.dta.key_increment.counter;
+                hdr.dta.atomic_eth.compare = 0;
+                tail = fetch_add_tail.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey,
+                                            hdr.dta.key_increment.counter, 64w0 });
+            } else {
+                hdr.dta.reth.setValid();
+                hdr.dta.reth.va = va_high ++ va_low;
+                hdr.dta.reth.rkey = hdr.bridge.rkey;
+                hdr.dta.reth.dma_length = (bit<32>)hdr.bridge.payload_len;
+                bit<32> stored_checksum = BYTESWAP32(hdr.bridge.key_checksum);
+                hdr.dta.payload[0].setValid();
+                hdr.dta.payload[0].word = stored_checksum;
+                hdr.dta.payload[1].setValid();
+                hdr.dta.payload[1].word = hdr.dta.key_write.data;
+                if (hdr.bridge.roce_opcode == ROCE_OP_RC_WRITE_ONLY_IMM
+                    || hdr.bridge.roce_opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
+                    hdr.dta.immdt.setValid();
+                    hdr.dta.immdt.immediate = hdr.bridge.key_checksum;
+                    tail = write_imm_tail.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey,
+                                                16w0, hdr.bridge.payload_len, hdr.bridge.key_checksum,
+                                                stored_checksum, hdr.dta.key_write.data });
+                } else {
+                    tail = write_tail.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey,
+                                            16w0, hdr.bridge.payload_len, stored_checksum, hdr.dta.key_write.data });
+                }
+            }
+            hdr.dta.base_v1.setInvalid();
+            hdr.dta.key_write.setInvalid();
+            hdr.dta.key_increment.setInvalid();
         } else {
+            // A FRAME: ingress built the payload (Append, Postcarding, Sketch-Merge); its address and ImmDt
+            // come in the bridge.
             hdr.dta.reth.setValid();
-            hdr.dta.reth.va = va_high ++ va_low;
+            hdr.dta.reth.va = hdr.bridge.va;
             hdr.dta.reth.rkey = hdr.bridge.rkey;
             hdr.dta.reth.dma_length = (bit<32>)hdr.bridge.payload_len;
-            bit<32> stored_checksum = hdr.bridge.key_checksum[7:0] ++ hdr.bridge.key_checksum[15:8]
-                                      ++ hdr.bridge.key_checksum[23:16] ++ hdr.bridge.key_checksum[31:24];
-            hdr.dta.payload[0].setValid();
-            hdr.dta.payload[0].word = stored_checksum;
-            hdr.dta.payload[1].setValid();
-            hdr.dta.payload[1].word = hdr.dta.key_write.data;
+            bit<32> va_high = hdr.bridge.va[63:32];
+            bit<32> va_low = hdr.bridge.va[31:0];
             if (hdr.bridge.roce_opcode == ROCE_OP_RC_WRITE_ONLY_IMM
                 || hdr.bridge.roce_opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
                 hdr.dta.immdt.setValid();
-                hdr.dta.immdt.immediate = hdr.bridge.key_checksum;
-                tail = write_imm_tail.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey,
-                                            16w0, hdr.bridge.payload_len, hdr.bridge.key_checksum,
-                                            stored_checksum, hdr.dta.key_write.data });
+                hdr.dta.immdt.immediate = hdr.bridge.immediate;
+                if (hdr.bridge.lead_words == 0) {
+                    tail = head_imm_lead_0.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate });
+                } else if (hdr.lead_1.isValid()) {
+                    tail = head_imm_lead_1.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_1.w0 });
+                } else if (hdr.lead_2.isValid()) {
+                    tail = head_imm_lead_2.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_2.w0, hdr.lead_2.w1 });
+                } else if (hdr.lead_3.isValid()) {
+                    tail = head_imm_lead_3.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_3.w0, hdr.lead_3.w1, hdr.lead_3.w2 });
+                } else if (hdr.lead_4.isValid()) {
+                    tail = head_imm_lead_4.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_4.w0, hdr.lead_4.w1, hdr.lead_4.w2, hdr.lead_4.w3 });
+                } else if (hdr.lead_5.isValid()) {
+                    tail = head_imm_lead_5.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_5.w0, hdr.lead_5.w1, hdr.lead_5.w2, hdr.lead_5.w3, hdr.lead_5.w4 });
+                } else if (hdr.lead_6.isValid()) {
+                    tail = head_imm_lead_6.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_6.w0, hdr.lead_6.w1, hdr.lead_6.w2, hdr.lead_6.w3, hdr.lead_6.w4, hdr.lead_6.w5 });
+                } else if (hdr.lead_7.isValid()) {
+                    tail = head_imm_lead_7.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_7.w0, hdr.lead_7.w1, hdr.lead_7.w2, hdr.lead_7.w3, hdr.lead_7.w4, hdr.lead_7.w5, hdr.lead_7.w6 });
+                }
             } else {
-                tail = write_tail.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey,
-                                        16w0, hdr.bridge.payload_len, stored_checksum, hdr.dta.key_write.data });
+                if (hdr.bridge.lead_words == 0) {
+                    tail = head_lead_0.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len });
+                } else if (hdr.lead_1.isValid()) {
+                    tail = head_lead_1.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_1.w0 });
+                } else if (hdr.lead_2.isValid()) {
+                    tail = head_lead_2.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_2.w0, hdr.lead_2.w1 });
+                } else if (hdr.lead_3.isValid()) {
+                    tail = head_lead_3.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_3.w0, hdr.lead_3.w1, hdr.lead_3.w2 });
+                } else if (hdr.lead_4.isValid()) {
+                    tail = head_lead_4.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_4.w0, hdr.lead_4.w1, hdr.lead_4.w2, hdr.lead_4.w3 });
+                } else if (hdr.lead_5.isValid()) {
+                    tail = head_lead_5.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_5.w0, hdr.lead_5.w1, hdr.lead_5.w2, hdr.lead_5.w3, hdr.lead_5.w4 });
+                } else if (hdr.lead_6.isValid()) {
+                    tail = head_lead_6.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_6.w0, hdr.lead_6.w1, hdr.lead_6.w2, hdr.lead_6.w3, hdr.lead_6.w4, hdr.lead_6.w5 });
+                } else if (hdr.lead_7.isValid()) {
+                    tail = head_lead_7.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_7.w0, hdr.lead_7.w1, hdr.lead_7.w2, hdr.lead_7.w3, hdr.lead_7.w4, hdr.lead_7.w5, hdr.lead_7.w6 });
+                }
+            }
+            if (hdr.chunks[0].isValid()) {
+                tail = chunk_0.get({ BYTESWAP32(tail) ^ hdr.chunks[0].w0,
+                                       hdr.chunks[0].w1, hdr.chunks[0].w2, hdr.chunks[0].w3, hdr.chunks[0].w4, hdr.chunks[0].w5, hdr.chunks[0].w6, hdr.chunks[0].w7 });
+            }
+            if (hdr.chunks[1].isValid()) {
+                tail = chunk_1.get({ BYTESWAP32(tail) ^ hdr.chunks[1].w0,
+                                       hdr.chunks[1].w1, hdr.chunks[1].w2, hdr.chunks[1].w3, hdr.chunks[1].w4, hdr.chunks[1].w5, hdr.chunks[1].w6, hdr.chunks[1].w7 });
+            }
+            if (hdr.chunks[2].isValid()) {
+                tail = chunk_2.get({ BYTESWAP32(tail) ^ hdr.chunks[2].w0,
+                                       hdr.chunks[2].w1, hdr.chunks[2].w2, hdr.chunks[2].w3, hdr.chunks[2].w4, hdr.chunks[2].w5, hdr.chunks[2].w6, hdr.chunks[2].w7 });
+            }
+            if (hdr.chunks[3].isValid()) {
+                tail = chunk_3.get({ BYTESWAP32(tail) ^ hdr.chunks[3].w0,
+                                       hdr.chunks[3].w1, hdr.chunks[3].w2, hdr.chunks[3].w3, hdr.chunks[3].w4, hdr.chunks[3].w5, hdr.chunks[3].w6, hdr.chunks[3].w7 });
+            }
+            if (hdr.bridge.chunks > TAIL_CHUNKS_PER_PASS) {
+                // The rest of the tail in a second pass (ingress sent this one to the recirculation port).
+                hdr.bridge.kind = BRIDGE_ICRC_PASS;
+                hdr.bridge.tail_crc = tail;
+                return;
             }
         }
-        bit<32> crc = hdr.bridge.icrc_constant ^ tail;
-        hdr.dta.icrc.setValid();
-        hdr.dta.icrc.value = crc[7:0] ++ crc[15:8] ++ crc[23:16] ++ crc[31:24];
-        hdr.dta.base_v1.setInvalid();
-        hdr.dta.key_write.setInvalid();
-        hdr.dta.key_increment.setInvalid();
-        hdr.bridge.setInvalid();
+        finish_icrc();
     }
 }
 
@@ -532,6 +2089,7 @@ control SoftdtaEgressDeparser(packet_out pkt, inout tna_headers_t hdr, in metada
             hdr.dta.ipv4.total_length, hdr.dta.ipv4.identification, hdr.dta.ipv4.flags,
             hdr.dta.ipv4.fragment_offset, hdr.dta.ipv4.ttl, hdr.dta.ipv4.protocol, hdr.dta.ipv4.src,
             hdr.dta.ipv4.dst });
+        pkt.emit(hdr.bridge); // only a frame on its way to a second pass, or a gather pass
         pkt.emit(hdr.dta.ethernet);
         pkt.emit(hdr.dta.ipv4);
         pkt.emit(hdr.dta.udp);
@@ -539,8 +2097,16 @@ control SoftdtaEgressDeparser(packet_out pkt, inout tna_headers_t hdr, in metada
         pkt.emit(hdr.dta.reth);
         pkt.emit(hdr.dta.atomic_eth);
         pkt.emit(hdr.dta.immdt);
-        pkt.emit(hdr.dta.payload[0]); // a Key-Write's key checksum and data: no other word is ever valid here
+        pkt.emit(hdr.dta.payload[0]); // a Key-Write's key checksum and data
         pkt.emit(hdr.dta.payload[1]);
+        pkt.emit(hdr.lead_1);
+        pkt.emit(hdr.lead_2);
+        pkt.emit(hdr.lead_3);
+        pkt.emit(hdr.lead_4);
+        pkt.emit(hdr.lead_5);
+        pkt.emit(hdr.lead_6);
+        pkt.emit(hdr.lead_7);
+        pkt.emit(hdr.chunks);
         pkt.emit(hdr.dta.icrc);
     }
 }

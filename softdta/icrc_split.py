@@ -13,6 +13,12 @@ XORs the two.
 A data plane that can hash one wide field with the standard CRC-32 (v1model) hashes the tail right-aligned in
 a field of `TAIL_BYTES`: leading zeros leave L unchanged, and over a fixed length crc(x) = L(x) ^ crc(zeros),
 so L(tail) = crc(zero-padded tail) ^ `TAIL_ZEROS_CRC`.
+
+A data plane whose hash units each take a few dozen bytes (TNA) chains them: L is a CRC state, so
+L(prefix || piece) = L((le(L(prefix)) ^ piece[:4]) || piece[4:]) (`continue_crc`): each unit hashes one
+piece with the CRC so far folded into its first word. `chained_tail_crc` is the TNA program's layout: the
+headers of the tail and the first (payload mod `TAIL_CHUNK_BYTES`) bytes of the payload in one unit, then one
+unit per `TAIL_CHUNK_BYTES` chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from .spec import BTH, IMMDT, IPV4, MAX_WRITE_PAYLOAD, RETH, UDP
 VARIABLE_FROM = IPV4.size + UDP.size + 8
 # The longest tail: the rest of the BTH, RETH, ImmDt and the largest write (a Fetch&Add tail is shorter).
 TAIL_BYTES = BTH.size - 8 + RETH.size + IMMDT.size + MAX_WRITE_PAYLOAD
+# A chained hash unit's piece of the payload on TNA (p4/softdta_tna.p4 TAIL_CHUNK_WORDS).
+TAIL_CHUNK_BYTES = 32
+# Chunks one TNA egress pass chains; a longer payload finishes its CRC in a second pass (recirculated).
+TAIL_CHUNKS_PER_PASS = 4
 _TABLE = crc_table()
 TAIL_ZEROS_CRC = zlib.crc32(bytes(TAIL_BYTES))
 
@@ -62,3 +72,22 @@ def combine_padded(constant_part: int, ip_packet: bytes, variable_from: int = VA
         raise ValueError(f"a tail of {len(tail)} bytes is longer than {TAIL_BYTES}")
     padded = zlib.crc32(bytes(TAIL_BYTES - len(tail)) + tail)
     return (constant_part ^ padded ^ TAIL_ZEROS_CRC).to_bytes(4, "little")
+
+
+def continue_crc(state: int, piece: bytes) -> int:
+    """`linear_crc(prefix + piece)` from `state = linear_crc(prefix)`, hashing only `piece` (4 bytes or more)
+    with the state XORed into its first word."""
+    if len(piece) < 4:
+        raise ValueError("a piece continues the CRC in its first 4 bytes: it needs at least 4")
+    folded = bytes(a ^ b for a, b in zip(state.to_bytes(4, "little"), piece[:4]))
+    return linear_crc(folded + piece[4:])
+
+
+def chained_tail_crc(tail: bytes, headers_len: int) -> int:
+    """L(tail) as the TNA program chains its hash units: the tail's `headers_len` header bytes with the lead of
+    the payload (its length modulo `TAIL_CHUNK_BYTES`) in one unit, then each whole chunk continuing the CRC."""
+    first = headers_len + (len(tail) - headers_len) % TAIL_CHUNK_BYTES
+    state = linear_crc(tail[:first])
+    for start in range(first, len(tail), TAIL_CHUNK_BYTES):
+        state = continue_crc(state, tail[start:start + TAIL_CHUNK_BYTES])
+    return state

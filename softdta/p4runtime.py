@@ -22,6 +22,7 @@ from .p4info import parse_p4info
 from .codegen import P4_REPLICATION, p4_control_tables, p4_registers
 from .control_plane import Entry, Plan, Slots, address_fields, apply_plan, plan, table_spec
 from .dta import Profile
+from .icrc_split import TAIL_CHUNK_BYTES, TAIL_CHUNKS_PER_PASS
 from .spec import P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, Primitive, Raw
 from .tables import QueuePair, TableError, Tables
 
@@ -35,6 +36,8 @@ P4INFO_FILE = Path(__file__).resolve().parent.parent / "p4" / "softdta.p4info.tx
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
 P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
 HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
+# The longest payload whose tail CRC one TNA egress pass chains (p4/softdta_tna.p4).
+TNA_ONE_PASS_PAYLOAD = TAIL_CHUNKS_PER_PASS * TAIL_CHUNK_BYTES
 
 
 class P4RuntimeError(RuntimeError):
@@ -267,12 +270,13 @@ ARCHITECTURES = ("v1model", "tna")
 def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
     """What in `tables` the P4 program of `architecture` cannot translate (docs/p4.md); empty when it can."""
     problems = []
+    users: dict[str, list[str]] = {qp.name: [] for qp in tables.qps}
+    for structure in tables.structures:
+        users[structure.qp.name].append(structure.name)
+    for lists in tables.append_lists:
+        users[lists.qp.name].append(f"append lists from {lists.first_list}")
     if tables.profile is not Profile.DTA_V1:
         problems.append(f"profile {tables.profile.value!r}: the P4 programs parse the 3-byte dta-v1 base header")
-    primitives = {s.primitive for s in tables.structures} | ({Primitive.APPEND} if tables.append_lists else set())
-    supported = ({Primitive.KEY_WRITE, Primitive.KEY_INCREMENT} if architecture == "tna" else set(Primitive))
-    problems += [f"{p.name.lower().replace('_', '-')}: not in the {architecture} program"
-                 for p in sorted(primitives - supported)]
     for structure in tables.structures:
         if structure.key_len != 4 or (structure.primitive is Primitive.KEY_WRITE and structure.data_len != 4):
             problems.append(f"structure {structure.name}: dta-v1 reports carry 4-byte keys and data")
@@ -283,6 +287,12 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
                 problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_REPORTER_BITS} reporters")
             if structure.columns > 1 << P4_SKETCH_COLUMN_BITS:
                 problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_COLUMN_BITS} columns")
+            if architecture == "tna" and structure.batch * structure.slot_size > TNA_ONE_PASS_PAYLOAD:
+                sharing = [other for other in users[structure.qp.name] if other != structure.name]
+                if sharing:
+                    problems.append(f"structure {structure.name}: its {structure.batch * structure.slot_size} B "
+                                    f"writes take their PSN before a second egress pass on tna, so its qp "
+                                    f"{structure.qp.name!r} must carry nothing else ({', '.join(sharing)})")
     problems += [f"append lists from {lists.first_list}: dta-v1 Append data is 4 bytes"
                  for lists in tables.append_lists if lists.data_len != 4]
     sketches = table_spec("sketch_column").max_entries >> P4_SKETCH_COLUMN_BITS

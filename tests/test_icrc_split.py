@@ -6,15 +6,16 @@ import zlib
 import pytest
 
 from softdta.frames import UdpEndpoints, build_udp_frame
-from softdta.icrc_split import VARIABLE_FROM, combine, combine_padded, constant, linear_crc
+from softdta.icrc_split import (TAIL_CHUNK_BYTES, VARIABLE_FROM, chained_tail_crc, combine, combine_padded,
+                                constant, continue_crc, linear_crc)
 from softdta.roce import icrc, transport_payload
-from softdta.spec import ICRC_LEN, ROCE_PORT, RoceOpcode
+from softdta.spec import BTH, ICRC_LEN, IMMDT, MAX_WRITE_PAYLOAD, RETH, ROCE_PORT, RoceOpcode
 
 ETHERNET = 14
 
 
 def ip_packet(rng: random.Random, ends: UdpEndpoints, opcode: RoceOpcode, dest_qp: int, rkey: int,
-              payload_len: int) -> bytes:
+              payload_len: int, immediate: int | None = None) -> bytes:
     """A RoCEv2 packet of one QP: PSN, AckReq, address and payload vary, the QP's fields do not."""
     psn, ack_req = rng.randrange(1 << 24), rng.random() < 0.5
     if opcode is RoceOpcode.RC_FETCH_ADD:
@@ -23,6 +24,8 @@ def ip_packet(rng: random.Random, ends: UdpEndpoints, opcode: RoceOpcode, dest_q
     else:
         headers = {"reth": {"va": rng.getrandbits(64), "rkey": rkey, "dma_length": payload_len}}
         payload = rng.randbytes(payload_len)
+    if immediate is not None:
+        headers["immdt"] = {"immediate": immediate}
     transport = transport_payload(opcode, dest_qp, psn, headers, payload, ack_req=ack_req)
     frame = build_udp_frame(ends, transport + bytes(ICRC_LEN))
     return frame[ETHERNET:-ICRC_LEN]
@@ -70,11 +73,38 @@ def test_a_variable_byte_before_the_tail_breaks_the_split():
     assert combine(constant(bytes(changed)), bytes(changed)) == icrc(bytes(changed))
 
 
-def test_the_tail_crc_continues_one_word_per_pass():
-    """What longer TNA tails would need (docs/p4.md): carrying L across passes costs one 32-bit hash per word,
-    L(prefix || w) = L(le(L(prefix)) ^ w) for a 4-byte w."""
+def test_the_tail_crc_continues_over_pieces():
+    """L(prefix || piece) = L((le(L(prefix)) ^ piece[:4]) || piece[4:]): each TNA hash unit continues the last."""
     rng = random.Random(3)
-    for _ in range(50):
-        prefix, word = rng.randbytes(rng.randrange(4, 40)), rng.randbytes(4)
-        state = linear_crc(prefix).to_bytes(4, "little")
-        assert linear_crc(prefix + word) == linear_crc(bytes(a ^ b for a, b in zip(state, word)))
+    for _ in range(200):
+        prefix, piece = rng.randbytes(rng.randrange(0, 80)), rng.randbytes(rng.randrange(4, 60))
+        assert continue_crc(linear_crc(prefix), piece) == linear_crc(prefix + piece)
+    with pytest.raises(ValueError):
+        continue_crc(0, b"abc")
+
+
+def test_a_piece_hashed_without_the_state_breaks_the_chain():
+    rng = random.Random(4)
+    prefix, piece = rng.randbytes(24), rng.randbytes(TAIL_CHUNK_BYTES)
+    assert linear_crc(prefix) ^ linear_crc(piece) != linear_crc(prefix + piece)
+
+
+@pytest.mark.parametrize("opcode", [RoceOpcode.RC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM,
+                                    RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.UC_WRITE_ONLY])
+def test_chained_hash_units_give_the_real_icrc_for_every_payload_length(opcode):
+    """Append batches (1..16 words), Postcarding paths (1..8) and Sketch-Merge groups (up to 64 words), as the
+    TNA program chains them: headers and lead words in one unit, then a unit per 32-byte chunk."""
+    rng = random.Random(f"chained{opcode}")
+    with_immediate = opcode in (RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.UC_WRITE_ONLY_IMM)
+    headers_len = BTH.size - 8 + RETH.size + (IMMDT.size if with_immediate else 0)
+    for words in range(1, MAX_WRITE_PAYLOAD // 4 + 1):
+        ends, dest_qp, rkey = endpoints(rng), rng.randrange(2, 1 << 24), rng.getrandbits(32)
+        immediate = rng.getrandbits(32) if with_immediate else None
+        per_qp = constant(ip_packet(rng, ends, opcode, dest_qp, rkey, 4 * words, immediate))
+        for _ in range(3):
+            packet = ip_packet(rng, ends, opcode, dest_qp, rkey, 4 * words,
+                               rng.getrandbits(32) if with_immediate else None)
+            tail = packet[VARIABLE_FROM:]
+            assert len(tail) == headers_len + 4 * words
+            crc = per_qp ^ chained_tail_crc(tail, headers_len)
+            assert crc.to_bytes(4, "little") == icrc(packet)

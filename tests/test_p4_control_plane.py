@@ -13,7 +13,7 @@ from softdta.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
 from softdta.maps import table
 from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
                                decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
-from softdta.spec import QpState, RoceOpcode
+from softdta.spec import Primitive, QpState, RoceOpcode
 from softdta.tables import Tables
 from softdta.xdp import map_entry, map_logical
 
@@ -168,6 +168,40 @@ def test_push_over_grpc_installs_the_planned_entries(switch):
         sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in expected)
 
 
+def test_tna_push_writes_the_xdp_plans_entries_for_every_primitive(switch):
+    """The TNA program takes all five primitives: a push to it writes exactly the updates of the shared plan,
+    whose configuration entries are the XDP map entries."""
+    servicer, address = switch
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    assert {s.primitive for s in tables.structures} | {Primitive.APPEND} == set(Primitive)
+    with P4RuntimeClient(address) as client:
+        P4Translator(client, architecture="tna", egress=egress).apply(tables)
+    assert [u for w in servicer.writes for u in w.updates] == planned_updates(tables, egress=egress)
+    expected = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress).entries
+    for entry in servicer.held():
+        if entry.table in CONFIG_TABLES:
+            assert (dict(entry.key), dict(entry.value)) == as_map_reads_it(entry), entry.table
+    assert sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in servicer.held()) == \
+        sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in expected)
+
+
+def test_tna_refuses_a_two_pass_sketch_on_a_shared_qp():
+    """A Sketch-Merge write longer than one TNA egress pass chains takes its PSN before a second pass; only a
+    QP of its own keeps its frames in PSN order."""
+    from softdta.p4runtime import TNA_ONE_PASS_PAYLOAD, unsupported
+
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    sketch = next(s for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE)
+    key_write = next(s for s in tables.structures if s.primitive is Primitive.KEY_WRITE)
+    planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
+    sketch.batch = 2 * TNA_ONE_PASS_PAYLOAD // sketch.slot_size  # two passes
+    assert unsupported(tables, planned, "tna") == []  # on its own QP
+    key_write.qp = sketch.qp
+    problems = unsupported(tables, planned, "tna")
+    assert len(problems) == 1 and f"qp {sketch.qp.name!r} must carry nothing else ({key_write.name})" in problems[0]
+    assert unsupported(tables, planned, "v1model") == []
+
+
 def test_live_reapply_keeps_slots_and_deletes_last(switch):
     servicer, address = switch
     tables = Tables.from_toml(EXAMPLE_TABLES)
@@ -296,8 +330,7 @@ def test_tables_a_p4_program_cannot_take_are_refused(switch):
     tables = Tables.from_toml(EXAMPLE_TABLES)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
     assert unsupported(tables, planned, "v1model") == []
-    assert unsupported(tables, planned, "tna") == [f"{name}: not in the tna program"
-                                                   for name in ("append", "postcarding", "sketch-merge")]
+    assert unsupported(tables, planned, "tna") == []
     sketch = next(s for s in tables.structures if s.primitive.name == "SKETCH_MERGE")
     sketch.columns, sketch.batch, sketch.reporters = 48, 6, 33
     assert unsupported(tables, planned, "v1model") == [f"structure {sketch.name}: batch 6 must be a power of two",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from softdta import spec
+from softdta import icrc_split, spec
 from softdta.codegen import p4_control_tables, p4_registers
 from softdta.control_plane import CONFIG_TABLES
 from softdta.p4runtime import load_p4info
@@ -79,11 +79,19 @@ def p4_problems(program: str, generated: dict[str, str], types_file: str) -> lis
     declared = {m.lower() for m in re.findall(r"\bSOFTDTA_REGISTER_(\w+)", code)}
     for group in re.findall(r"\bSOFTDTA_(\w+)_REGISTERS\b", code):
         declared |= {r.name for r in p4_registers() if r.table == group.lower()}
-    declared |= set(re.findall(r"Register<[^>]*>+\([^)]*\)\s*(\w+);", code))
+    declared |= set(re.findall(r"\bRegister<[^;{]*?>\s*\((?:[^()]|\([^()]*\))*\)\s*(\w+);", code))
     used = set(re.findall(r"\b(\w+)\.(?:read|write)\(", code))
-    used |= set(re.findall(r"RegisterAction<[^>]*>\((\w+)\)", code))
+    used |= set(re.findall(r"\bRegisterAction<[^;{]*?>\s*\((\w+)\)", code))
     for name in used - declared:
         problems.append(f"register {name} is used but not declared")
+    # TNA externs: every register action executed and every hash unit read is declared.
+    actions = set(re.findall(r"\bRegisterAction<[^;{]*?>\s*\(\w+\)\s*(\w+)\s*=", code))
+    for name in set(re.findall(r"\b(\w+)\.execute\(", code)) - actions:
+        problems.append(f"register action {name} is executed but not declared")
+    hashes = set(re.findall(r"\bHash<[^;{]*?>\s*\([^;]*?\)\s*(\w+);", code))
+    hashes |= {f"independent_{n}" for n in re.findall(r"\bKEY_HASH_UNIT\((\d+)\)", code)}
+    for name in set(re.findall(r"\b(\w+)\.get\(\{", code)) - hashes:
+        problems.append(f"hash unit {name} is used but not declared")
     known = set(re.findall(r"\bconst [\w<>]+ (\w+)\s*=", everything))
     known |= set(re.findall(r"#define (\w+)", everything))
     known |= {"PORT_METADATA_SIZE"}  # from tna.p4
@@ -138,6 +146,22 @@ def test_structural_check_finds_mistakes(mutation, expected):
     (lambda p: p.replace("SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT", "SOFTDTA_REGISTER_QP_STATE_FRAME_COUNT", 1),
      "SOFTDTA_REGISTER_QP_STATE_FRAME_COUNT"),
     (lambda p: p.replace("icrc_constant.apply()", "icrc_constants.apply()", 1), "applies table icrc_constants"),
+    (lambda p: p.replace("append_list.apply()", "append_lists.apply()", 1), "applies table append_lists"),
+    (lambda p: p.replace("append_slot_7.execute(", "append_slot_07.execute(", 1), "register action append_slot_07"),
+    (lambda p: p.replace("(append_word_3) append_slot_3", "(append_words_3) append_slot_3", 1),
+     "register append_words_3"),
+    (lambda p: p.replace("postcard_value_5.execute(", "postcard_val_5.execute(", 1), "register action postcard_val_5"),
+    (lambda p: p.replace("claim_entry.execute(", "claim.execute(", 1), "register action claim"),
+    (lambda p: p.replace("sketch_take_9.execute(", "sketch_take_99.execute(", 1), "register action sketch_take_99"),
+    (lambda p: p.replace("hdr.dta.gather.left", "hdr.dta.gather.remaining", 1), "hdr.dta.gather.remaining"),
+    (lambda p: p.replace("hdr.dta.postcard.hop", "hdr.dta.postcard.hops", 1), "hdr.dta.postcard.hops"),
+    (lambda p: p.replace("hdr.chunks[5].w7", "hdr.chunks[5].w8", 1), "hdr.chunks.w8"),
+    (lambda p: p.replace("hdr.lead_3.w2", "hdr.lead_3.w3", 1), "hdr.lead_3.w3"),
+    (lambda p: p.replace("chunk_6.get(", "chunk_06.get(", 1), "hash unit chunk_06"),
+    (lambda p: p.replace("head_imm_lead_4.get(", "head_imm_lead4.get(", 1), "hash unit head_imm_lead4"),
+    (lambda p: p.replace("meta.tables.append_list.first_slot", "meta.tables.append_list.first", 1),
+     "meta.tables.append_list.first"),
+    (lambda p: p.replace("BRIDGE_ICRC_PASS;", "BRIDGE_ICRC_PASSES;", 1), "constant BRIDGE_ICRC_PASSES"),
 ])
 def test_structural_check_finds_mistakes_in_tna(mutation, expected):
     assert_finds(PROGRAMS["tna"].read_text(), mutation, expected)
@@ -148,6 +172,43 @@ def assert_finds(program: str, mutation, expected: str) -> None:
     assert mutated != program
     problems = p4_problems(mutated, read_generated(), (P4 / "softdta_types.p4").read_text())
     assert any(expected in problem for problem in problems), problems
+
+
+def test_tna_unrolled_parts_cover_the_spec_limits():
+    """The TNA program has one register per word a record reads at once and one hash unit per tail piece:
+    as many as the spec allows, with the chunk layout of icrc_split."""
+    program = strip(PROGRAMS["tna"].read_text())
+    count = lambda pattern: len(set(re.findall(pattern, program)))  # noqa: E731
+    assert count(r"\bRegister<[^;]*?\)\s*append_word_(\d+);") == spec.MAX_APPEND_BATCH
+    assert count(r"\bappend_slot_(\d+)\.execute\(") == spec.MAX_APPEND_BATCH
+    assert count(r"\bRegister<[^;]*?\)\s*postcard_hop_(\d+);") == spec.MAX_POSTCARD_HOPS
+    assert count(r"\bpostcard_value_(\d+)\.execute\(") == spec.MAX_POSTCARD_HOPS
+    assert count(r"\bhop_hash_(\d+)\.get\(") == spec.MAX_POSTCARD_HOPS
+    assert count(r"\bRegister<[^;]*?\)\s*sketch_row_(\d+);") == spec.MAX_SKETCH_ROWS
+    for action in ("sketch_sum", "sketch_max", "sketch_take"):
+        assert count(rf"\b{action}_(\d+)\.execute\(") == spec.MAX_SKETCH_ROWS, action
+    assert f"pop_front({spec.MAX_SKETCH_ROWS})" in program
+    words = int(re.search(r"TAIL_CHUNK_WORDS = (\d+);", program).group(1))
+    assert 4 * words == icrc_split.TAIL_CHUNK_BYTES
+    assert int(re.search(r"TAIL_CHUNKS_PER_PASS = (\d+);", program).group(1)) == icrc_split.TAIL_CHUNKS_PER_PASS
+    chunks = spec.MAX_WRITE_PAYLOAD // icrc_split.TAIL_CHUNK_BYTES
+    assert f"tail_chunk_h[{chunks}] chunks;" in program
+    assert count(r"\bchunk_(\d+)\.get\(") == chunks
+    for c in range(chunks):  # chunk c continues the CRC in its first word, with all its words
+        call = re.search(rf"\bchunk_{c}\.get\(\{{([^}}]*)\}}\)", program).group(1)
+        assert [w.strip() for w in call.split(",")] == \
+            [f"BYTESWAP32(tail) ^ hdr.chunks[{c}].w0"] + [f"hdr.chunks[{c}].w{i}" for i in range(1, words)]
+    # The second egress pass continues with the chunks the first pass leaves.
+    second_pass = program.split("if (hdr.bridge.kind == BRIDGE_ICRC_PASS) {")[1].split("finish_icrc();")[0]
+    assert sorted(map(int, re.findall(r"\bchunk_(\d+)\.get\(", second_pass))) == \
+        list(range(icrc_split.TAIL_CHUNKS_PER_PASS, chunks))
+    for lead in range(words):  # one unit per lead length, with and without ImmDt, hashing the lead words
+        for unit in (f"head_lead_{lead}", f"head_imm_lead_{lead}"):
+            call = re.search(rf"\b{unit}\.get\(\{{([^}}]*)\}}\)", program).group(1)
+            fields = [field.strip() for field in call.split(",")]
+            assert [f for f in fields if f.startswith("hdr.lead_")] == [f"hdr.lead_{lead}.w{i}" for i in range(lead)]
+            assert fields[len(fields) - lead:] == [f"hdr.lead_{lead}.w{i}" for i in range(lead)]
+            assert ("hdr.bridge.immediate" in fields) == ("imm" in unit)
 
 
 def test_unrolled_loops_cover_the_spec_limits():
