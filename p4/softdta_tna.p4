@@ -306,6 +306,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     bool fresh_entry;
     bit<32> sketch_column;
     bit<32> reporter_bit;
+    bit<32> everyone;
     bit<32> offset;
 
     // Append: state in the list's registers (ingress owns them; nothing else touches them).
@@ -1014,6 +1015,164 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         size = 8;
     }
 
+    // Shifts by a packet's value are lookups: the ALUs shift by constants.
+    action set_hop_bit(bit<8> value) { hop_bit = value; }
+    table hop_bits {
+        key = { hdr.dta.postcard.hop : exact; }
+        actions = { set_hop_bit; }
+        const entries = {
+            1 : set_hop_bit(1);
+            2 : set_hop_bit(2);
+            3 : set_hop_bit(4);
+            4 : set_hop_bit(8);
+            5 : set_hop_bit(16);
+            6 : set_hop_bit(32);
+            7 : set_hop_bit(64);
+            8 : set_hop_bit(128);
+        }
+        size = 8;
+    }
+    // A path's hop mask once every hop reported.
+    action set_complete_mask(bit<8> value) { complete_mask = value; }
+    table complete_masks {
+        key = { meta.tables.structure.hops : exact; }
+        actions = { set_complete_mask; }
+        const entries = {
+            1 : set_complete_mask(1);
+            2 : set_complete_mask(3);
+            3 : set_complete_mask(7);
+            4 : set_complete_mask(15);
+            5 : set_complete_mask(31);
+            6 : set_complete_mask(63);
+            7 : set_complete_mask(127);
+            8 : set_complete_mask(255);
+        }
+        size = 8;
+    }
+    // A reporter's bit among a column's contributors.
+    action set_reporter_bit(bit<32> value) { reporter_bit = value; }
+    table reporter_bits {
+        key = { hdr.dta.sketch.reporter : exact; }
+        actions = { set_reporter_bit; }
+        const entries = {
+            0 : set_reporter_bit(0x1);
+            1 : set_reporter_bit(0x2);
+            2 : set_reporter_bit(0x4);
+            3 : set_reporter_bit(0x8);
+            4 : set_reporter_bit(0x10);
+            5 : set_reporter_bit(0x20);
+            6 : set_reporter_bit(0x40);
+            7 : set_reporter_bit(0x80);
+            8 : set_reporter_bit(0x100);
+            9 : set_reporter_bit(0x200);
+            10 : set_reporter_bit(0x400);
+            11 : set_reporter_bit(0x800);
+            12 : set_reporter_bit(0x1000);
+            13 : set_reporter_bit(0x2000);
+            14 : set_reporter_bit(0x4000);
+            15 : set_reporter_bit(0x8000);
+            16 : set_reporter_bit(0x10000);
+            17 : set_reporter_bit(0x20000);
+            18 : set_reporter_bit(0x40000);
+            19 : set_reporter_bit(0x80000);
+            20 : set_reporter_bit(0x100000);
+            21 : set_reporter_bit(0x200000);
+            22 : set_reporter_bit(0x400000);
+            23 : set_reporter_bit(0x800000);
+            24 : set_reporter_bit(0x1000000);
+            25 : set_reporter_bit(0x2000000);
+            26 : set_reporter_bit(0x4000000);
+            27 : set_reporter_bit(0x8000000);
+            28 : set_reporter_bit(0x10000000);
+            29 : set_reporter_bit(0x20000000);
+            30 : set_reporter_bit(0x40000000);
+            31 : set_reporter_bit(0x80000000);
+        }
+        size = 32;
+    }
+    // The contributors of a complete column.
+    action set_everyone(bit<32> value) { everyone = value; }
+    table everyone_masks {
+        key = { meta.tables.structure.reporters : exact; }
+        actions = { set_everyone; }
+        const entries = {
+            1 : set_everyone(0x1);
+            2 : set_everyone(0x3);
+            3 : set_everyone(0x7);
+            4 : set_everyone(0xf);
+            5 : set_everyone(0x1f);
+            6 : set_everyone(0x3f);
+            7 : set_everyone(0x7f);
+            8 : set_everyone(0xff);
+            9 : set_everyone(0x1ff);
+            10 : set_everyone(0x3ff);
+            11 : set_everyone(0x7ff);
+            12 : set_everyone(0xfff);
+            13 : set_everyone(0x1fff);
+            14 : set_everyone(0x3fff);
+            15 : set_everyone(0x7fff);
+            16 : set_everyone(0xffff);
+            17 : set_everyone(0x1ffff);
+            18 : set_everyone(0x3ffff);
+            19 : set_everyone(0x7ffff);
+            20 : set_everyone(0xfffff);
+            21 : set_everyone(0x1fffff);
+            22 : set_everyone(0x3fffff);
+            23 : set_everyone(0x7fffff);
+            24 : set_everyone(0xffffff);
+            25 : set_everyone(0x1ffffff);
+            26 : set_everyone(0x3ffffff);
+            27 : set_everyone(0x7ffffff);
+            28 : set_everyone(0xfffffff);
+            29 : set_everyone(0x1fffffff);
+            30 : set_everyone(0x3fffffff);
+            31 : set_everyone(0x7fffffff);
+            32 : set_everyone(0xffffffff);
+        }
+        size = 32;
+    }
+
+    // first_column * rows * 4 without a multiplier: one sum of shifts per row count.
+    action column_bytes_1() { offset = (offset << 2); }
+    action column_bytes_2() { offset = (offset << 3); }
+    action column_bytes_3() { offset = (offset << 2) + (offset << 3); }
+    action column_bytes_4() { offset = (offset << 4); }
+    action column_bytes_5() { offset = (offset << 2) + (offset << 4); }
+    action column_bytes_6() { offset = (offset << 3) + (offset << 4); }
+    action column_bytes_7() { offset = (offset << 2) + (offset << 3) + (offset << 4); }
+    action column_bytes_8() { offset = (offset << 5); }
+    action column_bytes_9() { offset = (offset << 2) + (offset << 5); }
+    action column_bytes_10() { offset = (offset << 3) + (offset << 5); }
+    action column_bytes_11() { offset = (offset << 2) + (offset << 3) + (offset << 5); }
+    action column_bytes_12() { offset = (offset << 4) + (offset << 5); }
+    action column_bytes_13() { offset = (offset << 2) + (offset << 4) + (offset << 5); }
+    action column_bytes_14() { offset = (offset << 3) + (offset << 4) + (offset << 5); }
+    action column_bytes_15() { offset = (offset << 2) + (offset << 3) + (offset << 4) + (offset << 5); }
+    action column_bytes_16() { offset = (offset << 6); }
+    table sketch_group_offset {
+        key = { hdr.dta.gather.rows : exact; }
+        actions = { column_bytes_1; column_bytes_2; column_bytes_3; column_bytes_4; column_bytes_5; column_bytes_6; column_bytes_7; column_bytes_8; column_bytes_9; column_bytes_10; column_bytes_11; column_bytes_12; column_bytes_13; column_bytes_14; column_bytes_15; column_bytes_16; }
+        const entries = {
+            1 : column_bytes_1();
+            2 : column_bytes_2();
+            3 : column_bytes_3();
+            4 : column_bytes_4();
+            5 : column_bytes_5();
+            6 : column_bytes_6();
+            7 : column_bytes_7();
+            8 : column_bytes_8();
+            9 : column_bytes_9();
+            10 : column_bytes_10();
+            11 : column_bytes_11();
+            12 : column_bytes_12();
+            13 : column_bytes_13();
+            14 : column_bytes_14();
+            15 : column_bytes_15();
+            16 : column_bytes_16();
+        }
+        size = 16;
+    }
+
     apply {
         if (ig_prsr_md.parser_err != 0) {
             consume(CNT_DROP_TRUNCATED);
@@ -1075,7 +1234,8 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             hdr.gathered.setValid();
             hdr.gathered.word = BYTESWAP32(word);
             hdr.dta.gather.gathered = hdr.dta.gather.gathered + 1;
-            hdr.dta.gather.left = hdr.dta.gather.left - 1;
+            // The group's first cell is the last collected (no multiplier here to count batch * rows words).
+            bool last = hdr.dta.gather.row == 0 && hdr.dta.gather.column == hdr.dta.gather.first_column;
             if (hdr.dta.gather.row == 0) {
                 clear_contributors.execute(column_index);
                 next_epoch.execute(column_index);
@@ -1084,7 +1244,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             } else {
                 hdr.dta.gather.row = hdr.dta.gather.row - 1;
             }
-            if (hdr.dta.gather.left != 0) {
+            if (!last) {
                 ig_tm_md.ucast_egress_port = RECIRCULATION_PORT;
                 return;
             }
@@ -1093,9 +1253,9 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             bit<16> origin = hdr.bridge.egress_port;
             bridge_qp();
             hdr.bridge.egress_port = origin;
-            bit<64> va = meta.tables.qp.base_va
-                         + ((bit<64>)hdr.dta.gather.first_column << 2) * (bit<64>)hdr.dta.gather.rows;
-            write_frame(va, hdr.dta.gather.gathered, hdr.dta.gather.immediate[0:0],
+            offset = (bit<32>)hdr.dta.gather.first_column;
+            sketch_group_offset.apply();
+            write_frame(meta.tables.qp.base_va + (bit<64>)offset, hdr.dta.gather.gathered, hdr.dta.gather.immediate[0:0],
                         (bit<32>)hdr.dta.gather.first_column);
             hdr.dta.gather.setInvalid();
         }
@@ -1347,8 +1507,8 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                                        & (meta.tables.structure.cache_entries - 1));
                     postcard_key = hdr.dta.postcard.key;
                     hop_index = (bit<32>)hdr.dta.postcard.hop - 1;
-                    hop_bit = 8w1 << (hdr.dta.postcard.hop - 1);
-                    complete_mask = (bit<8>)((9w1 << (bit<9>)hops) - 1);
+                    hop_bits.apply();
+                    complete_masks.apply();
                     bit<32> cached_key = claim_entry.execute(entry << P4_POSTCARD_WORD_BITS);
                     fresh_entry = cached_key != postcard_key;
                     bit<8> hop_mask = mark_hop.execute(entry);
@@ -1429,7 +1589,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                     return;
                 }
                 bit<32> column_index = (state_index << P4_SKETCH_COLUMN_BITS) | expected;
-                reporter_bit = 32w1 << hdr.dta.sketch.reporter;
+                reporter_bits.apply();
                 bit<32> contributors = contribute.execute(column_index);
                 if ((contributors & reporter_bit) != 0) {
                     consume(CNT_DROP_SKETCH_STALE);
@@ -1548,7 +1708,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                     }
                 }
                 contributors = contributors | reporter_bit;
-                bit<32> everyone = (32w1 << (bit<8>)meta.tables.structure.reporters) - 1;
+                everyone_masks.apply();
                 batch = meta.tables.structure.batch;
                 // Reporters send columns in order, so a group is complete when its last column is.
                 bool last_of_group = (expected & (batch - 1)) == batch - 1;
@@ -1568,7 +1728,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                 hdr.dta.gather.column = (bit<16>)expected;
                 hdr.dta.gather.rows = (bit<8>)rows;
                 hdr.dta.gather.row = (bit<8>)rows - 1;
-                hdr.dta.gather.left = (bit<16>)batch * (bit<16>)rows;
+                hdr.dta.gather.left = 0; // unused on TNA: the gather ends at the group's first cell
                 hdr.dta.gather.gathered = 0;
                 hdr.dta.gather.immediate = (bit<8>)immediate;
                 ig_tm_md.ucast_egress_port = RECIRCULATION_PORT;
