@@ -36,8 +36,6 @@ P4INFO_FILE = Path(__file__).resolve().parent.parent / "p4" / "softdta.p4info.tx
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
 P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
 HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
-# The longest payload whose tail CRC one TNA egress pass chains (p4/softdta_tna.p4).
-TNA_ONE_PASS_PAYLOAD = TAIL_CHUNKS_PER_PASS * TAIL_CHUNK_BYTES
 
 
 class P4RuntimeError(RuntimeError):
@@ -267,6 +265,12 @@ class P4RuntimeClient:
 ARCHITECTURES = ("v1model", "tna")
 
 
+def tna_needs_two_passes(payload_len: int) -> bool:
+    """Whether the TNA program finishes a write's tail CRC in a second egress pass: when its payload has more
+    whole chunks than one pass chains (p4/softdta_tna.p4, icrc_split.chained_tail_crc)."""
+    return payload_len // TAIL_CHUNK_BYTES > TAIL_CHUNKS_PER_PASS
+
+
 def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
     """What in `tables` the P4 program of `architecture` cannot translate (docs/p4.md); empty when it can."""
     problems = []
@@ -287,7 +291,7 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
                 problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_REPORTER_BITS} reporters")
             if structure.columns > 1 << P4_SKETCH_COLUMN_BITS:
                 problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_COLUMN_BITS} columns")
-            if architecture == "tna" and structure.batch * structure.slot_size > TNA_ONE_PASS_PAYLOAD:
+            if architecture == "tna" and tna_needs_two_passes(structure.batch * structure.slot_size):
                 sharing = [other for other in users[structure.qp.name] if other != structure.name]
                 if sharing:
                     problems.append(f"structure {structure.name}: its {structure.batch * structure.slot_size} B "

@@ -13,7 +13,7 @@ from softdta.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
 from softdta.maps import table
 from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
                                decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
-from softdta.spec import Primitive, QpState, RoceOpcode
+from softdta.spec import MAX_WRITE_PAYLOAD, Primitive, QpState, RoceOpcode
 from softdta.tables import Tables
 from softdta.xdp import map_entry, map_logical
 
@@ -188,13 +188,16 @@ def test_tna_push_writes_the_xdp_plans_entries_for_every_primitive(switch):
 def test_tna_refuses_a_two_pass_sketch_on_a_shared_qp():
     """A Sketch-Merge write longer than one TNA egress pass chains takes its PSN before a second pass; only a
     QP of its own keeps its frames in PSN order."""
-    from softdta.p4runtime import TNA_ONE_PASS_PAYLOAD, unsupported
+    from softdta.p4runtime import tna_needs_two_passes, unsupported
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     sketch = next(s for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE)
     key_write = next(s for s in tables.structures if s.primitive is Primitive.KEY_WRITE)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
-    sketch.batch = 2 * TNA_ONE_PASS_PAYLOAD // sketch.slot_size  # two passes
+    assert not tna_needs_two_passes(sketch.batch * sketch.slot_size)
+    assert not tna_needs_two_passes(39 * 4) and tna_needs_two_passes(40 * 4)  # 4 chunks and a lead of 7 words
+    sketch.batch = 1 << (MAX_WRITE_PAYLOAD // sketch.slot_size).bit_length() - 1
+    assert tna_needs_two_passes(sketch.batch * sketch.slot_size)
     assert unsupported(tables, planned, "tna") == []  # on its own QP
     key_write.qp = sketch.qp
     problems = unsupported(tables, planned, "tna")
