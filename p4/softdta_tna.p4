@@ -1151,7 +1151,9 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     action column_bytes_16() { offset = (offset << 6); }
     table sketch_group_offset {
         key = { hdr.dta.gather.rows : exact; }
-        actions = { column_bytes_1; column_bytes_2; column_bytes_3; column_bytes_4; column_bytes_5; column_bytes_6; column_bytes_7; column_bytes_8; column_bytes_9; column_bytes_10; column_bytes_11; column_bytes_12; column_bytes_13; column_bytes_14; column_bytes_15; column_bytes_16; }
+        actions = { column_bytes_1; column_bytes_2; column_bytes_3; column_bytes_4; column_bytes_5; column_bytes_6;
+                    column_bytes_7; column_bytes_8; column_bytes_9; column_bytes_10; column_bytes_11;
+                    column_bytes_12; column_bytes_13; column_bytes_14; column_bytes_15; column_bytes_16; }
         const entries = {
             1 : column_bytes_1();
             2 : column_bytes_2();
@@ -1197,7 +1199,8 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         // A Sketch-Merge group being collected: one aggregate word per pass, the last first, each in front
         // of those gathered before, so the payload ends up in order.
         if (hdr.dta.gather.isValid()) {
-            bit<32> column_index = (hdr.dta.gather.state_index << P4_SKETCH_COLUMN_BITS) | (bit<32>)hdr.dta.gather.column;
+            bit<32> column_index = (hdr.dta.gather.state_index << P4_SKETCH_COLUMN_BITS)
+                                   | (bit<32>)hdr.dta.gather.column;
             if (hdr.dta.gather.row == 0) {
                 word = sketch_take_0.execute(column_index);
             } else if (hdr.dta.gather.row == 1) {
@@ -1255,7 +1258,8 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             hdr.bridge.egress_port = origin;
             offset = (bit<32>)hdr.dta.gather.first_column;
             sketch_group_offset.apply();
-            write_frame(meta.tables.qp.base_va + (bit<64>)offset, hdr.dta.gather.gathered, hdr.dta.gather.immediate[0:0],
+            write_frame(meta.tables.qp.base_va + (bit<64>)offset, hdr.dta.gather.gathered,
+                        hdr.dta.gather.immediate[0:0],
                         (bit<32>)hdr.dta.gather.first_column);
             hdr.dta.gather.setInvalid();
         }
@@ -1349,8 +1353,9 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                         return;
                     }
                     bool rc = meta.tables.qp.transport == TRANSPORT_RC;
-                    hdr.bridge.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
-                                                            : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
+                    hdr.bridge.roce_opcode = immediate == 1
+                                             ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
+                                             : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
                     hdr.bridge.payload_len = 8; // key checksum, data
                     hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
                                            + (bit<16>)RETH_SIZE + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0) + 8
@@ -2050,19 +2055,23 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
             tail = hdr.bridge.tail_crc;
             if (hdr.chunks[4].isValid()) {
                 tail = chunk_4.get({ BYTESWAP32(tail) ^ hdr.chunks[4].w0,
-                                       hdr.chunks[4].w1, hdr.chunks[4].w2, hdr.chunks[4].w3, hdr.chunks[4].w4, hdr.chunks[4].w5, hdr.chunks[4].w6, hdr.chunks[4].w7 });
+                                       hdr.chunks[4].w1, hdr.chunks[4].w2, hdr.chunks[4].w3, hdr.chunks[4].w4,
+                                       hdr.chunks[4].w5, hdr.chunks[4].w6, hdr.chunks[4].w7 });
             }
             if (hdr.chunks[5].isValid()) {
                 tail = chunk_5.get({ BYTESWAP32(tail) ^ hdr.chunks[5].w0,
-                                       hdr.chunks[5].w1, hdr.chunks[5].w2, hdr.chunks[5].w3, hdr.chunks[5].w4, hdr.chunks[5].w5, hdr.chunks[5].w6, hdr.chunks[5].w7 });
+                                       hdr.chunks[5].w1, hdr.chunks[5].w2, hdr.chunks[5].w3, hdr.chunks[5].w4,
+                                       hdr.chunks[5].w5, hdr.chunks[5].w6, hdr.chunks[5].w7 });
             }
             if (hdr.chunks[6].isValid()) {
                 tail = chunk_6.get({ BYTESWAP32(tail) ^ hdr.chunks[6].w0,
-                                       hdr.chunks[6].w1, hdr.chunks[6].w2, hdr.chunks[6].w3, hdr.chunks[6].w4, hdr.chunks[6].w5, hdr.chunks[6].w6, hdr.chunks[6].w7 });
+                                       hdr.chunks[6].w1, hdr.chunks[6].w2, hdr.chunks[6].w3, hdr.chunks[6].w4,
+                                       hdr.chunks[6].w5, hdr.chunks[6].w6, hdr.chunks[6].w7 });
             }
             if (hdr.chunks[7].isValid()) {
                 tail = chunk_7.get({ BYTESWAP32(tail) ^ hdr.chunks[7].w0,
-                                       hdr.chunks[7].w1, hdr.chunks[7].w2, hdr.chunks[7].w3, hdr.chunks[7].w4, hdr.chunks[7].w5, hdr.chunks[7].w6, hdr.chunks[7].w7 });
+                                       hdr.chunks[7].w1, hdr.chunks[7].w2, hdr.chunks[7].w3, hdr.chunks[7].w4,
+                                       hdr.chunks[7].w5, hdr.chunks[7].w6, hdr.chunks[7].w7 });
             }
             finish_icrc();
             return;
@@ -2177,56 +2186,88 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
                 hdr.dta.immdt.setValid();
                 hdr.dta.immdt.immediate = hdr.bridge.immediate;
                 if (hdr.bridge.lead_words == 0) {
-                    tail = head_imm_lead_0.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate });
+                    tail = head_imm_lead_0.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate });
                 } else if (hdr.lead_1.isValid()) {
-                    tail = head_imm_lead_1.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_1.w0 });
+                    tail = head_imm_lead_1.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_1.w0 });
                 } else if (hdr.lead_2.isValid()) {
-                    tail = head_imm_lead_2.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_2.w0, hdr.lead_2.w1 });
+                    tail = head_imm_lead_2.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_2.w0,
+                                                 hdr.lead_2.w1 });
                 } else if (hdr.lead_3.isValid()) {
-                    tail = head_imm_lead_3.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_3.w0, hdr.lead_3.w1, hdr.lead_3.w2 });
+                    tail = head_imm_lead_3.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_3.w0,
+                                                 hdr.lead_3.w1, hdr.lead_3.w2 });
                 } else if (hdr.lead_4.isValid()) {
-                    tail = head_imm_lead_4.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_4.w0, hdr.lead_4.w1, hdr.lead_4.w2, hdr.lead_4.w3 });
+                    tail = head_imm_lead_4.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_4.w0,
+                                                 hdr.lead_4.w1, hdr.lead_4.w2, hdr.lead_4.w3 });
                 } else if (hdr.lead_5.isValid()) {
-                    tail = head_imm_lead_5.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_5.w0, hdr.lead_5.w1, hdr.lead_5.w2, hdr.lead_5.w3, hdr.lead_5.w4 });
+                    tail = head_imm_lead_5.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_5.w0,
+                                                 hdr.lead_5.w1, hdr.lead_5.w2, hdr.lead_5.w3, hdr.lead_5.w4 });
                 } else if (hdr.lead_6.isValid()) {
-                    tail = head_imm_lead_6.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_6.w0, hdr.lead_6.w1, hdr.lead_6.w2, hdr.lead_6.w3, hdr.lead_6.w4, hdr.lead_6.w5 });
+                    tail = head_imm_lead_6.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_6.w0,
+                                                 hdr.lead_6.w1, hdr.lead_6.w2, hdr.lead_6.w3, hdr.lead_6.w4,
+                                                 hdr.lead_6.w5 });
                 } else if (hdr.lead_7.isValid()) {
-                    tail = head_imm_lead_7.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_7.w0, hdr.lead_7.w1, hdr.lead_7.w2, hdr.lead_7.w3, hdr.lead_7.w4, hdr.lead_7.w5, hdr.lead_7.w6 });
+                    tail = head_imm_lead_7.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                                 hdr.bridge.payload_len, hdr.bridge.immediate, hdr.lead_7.w0,
+                                                 hdr.lead_7.w1, hdr.lead_7.w2, hdr.lead_7.w3, hdr.lead_7.w4,
+                                                 hdr.lead_7.w5, hdr.lead_7.w6 });
                 }
             } else {
                 if (hdr.bridge.lead_words == 0) {
-                    tail = head_lead_0.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len });
+                    tail = head_lead_0.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len });
                 } else if (hdr.lead_1.isValid()) {
-                    tail = head_lead_1.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_1.w0 });
+                    tail = head_lead_1.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_1.w0 });
                 } else if (hdr.lead_2.isValid()) {
-                    tail = head_lead_2.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_2.w0, hdr.lead_2.w1 });
+                    tail = head_lead_2.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_2.w0, hdr.lead_2.w1 });
                 } else if (hdr.lead_3.isValid()) {
-                    tail = head_lead_3.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_3.w0, hdr.lead_3.w1, hdr.lead_3.w2 });
+                    tail = head_lead_3.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_3.w0, hdr.lead_3.w1, hdr.lead_3.w2 });
                 } else if (hdr.lead_4.isValid()) {
-                    tail = head_lead_4.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_4.w0, hdr.lead_4.w1, hdr.lead_4.w2, hdr.lead_4.w3 });
+                    tail = head_lead_4.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_4.w0, hdr.lead_4.w1, hdr.lead_4.w2,
+                                             hdr.lead_4.w3 });
                 } else if (hdr.lead_5.isValid()) {
-                    tail = head_lead_5.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_5.w0, hdr.lead_5.w1, hdr.lead_5.w2, hdr.lead_5.w3, hdr.lead_5.w4 });
+                    tail = head_lead_5.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_5.w0, hdr.lead_5.w1, hdr.lead_5.w2,
+                                             hdr.lead_5.w3, hdr.lead_5.w4 });
                 } else if (hdr.lead_6.isValid()) {
-                    tail = head_lead_6.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_6.w0, hdr.lead_6.w1, hdr.lead_6.w2, hdr.lead_6.w3, hdr.lead_6.w4, hdr.lead_6.w5 });
+                    tail = head_lead_6.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_6.w0, hdr.lead_6.w1, hdr.lead_6.w2,
+                                             hdr.lead_6.w3, hdr.lead_6.w4, hdr.lead_6.w5 });
                 } else if (hdr.lead_7.isValid()) {
-                    tail = head_lead_7.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0, hdr.bridge.payload_len, hdr.lead_7.w0, hdr.lead_7.w1, hdr.lead_7.w2, hdr.lead_7.w3, hdr.lead_7.w4, hdr.lead_7.w5, hdr.lead_7.w6 });
+                    tail = head_lead_7.get({ ack_req, 7w0, psn[23:0], va_high, va_low, hdr.bridge.rkey, 16w0,
+                                             hdr.bridge.payload_len, hdr.lead_7.w0, hdr.lead_7.w1, hdr.lead_7.w2,
+                                             hdr.lead_7.w3, hdr.lead_7.w4, hdr.lead_7.w5, hdr.lead_7.w6 });
                 }
             }
             if (hdr.chunks[0].isValid()) {
                 tail = chunk_0.get({ BYTESWAP32(tail) ^ hdr.chunks[0].w0,
-                                       hdr.chunks[0].w1, hdr.chunks[0].w2, hdr.chunks[0].w3, hdr.chunks[0].w4, hdr.chunks[0].w5, hdr.chunks[0].w6, hdr.chunks[0].w7 });
+                                       hdr.chunks[0].w1, hdr.chunks[0].w2, hdr.chunks[0].w3, hdr.chunks[0].w4,
+                                       hdr.chunks[0].w5, hdr.chunks[0].w6, hdr.chunks[0].w7 });
             }
             if (hdr.chunks[1].isValid()) {
                 tail = chunk_1.get({ BYTESWAP32(tail) ^ hdr.chunks[1].w0,
-                                       hdr.chunks[1].w1, hdr.chunks[1].w2, hdr.chunks[1].w3, hdr.chunks[1].w4, hdr.chunks[1].w5, hdr.chunks[1].w6, hdr.chunks[1].w7 });
+                                       hdr.chunks[1].w1, hdr.chunks[1].w2, hdr.chunks[1].w3, hdr.chunks[1].w4,
+                                       hdr.chunks[1].w5, hdr.chunks[1].w6, hdr.chunks[1].w7 });
             }
             if (hdr.chunks[2].isValid()) {
                 tail = chunk_2.get({ BYTESWAP32(tail) ^ hdr.chunks[2].w0,
-                                       hdr.chunks[2].w1, hdr.chunks[2].w2, hdr.chunks[2].w3, hdr.chunks[2].w4, hdr.chunks[2].w5, hdr.chunks[2].w6, hdr.chunks[2].w7 });
+                                       hdr.chunks[2].w1, hdr.chunks[2].w2, hdr.chunks[2].w3, hdr.chunks[2].w4,
+                                       hdr.chunks[2].w5, hdr.chunks[2].w6, hdr.chunks[2].w7 });
             }
             if (hdr.chunks[3].isValid()) {
                 tail = chunk_3.get({ BYTESWAP32(tail) ^ hdr.chunks[3].w0,
-                                       hdr.chunks[3].w1, hdr.chunks[3].w2, hdr.chunks[3].w3, hdr.chunks[3].w4, hdr.chunks[3].w5, hdr.chunks[3].w6, hdr.chunks[3].w7 });
+                                       hdr.chunks[3].w1, hdr.chunks[3].w2, hdr.chunks[3].w3, hdr.chunks[3].w4,
+                                       hdr.chunks[3].w5, hdr.chunks[3].w6, hdr.chunks[3].w7 });
             }
             if (hdr.bridge.chunks > TAIL_CHUNKS_PER_PASS) {
                 // The rest of the tail in a second pass (ingress sent this one to the recirculation port).
