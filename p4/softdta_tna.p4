@@ -51,9 +51,7 @@ header bridge_h {
     bit<8> ttl;
     bit<8> transport;
     bit<8> ack_req_interval;
-    bit<32> grace_units; // grace_ns / 1024: the gate counts time in 1.024 us units
-    bit<8> syndrome; // a reply's AETH syndrome
-    bit<24> psn; // a reply's PSN
+    bit<24> psn; // a PSN sequence error NAK's PSN
     bit<64> va; // a FRAME's address
     bit<32> immediate; // a FRAME's ImmDt
     bit<8> lead_words; // a FRAME's payload: lead_words words, then `chunks` chunks of TAIL_CHUNK_WORDS
@@ -308,6 +306,30 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     bit<32> reporter_bit;
     bit<32> everyone;
     bit<32> offset;
+    bit<32> now; // the packet's arrival in 1.024 us units
+
+    // The gate of each QP, in ingress so that a report a QP cannot send leaves every state untouched.
+    Register<qp_gate_t, bit<32>>((bit<32>)QP_STATE_MAX_ENTRIES) qp_gate;
+    // A report may use the QP when it is active, or in grace and the grace period is over (it ends it).
+    RegisterAction<qp_gate_t, bit<32>, bit<32>>(qp_gate) pass_gate = {
+        void apply(inout qp_gate_t value, out bit<32> result) {
+            if (value.state == GATE_GRACE && now >= value.grace_until) {
+                value.state = GATE_ACTIVE;
+            }
+            result = value.state;
+        }
+    };
+    RegisterAction<qp_gate_t, bit<32>, bit<32>>(qp_gate) start_grace = {
+        void apply(inout qp_gate_t value) {
+            value.state = GATE_GRACE;
+            value.grace_until = now + meta.tables.translator_config.grace_ns[41:10];
+        }
+    };
+    RegisterAction<qp_gate_t, bit<32>, bit<32>>(qp_gate) fail_gate = {
+        void apply(inout qp_gate_t value) {
+            value.state = GATE_FAILED;
+        }
+    };
 
     // Append: state in the list's registers (ingress owns them; nothing else touches them).
     SOFTDTA_REGISTER_APPEND_STATE_PENDING
@@ -976,7 +998,6 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         hdr.bridge.dscp = meta.tables.translator_config.dscp;
         hdr.bridge.ttl = meta.tables.translator_config.ttl;
         hdr.bridge.ack_req_interval = meta.tables.translator_config.ack_req_interval;
-        hdr.bridge.grace_units = meta.tables.translator_config.grace_ns[41:10];
     }
     // A WRITE of `words` payload words at `va`, with an ImmDt when `immediate` is set.
     action write_frame(bit<64> va, bit<8> words, bit<1> immediate, bit<32> tag) {
@@ -1193,6 +1214,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             ig_dprsr_md.drop_ctl = 1;
             return;
         }
+        now = ig_intr_md.ingress_mac_tstamp[41:10];
         bit<32> word;
 
         // ---------------------------------------------------------------------------------------
@@ -1277,11 +1299,26 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                 consume(CNT_DROP_UNKNOWN_QP);
                 return;
             }
-            bridge_qp();
-            hdr.bridge.kind = BRIDGE_REPLY;
-            hdr.bridge.syndrome = hdr.dta.aeth.syndrome;
-            hdr.bridge.psn = hdr.dta.bth.psn;
-            ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
+            // AETH: only a PSN sequence error NAK resyncs (dta-v1 §7.13); other NAKs fail the QP.
+            bit<3> kind = hdr.dta.aeth.syndrome[7:5];
+            bit<5> code = hdr.dta.aeth.syndrome[4:0];
+            bit<32> index = meta.tables.qp_key.qp_index;
+            if (kind == (bit<3>)AETH_ACK) {
+                consume(CNT_RX_ACKS);
+            } else if (kind == (bit<3>)AETH_RNR_NAK) {
+                consume(CNT_RX_RNR_NAKS);
+            } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
+                count(CNT_RX_NAK_SEQUENCE);
+                start_grace.execute(index);
+                // Egress owns the PSN: the NAK goes there to resync it.
+                bridge_qp();
+                hdr.bridge.kind = BRIDGE_REPLY;
+                hdr.bridge.psn = hdr.dta.bth.psn;
+                ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
+            } else {
+                consume(CNT_RX_NAK_FATAL);
+                fail_gate.execute(index);
+            }
             return;
         }
 
@@ -1326,6 +1363,16 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             }
             if (!qp.apply().hit) {
                 consume(CNT_DROP_UNKNOWN_QP);
+                return;
+            }
+            // A QP that cannot send takes no report: its state stays as the collector last saw it.
+            bit<32> gate = pass_gate.execute(meta.tables.qp_key.qp_index);
+            if (gate == GATE_FAILED) {
+                consume(CNT_DROP_QP_FAILED);
+                return;
+            }
+            if (gate == GATE_GRACE) {
+                consume(CNT_DROP_GRACE);
                 return;
             }
             bridge_qp();
@@ -1917,7 +1964,6 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
                       inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
     SOFTDTA_REGISTER_QP_STATE_NEXT_PSN
     SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT
-    Register<qp_gate_t, bit<32>>((bit<32>)QP_STATE_MAX_ENTRIES) qp_gate;
 
     Hash<bit<32>>(HashAlgorithm_t.CRC32) dta_v1_key_hash;
     KEY_HASH_UNIT(1)
@@ -1955,11 +2001,9 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_6;
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) chunk_7;
 
-    bit<32> now; // ingress-to-egress global time in 1.024 us units
     bit<32> slot;
     bit<32> offset;
     bit<32> psn;
-    bit<32> gate;
     bit<1> ack_req;
     bit<32> tail; // L over the iCRC tail so far (softdta/icrc_split.py)
 
@@ -1984,26 +2028,6 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
                 value = value + 1;
                 result = 0;
             }
-        }
-    };
-    // A report may use the QP when it is active, or in grace and the grace period is over (it ends it).
-    RegisterAction<qp_gate_t, bit<32>, bit<32>>(qp_gate) pass_gate = {
-        void apply(inout qp_gate_t value, out bit<32> result) {
-            if (value.state == GATE_GRACE && now >= value.grace_until) {
-                value.state = GATE_ACTIVE;
-            }
-            result = value.state;
-        }
-    };
-    RegisterAction<qp_gate_t, bit<32>, bit<32>>(qp_gate) start_grace = {
-        void apply(inout qp_gate_t value) {
-            value.state = GATE_GRACE;
-            value.grace_until = now + hdr.bridge.grace_units;
-        }
-    };
-    RegisterAction<qp_gate_t, bit<32>, bit<32>>(qp_gate) fail_gate = {
-        void apply(inout qp_gate_t value) {
-            value.state = GATE_FAILED;
         }
     };
 
@@ -2033,20 +2057,9 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
         if (hdr.bridge.kind == BRIDGE_GATHER) {
             return; // a Sketch-Merge group on its way back to ingress
         }
-        now = eg_prsr_md.global_tstamp[41:10];
         bit<32> index = hdr.bridge.qp_index;
         if (hdr.bridge.kind == BRIDGE_REPLY) {
-            // AETH: only a PSN sequence error NAK resyncs, to the PSN the collector expects.
-            bit<3> kind = hdr.bridge.syndrome[7:5];
-            bit<5> code = hdr.bridge.syndrome[4:0];
-            if (kind == (bit<3>)AETH_NAK) {
-                if (code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
-                    resync_psn.execute(index);
-                    start_grace.execute(index);
-                } else {
-                    fail_gate.execute(index);
-                }
-            }
+            resync_psn.execute(index); // a PSN sequence error NAK: to the PSN the collector expects
             eg_dprsr_md.drop_ctl = 1;
             return;
         }
@@ -2055,30 +2068,25 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
             tail = hdr.bridge.tail_crc;
             if (hdr.chunks[4].isValid()) {
                 tail = chunk_4.get({ BYTESWAP32(tail) ^ hdr.chunks[4].w0,
-                                       hdr.chunks[4].w1, hdr.chunks[4].w2, hdr.chunks[4].w3, hdr.chunks[4].w4,
-                                       hdr.chunks[4].w5, hdr.chunks[4].w6, hdr.chunks[4].w7 });
+                                     hdr.chunks[4].w1, hdr.chunks[4].w2, hdr.chunks[4].w3, hdr.chunks[4].w4,
+                                     hdr.chunks[4].w5, hdr.chunks[4].w6, hdr.chunks[4].w7 });
             }
             if (hdr.chunks[5].isValid()) {
                 tail = chunk_5.get({ BYTESWAP32(tail) ^ hdr.chunks[5].w0,
-                                       hdr.chunks[5].w1, hdr.chunks[5].w2, hdr.chunks[5].w3, hdr.chunks[5].w4,
-                                       hdr.chunks[5].w5, hdr.chunks[5].w6, hdr.chunks[5].w7 });
+                                     hdr.chunks[5].w1, hdr.chunks[5].w2, hdr.chunks[5].w3, hdr.chunks[5].w4,
+                                     hdr.chunks[5].w5, hdr.chunks[5].w6, hdr.chunks[5].w7 });
             }
             if (hdr.chunks[6].isValid()) {
                 tail = chunk_6.get({ BYTESWAP32(tail) ^ hdr.chunks[6].w0,
-                                       hdr.chunks[6].w1, hdr.chunks[6].w2, hdr.chunks[6].w3, hdr.chunks[6].w4,
-                                       hdr.chunks[6].w5, hdr.chunks[6].w6, hdr.chunks[6].w7 });
+                                     hdr.chunks[6].w1, hdr.chunks[6].w2, hdr.chunks[6].w3, hdr.chunks[6].w4,
+                                     hdr.chunks[6].w5, hdr.chunks[6].w6, hdr.chunks[6].w7 });
             }
             if (hdr.chunks[7].isValid()) {
                 tail = chunk_7.get({ BYTESWAP32(tail) ^ hdr.chunks[7].w0,
-                                       hdr.chunks[7].w1, hdr.chunks[7].w2, hdr.chunks[7].w3, hdr.chunks[7].w4,
-                                       hdr.chunks[7].w5, hdr.chunks[7].w6, hdr.chunks[7].w7 });
+                                     hdr.chunks[7].w1, hdr.chunks[7].w2, hdr.chunks[7].w3, hdr.chunks[7].w4,
+                                     hdr.chunks[7].w5, hdr.chunks[7].w6, hdr.chunks[7].w7 });
             }
             finish_icrc();
-            return;
-        }
-        gate = pass_gate.execute(index);
-        if (gate != GATE_ACTIVE) {
-            eg_dprsr_md.drop_ctl = 1; // grace or failed: the collector would reject the frame
             return;
         }
         psn = take_psn.execute(index);
@@ -2251,23 +2259,23 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
             }
             if (hdr.chunks[0].isValid()) {
                 tail = chunk_0.get({ BYTESWAP32(tail) ^ hdr.chunks[0].w0,
-                                       hdr.chunks[0].w1, hdr.chunks[0].w2, hdr.chunks[0].w3, hdr.chunks[0].w4,
-                                       hdr.chunks[0].w5, hdr.chunks[0].w6, hdr.chunks[0].w7 });
+                                     hdr.chunks[0].w1, hdr.chunks[0].w2, hdr.chunks[0].w3, hdr.chunks[0].w4,
+                                     hdr.chunks[0].w5, hdr.chunks[0].w6, hdr.chunks[0].w7 });
             }
             if (hdr.chunks[1].isValid()) {
                 tail = chunk_1.get({ BYTESWAP32(tail) ^ hdr.chunks[1].w0,
-                                       hdr.chunks[1].w1, hdr.chunks[1].w2, hdr.chunks[1].w3, hdr.chunks[1].w4,
-                                       hdr.chunks[1].w5, hdr.chunks[1].w6, hdr.chunks[1].w7 });
+                                     hdr.chunks[1].w1, hdr.chunks[1].w2, hdr.chunks[1].w3, hdr.chunks[1].w4,
+                                     hdr.chunks[1].w5, hdr.chunks[1].w6, hdr.chunks[1].w7 });
             }
             if (hdr.chunks[2].isValid()) {
                 tail = chunk_2.get({ BYTESWAP32(tail) ^ hdr.chunks[2].w0,
-                                       hdr.chunks[2].w1, hdr.chunks[2].w2, hdr.chunks[2].w3, hdr.chunks[2].w4,
-                                       hdr.chunks[2].w5, hdr.chunks[2].w6, hdr.chunks[2].w7 });
+                                     hdr.chunks[2].w1, hdr.chunks[2].w2, hdr.chunks[2].w3, hdr.chunks[2].w4,
+                                     hdr.chunks[2].w5, hdr.chunks[2].w6, hdr.chunks[2].w7 });
             }
             if (hdr.chunks[3].isValid()) {
                 tail = chunk_3.get({ BYTESWAP32(tail) ^ hdr.chunks[3].w0,
-                                       hdr.chunks[3].w1, hdr.chunks[3].w2, hdr.chunks[3].w3, hdr.chunks[3].w4,
-                                       hdr.chunks[3].w5, hdr.chunks[3].w6, hdr.chunks[3].w7 });
+                                     hdr.chunks[3].w1, hdr.chunks[3].w2, hdr.chunks[3].w3, hdr.chunks[3].w4,
+                                     hdr.chunks[3].w5, hdr.chunks[3].w6, hdr.chunks[3].w7 });
             }
             if (hdr.bridge.chunks > TAIL_CHUNKS_PER_PASS) {
                 // The rest of the tail in a second pass (ingress sent this one to the recirculation port).
