@@ -162,6 +162,8 @@ def test_structural_check_finds_mistakes(mutation, expected):
     (lambda p: p.replace("meta.tables.append_list.first_slot", "meta.tables.append_list.first", 1),
      "meta.tables.append_list.first"),
     (lambda p: p.replace("BRIDGE_ICRC_PASS;", "BRIDGE_ICRC_PASSES;", 1), "constant BRIDGE_ICRC_PASSES"),
+    (lambda p: p.replace("pass_gate.execute(", "pass_gates.execute(", 1), "register action pass_gates"),
+    (lambda p: p.replace("(qp_gate) start_grace", "(qp_gates) start_grace", 1), "register qp_gates"),
 ])
 def test_structural_check_finds_mistakes_in_tna(mutation, expected):
     assert_finds(PROGRAMS["tna"].read_text(), mutation, expected)
