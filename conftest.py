@@ -1,4 +1,5 @@
-"""Shared by tests/ and bench/: privileged tests (BPF programs, network namespaces) need root and say so."""
+"""Shared by tests/ and bench/: the example tables and a reporter for them; privileged tests (BPF programs,
+network namespaces) need root and say so."""
 
 import os
 
@@ -13,3 +14,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "privileged" in item.keywords:
             item.add_marker(skip)
+
+
+# softdta (and numpy) are imported inside the fixtures: bench/conftest.py pins numpy's thread pools first
+
+
+@pytest.fixture
+def tables():
+    from softdta.tables import Tables
+    from tests.common import EXAMPLE_TABLES
+    return Tables.from_toml(EXAMPLE_TABLES)
+
+
+@pytest.fixture
+def reporter(tables):
+    from softdta.frames import ip_bytes, mac_bytes
+    from softdta.workload import ReporterAddress
+    from tests.common import COLLECTOR_IP
+    return ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"), translator_mac=tables.mac,
+                           collector_ip=COLLECTOR_IP)

@@ -14,19 +14,12 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUM
     os.environ.setdefault(_name, "1")
 
 from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from softdta.frames import ip_bytes, mac_bytes  # noqa: E402
 from softdta.benchmarks import KeyWriteStore, fill_keywrite_store  # noqa: E402
 from softdta.spec import KeyHash  # noqa: E402
-from softdta.tables import Tables  # noqa: E402
-from softdta.workload import ReporterAddress  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE_TABLES = ROOT / "examples" / "tables.toml"
-COLLECTOR_IP = ip_bytes("10.77.1.1")
 
 def benchmarks_disabled(config) -> bool:
     session = getattr(config, "_benchmarksession", None)
@@ -89,18 +82,3 @@ def keywrite_store(sizes):
 
     yield get
     cache.clear()
-
-
-# --------------------------------------------------------------------------------------------------
-# Translator inputs
-
-
-@pytest.fixture
-def tables() -> Tables:
-    return Tables.from_toml(EXAMPLE_TABLES)
-
-
-@pytest.fixture
-def reporter(tables) -> ReporterAddress:
-    return ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"), translator_mac=tables.mac,
-                           collector_ip=COLLECTOR_IP)

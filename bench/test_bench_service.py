@@ -8,13 +8,12 @@ import pytest
 import uvloop
 
 from softdta import workload
-from softdta.frames import ip_bytes
 from softdta.offline import OfflineCollector
 from softdta.service import OfflineSource, serve
 from softdta.spec import Primitive
 from softdta.translator import Translator
+from tests.common import COLLECTOR_IP
 
-COLLECTOR_IP = ip_bytes("10.77.1.1")  # the collector of examples/tables.toml
 KEYWRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py
 KEYS_PER_REQUEST = 1000
 REDUNDANCY = 2

@@ -9,8 +9,8 @@ from softdta.frames import UdpEndpoints, ip_bytes
 from softdta.roce import build_roce_frame, icrc, parse_roce, transport_payload
 from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, Primitive, RoceOpcode
 from softdta.translator import Translator
+from tests.common import COLLECTOR_IP
 
-COLLECTOR_IP = ip_bytes("10.77.1.1")  # the collector of examples/tables.toml
 
 
 def _key_write(tables, count):

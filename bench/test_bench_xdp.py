@@ -18,8 +18,9 @@ from softdta.bpf import BpfObject
 from softdta.spec import Counter, Primitive
 from softdta.translator import Translator
 from softdta.xdp import XdpTranslator, build_object
+from tests.common import COLLECTOR_IP
 
-from conftest import COLLECTOR_IP, benchmarks_disabled
+from conftest import benchmarks_disabled
 
 pytestmark = pytest.mark.privileged
 
