@@ -233,6 +233,8 @@ class Counter(IntEnum):
     DROP_DEFER_FULL = 34  # the ring to userspace for essential reports was full
     DROP_NO_ROOM = 35  # the driver gave no room to grow the frame
     DROP_FANOUT_LOST = 36  # tc found no parked frames for a redundant report (it came too late)
+    DROP_REPLY_PSN_OUTSIDE_WINDOW = 37  # an RC reply whose PSN is not outstanding (stale, or forged)
+    DROP_REPLY_ON_UC = 38  # a UC queue pair takes no ACK or NAK: a reply to one is forged
     # Well-formed reports per primitive: RX_KEY_WRITE + opcode - 1.
     RX_KEY_WRITE = 40
     RX_APPEND = 41
