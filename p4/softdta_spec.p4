@@ -33,6 +33,7 @@ const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
 const bit<16> ARENA_PAGE = 4096;
+const bit<16> RESPONDER_IP_LIMIT = 1280;
 const bit<8> P4_APPEND_BATCH_BITS = 4;
 const bit<8> P4_POSTCARD_WORD_BITS = 3;
 const bit<8> P4_SKETCH_ROW_BITS = 4;

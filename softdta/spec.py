@@ -466,6 +466,7 @@ TRANSLATOR_TABLES = (
 # The xdp collector backend's tables: the contract between the collector's control plane and its XDP responder.
 
 ARENA_PAGE = 4096  # the responder's memory is an mmapable array of pages that userspace maps as one buffer
+RESPONDER_IP_LIMIT = 1280  # the longest IP packet a collector accepts: WRITE payloads of up to 1220 bytes
 
 RESPONDER_TABLES = (
     Table("responder_config", (Field("index", 32),), (
