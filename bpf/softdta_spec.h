@@ -755,8 +755,10 @@ struct responder_config_value {
 	__u8 mac[6];
 	__u16 udp_sport;
 	__u32 ip; /* network order */
+	__u8 _pad0[4];
+	__u64 layout; /* hash of the regions' layout: a restarted collector adopts only memory laid out as its own */
 };
-_Static_assert(sizeof(struct responder_config_value) == 12, "struct responder_config_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct responder_config_value) == 24, "struct responder_config_value does not match softdta/spec.py");
 
 /* responder_qp key: a queue pair of the collector and the region it may write */
 struct responder_qp_key {
@@ -776,8 +778,10 @@ struct responder_qp_value {
 	__u64 base_va;
 	__u64 length;
 	__u64 arena_offset; /* where the region starts in the arena, in bytes */
+	__u32 start_psn; /* the PSN advertised at connect, advertised again by a restarted collector */
+	__u8 _pad1[4];
 };
-_Static_assert(sizeof(struct responder_qp_value) == 48, "struct responder_qp_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct responder_qp_value) == 56, "struct responder_qp_value does not match softdta/spec.py");
 
 /* responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
 struct responder_qp_state_key {

@@ -657,6 +657,7 @@ struct responder_config_value_t {
     bit<48> mac;
     bit<16> udp_sport;
     bit<32> ip; // network order
+    bit<64> layout; // hash of the regions' layout: a restarted collector adopts only memory laid out as its own
 }
 
 // responder_qp key: a queue pair of the collector and the region it may write
@@ -675,6 +676,7 @@ struct responder_qp_value_t {
     bit<64> base_va;
     bit<64> length;
     bit<64> arena_offset; // where the region starts in the arena, in bytes
+    bit<32> start_psn; // the PSN advertised at connect, advertised again by a restarted collector
 }
 
 // responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates

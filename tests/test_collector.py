@@ -14,7 +14,7 @@ from softdta.collector.backend import Peer
 from softdta.collector.collector import Collector, tables_document
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import CollectorLinks, ControlError, ControlServer, cancel_tasks
-from softdta.collector.xdp_backend import XdpBackend, arena_bytes_for
+from softdta.collector.xdp_backend import XdpBackend
 from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.query import keyincrement_query, keywrite_query
 from softdta.roce import build_roce_frame, parse_roce, transport_payload
@@ -43,9 +43,7 @@ def small_config(tmp_path, **changes) -> CollectorConfig:
 
 
 def open_collector(config: CollectorConfig) -> Collector:
-    backend = XdpBackend(config.mac, config.ip, arena_bytes=arena_bytes_for([r.length for r in config.regions()]),
-                         data_dir=config.data_dir)
-    return Collector(config, backend)
+    return Collector(config, XdpBackend.for_config(config))
 
 
 @pytest.mark.parametrize("change, message", [
