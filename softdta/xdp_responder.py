@@ -94,7 +94,8 @@ class XdpResponder:
         if self.pin_dir is None:
             return
         for name in self.maps:
-            (self.pin_dir / name).unlink(missing_ok=True)
+            if "." not in name:  # global-data maps are never pinned
+                (self.pin_dir / name).unlink(missing_ok=True)
         try:
             self.pin_dir.rmdir()
         except OSError:

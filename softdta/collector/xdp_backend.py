@@ -185,8 +185,9 @@ class XdpBackend:
 
 
 def pin_dir_for(name: str, ip: bytes) -> Path:
-    """Where `softdta collector up` pins a collector's maps: one directory per collector name and IP."""
-    return PIN_ROOT / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{'.'.join(map(str, ip))}"
+    """Where `softdta collector up` pins a collector's maps: one directory per collector name and IP (bpffs
+    refuses names with dots)."""
+    return PIN_ROOT / f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)}-{'-'.join(map(str, ip))}"
 
 
 def arena_bytes_for(lengths: list[int]) -> int:
