@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from softdta import dta, service, workload
-from softdta.collector.backend import Peer
+from softdta.collector.backend import BackendError, Peer
 from softdta.collector.collector import RELEASE_GRACE_S, Collector, tables_document
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import (CollectorLinks, ControlError, ControlServer, cancel_tasks,
                                       fetch_advertisements, receive)
-from softdta.bpf import BpfObject, attach_xdp
+from softdta.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.codec import WireError
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
 from softdta.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
@@ -435,4 +435,41 @@ def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
             collector.wait(10)
         cleanup_prefix(KILL_PREFIX)
         steer.close()
+        shutil.rmtree(pins, ignore_errors=True)
+
+
+def test_a_region_too_big_for_memory_is_one_line_naming_the_structure(tmp_path):
+    text = EXAMPLE_COLLECTOR.read_text().replace("slots = 131072", f"slots = {1 << 40}")
+    (tmp_path / "collector.toml").write_text(text)
+    result = subprocess.run([sys.executable, "-m", "softdta.cli", "collector", "up", "--config",
+                             str(tmp_path / "collector.toml")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "structure key-write needs" in result.stderr and "lower its slots" in result.stderr
+
+
+def test_pinned_memory_and_queue_pairs_are_adopted_only_by_the_same_configuration(tmp_path):
+    """A collector that dies without stopping leaves its maps pinned: the next one of the same configuration
+    takes over memory (not the older region file), queue pairs and R_Keys; another configuration is refused."""
+    config = small_config(tmp_path)
+    pins = ensure_bpffs() / f"softdta-adopt-{os.getpid()}"
+    try:
+        first = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
+        advert = first.connect("key-write", Peer(ip_bytes("10.77.0.1"), mac_bytes("02:5d:7a:00:00:01"), 0x1000, 7))
+        first.backend.checkpoint()
+        first.regions["key-write"].view[:4] = [1, 2, 3, 4]  # written after the last save
+        first.backend.responder.close()  # what a kill -9 leaves: the pins, and no save
+        second = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
+        assert second.regions["key-write"].view[:4].tolist() == [1, 2, 3, 4]
+        assert second.released, "adopted queue pairs wait for their translator"
+        assert second.connection_of(ip_bytes("10.77.0.1"), "key-write") == advert
+        assert not second.released, "the translator that came back holds its queue pair again"
+        second.backend.responder.close()
+        with pytest.raises(BackendError, match=r"holds the memory of a collector configured differently \("
+                                               r"responder_qp holds 1024 entries, not 5; .*regions are laid out"):
+            XdpBackend.for_config(replace(config, max_qps=5), pin_dir=pins)
+        Collector(config, XdpBackend.for_config(config, pin_dir=pins)).close()  # a clean stop: saved, unpinned
+        assert not pins.exists()
+        assert (config.data_dir / "key-write.region").read_bytes()[:4] == bytes([1, 2, 3, 4])
+    finally:
         shutil.rmtree(pins, ignore_errors=True)
