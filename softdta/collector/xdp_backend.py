@@ -50,7 +50,7 @@ class XdpBackend:
         layout = hashlib.blake2b(json.dumps([regions, qp_capacity]).encode(), digest_size=8).digest()
         try:
             if pin_dir is not None:
-                ensure_bpffs(pin_dir.parent)
+                ensure_bpffs()
             self.responder = XdpResponder(mac, ip, arena_bytes=arena, qp_capacity=qp_capacity, pin_dir=pin_dir,
                                           layout=int.from_bytes(layout, "little"))
             if interface:
