@@ -75,14 +75,17 @@ class XdpResponder:
     def _check_pinned(self, sizes: dict[str, int], layout: int) -> None:
         """Refuse pinned maps of another configuration, before libbpf would with a page of log."""
         differs = []
-        for name, size in sizes.items():
-            with Map.from_pinned(self.pin_dir / name) as pinned:
-                if pinned.max_entries != size:
-                    differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
-        with Map.from_pinned(self.pin_dir / "responder_config") as pinned:
-            config = table("responder_config").value.unpack(pinned.lookup(bytes(4)))
-        if config["layout"] != layout:
-            differs.append("its regions are laid out differently")
+        try:
+            for name, size in sizes.items():
+                with Map.from_pinned(self.pin_dir / name) as pinned:
+                    if pinned.max_entries != size:
+                        differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
+            with Map.from_pinned(self.pin_dir / "responder_config") as pinned:
+                config = table("responder_config").value.unpack(pinned.lookup(bytes(4)))
+            if config["layout"] != layout:
+                differs.append("its regions are laid out differently")
+        except BpfError as error:
+            differs.append(f"its pins are incomplete: {error}")
         if differs:
             raise EngineError(f"{self.pin_dir} holds the memory of a collector configured differently "
                               f"({'; '.join(differs)}), left by one that was killed: start it with its old "
