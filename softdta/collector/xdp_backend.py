@@ -171,9 +171,10 @@ class XdpBackend:
                 partial.replace(saved)
 
     def close(self) -> None:
-        """A clean stop: save the regions, then detach and unpin, so the next start restores the files."""
-        self.checkpoint()
+        """A clean stop: detach (no more writes), save the regions, then unpin, so the next start restores the
+        files. If the save fails, the pins stay and the next start adopts the memory."""
         self.responder.detach()
+        self.checkpoint()
         self.responder.unpin()
         self.responder.close()
 
