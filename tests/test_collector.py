@@ -414,7 +414,7 @@ def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
         collector.wait(10)
         assert not (tmp_path / "regions" / "key-write.region").exists(), "nothing was saved before the kill"
         # the killed collector's program keeps executing (into pinned memory) and acknowledging
-        writer.write(qp, 40, wait_s=2)
+        assert writer.write(qp, 40, wait_s=5) == 40
         collector = _start_collector(tmp_path / "collector.toml", collector_ns.name)
         adopted = writer.connect()
         if adopted != qp:  # a new queue pair starts over at its advertised PSN
