@@ -756,7 +756,7 @@ struct responder_config_value {
 	__u16 udp_sport;
 	__u32 ip; /* network order */
 	__u8 _pad0[4];
-	__u64 layout; /* hash of the regions' layout: a restarted collector adopts only memory laid out as its own */
+	__u64 layout; /* hash of the regions' layout: a restarted collector adopts only its own memory */
 };
 _Static_assert(sizeof(struct responder_config_value) == 24, "struct responder_config_value does not match softdta/spec.py");
 

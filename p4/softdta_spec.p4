@@ -657,7 +657,7 @@ struct responder_config_value_t {
     bit<48> mac;
     bit<16> udp_sport;
     bit<32> ip; // network order
-    bit<64> layout; // hash of the regions' layout: a restarted collector adopts only memory laid out as its own
+    bit<64> layout; // hash of the regions' layout: a restarted collector adopts only its own memory
 }
 
 // responder_qp key: a queue pair of the collector and the region it may write

@@ -1,8 +1,8 @@
 """The reference RoCEv2 responder: what a collector NIC does with the translator's frames (sans-IO).
 
 It checks frames the way rdma_rxe does (iCRC, destination QP, source GID, PSN rules per transport, R_Key,
-bounds, access flags; IP packets longer than RESPONDER_IP_LIMIT are malformed), applies RDMA WRITEs and Fetch&Adds to memory, and produces ACK, NAK and Atomic ACK
-frames for RC. Collector backends are tested against it.
+bounds, access flags; IP packets longer than RESPONDER_IP_LIMIT are malformed), applies RDMA WRITEs and
+Fetch&Adds to memory, and produces ACK, NAK and Atomic ACK frames for RC. Collector backends are tested against it.
 """
 
 from __future__ import annotations

@@ -471,7 +471,7 @@ RESPONDER_IP_LIMIT = 1280  # the longest IP packet a collector accepts: WRITE pa
 RESPONDER_TABLES = (
     Table("responder_config", (Field("index", 32),), (
         Raw("mac", 6), Field("udp_sport", 16), Field("ip", 32, "network order"),
-        Field("layout", 64, "hash of the regions' layout: a restarted collector adopts only memory laid out as its own"),
+        Field("layout", 64, "hash of the regions' layout: a restarted collector adopts only its own memory"),
     ), 1, "the collector port"),
     Table("responder_qp", (Field("qpn", 32),), (
         Field("remote_qpn", 32), Field("remote_ip", 32, "network order"), Raw("remote_mac", 6),

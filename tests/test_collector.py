@@ -252,8 +252,8 @@ def test_a_full_qp_table_refuses_clearly_keeps_every_loop_alive_and_frees_what_t
     structures = sorted(collector.specs)
 
     def ask(translator: dict, wanted: dict):
-        return asyncio.run_coroutine_threadsafe(
-            fetch_advertisements("127.0.0.1", server.port, TOKEN, translator, wanted, timeout=5), server.loop).result(10)
+        asking = fetch_advertisements("127.0.0.1", server.port, TOKEN, translator, wanted, timeout=5)
+        return asyncio.run_coroutine_threadsafe(asking, server.loop).result(10)
 
     try:
         _, adverts, first_reader, first = ask(_translator(1),

@@ -17,7 +17,7 @@ from ..tables import KEY_HASH_NAMES, PRIMITIVE_NAMES, TableError, slot_size_of
 DEFAULT_CONTROL_PORT = 40050
 DEFAULT_QUERY_PORT = 8040
 DEFAULT_MAX_QPS = 1024
-MAX_QPS_LIMIT = 1 << 20  # queue pairs a collector can hold: QPNs are 24-bit, the xdp backend's tables are in kernel memory
+MAX_QPS_LIMIT = 1 << 20  # QPNs are 24-bit, and the xdp backend's queue-pair tables are kernel memory
 BACKENDS = ("xdp", "verbs")
 
 
