@@ -22,15 +22,18 @@
 #define IP_AT 16		/* where the IP packet sits: after 8 bytes that stand for the LRH in the iCRC,
 				 * which a reply's Ethernet header then overwrites */
 #define LRH_AT (IP_AT - 8)
-#define IP_LIMIT 1280		/* longest IP packet the responder accepts (payloads of up to 1 KiB) */
+#define IP_LIMIT RESPONDER_IP_LIMIT
 #define PSN_MASK 0xffffff
 #define PSN_HALF (1 << 23)
 #define ARENA_MASK (ARENA_PAGE - 1)
 #define SYNDROME_ACK 0x1f	/* ACK with the largest credit count, as softdta.roce.ACK_SYNDROME */
 #define SYNDROME_NAK(code) ((AETH_NAK << 5) | (code))
 
+_Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");
+
 struct scratch {
-	__u8 buf[BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
+	__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT + BUF_SIZE:
+					 * a request of up to BUF_SIZE bytes loads at IP_AT */
 };
 
 struct completion {
@@ -369,8 +372,9 @@ static __always_inline int respond(struct xdp_md *ctx)
 	__builtin_memcpy(&dst, ip + 16, 4);
 	/* The RoCE payload ends where UDP says; bytes after it (Ethernet padding) are not part of it. */
 	ip_total = ihl + udp_len;
+	/* ip_total is in [1, IP_LIMIT] here, so the mask keeps it whole and shows the verifier it fits. */
 	if (ip_total > IP_LIMIT ||
-	    bpf_xdp_load_bytes(ctx, ETHERNET_SIZE, s->buf + IP_AT, ((ip_total - 1) & (IP_LIMIT * 2 - 1)) + 1)) {
+	    bpf_xdp_load_bytes(ctx, ETHERNET_SIZE, s->buf + IP_AT, ((ip_total - 1) & BUF_MASK) + 1)) {
 		count(RCNT_MALFORMED);
 		return XDP_DROP;
 	}

@@ -37,6 +37,7 @@
 #define FANOUT_FRAME_MAX 256
 #define ICRC_LEN 4
 #define ARENA_PAGE 4096
+#define RESPONDER_IP_LIMIT 1280
 #define P4_APPEND_BATCH_BITS 4
 #define P4_POSTCARD_WORD_BITS 3
 #define P4_SKETCH_ROW_BITS 4
@@ -754,8 +755,10 @@ struct responder_config_value {
 	__u8 mac[6];
 	__u16 udp_sport;
 	__u32 ip; /* network order */
+	__u8 _pad0[4];
+	__u64 layout; /* hash of the regions' layout: a restarted collector adopts only its own memory */
 };
-_Static_assert(sizeof(struct responder_config_value) == 12, "struct responder_config_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct responder_config_value) == 24, "struct responder_config_value does not match softdta/spec.py");
 
 /* responder_qp key: a queue pair of the collector and the region it may write */
 struct responder_qp_key {
@@ -775,8 +778,10 @@ struct responder_qp_value {
 	__u64 base_va;
 	__u64 length;
 	__u64 arena_offset; /* where the region starts in the arena, in bytes */
+	__u32 start_psn; /* the PSN advertised at connect, advertised again by a restarted collector */
+	__u8 _pad1[4];
 };
-_Static_assert(sizeof(struct responder_qp_value) == 48, "struct responder_qp_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct responder_qp_value) == 56, "struct responder_qp_value does not match softdta/spec.py");
 
 /* responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
 struct responder_qp_state_key {

@@ -33,6 +33,7 @@ const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
 const bit<16> ARENA_PAGE = 4096;
+const bit<16> RESPONDER_IP_LIMIT = 1280;
 const bit<8> P4_APPEND_BATCH_BITS = 4;
 const bit<8> P4_POSTCARD_WORD_BITS = 3;
 const bit<8> P4_SKETCH_ROW_BITS = 4;
@@ -656,6 +657,7 @@ struct responder_config_value_t {
     bit<48> mac;
     bit<16> udp_sport;
     bit<32> ip; // network order
+    bit<64> layout; // hash of the regions' layout: a restarted collector adopts only its own memory
 }
 
 // responder_qp key: a queue pair of the collector and the region it may write
@@ -674,6 +676,7 @@ struct responder_qp_value_t {
     bit<64> base_va;
     bit<64> length;
     bit<64> arena_offset; // where the region starts in the arena, in bytes
+    bit<32> start_psn; // the PSN advertised at connect, advertised again by a restarted collector
 }
 
 // responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from . import rxe_lab
 from .bpf import BpfObject, attach_xdp, ensure_bpffs
+from .collector.xdp_backend import pin_dir_for
+from .frames import ip_bytes
 from .netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, veth_pair
 from .python_engine import engine_stats
 from .xdp import EngineError, build_object
@@ -42,6 +44,7 @@ STATE_DIR = Path("/run/softdta-lab")
 PIN_DIR = Path("/sys/fs/bpf/softdta-lab")
 TRANSLATOR_MAC, TRANSLATOR_IP = "02:5d:7a:00:00:01", "10.77.0.1"
 COLLECTOR_MAC, COLLECTOR_IP = "02:5d:7a:00:01:01", "10.77.1.1"
+COLLECTOR_NAME = "lab"
 CONTROL_PORT, QUERY_PORT = 40050, 8040
 COLLECTORS = ("xdp", "rxe")
 ENGINES = ("xdp", "python")
@@ -78,7 +81,7 @@ def collector_config(state: LabState) -> str:
                if state.collector == "xdp" else
                f'backend = "verbs"\nmac = "{rxe_lab.GUEST_MAC}"\ndata_dir = "/dev/shm/softdta"')
     return f"""[collector]
-name = "lab"
+name = "{COLLECTOR_NAME}"
 ip = "{COLLECTOR_IP}"
 {backend}
 token = "{state.token}"
@@ -306,6 +309,7 @@ def down() -> list[str]:
     rxe_lab.stop_qemu(GUEST_RUN_DIR)
     removed = cleanup_prefix(PREFIX)
     shutil.rmtree(PIN_DIR, ignore_errors=True)
+    shutil.rmtree(pin_dir_for(COLLECTOR_NAME, ip_bytes(COLLECTOR_IP)), ignore_errors=True)  # a killed collector's
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     return removed
 

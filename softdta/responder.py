@@ -1,8 +1,8 @@
 """The reference RoCEv2 responder: what a collector NIC does with the translator's frames (sans-IO).
 
 It checks frames the way rdma_rxe does (iCRC, destination QP, source GID, PSN rules per transport, R_Key,
-bounds, access flags), applies RDMA WRITEs and Fetch&Adds to memory, and produces ACK, NAK and Atomic ACK
-frames for RC. Collector backends are tested against it.
+bounds, access flags; IP packets longer than RESPONDER_IP_LIMIT are malformed), applies RDMA WRITEs and
+Fetch&Adds to memory, and produces ACK, NAK and Atomic ACK frames for RC. Collector backends are tested against it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .codec import WireError
 from .frames import UdpEndpoints, parse_udp_frame
 from .roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME,
                    build_roce_frame, parse_roce, transport_payload)
-from .spec import ROCE_PORT, Access, ResponderCounter, RoceOpcode, Transport
+from .spec import RESPONDER_IP_LIMIT, ROCE_PORT, Access, ResponderCounter, RoceOpcode, Transport
 
 PSN_MASK = 0xFFFFFF
 _WRITE_OPCODES = {RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.UC_WRITE_ONLY,
@@ -122,6 +122,8 @@ class Responder:
             return ResponderOutput(passed=True)
         if udp.udp["dport"] != ROCE_PORT:
             return ResponderOutput(passed=True)
+        if udp.payload_end - udp.ip_offset > RESPONDER_IP_LIMIT:
+            return self._drop(ResponderCounter.MALFORMED)
         try:
             packet = parse_roce(frame, udp)
         except WireError:

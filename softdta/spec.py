@@ -466,15 +466,18 @@ TRANSLATOR_TABLES = (
 # The xdp collector backend's tables: the contract between the collector's control plane and its XDP responder.
 
 ARENA_PAGE = 4096  # the responder's memory is an mmapable array of pages that userspace maps as one buffer
+RESPONDER_IP_LIMIT = 1280  # the longest IP packet a collector accepts: WRITE payloads of up to 1220 bytes
 
 RESPONDER_TABLES = (
     Table("responder_config", (Field("index", 32),), (
         Raw("mac", 6), Field("udp_sport", 16), Field("ip", 32, "network order"),
+        Field("layout", 64, "hash of the regions' layout: a restarted collector adopts only its own memory"),
     ), 1, "the collector port"),
     Table("responder_qp", (Field("qpn", 32),), (
         Field("remote_qpn", 32), Field("remote_ip", 32, "network order"), Raw("remote_mac", 6),
         Field("transport", 8), Field("access", 8, "spec.Access"), Field("rkey", 32), Field("base_va", 64),
         Field("length", 64), Field("arena_offset", 64, "where the region starts in the arena, in bytes"),
+        Field("start_psn", 32, "the PSN advertised at connect, advertised again by a restarted collector"),
     ), 1024, "a queue pair of the collector and the region it may write"),
     Table("responder_qp_state", (Field("qpn", 32),), (
         Field("expected_psn", 32), Field("msn", 32), Field("error", 8), Field("nak_sent", 8),

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .bpf import BpfError, BpfObject, RingBuffer, attach_xdp, detach_xdp, xdp_md
+from .bpf import BpfError, BpfObject, Map, RingBuffer, attach_xdp, detach_xdp, xdp_md
 from .maps import table
 from .responder import Completion, ResponderOutput
-from .spec import ARENA_PAGE, Access, ResponderCounter, Transport
+from .spec import ARENA_PAGE, RESPONDER_TABLES, Access, ResponderCounter, Transport
 from .xdp import BPF_DIR, XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
 
 SOURCE = BPF_DIR / "responder.bpf.c"
 DEFAULT_UDP_SPORT = 49153
+RESPONDER_QP_CAPACITY = next(t.max_entries for t in RESPONDER_TABLES if t.name == "responder_qp")
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,28 @@ class ArenaRegion:
 
 
 class XdpResponder:
-    """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions; `source`
-    may name a program that includes bpf/responder.bpf.c and adds to it (the benchmarks do)."""
+    """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions and
+    `qp_capacity` the size of its queue-pair table; `source` may name a program that includes
+    bpf/responder.bpf.c and adds to it (the benchmarks do).
 
-    def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, pin_dir: str | Path | None = None,
-                 udp_sport: int = DEFAULT_UDP_SPORT, source: Path = SOURCE):
+    With `pin_dir` (on a bpffs) every map is pinned there. Pinned maps outlive the process: after a kill -9 the
+    attached program keeps executing into them, and the next XdpResponder on the same `pin_dir` adopts them
+    (`adopted`), provided its `layout` (a hash of the regions, see XdpBackend) and sizes are the same.
+    """
+
+    def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, qp_capacity: int = RESPONDER_QP_CAPACITY,
+                 pin_dir: str | Path | None = None, layout: int = 0, udp_sport: int = DEFAULT_UDP_SPORT,
+                 source: Path = SOURCE):
         if len(ip) != 4:
             raise EngineError("the xdp responder serves RoCEv2 over IPv4; give the collector an IPv4 address")
-        pages = max(1, -(-arena_bytes // ARENA_PAGE))
+        sizes = {"arena": max(1, -(-arena_bytes // ARENA_PAGE)), "responder_qp": qp_capacity,
+                 "responder_qp_state": qp_capacity}
+        self.pin_dir = None if pin_dir is None else Path(pin_dir)
+        self.adopted = self.pin_dir is not None and (self.pin_dir / "arena").exists()
+        if self.adopted:
+            self._check_pinned(sizes, layout)
         try:
-            self.object = BpfObject(build_object(source), pin_dir=pin_dir, map_sizes={"arena": pages})
+            self.object = BpfObject(build_object(source), pin_dir=pin_dir, map_sizes=sizes)
         except BpfError as error:
             raise EngineError(f"cannot load the xdp responder: {error}") from None
         self.maps = self.object.maps
@@ -56,7 +69,40 @@ class XdpResponder:
         self.memory = np.frombuffer(self._mapping, dtype=np.uint8)
         self._next_page = 0
         self.attached: list[int] = []
-        self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"))
+        self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"),
+                    layout=layout)
+
+    def _check_pinned(self, sizes: dict[str, int], layout: int) -> None:
+        """Refuse pinned maps of another configuration, before libbpf would with a page of log."""
+        differs = []
+        try:
+            for name, size in sizes.items():
+                with Map.from_pinned(self.pin_dir / name) as pinned:
+                    if pinned.max_entries != size:
+                        differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
+            with Map.from_pinned(self.pin_dir / "responder_config") as pinned:
+                config = table("responder_config").value.unpack(pinned.lookup(bytes(4)))
+            if config["layout"] != layout:
+                differs.append("its regions are laid out differently")
+        except BpfError as error:
+            differs.append(f"its pins are incomplete: {error}")
+        if differs:
+            raise EngineError(f"{self.pin_dir} holds the memory of a collector configured differently "
+                              f"({'; '.join(differs)}), left by one that was killed: start it with its old "
+                              f"configuration and stop it (the regions are then saved), or delete {self.pin_dir} "
+                              "to discard what it wrote since its last save")
+
+    def unpin(self) -> None:
+        """Remove the pins: the maps then end with this process (a clean stop, after saving the regions)."""
+        if self.pin_dir is None:
+            return
+        for name in self.maps:
+            if "." not in name:  # global-data maps are never pinned
+                (self.pin_dir / name).unlink(missing_ok=True)
+        try:
+            self.pin_dir.rmdir()
+        except OSError:
+            pass  # something else was pinned there: leave it
 
     def close(self) -> None:
         self.detach()
@@ -89,10 +135,27 @@ class XdpResponder:
         """Bring a queue pair up (what a NIC's RTR transition does): it accepts requests from `remote_ip`."""
         if access & Access.REMOTE_ATOMIC and base_va % 8:
             raise EngineError(f"QP {qpn:#x}: atomics need an 8-byte aligned region, base 0x{base_va:x} is not")
-        self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn, remote_ip=int.from_bytes(remote_ip, "little"),
-                    remote_mac=remote_mac, transport=int(transport), access=int(access), rkey=rkey,
-                    base_va=base_va, length=region.length, arena_offset=region.offset)
-        self.reset_qp(qpn, expected_psn)
+        try:
+            self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn,
+                        remote_ip=int.from_bytes(remote_ip, "little"), remote_mac=remote_mac, transport=int(transport),
+                        access=int(access), rkey=rkey, base_va=base_va, length=region.length,
+                        arena_offset=region.offset, start_psn=expected_psn & 0xFFFFFF)
+            self.reset_qp(qpn, expected_psn)
+        except BpfError as error:
+            self.remove_qp(qpn)
+            raise EngineError(f"cannot add QP {qpn:#x}: {error}") from None
+
+    def remove_qp(self, qpn: int) -> None:
+        """Take a queue pair down: its requests are then dropped as unknown_qpn."""
+        key = table("responder_qp").key.pack(qpn=qpn)
+        self.maps["responder_qp"].delete(key)
+        self.maps["responder_qp_state"].delete(key)
+
+    def qp_entries(self) -> dict[int, dict]:
+        """The queue pairs in the table (those of an adopted table too), by QPN."""
+        layout = table("responder_qp")
+        return {layout.key.unpack(raw)["qpn"]: layout.value.unpack(value)
+                for raw, value in self.maps["responder_qp"].items()}
 
     def reset_qp(self, qpn: int, expected_psn: int) -> None:
         """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""

@@ -3,25 +3,40 @@ tables, and the control protocol over loopback with a real client."""
 
 import asyncio
 import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from softdta import dta, workload
-from softdta.collector.backend import Peer
-from softdta.collector.collector import Collector, tables_document
+from softdta import dta, service, workload
+from softdta.collector.backend import BackendError, Peer
+from softdta.collector.collector import RELEASE_GRACE_S, Collector, tables_document
 from softdta.collector.config import CollectorConfig
-from softdta.collector.control import CollectorLinks, ControlError, ControlServer, cancel_tasks
-from softdta.collector.xdp_backend import XdpBackend, arena_bytes_for
-from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes
+from softdta.collector.control import (CollectorLinks, ControlError, ControlServer, cancel_tasks,
+                                      fetch_advertisements, receive)
+from softdta.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.codec import WireError
+from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
+from softdta.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
+from softdta.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.python_engine import STEER_SOURCE
 from softdta.query import keyincrement_query, keywrite_query
-from softdta.roce import build_roce_frame, parse_roce, transport_payload
+from softdta.roce import ACK_SYNDROME, build_roce_frame, parse_roce, transport_payload
 from softdta.spec import ROCE_PORT, KeyHash, Primitive, ResponderCounter, RoceOpcode
 from softdta.tables import TableError, Tables
 from softdta.translator import Translator
 from softdta.workload import ReporterAddress
+from softdta.xdp import build_object
 
 from common import ROOT
 
@@ -43,9 +58,7 @@ def small_config(tmp_path, **changes) -> CollectorConfig:
 
 
 def open_collector(config: CollectorConfig) -> Collector:
-    backend = XdpBackend(config.mac, config.ip, arena_bytes=arena_bytes_for([r.length for r in config.regions()]),
-                         data_dir=config.data_dir)
-    return Collector(config, backend)
+    return Collector(config, XdpBackend.for_config(config))
 
 
 @pytest.mark.parametrize("change, message", [
@@ -222,3 +235,241 @@ def test_bad_control_messages_get_clear_errors(tmp_path):
     finally:
         server.close()
         collector.close()
+
+
+def _translator(n: int) -> dict:
+    return {"ip": f"10.77.0.{n}", "mac": f"02:5d:7a:00:00:{n:02x}"}
+
+
+def test_a_full_qp_table_refuses_clearly_keeps_every_loop_alive_and_frees_what_translators_leave(tmp_path):
+    """Three queue pairs for everyone: a first translator takes them all, a second is refused with the reason while
+    the repair loop, /health and /metrics carry on; once the first one's session ends, the second gets its queue
+    pair at once (a full table frees released ones), and released queue pairs go after the grace period."""
+    collector = open_collector(small_config(tmp_path, max_qps=3))
+    server = ServerThread(collector)
+    query = asyncio.run_coroutine_threadsafe(service.serve(collector, "127.0.0.1", 0), server.loop).result(5)
+    query_url = f"http://127.0.0.1:{query.addresses[0][1]}"
+    structures = sorted(collector.specs)
+
+    def ask(translator: dict, wanted: dict):
+        asking = fetch_advertisements("127.0.0.1", server.port, TOKEN, translator, wanted, timeout=5)
+        return asyncio.run_coroutine_threadsafe(asking, server.loop).result(10)
+
+    try:
+        _, adverts, first_reader, first = ask(_translator(1),
+                                              {name: (0x1000 + i, 0) for i, name in enumerate(structures[:3])})
+        assert len(collector.connections) == 3
+        with pytest.raises(ControlError, match=r"collector c1 is full: all 3 queue pairs .* max_qps"):
+            ask(_translator(2), {structures[3]: (0x2000, 0)})
+        # the repair loop still runs: a QP put into ERROR comes back
+        ki = next(a for a in adverts if a["structure"] == "key-increment")
+        assert collector.backend.responder.process(
+            _fetch_add_to(collector.config, _translator(1), ki["qp"], rkey_flip=1)).replies
+        readvertised = asyncio.run_coroutine_threadsafe(receive(first_reader, 10), server.loop).result(15)
+        assert (readvertised["type"], readvertised["structure"]) == ("advertise", "key-increment")
+        for path in ("/health", "/metrics"):
+            with urllib.request.urlopen(query_url + path, timeout=5) as reply:
+                assert reply.status == 200
+        assert len(json.loads(urllib.request.urlopen(query_url + "/health", timeout=5).read())["qps"]) == 3
+        # the first translator goes: its queue pairs are released, and the full table frees them for the second
+        asyncio.run_coroutine_threadsafe(_close(first), server.loop).result(5)
+        deadline = time.monotonic() + 10
+        while len(collector.released) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(collector.released) == 3
+        _, second, _, writer = ask(_translator(2), {structures[3]: (0x2000, 0)})
+        assert len(collector.connections) == 1
+        qpn = second[0]["qp"]["remote_qpn"]
+        assert set(collector.backend.responder.qp_entries()) == {qpn}, "the first translator's QPs are gone"
+        assert collector.backend.responder.qp_state(ki["qp"]["remote_qpn"]) is None
+        # a released queue pair stays for the grace period (a reconnect finds it), and goes after it
+        asyncio.run_coroutine_threadsafe(_close(writer), server.loop).result(5)
+        deadline = time.monotonic() + 10
+        while not collector.released and time.monotonic() < deadline:
+            time.sleep(0.05)
+        released_at = collector.released[qpn]
+        assert collector.repair(now=released_at + RELEASE_GRACE_S - 1) == [] and qpn in collector.connections
+        collector.repair(now=released_at + RELEASE_GRACE_S)
+        assert not collector.connections and not collector.backend.responder.qp_entries()
+    finally:
+        asyncio.run_coroutine_threadsafe(query.cleanup(), server.loop).result(5)
+        server.close()
+        collector.close()
+
+
+async def _close(writer) -> None:
+    writer.close()
+
+
+def _fetch_add_to(config, translator: dict, qp: dict, rkey_flip: int = 0) -> bytes:
+    ends = UdpEndpoints(mac_bytes(translator["mac"]), config.mac, ip_bytes(translator["ip"]), config.ip, 49152,
+                        ROCE_PORT)
+    atomic = {"atomic_eth": {"va": qp["base"], "rkey": qp["rkey"] ^ rkey_flip, "swap_add": 1}}
+    return build_roce_frame(ends, transport_payload(RoceOpcode.RC_FETCH_ADD, qp["remote_qpn"], qp["start_psn"], atomic))
+
+
+@pytest.mark.parametrize("value", [0, -1, "8", 1.5, True, 1 << 21])
+def test_max_qps_must_be_a_sensible_whole_number(value):
+    document = {"collector": {"ip": "10.77.1.1", "mac": "02:00:00:00:00:01", "max_qps": value},
+                "structures": [{"primitive": "key-write", "slots": 1024}]}
+    with pytest.raises(TableError, match="max_qps .* must be a whole number from 1 to"):
+        CollectorConfig.from_dict(document)
+
+
+KILL_PREFIX = f"sdta-k{os.getpid()}-"
+KILL_TRANSLATOR = {"ip": "10.77.0.1", "mac": "02:5d:7a:00:00:01"}
+
+
+class RcWriter:
+    """A translator's RC queue pair in miniature: RDMA WRITEs with AckReq from a raw socket, and the ACKs that come
+    back (an XDP program on its interface lets the collector's XDP_TX frames in)."""
+
+    def __init__(self, namespace: str, interface: str, config: CollectorConfig):
+        self.namespace, self.config = namespace, config
+        with in_netns(namespace):
+            self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+            self.socket.bind((interface, 0))
+            self.socket.settimeout(0.2)
+        self.psn = 0
+        self.sent: list[int] = []
+        self.acknowledged: dict[int, bytes] = {}  # arena-relative offset -> payload, for every ACKed write
+
+    def connect(self) -> dict:
+        async def ask():
+            _, adverts, _, writer = await fetch_advertisements(ip_str(self.config.ip), self.config.control_port, TOKEN,
+                                                               KILL_TRANSLATOR, {"key-write": (0x1000, 0)}, timeout=10)
+            writer.close()
+            return adverts[0]["qp"]
+        with in_netns(self.namespace):
+            return asyncio.run(ask())
+
+    def write(self, qp: dict, count: int, wait_s: float) -> int:
+        """Sends `count` WRITEs; returns how many were acknowledged within `wait_s` each."""
+        acknowledged = 0
+        for _ in range(count):
+            offset, payload = 64 * len(self.sent), os.urandom(48)
+            self.sent.append(offset)
+            ends = UdpEndpoints(mac_bytes(KILL_TRANSLATOR["mac"]), self.config.mac, ip_bytes(KILL_TRANSLATOR["ip"]),
+                                self.config.ip, 49152, ROCE_PORT)
+            reth = {"reth": {"va": qp["base"] + offset, "rkey": qp["rkey"], "dma_length": len(payload)}}
+            self.socket.send(build_roce_frame(ends, transport_payload(
+                RoceOpcode.RC_WRITE_ONLY, qp["remote_qpn"], self.psn, reth, payload, ack_req=True)))
+            if self._acked(self.psn, time.monotonic() + wait_s):
+                self.acknowledged[offset] = payload
+                acknowledged += 1
+            self.psn += 1
+        return acknowledged
+
+    def _acked(self, psn: int, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            try:
+                frame = self.socket.recv(2048)
+            except TimeoutError:
+                continue
+            try:
+                reply = parse_roce(frame)
+            except WireError:
+                continue
+            if reply.opcode == RoceOpcode.RC_ACK and reply.bth["psn"] == psn:
+                return reply.headers["aeth"]["syndrome"] == ACK_SYNDROME
+        return False
+
+
+def _start_collector(config_path, namespace: str) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "softdta.cli", "collector", "up", "--config", str(config_path),
+                                "--netns", namespace], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if select.select([process.stdout], [], [], 0.2)[0] and " up: " in process.stdout.readline():
+            return process
+        if process.poll() is not None:
+            raise AssertionError(f"the collector exited: {process.stderr.read()}")
+    raise AssertionError("the collector did not come up within 30 s")
+
+
+def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
+    """Writes, kill -9 of `softdta collector up`, more writes, a restart, more writes: every acknowledged write is
+    in the collector's memory at the end, though no region was saved before the kill."""
+    cleanup_prefix(KILL_PREFIX)
+    collector_ns, translator_ns = Namespace.create(KILL_PREFIX + "c"), Namespace.create(KILL_PREFIX + "t")
+    veth_pair(translator_ns, "t0", collector_ns, "c0", mac_a=KILL_TRANSLATOR["mac"], mac_b="02:5d:7a:00:01:01")
+    address(translator_ns, "t0", "10.77.0.1/16")
+    address(collector_ns, "c0", "10.77.1.1/16")
+    text = EXAMPLE_COLLECTOR.read_text().replace('name = "c1"', f'name = "kill9-{os.getpid()}"')
+    text = text.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"', 'data_dir = "regions"')
+    text = text.replace('hash = "independent"', 'hash = "independent"\ntransport = "rc"').replace("change-me", TOKEN)
+    (tmp_path / "collector.toml").write_text(text.replace("slots = 131072", "slots = 1024"))
+    config = CollectorConfig.from_toml(tmp_path / "collector.toml")
+    pins = pin_dir_for(config.name, config.ip)
+    steer = BpfObject(build_object(STEER_SOURCE))
+    collector = None
+    try:
+        with in_netns(translator_ns.name):
+            attach_xdp(socket.if_nametoindex("t0"), steer.programs["softdta_xsk"].fd)
+        writer = RcWriter(translator_ns.name, "t0", config)
+        collector = _start_collector(tmp_path / "collector.toml", collector_ns.name)
+        qp = writer.connect()
+        assert writer.write(qp, 40, wait_s=5) == 40
+        collector.kill()
+        collector.wait(10)
+        assert not (tmp_path / "regions" / "key-write.region").exists(), "nothing was saved before the kill"
+        # the killed collector's program keeps executing (into pinned memory) and acknowledging
+        assert writer.write(qp, 40, wait_s=5) == 40
+        collector = _start_collector(tmp_path / "collector.toml", collector_ns.name)
+        adopted = writer.connect()
+        if adopted != qp:  # a new queue pair starts over at its advertised PSN
+            writer.psn = adopted["start_psn"]
+        assert writer.write(adopted, 40, wait_s=5) == 40
+        collector.send_signal(signal.SIGTERM)
+        assert collector.wait(20) == 0, collector.stderr.read()
+        collector = None
+        memory = (tmp_path / "regions" / "key-write.region").read_bytes()
+        lost = [offset for offset, payload in writer.acknowledged.items()
+                if memory[offset:offset + len(payload)] != payload]
+        assert len(writer.acknowledged) >= 80 and not lost, f"{len(lost)} acknowledged writes lost"
+        assert adopted == qp, "the restarted collector took over the queue pair, its R_Key and its PSN"
+        assert not pins.exists(), "a clean stop removes the pins"
+    finally:
+        if collector is not None:
+            collector.kill()
+            collector.wait(10)
+        cleanup_prefix(KILL_PREFIX)
+        steer.close()
+        shutil.rmtree(pins, ignore_errors=True)
+
+
+def test_a_region_too_big_for_memory_is_one_line_naming_the_structure(tmp_path):
+    text = EXAMPLE_COLLECTOR.read_text().replace("slots = 131072", f"slots = {1 << 40}")
+    (tmp_path / "collector.toml").write_text(text)
+    result = subprocess.run([sys.executable, "-m", "softdta.cli", "collector", "up", "--config",
+                             str(tmp_path / "collector.toml")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "structure key-write needs" in result.stderr and "lower its slots" in result.stderr
+
+
+def test_pinned_memory_and_queue_pairs_are_adopted_only_by_the_same_configuration(tmp_path):
+    """A collector that dies without stopping leaves its maps pinned: the next one of the same configuration
+    takes over memory (not the older region file), queue pairs and R_Keys; another configuration is refused."""
+    config = small_config(tmp_path)
+    pins = ensure_bpffs() / f"softdta-adopt-{os.getpid()}"
+    try:
+        first = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
+        advert = first.connect("key-write", Peer(ip_bytes("10.77.0.1"), mac_bytes("02:5d:7a:00:00:01"), 0x1000, 7))
+        first.backend.checkpoint()
+        first.regions["key-write"].view[:4] = [1, 2, 3, 4]  # written after the last save
+        first.backend.responder.close()  # what a kill -9 leaves: the pins, and no save
+        second = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
+        assert second.regions["key-write"].view[:4].tolist() == [1, 2, 3, 4]
+        assert second.released, "adopted queue pairs wait for their translator"
+        assert second.connection_of(ip_bytes("10.77.0.1"), "key-write") == advert
+        assert not second.released, "the translator that came back holds its queue pair again"
+        second.backend.responder.close()
+        with pytest.raises(BackendError, match=r"holds the memory of a collector configured differently \("
+                                               r"responder_qp holds 1024 entries, not 5; .*regions are laid out"):
+            XdpBackend.for_config(replace(config, max_qps=5), pin_dir=pins)
+        Collector(config, XdpBackend.for_config(config, pin_dir=pins)).close()  # a clean stop: saved, unpinned
+        assert not pins.exists()
+        assert (config.data_dir / "key-write.region").read_bytes()[:4] == bytes([1, 2, 3, 4])
+    finally:
+        shutil.rmtree(pins, ignore_errors=True)

@@ -13,7 +13,7 @@ from softdta import workload
 from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.responder import MemoryRegion, Responder, ResponderQp
 from softdta.roce import build_roce_frame, parse_roce, transport_payload
-from softdta.spec import ROCE_PORT, ResponderCounter, RoceOpcode, Transport
+from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, ResponderCounter, RoceOpcode, Transport
 from softdta.tables import Tables
 from softdta.translator import Translator
 from softdta.workload import ReporterAddress
@@ -193,4 +193,44 @@ def test_malformed_frames_never_touch_memory():
         other_port = bytearray(frames[0])
         other_port[36:38] = (4792).to_bytes(2, "big")
         assert not pair.kernel.process(bytes(other_port)).replies
+        pair.assert_same_state()
+
+
+def test_every_request_size_up_to_the_ip_limit_matches_the_reference():
+    """Every WRITE and WRITE-with-immediate payload length, on RC and UC, from empty to the largest the responder
+    accepts (IP packets of RESPONDER_IP_LIMIT bytes), at offsets that cross pages; Fetch&Adds at every aligned
+    cell; then one byte more than the limit, which both count as malformed. Memory is compared at the end."""
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    pair = Pair(tables, rc=True)
+    uc_pair = Pair(Tables.from_toml(EXAMPLE_TABLES), rc=False)
+    rng = random.Random(14)
+    with pair.kernel, uc_pair.kernel:
+        for this, transport in ((pair, "rc"), (uc_pair, "uc")):
+            qps = [qp for qp in this.tables.qps if qp.collector_ip == COLLECTOR_IP]
+            target = max(qps, key=lambda qp: qp.length if qp.transport is Transport[transport.upper()] else 0)
+            assert target.length >= 3 * RESPONDER_IP_LIMIT
+            opcodes = ((RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM) if transport == "rc"
+                       else (RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM))
+            psn = target.start_psn
+            for opcode in opcodes:
+                headers = len(request(this.tables, target, opcode, 0)) - 14  # the IP packet of an empty WRITE
+                for size in range(RESPONDER_IP_LIMIT - headers + 2):  # up to one byte past the limit
+                    payload = rng.randbytes(size)
+                    offset = rng.randrange(target.length - size + 1)
+                    frame = request(this.tables, target, opcode, psn, va=target.base_va + offset, payload=payload,
+                                    ack_req=True)
+                    replies = this.deliver(frame, f"{opcode.name} payload {size}")
+                    if headers + size <= RESPONDER_IP_LIMIT:
+                        assert replies or transport == "uc", f"{opcode.name} payload {size} not acknowledged"
+                        psn += 1
+            this.assert_same_state()
+            assert this.kernel.counters()[ResponderCounter.MALFORMED] == len(opcodes), "one past the limit, each"
+        counter = next(qp for qp in pair.tables.qps if qp.collector_ip == COLLECTOR_IP
+                       and qp.transport is Transport.RC and qp.length >= 8)
+        psn = pair.reference.qps[counter.remote_qpn].expected_psn
+        for cell in range(0, counter.length, 8):
+            replies = pair.deliver(request(pair.tables, counter, RoceOpcode.RC_FETCH_ADD, psn,
+                                           va=counter.base_va + cell), f"fetch&add at {cell}")
+            assert replies
+            psn += 1
         pair.assert_same_state()

@@ -60,6 +60,13 @@ class Backend(Protocol):
     def connect(self, region: Region, transport: Transport, peer: Peer) -> QpInfo:
         """A queue pair that accepts `peer`'s requests into `region`, brought up to receive."""
 
+    def release(self, qpn: int) -> None:
+        """Take a queue pair down and free its entry (its translator is gone); unknown QPNs are ignored."""
+
+    def adopted(self) -> list[tuple[Peer, QpInfo]]:
+        """Queue pairs a killed collector left running (xdp with pinned maps), to be taken over; call it once,
+        after every region is registered."""
+
     def expected_psn(self, qpn: int) -> int:
         """The PSN the queue pair expects next (rxe's rq_psn): the translator's next PSN, when both agree."""
 

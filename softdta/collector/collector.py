@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from ..frames import ip_str, mac_str
 from ..regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from ..responder import CompletionLog
@@ -10,6 +12,12 @@ from ..tables import AppendLists, Tables
 from .backend import Backend, BackendError, Peer, QpInfo, Region
 from .config import AppendSpec, CollectorConfig, StructureSpec
 
+RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
+
+
+def _now(now: float | None) -> float:
+    return time.monotonic() if now is None else now
+
 
 class Collector:
     """Hosts the configured structures on `backend` and connects translators to them.
@@ -17,9 +25,14 @@ class Collector:
     `connect` gives a translator a queue pair into one structure and returns the advertisement it needs: the QPN,
     PSN, R_Key, address and size, and the structure's layout. `repair` re-creates queue pairs that fell into
     ERROR and returns the advertisements that replace the old ones.
+
+    Queue pairs are held for as long as their translator's session lasts. `release` marks those of a translator
+    whose session ended; it gets them back if it reconnects within RELEASE_GRACE_S, else `repair` frees them, and
+    a `connect` that finds the table full frees them at once. Queue pairs adopted from a killed collector's
+    pinned table start out released.
     """
 
-    def __init__(self, config: CollectorConfig, backend: Backend):
+    def __init__(self, config: CollectorConfig, backend: Backend, now: float | None = None):
         config.validate()
         self.config = config
         self.backend = backend
@@ -27,6 +40,10 @@ class Collector:
         self.regions: dict[str, Region] = {name: backend.register(name, spec.length, spec.access)
                                            for name, spec in self.specs.items()}
         self.connections: dict[int, tuple[str, Peer, QpInfo]] = {}  # collector QPN -> (structure, translator, QP)
+        self.released: dict[int, float] = {}  # collector QPN -> when its translator's session ended
+        for peer, qp in backend.adopted():
+            self.connections[qp.qpn] = (qp.region, peer, qp)
+            self.released[qp.qpn] = _now(now)
         self.tables = tables_for(config, self.regions)
         self.completion_log = CompletionLog()
 
@@ -39,24 +56,53 @@ class Collector:
     def connect(self, structure: str, peer: Peer) -> dict:
         if structure not in self.specs:
             raise BackendError(f"no structure {structure!r} here; this collector hosts {sorted(self.specs)}")
+        if len(self.connections) >= self.config.max_qps:
+            self._free(list(self.released))
+        if len(self.connections) >= self.config.max_qps:
+            raise BackendError(f"collector {self.config.name} is full: all {self.config.max_qps} queue pairs are "
+                               "held by connected translators; raise [collector] max_qps or stop unused translators")
         qp = self.backend.connect(self.regions[structure], self.specs[structure].transport, peer)
         self.connections[qp.qpn] = (structure, peer, qp)
         return self.advertisement(structure, qp, peer)
 
     def connection_of(self, translator_ip: bytes, structure: str) -> dict | None:
-        """The advertisement of a queue pair this translator already has into `structure` (after a reconnect)."""
-        for name, peer, qp in self.connections.values():
+        """The advertisement of a queue pair this translator already has into `structure` (after a reconnect); it
+        is the translator's again."""
+        for qpn, (name, peer, qp) in self.connections.items():
             if name == structure and peer.ip == translator_ip:
+                self.released.pop(qpn, None)
                 return self.advertisement(name, qp, peer)
         return None
 
-    def repair(self) -> list[tuple[Peer, dict]]:
-        """Queue pairs in ERROR, re-created: (translator end, new advertisement) for each."""
+    def release(self, translator_ip: bytes, now: float | None = None) -> None:
+        """The translator's session ended: its queue pairs go after RELEASE_GRACE_S unless it comes back."""
+        for qpn, (_, peer, _) in self.connections.items():
+            if peer.ip == translator_ip:
+                self.released.setdefault(qpn, _now(now))
+
+    def _free(self, qpns: list[int]) -> None:
+        for qpn in qpns:
+            self.backend.release(qpn)
+            self.connections.pop(qpn, None)
+            self.released.pop(qpn, None)
+
+    def repair(self, now: float | None = None) -> list[tuple[Peer, dict]]:
+        """Frees queue pairs released more than RELEASE_GRACE_S ago, and re-creates those in ERROR: (translator
+        end, new advertisement) for each re-created one."""
+        now = _now(now)
+        self._free([qpn for qpn, since in self.released.items() if now - since >= RELEASE_GRACE_S])
         repaired = []
         for qpn in self.backend.failed():
+            if qpn not in self.connections:
+                continue
+            try:
+                qp = self.backend.reconnect(qpn)
+            except BackendError:
+                continue  # tried again on the next pass
             structure, peer, _ = self.connections.pop(qpn)
-            qp = self.backend.reconnect(qpn)
             self.connections[qp.qpn] = (structure, peer, qp)
+            if qpn in self.released:
+                self.released[qp.qpn] = self.released.pop(qpn)
             repaired.append((peer, self.advertisement(structure, qp, peer)))
         return repaired
 
@@ -90,9 +136,10 @@ class Collector:
 
     def health(self) -> dict:
         failed = set(self.backend.failed())
-        return {"backend": self.backend.name, "collector": self.config.name,
+        return {"backend": self.backend.name, "collector": self.config.name, "max_qps": self.config.max_qps,
                 "qps": {f"{qpn:#x}": {"structure": structure, "translator": ip_str(peer.ip),
                                       "state": "error" if qpn in failed else "ready",
+                                      "session": "ended" if qpn in self.released else "open",
                                       "expected_psn": self.backend.expected_psn(qpn)}
                         for qpn, (structure, peer, _) in self.connections.items()}}
 

@@ -16,6 +16,8 @@ from ..tables import KEY_HASH_NAMES, PRIMITIVE_NAMES, TableError, slot_size_of
 
 DEFAULT_CONTROL_PORT = 40050
 DEFAULT_QUERY_PORT = 8040
+DEFAULT_MAX_QPS = 1024
+MAX_QPS_LIMIT = 1 << 20  # QPNs are 24-bit, and the xdp backend's queue-pair tables are kernel memory
 BACKENDS = ("xdp", "verbs")
 
 
@@ -115,6 +117,7 @@ class CollectorConfig:
     token: str = ""
     control_port: int = DEFAULT_CONTROL_PORT
     query_port: int = DEFAULT_QUERY_PORT
+    max_qps: int = DEFAULT_MAX_QPS
     structures: list[StructureSpec] = field(default_factory=list)
     append: list[AppendSpec] = field(default_factory=list)
 
@@ -123,6 +126,10 @@ class CollectorConfig:
             raise TableError(f"collector: backend {self.backend!r} must be one of {list(BACKENDS)}")
         if len(self.ip) != 4:
             raise TableError("collector: ip must be an IPv4 address (RoCEv2 over IPv4)")
+        if isinstance(self.max_qps, bool) or not isinstance(self.max_qps, int) or \
+                not 1 <= self.max_qps <= MAX_QPS_LIMIT:
+            raise TableError(f"collector: max_qps {self.max_qps!r} must be a whole number from 1 to {MAX_QPS_LIMIT} "
+                             f"(queue pairs for all translators; default {DEFAULT_MAX_QPS})")
         seen = set()
         for structure in self.structures:
             structure.validate()
@@ -178,6 +185,7 @@ class CollectorConfig:
                      data_dir=(relative_to / data_dir) if data_dir else None, token=collector.get("token", ""),
                      control_port=int(collector.get("control_port", DEFAULT_CONTROL_PORT)),
                      query_port=int(collector.get("query_port", DEFAULT_QUERY_PORT)),
+                     max_qps=collector.get("max_qps", DEFAULT_MAX_QPS),
                      structures=structures, append=append)
         config.validate()
         return config

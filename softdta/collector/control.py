@@ -104,6 +104,7 @@ class ControlServer:
         finally:
             if peer_ip is not None and self.sessions.get(peer_ip) is writer:
                 del self.sessions[peer_ip]
+                self.collector.release(peer_ip)
             writer.close()
 
     def _welcome(self, hello: dict) -> dict:

@@ -11,7 +11,7 @@ from .backend import Backend
 from .collector import Collector
 from .config import CollectorConfig
 from .control import ControlServer
-from .xdp_backend import XdpBackend, arena_bytes_for
+from .xdp_backend import XdpBackend, pin_dir_for
 
 CHECKPOINT_S = 60.0
 COMPLETION_POLL_S = 0.002  # 1024 receives per verbs QP run out within 2 ms only above 500k immediates/s
@@ -21,8 +21,7 @@ def make_backend(config: CollectorConfig) -> Backend:
     if config.backend == "verbs":
         from .verbs import VerbsBackend
         return VerbsBackend(data_dir=config.data_dir)
-    return XdpBackend(config.mac, config.ip, arena_bytes=arena_bytes_for([r.length for r in config.regions()]),
-                      data_dir=config.data_dir, interface=config.interface or None)
+    return XdpBackend.for_config(config, pin_dir=pin_dir_for(config.name, config.ip))
 
 
 async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",

@@ -266,6 +266,15 @@ class VerbsBackend:
         self.connections[qp.qp_num] = _Connection(qp, cq, recv, region, transport, peer)
         return QpInfo(qp.qp_num, peer.psn, transport, region.name)
 
+    def release(self, qpn: int) -> None:
+        connection = self.connections.pop(qpn, None)
+        if connection is not None:
+            connection.qp.close()
+            connection.cq.close()
+
+    def adopted(self) -> list[tuple[Peer, QpInfo]]:
+        return []  # queue pairs end with the process; the regions (files) outlive it
+
     def expected_psn(self, qpn: int) -> int:
         connection = self.connections.get(qpn)
         if connection is None:

@@ -1,41 +1,78 @@
 """The `xdp` backend: the XDP responder as the collector's RDMA NIC, the embedded default where no RDMA device
-exists. Regions live in the responder's mmapable arena; each is saved to `data_dir/<name>.region` when the
-collector stops and restored when it starts, so data survives a restart."""
+exists.
+
+Regions live in the responder's mmapable arena, laid out in configuration order, each on its own page. They are
+saved to `data_dir/<name>.region` every minute and when the collector stops, and restored when it starts.
+
+With a pin directory (`softdta collector up` pins under /sys/fs/bpf/softdta-collector/) the arena, the
+queue-pair tables and the counters outlive the process. A collector killed with kill -9 leaves its program
+attached, still executing and acknowledging writes into the pinned arena; the next collector of the same
+configuration adopts that arena and its queue pairs instead of loading the (older) region files, so no
+acknowledged write is lost. A clean stop saves the regions and removes the pins.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import secrets
 from pathlib import Path
 
 import numpy as np
 
+from ..bpf import BpfError, ensure_bpffs
 from ..responder import Completion
 from ..spec import ARENA_PAGE, Access, Transport
 from ..xdp import EngineError
-from ..xdp_responder import ArenaRegion, XdpResponder
+from ..xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from .backend import BackendError, Peer, QpInfo, Region
 
 # Regions appear to translators at this address plus their arena offset: page-aligned (atomics need 8 bytes),
 # far from zero so that a stray small address never lands in a region.
 BASE_VA = 0x7F00_0000_0000
 FIRST_QPN = 0x100
+QPN_LIMIT = 1 << 24
+PIN_ROOT = Path("/sys/fs/bpf/softdta-collector")
 
 
 class XdpBackend:
     name = "xdp"
 
-    def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, data_dir: Path | None = None,
-                 interface: str | None = None):
+    def __init__(self, mac: bytes, ip: bytes, *, regions: list[tuple[str, int]], data_dir: Path | None = None,
+                 interface: str | None = None, qp_capacity: int = RESPONDER_QP_CAPACITY,
+                 pin_dir: Path | None = None):
+        """`regions` are (name, length) in the order `register` will be called, so the arena's layout is known
+        before it is loaded (and can be checked against a pinned one)."""
+        arena = arena_bytes_for([length for _, length in regions])
+        if pin_dir is None or not (pin_dir / "arena").exists():
+            _check_memory(regions, arena)
+        layout = hashlib.blake2b(json.dumps([regions, qp_capacity]).encode(), digest_size=8).digest()
         try:
-            self.responder = XdpResponder(mac, ip, arena_bytes=arena_bytes)
+            if pin_dir is not None:
+                ensure_bpffs()
+            self.responder = XdpResponder(mac, ip, arena_bytes=arena, qp_capacity=qp_capacity, pin_dir=pin_dir,
+                                          layout=int.from_bytes(layout, "little"))
             if interface:
                 self.responder.attach(interface)
-        except EngineError as error:
+        except (EngineError, BpfError) as error:
             raise BackendError(str(error)) from None
         self.data_dir = data_dir
+        self.capacity = qp_capacity
         self.regions: dict[str, tuple[Region, ArenaRegion]] = {}
         self.qps: dict[int, tuple[Region, Transport, Peer]] = {}
-        self._next_qpn = FIRST_QPN
+        self._adopted = self.responder.qp_entries() if self.responder.adopted else {}
+        self._next_qpn = max(self._adopted, default=FIRST_QPN - 1) + 1
+
+    @classmethod
+    def for_config(cls, config, pin_dir: Path | None = None) -> XdpBackend:
+        return cls(config.mac, config.ip, regions=[(spec.name, spec.length) for spec in config.regions()],
+                   data_dir=config.data_dir, interface=config.interface or None, qp_capacity=config.max_qps,
+                   pin_dir=pin_dir)
+
+    @property
+    def adopted_memory(self) -> bool:
+        return self.responder.adopted
 
     def register(self, name: str, length: int, access: Access) -> Region:
         if name in self.regions:
@@ -44,19 +81,50 @@ class XdpBackend:
             slot = self.responder.allocate(length)
         except EngineError as error:
             raise BackendError(str(error)) from None
-        region = Region(name, slot.view, BASE_VA + slot.offset, secrets.randbits(32) or 1, access)
+        # an adopted region keeps the R_Key its queue pairs carry, so translators keep writing with it
+        rkeys = {qp["rkey"] for qp in self._adopted.values() if qp["arena_offset"] == slot.offset}
+        region = Region(name, slot.view, BASE_VA + slot.offset, rkeys.pop() if rkeys else secrets.randbits(32) or 1,
+                        access)
         self.regions[name] = (region, slot)
         saved = self._saved(name)
-        if saved is not None and saved.is_file() and saved.stat().st_size == length:
+        if not self.responder.adopted and saved is not None and saved.is_file() and saved.stat().st_size == length:
             region.view[:] = np.fromfile(saved, dtype=np.uint8)
         return region
 
+    def adopted(self) -> list[tuple[Peer, QpInfo]]:
+        """The queue pairs found in a pinned table, as the collector that was killed left them."""
+        by_offset = {slot.offset: region for region, slot in self.regions.values()}
+        found = []
+        for qpn, qp in sorted(self._adopted.items()):
+            region = by_offset.get(qp["arena_offset"])
+            if region is None or qp["rkey"] != region.rkey:
+                self.responder.remove_qp(qpn)
+                continue
+            peer = Peer(qp["remote_ip"].to_bytes(4, "little"), qp["remote_mac"], qp["remote_qpn"], qp["start_psn"])
+            self.qps[qpn] = (region, Transport(qp["transport"]), peer)
+            found.append((peer, QpInfo(qpn, qp["start_psn"], Transport(qp["transport"]), region.name)))
+        self._adopted = {}
+        return found
+
     def connect(self, region: Region, transport: Transport, peer: Peer) -> QpInfo:
-        qpn = self._next_qpn
-        self._next_qpn += 1
+        if len(self.qps) >= self.capacity:
+            raise BackendError(f"the queue-pair table is full ({self.capacity} queue pairs)")
+        qpn = self._free_qpn()
         self.qps[qpn] = (region, transport, peer)
-        self._bring_up(qpn, peer.psn)
+        try:
+            self._bring_up(qpn, peer.psn)
+        except EngineError as error:
+            del self.qps[qpn]
+            raise BackendError(str(error)) from None
         return QpInfo(qpn, peer.psn, transport, region.name)
+
+    def _free_qpn(self) -> int:
+        """The next unused QPN after the last one given: a released QPN is reused as late as possible."""
+        qpn = self._next_qpn
+        while qpn in self.qps or qpn >= QPN_LIMIT:
+            qpn = FIRST_QPN if qpn >= QPN_LIMIT else qpn + 1
+        self._next_qpn = qpn + 1
+        return qpn
 
     def _bring_up(self, qpn: int, psn: int) -> None:
         region, transport, peer = self.qps[qpn]
@@ -64,17 +132,25 @@ class XdpBackend:
                               region=self.regions[region.name][1], base_va=region.base_va, rkey=region.rkey,
                               expected_psn=psn, access=region.access)
 
+    def release(self, qpn: int) -> None:
+        if self.qps.pop(qpn, None) is not None:
+            self.responder.remove_qp(qpn)
+
     def expected_psn(self, qpn: int) -> int:
-        return self.responder.qp_state(qpn)["expected_psn"]
+        state = self.responder.qp_state(qpn)
+        if state is None:
+            raise BackendError(f"no queue pair {qpn:#x} on this collector")
+        return state["expected_psn"]
 
     def failed(self) -> list[int]:
-        return [qpn for qpn in self.qps if self.responder.qp_state(qpn)["error"]]
+        states = {qpn: self.responder.qp_state(qpn) for qpn in self.qps}
+        return [qpn for qpn, state in states.items() if state is not None and state["error"]]
 
     def reconnect(self, qpn: int) -> QpInfo:
         """The same QPN, out of ERROR, expecting the PSN where it stopped: the translator resumes there."""
         if qpn not in self.qps:
             raise BackendError(f"no queue pair {qpn:#x}")
-        psn = self.responder.qp_state(qpn)["expected_psn"]
+        psn = self.expected_psn(qpn)
         self.responder.reset_qp(qpn, psn)
         region, transport, _ = self.qps[qpn]
         return QpInfo(qpn, psn, transport, region.name)
@@ -95,7 +171,11 @@ class XdpBackend:
                 partial.replace(saved)
 
     def close(self) -> None:
+        """A clean stop: detach (no more writes), save the regions, then unpin, so the next start restores the
+        files. If the save fails, the pins stay and the next start adopts the memory."""
+        self.responder.detach()
         self.checkpoint()
+        self.responder.unpin()
         self.responder.close()
 
     def _saved(self, name: str) -> Path | None:
@@ -105,6 +185,33 @@ class XdpBackend:
         return self.data_dir / f"{name}.region"
 
 
+def pin_dir_for(name: str, ip: bytes) -> Path:
+    """Where `softdta collector up` pins a collector's maps: one directory per collector name and IP (bpffs
+    refuses names with dots)."""
+    return PIN_ROOT / f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)}-{'-'.join(map(str, ip))}"
+
+
 def arena_bytes_for(lengths: list[int]) -> int:
     """Arena size for regions of these lengths (each starts on a page)."""
     return sum(-(-length // ARENA_PAGE) * ARENA_PAGE for length in lengths)
+
+
+def _check_memory(regions: list[tuple[str, int]], arena: int) -> None:
+    """Refuse regions the kernel cannot hold in one line naming the largest, not libbpf's log of a failed load."""
+    available = _available_memory()
+    if available is None or arena <= available:
+        return
+    name, length = max(regions, key=lambda region: region[1])
+    raise BackendError(f"structure {name} needs {length:,} bytes and all regions {arena:,}, but this machine has "
+                       f"{available:,} bytes of memory available: lower its slots (or lists/entries) in the collector "
+                       "configuration")
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
