@@ -563,13 +563,13 @@ struct qp_value {
 };
 _Static_assert(sizeof(struct qp_value) == 48, "struct qp_value does not match softdta/spec.py");
 
-/* qp_state key: per-QP dynamic state (PSN, grace, failure) */
+/* qp_state key: per-QP dynamic state (PSN, acknowledgement window, grace, failure) */
 struct qp_state_key {
 	__u32 qp_index;
 };
 _Static_assert(sizeof(struct qp_state_key) == 4, "struct qp_state_key does not match softdta/spec.py");
 
-/* qp_state value: per-QP dynamic state (PSN, grace, failure) */
+/* qp_state value: per-QP dynamic state (PSN, acknowledgement window, grace, failure) */
 struct qp_state_value {
 	__u32 next_psn;
 	__u32 state;
@@ -577,8 +577,10 @@ struct qp_state_value {
 	__u64 flush_mark_ns; /* when the flusher last saw frames_sent change */
 	__u32 frames_sent; /* drives the AckReq interval and tells the flusher the QP is busy */
 	__u32 flush_mark; /* frames_sent as the flusher last saw it */
+	__u32 unacked_psn; /* oldest PSN not yet acknowledged: RC replies count only in [unacked_psn, next_psn) */
+	__u32 pad;
 };
-_Static_assert(sizeof(struct qp_state_value) == 32, "struct qp_state_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct qp_state_value) == 40, "struct qp_state_value does not match softdta/spec.py");
 
 /* collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes */
 struct collector_key {

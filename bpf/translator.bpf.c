@@ -1110,9 +1110,16 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 	index = bpf_map_lookup_elem(&qp_by_local_qpn, &key);
 	if (!index || !qp_lookup(index->qp_index, &ref) || ref.q->collector_ip != s->src_ip)
 		return CNT_DROP_UNKNOWN_QP;
+	if (ref.q->transport != TRANSPORT_RC)
+		return CNT_DROP_REPLY_ON_UC;
+	/* An RC requester takes a reply only for an outstanding PSN, in [unacked_psn, next_psn) mod 2^24:
+	 * a stale or forged one must neither fail the QP nor move its PSN. */
+	if (((psn - ref.qs->unacked_psn) & PSN_MASK) >= ((ref.qs->next_psn - ref.qs->unacked_psn) & PSN_MASK))
+		return CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW;
 	switch (syndrome >> 5) {
 	case AETH_ACK:
 		count(CNT_RX_ACKS);
+		ref.qs->unacked_psn = (psn + 1) & PSN_MASK; /* an ACK covers every PSN up to its own */
 		break;
 	case AETH_RNR_NAK:
 		count(CNT_RX_RNR_NAKS);
@@ -1121,6 +1128,7 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 		if (syndrome >> 5 == AETH_NAK && (syndrome & 0x1f) == NAK_PSN_SEQUENCE_ERROR) {
 			count(CNT_RX_NAK_SEQUENCE);
 			ref.qs->next_psn = psn;
+			ref.qs->unacked_psn = psn;
 			ref.qs->state = QP_STATE_GRACE;
 			ref.qs->grace_until_ns = clock_ns(s) + cfg->grace_ns;
 		} else {

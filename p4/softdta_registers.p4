@@ -31,73 +31,77 @@
 #define SOFTDTA_REGISTER_QP_STATE_FLUSH_MARK \
     @id(0x16000006) @name(".qp_state_flush_mark") SOFTDTA_REGISTER(32, 4096) qp_state_flush_mark;
 
+// qp_state.unacked_psn
+#define SOFTDTA_REGISTER_QP_STATE_UNACKED_PSN \
+    @id(0x16000007) @name(".qp_state_unacked_psn") SOFTDTA_REGISTER(32, 4096) qp_state_unacked_psn;
+
 // append_state.head
 #define SOFTDTA_REGISTER_APPEND_STATE_HEAD \
-    @id(0x16000007) @name(".append_state_head") SOFTDTA_REGISTER(32, 65536) append_state_head;
+    @id(0x16000008) @name(".append_state_head") SOFTDTA_REGISTER(32, 65536) append_state_head;
 
 // append_state.pending
 #define SOFTDTA_REGISTER_APPEND_STATE_PENDING \
-    @id(0x16000008) @name(".append_state_pending") SOFTDTA_REGISTER(32, 65536) append_state_pending;
+    @id(0x16000009) @name(".append_state_pending") SOFTDTA_REGISTER(32, 65536) append_state_pending;
 
 // append_state.first_pending_ns
 #define SOFTDTA_REGISTER_APPEND_STATE_FIRST_PENDING_NS \
-    @id(0x16000009) @name(".append_state_first_pending_ns") SOFTDTA_REGISTER(64, 65536) append_state_first_pending_ns;
+    @id(0x1600000a) @name(".append_state_first_pending_ns") SOFTDTA_REGISTER(64, 65536) append_state_first_pending_ns;
 
 // append_state.data
 #define SOFTDTA_REGISTER_APPEND_STATE_DATA \
-    @id(0x1600000a) @name(".append_state_data") SOFTDTA_REGISTER(32, 4194304) append_state_data;
+    @id(0x1600000b) @name(".append_state_data") SOFTDTA_REGISTER(32, 4194304) append_state_data;
 
 // postcard_cache.first_ns
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_FIRST_NS \
-    @id(0x1600000b) @name(".postcard_cache_first_ns") SOFTDTA_REGISTER(64, 131072) postcard_cache_first_ns;
+    @id(0x1600000c) @name(".postcard_cache_first_ns") SOFTDTA_REGISTER(64, 131072) postcard_cache_first_ns;
 
 // postcard_cache.values
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_VALUES \
-    @id(0x1600000c) @name(".postcard_cache_values") SOFTDTA_REGISTER(32, 1048576) postcard_cache_values;
+    @id(0x1600000d) @name(".postcard_cache_values") SOFTDTA_REGISTER(32, 1048576) postcard_cache_values;
 
 // postcard_cache.key
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_KEY \
-    @id(0x1600000d) @name(".postcard_cache_key") SOFTDTA_REGISTER(32, 1048576) postcard_cache_key;
+    @id(0x1600000e) @name(".postcard_cache_key") SOFTDTA_REGISTER(32, 1048576) postcard_cache_key;
 
 // postcard_cache.key_len
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_KEY_LEN \
-    @id(0x1600000e) @name(".postcard_cache_key_len") SOFTDTA_REGISTER(8, 131072) postcard_cache_key_len;
+    @id(0x1600000f) @name(".postcard_cache_key_len") SOFTDTA_REGISTER(8, 131072) postcard_cache_key_len;
 
 // postcard_cache.path_length
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_PATH_LENGTH \
-    @id(0x1600000f) @name(".postcard_cache_path_length") SOFTDTA_REGISTER(8, 131072) postcard_cache_path_length;
+    @id(0x16000010) @name(".postcard_cache_path_length") SOFTDTA_REGISTER(8, 131072) postcard_cache_path_length;
 
 // postcard_cache.hop_mask
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_HOP_MASK \
-    @id(0x16000010) @name(".postcard_cache_hop_mask") SOFTDTA_REGISTER(8, 131072) postcard_cache_hop_mask;
+    @id(0x16000011) @name(".postcard_cache_hop_mask") SOFTDTA_REGISTER(8, 131072) postcard_cache_hop_mask;
 
 // postcard_cache.valid
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_VALID \
-    @id(0x16000011) @name(".postcard_cache_valid") SOFTDTA_REGISTER(8, 131072) postcard_cache_valid;
+    @id(0x16000012) @name(".postcard_cache_valid") SOFTDTA_REGISTER(8, 131072) postcard_cache_valid;
 
 // sketch_column.epoch
 #define SOFTDTA_REGISTER_SKETCH_COLUMN_EPOCH \
-    @id(0x16000012) @name(".sketch_column_epoch") SOFTDTA_REGISTER(32, 65536) sketch_column_epoch;
+    @id(0x16000013) @name(".sketch_column_epoch") SOFTDTA_REGISTER(32, 65536) sketch_column_epoch;
 
 // sketch_column.contributors
 #define SOFTDTA_REGISTER_SKETCH_COLUMN_CONTRIBUTORS \
-    @id(0x16000013) @name(".sketch_column_contributors") SOFTDTA_REGISTER(32, 65536) sketch_column_contributors;
+    @id(0x16000014) @name(".sketch_column_contributors") SOFTDTA_REGISTER(32, 65536) sketch_column_contributors;
 
 // sketch_column.counters
 #define SOFTDTA_REGISTER_SKETCH_COLUMN_COUNTERS \
-    @id(0x16000014) @name(".sketch_column_counters") SOFTDTA_REGISTER(32, 1048576) sketch_column_counters;
+    @id(0x16000015) @name(".sketch_column_counters") SOFTDTA_REGISTER(32, 1048576) sketch_column_counters;
 
 // sketch_reporter.next_column
 #define SOFTDTA_REGISTER_SKETCH_REPORTER_NEXT_COLUMN \
-    @id(0x16000015) @name(".sketch_reporter_next_column") SOFTDTA_REGISTER(32, 65536) sketch_reporter_next_column;
+    @id(0x16000016) @name(".sketch_reporter_next_column") SOFTDTA_REGISTER(32, 65536) sketch_reporter_next_column;
 
 // sketch_reporter.wraps
 #define SOFTDTA_REGISTER_SKETCH_REPORTER_WRAPS \
-    @id(0x16000016) @name(".sketch_reporter_wraps") SOFTDTA_REGISTER(32, 65536) sketch_reporter_wraps;
+    @id(0x16000017) @name(".sketch_reporter_wraps") SOFTDTA_REGISTER(32, 65536) sketch_reporter_wraps;
 
 // reporter_seq.last_seqnum
 #define SOFTDTA_REGISTER_REPORTER_SEQ_LAST_SEQNUM \
-    @id(0x16000017) @name(".reporter_seq_last_seqnum") SOFTDTA_REGISTER(32, 65536) reporter_seq_last_seqnum;
+    @id(0x16000018) @name(".reporter_seq_last_seqnum") SOFTDTA_REGISTER(32, 65536) reporter_seq_last_seqnum;
 
 #define SOFTDTA_QP_STATE_REGISTERS \
     SOFTDTA_REGISTER_QP_STATE_NEXT_PSN \
@@ -105,7 +109,8 @@
     SOFTDTA_REGISTER_QP_STATE_GRACE_UNTIL_NS \
     SOFTDTA_REGISTER_QP_STATE_FLUSH_MARK_NS \
     SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT \
-    SOFTDTA_REGISTER_QP_STATE_FLUSH_MARK
+    SOFTDTA_REGISTER_QP_STATE_FLUSH_MARK \
+    SOFTDTA_REGISTER_QP_STATE_UNACKED_PSN
 
 #define SOFTDTA_APPEND_STATE_REGISTERS \
     SOFTDTA_REGISTER_APPEND_STATE_HEAD \

@@ -491,12 +491,12 @@ struct qp_value_t {
     bit<64> length;
 }
 
-// qp_state key: per-QP dynamic state (PSN, grace, failure)
+// qp_state key: per-QP dynamic state (PSN, acknowledgement window, grace, failure)
 struct qp_state_key_t {
     bit<32> qp_index;
 }
 
-// qp_state value: per-QP dynamic state (PSN, grace, failure)
+// qp_state value: per-QP dynamic state (PSN, acknowledgement window, grace, failure)
 struct qp_state_value_t {
     bit<32> next_psn;
     bit<32> state;
@@ -504,6 +504,8 @@ struct qp_state_value_t {
     bit<64> flush_mark_ns; // when the flusher last saw frames_sent change
     bit<32> frames_sent; // drives the AckReq interval and tells the flusher the QP is busy
     bit<32> flush_mark; // frames_sent as the flusher last saw it
+    bit<32> unacked_psn; // oldest PSN not yet acknowledged: RC replies count only in [unacked_psn, next_psn)
+    bit<32> pad;
 }
 
 // collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes

@@ -154,7 +154,8 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
         if installed_qps.get(index) != (qp.remote_qpn, qp.start_psn):
             restarted.add(index)
             state.append(Entry("qp_state", {"qp_index": index},
-                               {"next_psn": qp.start_psn, "state": int(QpState.ACTIVE)}))
+                               {"next_psn": qp.start_psn, "unacked_psn": qp.start_psn,
+                                "state": int(QpState.ACTIVE)}))
         entries.append(Entry("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, {"qp_index": index}))
         if qp.collector_ip not in collectors:
             collectors.add(qp.collector_ip)

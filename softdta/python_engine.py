@@ -75,9 +75,11 @@ class PythonEngine:
         return self.translator.tables
 
     def apply(self, tables: Tables) -> None:
-        """New tables, live: a QP that stays (same local and remote QPN) keeps its PSN and state."""
+        """New tables, live: a QP that stays (same local and remote QPN) keeps its PSN and state, unless it failed
+        (its collector re-created its end): it starts over at its start_psn."""
         old = {(qp.local_qpn, qp.remote_qpn): self.translator.qp_state[qp.index]
-               for qp in self.translator.tables.qps if qp.index in self.translator.qp_state}
+               for qp in self.translator.tables.qps
+               if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
         self.translator.qp_state = {qp.index: old.get((qp.local_qpn, qp.remote_qpn)) or QpRuntime(qp.start_psn)
                                     for qp in tables.qps}
         self.translator.tables = tables
@@ -119,7 +121,7 @@ class PythonEngine:
             if (entry["local_qpn"], entry["remote_qpn"]) == (qp.local_qpn, qp.remote_qpn):
                 self.translator.qp_state[qp.index] = QpRuntime(
                     state["next_psn"], QpState(state["state"]), state["grace_until_ns"], state["frames_sent"],
-                    state["flush_mark"], state["flush_mark_ns"])
+                    state["flush_mark"], state["flush_mark_ns"], state["unacked_psn"])
 
     # ----------------------------------------------------------------------------------------------
     # packet I/O
@@ -243,7 +245,7 @@ class PythonEngine:
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
                 next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
                 flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
-                flush_mark=runtime.flush_mark & 0xFFFFFFFF))
+                flush_mark=runtime.flush_mark & 0xFFFFFFFF, unacked_psn=runtime.unacked_psn))
         record = (self.run_time_ns.to_bytes(8, "little") + self.runs.to_bytes(8, "little")
                   + IO_CODES.get(self.io_name, 0).to_bytes(4, "little") + bytes(4))  # struct python_engine_value
         self.maps["python_engine"].update(bytes(4), record)

@@ -38,6 +38,16 @@ class QpRuntime:
     frames_sent: int = 0
     flush_mark: int = 0  # frames_sent when the flusher last found the QP busy
     flush_mark_ns: int = 0
+    unacked_psn: int | None = None  # oldest PSN not yet acknowledged; None: next_psn (nothing outstanding)
+
+    def __post_init__(self) -> None:
+        if self.unacked_psn is None:
+            self.unacked_psn = self.next_psn
+
+    def outstanding(self, psn: int) -> bool:
+        """Whether `psn` is in [unacked_psn, next_psn), modulo 2^24: the only PSNs an RC requester takes a reply
+        for (IBTA 9.7.5.1). Anything else is stale or forged."""
+        return (psn - self.unacked_psn) & PSN_MASK < (self.next_psn - self.unacked_psn) & PSN_MASK
 
 
 class Translator:
@@ -145,7 +155,7 @@ class Translator:
     def resync(self, qp: QueuePair, psn: int, now_ns: int) -> None:
         """Set a QP's next PSN (control plane, or a sequence-error NAK) and start its grace period."""
         runtime = self.qp_state[qp.index]
-        runtime.next_psn = psn & PSN_MASK
+        runtime.next_psn = runtime.unacked_psn = psn & PSN_MASK
         runtime.state = QpState.GRACE
         runtime.grace_until_ns = now_ns + self.tables.grace_ns
 
@@ -284,14 +294,20 @@ class Translator:
         aeth = reply.headers["aeth"]
         if qp is None or qp.collector_ip != udp.src_ip:
             return self.drop(Counter.DROP_UNKNOWN_QP)
+        if qp.transport is Transport.UC:
+            return self.drop(Counter.DROP_REPLY_ON_UC)
+        runtime, psn = self.qp_state[qp.index], reply.bth["psn"]
+        if not runtime.outstanding(psn):
+            return self.drop(Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW)
         kind, code = aeth_kind(aeth["syndrome"])
         if kind == AethKind.ACK:
             self.counters[Counter.RX_ACKS] += 1
+            runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn (coalesced ACKs)
         elif kind == AethKind.RNR_NAK:
             self.counters[Counter.RX_RNR_NAKS] += 1
         elif kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
             self.counters[Counter.RX_NAK_SEQUENCE] += 1
-            self.resync(qp, reply.bth["psn"], now_ns)
+            self.resync(qp, psn, now_ns)
         else:
             self.counters[Counter.RX_NAK_FATAL] += 1
             self.qp_state[qp.index].state = QpState.FAILED

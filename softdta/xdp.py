@@ -148,12 +148,13 @@ class XdpTranslator:
 
     def apply(self, tables: Tables) -> None:
         """Write `tables` into the maps through the shared control plane (`control_plane.plan`). Entries that
-        stay keep their state (PSNs, heads, caches); new QPs start at their start_psn; removed entries are
-        deleted last, so traffic for the rest never sees a gap."""
+        stay keep their state (PSNs, heads, caches); new QPs, and failed ones (their collector re-created its
+        end), start at their start_psn; removed entries are deleted last, so traffic for the rest never sees a
+        gap."""
         installed = {}
         for local_qpn, index in self.slots.qp.items():
-            current = self.read("qp", qp_index=index)
-            if current is not None:
+            current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
+            if current is not None and (state is None or state["state"] != QpState.FAILED):
                 installed[index] = (current["remote_qpn"], current["start_psn"])
         planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=route_egress,
                        installed_qps=installed)
@@ -204,13 +205,13 @@ class XdpTranslator:
         """Set a QP's next PSN and start its grace period (what a sequence-error NAK does)."""
         state = self.qp_state(qp)
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
-        self._write_qp_state(qp, state, next_psn=psn & 0xFFFFFF, state=int(QpState.GRACE),
-                             grace_until_ns=now_ns + self.tables.grace_ns)
+        self._write_qp_state(qp, state, next_psn=psn & 0xFFFFFF, unacked_psn=psn & 0xFFFFFF,
+                             state=int(QpState.GRACE), grace_until_ns=now_ns + self.tables.grace_ns)
 
     def revive(self, qp: QueuePair, psn: int) -> None:
         """Bring a failed QP back once the collector re-created its end."""
-        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & 0xFFFFFF, state=int(QpState.ACTIVE),
-                             grace_until_ns=0)
+        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & 0xFFFFFF, unacked_psn=psn & 0xFFFFFF,
+                             state=int(QpState.ACTIVE), grace_until_ns=0)
 
     def _write_qp_state(self, qp: QueuePair, current: dict, **changes) -> None:
         layout = table("qp_state")

@@ -449,11 +449,75 @@ def test_sequence_nak_resyncs_that_qp_and_starts_a_timed_grace(tables, reporter)
 def test_remote_access_nak_fails_the_qp_until_revived(tables, reporter):
     translator = Translator(tables)
     ki = structure(tables, Primitive.KEY_INCREMENT)
+    send(translator, reporter, dta.key_increment(1, 1, 1))  # PSN 0 outstanding
     translator.process(_reply(tables, ki.qp, NAK_REMOTE_ACCESS_SYNDROME, 0), now_ns=0)
     assert translator.qp_state[ki.qp.index].state is QpState.FAILED
     assert send(translator, reporter, dta.key_increment(1, 1, 1), now_ns=10**12).drop is Counter.DROP_QP_FAILED
     translator.revive(ki.qp, 77)
     assert requests(send(translator, reporter, dta.key_increment(1, 1, 1)))[0].bth["psn"] == 77
+
+
+def _rc_and_uc_qps(tables):
+    rc = structure(tables, Primitive.KEY_INCREMENT).qp
+    uc = next(qp for qp in tables.qps if qp.transport is Transport.UC)
+    assert rc.transport is Transport.RC
+    return rc, uc
+
+
+@pytest.mark.parametrize("syndrome", [ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME])
+def test_a_uc_queue_pair_takes_no_reply(tables, reporter, syndrome):
+    translator = Translator(tables)
+    _, uc = _rc_and_uc_qps(tables)
+    before = dataclasses.replace(translator.qp_state[uc.index])
+    for psn in (uc.start_psn, uc.start_psn + 1, 0):
+        assert translator.process(_reply(tables, uc, syndrome, psn)).drop is Counter.DROP_REPLY_ON_UC
+    assert translator.qp_state[uc.index] == before
+    assert translator.counters[Counter.DROP_REPLY_ON_UC] == 3
+
+
+@pytest.mark.parametrize("syndrome", [ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME])
+def test_rc_replies_count_only_for_outstanding_psns(tables, reporter, syndrome):
+    """Outstanding: [oldest unacknowledged, next to send). A forged NAK behind it (the collector would then take
+    every later write for a duplicate) or beyond it (a PSN never sent) changes nothing, and is counted."""
+    translator = Translator(tables)
+    rc, _ = _rc_and_uc_qps(tables)
+    send(translator, reporter, dta.key_increment(1, 1, 4))  # PSNs 0..3 outstanding
+    translator.process(_reply(tables, rc, ACK_SYNDROME, 1), now_ns=0)  # 0 and 1 acknowledged together
+    runtime = translator.qp_state[rc.index]
+    assert (runtime.unacked_psn, runtime.next_psn) == (2, 4)
+    before = dataclasses.replace(runtime)
+    for psn in (0, 1, 4, 5, 0xFFFFFF, 1 << 23):
+        assert translator.process(_reply(tables, rc, syndrome, psn)).drop is Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+    assert translator.qp_state[rc.index] == before
+    assert translator.counters[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 6
+    assert translator.process(_reply(tables, rc, syndrome, 3)).drop is None  # inside: taken
+
+
+def test_the_reply_window_wraps_at_2_to_the_24(tables, reporter):
+    rc, _ = _rc_and_uc_qps(tables)
+    tables.qps[rc.index] = rc = dataclasses.replace(rc, start_psn=0xFFFFFE)
+    translator = Translator(tables)
+    send(translator, reporter, dta.key_increment(1, 1, 4))  # PSNs 0xFFFFFE, 0xFFFFFF, 0, 1
+    assert translator.qp_state[rc.index].next_psn == 2
+    assert translator.process(_reply(tables, rc, ACK_SYNDROME, 0xFFFFFD)).drop is \
+        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+    assert translator.process(_reply(tables, rc, ACK_SYNDROME, 0)).drop is None
+    assert translator.qp_state[rc.index].unacked_psn == 1
+    assert translator.process(_reply(tables, rc, ACK_SYNDROME, 0xFFFFFF)).drop is \
+        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW  # already acknowledged
+    assert translator.process(_reply(tables, rc, NAK_SEQUENCE_SYNDROME, 1), now_ns=0).drop is None
+    assert translator.qp_state[rc.index].next_psn == 1
+
+
+def test_a_repeated_sequence_nak_resyncs_once(tables, reporter):
+    """rxe NAKs once per gap; a copy (or a replay) after the resync finds nothing outstanding."""
+    translator = Translator(tables)
+    rc, _ = _rc_and_uc_qps(tables)
+    send(translator, reporter, dta.key_increment(1, 1, 4))
+    assert translator.process(_reply(tables, rc, NAK_SEQUENCE_SYNDROME, 2), now_ns=0).drop is None
+    assert translator.process(_reply(tables, rc, NAK_SEQUENCE_SYNDROME, 2), now_ns=1).drop is \
+        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+    assert translator.counters[Counter.RX_NAK_SEQUENCE] == 1
 
 
 def test_replies_for_unknown_qps_or_with_bad_icrc_are_dropped(tables):

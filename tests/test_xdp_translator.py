@@ -158,8 +158,8 @@ def assert_same_state(reference: Translator, kernel: XdpTranslator):
     assert dict(kernel.counters()) == {k: v for k, v in reference.counters.items() if v}
     for qp in reference.tables.qps:
         expected, got = reference.qp_state[qp.index], kernel.qp_state(qp)
-        assert (got["next_psn"], got["state"], got["frames_sent"]) == \
-               (expected.next_psn, expected.state, expected.frames_sent), qp.name
+        assert (got["next_psn"], got["unacked_psn"], got["state"], got["frames_sent"]) == \
+               (expected.next_psn, expected.unacked_psn, expected.state, expected.frames_sent), qp.name
     for list_id, runtime in reference.append_state.items():
         got = kernel.read("append_state", state_index=kernel.slots.append[list_id])
         assert (got["head"], got["pending"]) == (runtime.head, len(runtime.pending)), f"list {list_id}"
@@ -273,13 +273,20 @@ def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
     reference = Translator(Tables.from_dict(document))
     with XdpTranslator(Tables.from_dict(document)) as kernel:
         tables = reference.tables
-        rc = [qp for qp in tables.qps if qp.transport.name == "RC"]
-        replies = [reply(tables, rc[0], RoceOpcode.RC_ACK, ACK_SYNDROME, 5),
-                   reply(tables, rc[0], RoceOpcode.RC_ATOMIC_ACK, ACK_SYNDROME, 6),
-                   reply(tables, rc[0], RoceOpcode.RC_ACK, aeth_syndrome(AethKind.RNR_NAK, 3), 6),
-                   reply(tables, rc[0], RoceOpcode.RC_ACK, NAK_SEQUENCE_SYNDROME, 0x123456),
-                   reply(tables, rc[-1], RoceOpcode.RC_ACK, NAK_REMOTE_ACCESS_SYNDROME, 9),
-                   reply(tables, rc[0], RoceOpcode.RC_ACK, ACK_SYNDROME, 5, corrupt=True),
+        reporters = Reporters(rng, tables)
+        for _ in range(600):  # writes outstanding on the RC QPs, which replies must fall among
+            frame = reporters.frame()
+            assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
+        rc = [qp for qp in tables.qps if qp.transport.name == "RC"
+              and reference.qp_state[qp.index].next_psn - reference.qp_state[qp.index].unacked_psn >= 8]
+        assert len(rc) >= 2
+        first, last = (reference.qp_state[qp.index].unacked_psn for qp in (rc[0], rc[-1]))
+        replies = [reply(tables, rc[0], RoceOpcode.RC_ACK, ACK_SYNDROME, first + 1),
+                   reply(tables, rc[0], RoceOpcode.RC_ATOMIC_ACK, ACK_SYNDROME, first + 2),
+                   reply(tables, rc[0], RoceOpcode.RC_ACK, aeth_syndrome(AethKind.RNR_NAK, 3), first + 3),
+                   reply(tables, rc[0], RoceOpcode.RC_ACK, NAK_SEQUENCE_SYNDROME, first + 5),
+                   reply(tables, rc[-1], RoceOpcode.RC_ACK, NAK_REMOTE_ACCESS_SYNDROME, last),
+                   reply(tables, rc[0], RoceOpcode.RC_ACK, ACK_SYNDROME, first + 5, corrupt=True),
                    reply(tables, rc[0], RoceOpcode.RC_WRITE_ONLY, ACK_SYNDROME, 5)]
         for frame in replies:
             assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
@@ -295,10 +302,9 @@ def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
             assert kernel.process(frame).passed and reference.process(frame).passed
         assert kernel.counters() == counted
         assert kernel.qp_state(rc[0])["state"] == QpState.GRACE
-        assert kernel.qp_state(rc[0])["next_psn"] == 0x123456
+        assert kernel.qp_state(rc[0])["next_psn"] == first + 5
         assert kernel.qp_state(rc[-1])["state"] == QpState.FAILED
         # Reports to those QPs are now dropped (grace, failed) exactly as the reference drops them.
-        reporters = Reporters(rng, tables)
         for _ in range(300):
             frame = reporters.frame()
             assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
@@ -307,6 +313,35 @@ def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
         kernel.revive(rc[-1], 77)
         reference.revive(rc[-1], 77)
         assert kernel.qp_state(rc[-1])["state"] == QpState.ACTIVE
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_forged_and_stale_replies_are_refused_like_the_reference(seed):
+    """Reports and replies interleaved: ACKs, Atomic ACKs, RNR, sequence and fatal NAKs on RC and UC QPs, with
+    PSNs inside the outstanding window, just behind it, just beyond it, far off and across the 2^24 wrap."""
+    rng = random.Random(100 + seed)
+    document = random_tables(rng)  # random start PSNs: some windows cross 2^24
+    reference = Translator(Tables.from_dict(document))
+    syndromes = [ACK_SYNDROME, ACK_SYNDROME, aeth_syndrome(AethKind.RNR_NAK, 1), NAK_SEQUENCE_SYNDROME,
+                 NAK_REMOTE_ACCESS_SYNDROME]
+    with XdpTranslator(Tables.from_dict(document)) as kernel:
+        tables = reference.tables
+        reporters = Reporters(rng, tables)
+        for index in range(1500):
+            if rng.random() < 0.7:
+                frame = reporters.frame()
+            else:
+                qp = rng.choice(tables.qps)
+                state = reference.qp_state[qp.index]
+                psn = rng.choice([state.unacked_psn, state.next_psn - 1, state.unacked_psn - 1, state.next_psn,
+                                  state.next_psn + rng.randrange(1 << 23), rng.randrange(1 << 24)]) & 0xFFFFFF
+                opcode = rng.choice([RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK])
+                frame = reply(tables, qp, opcode, rng.choice(syndromes[:4] if rng.random() < 0.9 else syndromes), psn)
+            assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), f"{index}: {frame.hex()}")
+        assert_same_state(reference, kernel)
+        counted = kernel.counters()
+        assert counted[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] and counted[Counter.DROP_REPLY_ON_UC]
+        assert counted[Counter.RX_ACKS] and counted[Counter.RX_NAK_SEQUENCE]
 
 
 def test_grace_ends_on_time(tables, reporter):
