@@ -468,7 +468,7 @@ def _run_translator(args) -> int:
         if links:
             links.close()
         raise CliError(f"{error}; `softdta translator up` needs root") from None
-    if args.collector_cm:
+    if links:  # failed QPs go back to the collectors, which re-create their ends
         links.failed_qpns = lambda: {qp.local_qpn for qp in kernel.tables.qps
                                      if kernel.qp_state(qp)["state"] == QpState.FAILED}
     stop = threading.Event()

@@ -365,7 +365,8 @@ def pinned_stats(pin_dir: Path) -> dict:
             qps.append({"local_qpn": entry["local_qpn"], "remote_qpn": entry["remote_qpn"],
                         "collector": socket.inet_ntoa(entry["collector_ip"].to_bytes(4, "little")),
                         "transport": "RC" if entry["transport"] == 0 else "UC", "next_psn": state["next_psn"],
-                        "state": QpState(state["state"]).name.lower(), "frames_sent": state["frames_sent"]})
+                        "unacked_psn": state["unacked_psn"], "state": QpState(state["state"]).name.lower(),
+                        "frames_sent": state["frames_sent"]})
     cpu = {}
     for program in ("softdta_xdp", "softdta_fanout"):
         if (pin_dir / f"prog_{program}").exists():

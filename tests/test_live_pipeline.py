@@ -122,3 +122,124 @@ def test_reports_become_queryable_data_through_both_xdp_programs(topology, tmp_p
         subprocess.run(SOFTDTA + ["translator", "down", "--pin", str(pin), "--forget"], capture_output=True)
     assert collector.returncode == 0 and translator.returncode == 0
     assert (tmp_path / "c1" / "key-write.region").stat().st_size == 16384 * 8
+
+
+def translator_stats(pin) -> dict:
+    return json.loads(subprocess.run(SOFTDTA + ["translator", "stats", "--pin", str(pin), "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def wait_until(condition, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def test_forged_replies_lose_no_write_uncounted_and_a_failed_qp_comes_back(topology, tmp_path):
+    """An attacker on the collector's side sends NAKs from the collector's IP to the translator's (predictable)
+    QPNs: on UC, and on RC outside and inside the outstanding window. Only the in-window ones may act; the fatal
+    one fails the QP, which the translator reports over the control protocol; the collector re-creates its end
+    and writes resume. Every write that did not land is counted by one side or the other."""
+    from softdta.frames import UdpEndpoints
+    from softdta.roce import NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, build_roce_frame, transport_payload
+    from softdta.spec import ROCE_PORT, RoceOpcode
+
+    reporter_ns, translator_ns, collector_ns = topology
+    config = (ROOT / "examples" / "collector.toml").read_text()
+    config = config.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"',
+                                                                          f'data_dir = "{tmp_path / "c1"}"')
+    config = config.replace("slots = 131072", 'slots = 16384\ntransport = "rc"').replace("slots = 65536",
+                                                                                          "slots = 8192")
+    (tmp_path / "collector.toml").write_text(config)
+    (tmp_path / "translator.toml").write_text(
+        f'[translator]\nmac = "{TRANSLATOR_MAC}"\nip = "10.77.0.1"\nack_request_interval = 2\n'
+        '[[collectors]]\nname = "c1"\nip = "10.77.1.1"\nmac = "02:5d:7a:00:01:01"\ninterface = "t1"\n')
+    pin = ensure_bpffs() / f"softdta-forged-{os.getpid()}"
+    collector = subprocess.Popen(SOFTDTA + ["collector", "up", "--config", str(tmp_path / "collector.toml"),
+                                            "--netns", collector_ns.name, "--query-host", "10.77.1.1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    translator = None
+    try:
+        wait_for_line(collector, "collector c1 up")
+        translator = subprocess.Popen(SOFTDTA + ["translator", "up", "--tables", str(tmp_path / "translator.toml"),
+                                                 "-i", "t0", "-i", "t1", "--pin", str(pin), "--netns",
+                                                 translator_ns.name, "--collector", "10.77.1.1:40050",
+                                                 "--token", "change-me"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_line(translator, "translator up on t0, t1")
+        with in_netns(reporter_ns.name):
+            sender = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+            sender.bind(("r0", 0))
+        with in_netns(collector_ns.name):
+            forger = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+            forger.bind(("c0", 0))
+        reporter = ReporterAddress(mac_bytes(REPORTER_MAC), ip_bytes("10.77.9.1"), mac_bytes(TRANSLATOR_MAC),
+                                   ip_bytes("10.77.1.1"))
+        ends = UdpEndpoints(src_mac=mac_bytes(COLLECTOR_MAC), dst_mac=mac_bytes(TRANSLATOR_MAC),
+                            src_ip=ip_bytes("10.77.1.1"), dst_ip=ip_bytes("10.77.0.1"), sport=49999, dport=ROCE_PORT)
+
+        def forge(qp: dict, syndrome: int, psn: int) -> None:
+            forger.send(build_roce_frame(ends, transport_payload(RoceOpcode.RC_ACK, qp["local_qpn"], psn & 0xFFFFFF,
+                                                                 {"aeth": {"syndrome": syndrome, "msn": 1}})))
+
+        structures = {int(qpn, 16): entry["structure"] for qpn, entry in http(collector_ns.name, "/health")["qps"].items()}
+
+        def qp_of(structure: str) -> dict:
+            return next(qp for qp in translator_stats(pin)["qps"] if structures.get(qp["remote_qpn"]) == structure)
+
+        def counters() -> dict:
+            return translator_stats(pin)["counters"]
+
+        key_write = qp_of("key-write")
+        uc = next(qp for qp in translator_stats(pin)["qps"] if qp["transport"] == "UC")
+        assert key_write["transport"] == "RC"
+
+        # One write whose ACK is not requested (ack_request_interval = 2): its PSN stays outstanding.
+        sender.send(reporter.frame(dta.key_write(1, 0x11, 1)))
+        key_write = wait_until(lambda: (qp := qp_of("key-write"))["frames_sent"] == 1 and qp, "the first write")
+        outstanding = key_write["unacked_psn"]
+        assert key_write["next_psn"] == (outstanding + 1) & 0xFFFFFF
+
+        for syndrome in (NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME):
+            forge(uc, syndrome, uc["next_psn"] - 1)
+            forge(key_write, syndrome, outstanding - 1)  # behind: already acknowledged, or never sent
+            forge(key_write, syndrome, outstanding + 1)  # beyond: not sent yet
+            forge(key_write, syndrome, outstanding + (1 << 23))
+        wait_until(lambda: counters().get("drop_reply_on_uc") == 2
+                   and counters().get("drop_reply_psn_outside_window") == 6, "the forged replies counted")
+        assert qp_of("key-write")["state"] == "active" and qp_of("key-write")["next_psn"] == key_write["next_psn"]
+        assert next(qp for qp in translator_stats(pin)["qps"] if qp["local_qpn"] == uc["local_qpn"])["state"] == \
+            "active"
+
+        # Inside the window a fatal NAK cannot be told from a real one: the QP fails, and comes back by itself.
+        forge(key_write, NAK_REMOTE_ACCESS_SYNDROME, outstanding)
+        wait_for_line(translator, "asking the collector to re-create it")
+        wait_until(lambda: counters().get("rx_nak_fatal") == 1 and qp_of("key-write")["state"] == "active",
+                   "the failed QP re-created and revived")
+        assert all(entry["state"] == "ready" for entry in http(collector_ns.name, "/health")["qps"].values())
+
+        keys = list(range(2, 42))
+        for key in keys:
+            sender.send(reporter.frame(dta.key_write(key, key * 5, 1)))
+
+        def landed() -> list:
+            found = http(collector_ns.name, "/keywrite/key-write@10.77.1.1", {"keys": keys, "redundancy": 1})
+            return [row["value"] == f"{key * 5:08x}" for key, row in zip(keys, found["results"])]
+        wait_until(lambda: all(landed()), "the writes after the revival")
+        responder = http(collector_ns.name, "/stats")["responder"]
+        # The forged frames never reached the collector's memory; no write was taken for a duplicate.
+        assert responder.get("duplicate_request", 0) == 0 and responder.get("out_of_seq_request", 0) == 0
+        final = counters()
+        assert not {name: value for name, value in final.items() if name.startswith("drop_")
+                    and name not in ("drop_reply_on_uc", "drop_reply_psn_outside_window")}
+    finally:
+        for process in (translator, collector):
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                process.communicate(timeout=15)
+        subprocess.run(SOFTDTA + ["translator", "down", "--pin", str(pin), "--forget"], capture_output=True)
+    assert collector.returncode == 0 and translator.returncode == 0

@@ -85,6 +85,16 @@ def receive(sock: socket.socket, want: int, timeout: float = 2.0, keep=lambda fr
     return frames
 
 
+def wait_for(condition, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.005)
+    raise AssertionError(f"not within {timeout} s")
+
+
 def is_roce(frame: bytes) -> bool:
     return len(frame) > 38 and frame[12:14] == b"\x08\x00" and frame[36:38] == ROCE_PORT.to_bytes(2, "big")
 
@@ -166,20 +176,22 @@ def test_sequence_nak_from_the_collector_resyncs_and_starts_the_grace_period(lab
     lab.tables.grace_ns = 200_000_000
     reporter = reporter_address(lab.tables)
     ki = lab.tables.structure(COLLECTOR_IP, Primitive.KEY_INCREMENT)
+    start = ki.qp.start_psn
     kernel = lab.start()
     try:
         sender, collector = lab.socket(lab.reporter, "r0"), lab.socket(lab.collector, "c0")
-        collector.send(nak(lab.tables, ki.qp, 0x00ABCD))
-        time.sleep(0.05)
+        sender.send(reporter.frame(dta.key_increment(1, 1, 3)))  # PSNs start..start+2, outstanding
+        assert len(receive(collector, 3, keep=is_roce)) == 3
+        collector.send(nak(lab.tables, ki.qp, start + 1))  # the collector lost start+1
         with in_netns(lab.translator.name):
-            state = kernel.qp_state(ki.qp)
-            assert (state["state"], state["next_psn"]) == (QpState.GRACE, 0x00ABCD)
+            state = wait_for(lambda: (s := kernel.qp_state(ki.qp))["state"] == QpState.GRACE and s)
+            assert state["next_psn"] == start + 1
         sender.send(reporter.frame(dta.key_increment(1, 1)))
         assert not receive(collector, 1, timeout=0.2, keep=is_roce)
         time.sleep(0.25)
         sender.send(reporter.frame(dta.key_increment(1, 1)))
         frames = receive(collector, 1, keep=is_roce)
-        assert [parse_roce(f).bth["psn"] for f in frames] == [0x00ABCD]
+        assert [parse_roce(f).bth["psn"] for f in frames] == [start + 1]
         with in_netns(lab.translator.name):
             counters = kernel.counters()
         assert counters[Counter.RX_NAK_SEQUENCE] == 1 and counters[Counter.DROP_GRACE] == 1
@@ -277,8 +289,12 @@ def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
     kernel = lab.start(flush_idle_ns=5_000_000)
     try:
         sender, collector = lab.socket(lab.reporter, "r0"), lab.socket(lab.collector, "c0")
-        collector.send(nak(lab.tables, ki.qp, 500))
-        time.sleep(0.02)
+        start = ki.qp.start_psn
+        sender.send(reporter.frame(dta.key_increment(6, 1, 2)))  # PSNs start and start+1, outstanding
+        assert len(receive(collector, 2, keep=is_roce)) == 2
+        collector.send(nak(lab.tables, ki.qp, start))
+        with in_netns(lab.translator.name):
+            wait_for(lambda: kernel.qp_state(ki.qp)["state"] == QpState.GRACE)
         sender.send(reporter.frame(dta.key_increment(7, 3, 2, essential=True, extended=True)))
         sender.send(reporter.frame(dta.key_increment(8, 1, 1)))  # not essential: dropped in grace
         assert not receive(collector, 1, timeout=0.05, keep=is_roce)
@@ -291,7 +307,7 @@ def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
             counters = kernel.counters()
         frames = [parse_roce(f) for f in receive(collector, 2, keep=is_roce)]
         assert [(f.opcode, f.bth["psn"], f.headers["atomic_eth"]["swap_add"]) for f in frames] == \
-               [(RoceOpcode.RC_FETCH_ADD, 500, 3), (RoceOpcode.RC_FETCH_ADD, 501, 3)]
+               [(RoceOpcode.RC_FETCH_ADD, start, 3), (RoceOpcode.RC_FETCH_ADD, start + 1, 3)]
         assert counters[Counter.ESSENTIAL_DEFERRED] == 1 and counters[Counter.DROP_GRACE] == 1
     finally:
         kernel.close()

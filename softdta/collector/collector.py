@@ -86,6 +86,19 @@ class Collector:
             self.connections.pop(qpn, None)
             self.released.pop(qpn, None)
 
+    def recreate(self, translator_ip: bytes, structure: str) -> dict:
+        """The translator reports that its queue pair into `structure` failed (a fatal NAK, real or forged, that
+        this end may never have sent): re-create this end and return the advertisement that replaces the old."""
+        for qpn, (name, peer, _) in self.connections.items():
+            if name == structure and peer.ip == translator_ip:
+                qp = self.backend.reconnect(qpn)
+                del self.connections[qpn]
+                self.connections[qp.qpn] = (structure, peer, qp)
+                if qpn in self.released:
+                    self.released[qp.qpn] = self.released.pop(qpn)
+                return self.advertisement(structure, qp, peer)
+        raise BackendError(f"this translator has no queue pair into {structure!r}; connect first")
+
     def repair(self, now: float | None = None) -> list[tuple[Peer, dict]]:
         """Frees queue pairs released more than RELEASE_GRACE_S ago, and re-creates those in ERROR: (translator
         end, new advertisement) for each re-created one."""

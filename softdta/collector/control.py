@@ -14,6 +14,7 @@ import hmac
 import json
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..frames import ip_bytes, ip_str, mac_bytes, mac_str
@@ -24,6 +25,7 @@ from .collector import Collector, tables_document
 VERSION = 1
 KEEPALIVE_S = 5.0
 MAX_LINE = 1 << 16
+FAILURE_POLL_S = 0.2  # how often a translator looks for failed QPs to report
 
 
 class ControlError(RuntimeError):
@@ -93,9 +95,11 @@ class ControlServer:
                     await send(writer, {"type": "pong"})
                 elif message["type"] == "connect":
                     await send(writer, self._connect(message, peer_ip, peer_mac))
+                elif message["type"] == "failed":
+                    await send(writer, self._failed(message, peer_ip))
                 else:
                     await send(writer, {"type": "error", "error": f"unknown message type {message['type']!r}; "
-                                                                 "expected connect or ping"})
+                                                                 "expected connect, failed or ping"})
         except ControlError as error:
             if not writer.is_closing():
                 await send(writer, {"type": "error", "error": str(error)})
@@ -136,6 +140,15 @@ class ControlServer:
         except BackendError as error:
             return {"type": "error", "error": str(error)}
         return {"type": "advertise", **advert}
+
+    def _failed(self, message: dict, peer_ip: bytes) -> dict:
+        structure = message.get("structure")
+        if not isinstance(structure, str):
+            return {"type": "error", "error": "failed needs the structure whose queue pair failed"}
+        try:
+            return {"type": "advertise", **self.collector.recreate(peer_ip, structure)}
+        except BackendError as error:
+            return {"type": "error", "error": str(error)}
 
     async def repair_forever(self) -> None:
         while True:
@@ -181,12 +194,14 @@ class CollectorLinks:
 
     `start()` connects to every collector and returns the first tables; later tables (a re-created queue pair, a
     collector that came back) are put on `updates`, which the translator applies between control-loop ticks.
+    `failed_qpns` tells it which of the translator's QPs (local QPNs) failed: it reports each to its collector,
+    which re-creates its end and advertises it again.
     """
 
     def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
-                 keepalive_s: float = KEEPALIVE_S):
+                 keepalive_s: float = KEEPALIVE_S, failed_qpns: Callable[[], set[int]] = set):
         self.translator, self.collectors, self.token = translator, collectors, token
-        self.first_qpn, self.keepalive_s = first_qpn, keepalive_s
+        self.first_qpn, self.keepalive_s, self.failed_qpns = first_qpn, keepalive_s, failed_qpns
         self.updates: queue.Queue[Tables] = queue.Queue()
         self._state: dict[tuple[str, int], tuple[dict, dict[str, dict]]] = {}  # address -> (collector, adverts)
         self._loop = asyncio.new_event_loop()
@@ -232,9 +247,25 @@ class CollectorLinks:
         self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
         self._loop.create_task(self._follow(index, address, reader, writer))
 
-    async def _follow(self, index: int, address: tuple[str, int], reader, writer) -> None:
-        """Apply re-advertisements; keep the connection alive; reconnect (with backoff) when it drops."""
+    async def _report_failures(self, address: tuple[str, int], writer: asyncio.StreamWriter) -> None:
+        """Tell the collector about each failed QP once per advertisement; its new advertisement revives it."""
+        reported: set[tuple[str, int]] = set()
         while True:
+            await asyncio.sleep(FAILURE_POLL_S)
+            failed = self.failed_qpns()
+            for structure, advert in self._state[address][1].items():
+                qp = advert["qp"]
+                if qp["local_qpn"] in failed and (structure, qp["remote_qpn"], qp["start_psn"]) not in reported:
+                    reported.add((structure, qp["remote_qpn"], qp["start_psn"]))
+                    print(f"softdta: QP {qp['local_qpn']:#x} into {structure} at {address[0]} failed; "
+                          "asking the collector to re-create it", flush=True)
+                    await send(writer, {"type": "failed", "structure": structure})
+
+    async def _follow(self, index: int, address: tuple[str, int], reader, writer) -> None:
+        """Apply re-advertisements; keep the connection alive; report failed QPs; reconnect (with backoff) when it
+        drops."""
+        while True:
+            watch = self._loop.create_task(self._report_failures(address, writer))
             try:
                 while True:
                     ping = self._loop.call_later(self.keepalive_s, lambda: self._loop.create_task(
@@ -245,8 +276,12 @@ class CollectorLinks:
                         collector, adverts = self._state[address]
                         adverts[message["structure"]] = {k: v for k, v in message.items() if k != "type"}
                         self.updates.put(self.tables())
+                    elif message["type"] == "error":
+                        print(f"softdta: collector {address[0]}:{address[1]}: {message.get('error')}", flush=True)
             except (ControlError, OSError):
                 writer.close()
+            finally:
+                watch.cancel()
             delay = 0.5
             while True:
                 await asyncio.sleep(delay)
