@@ -565,7 +565,8 @@ def _collector_links(args) -> tuple:
 def _collector_up(args) -> int:
     from .collector.backend import BackendError
     from .collector.config import CollectorConfig
-    from .collector.daemon import run
+    from .collector.control import ControlError
+    from .collector.daemon import StartError, run
     config = CollectorConfig.from_toml(args.config)
     try:
         if args.netns:
@@ -574,7 +575,7 @@ def _collector_up(args) -> int:
                 run(config, control_host=args.control_host, query_host=args.query_host)
         else:
             run(config, control_host=args.control_host, query_host=args.query_host)
-    except BackendError as error:
+    except (BackendError, StartError, ControlError) as error:
         raise CliError(str(error)) from None
     return 0
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .dta import Profile
 from .frames import ip_bytes, ip_str, mac_bytes
+from .settings import Settings, TableError, tables_of
 from .spec import (DEFAULT_GRACE_NS, DTA_V1_POSTCARD_HOPS, KEY_CHECKSUM_LEN, MAX_APPEND_BATCH, MAX_DATA_LEN,
                    MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_WRITE_PAYLOAD, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, KeyHash, Primitive,
                    SketchMerge, Transport)
@@ -22,10 +23,6 @@ PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.
 
 
 KEY_HASH_NAMES = {"dta-v1": KeyHash.DTA_V1, "independent": KeyHash.INDEPENDENT}
-
-
-class TableError(ValueError):
-    """A translator table that cannot work; the message names the entry, the problem and the fix."""
 
 
 def _power_of_two_at_least(value: int) -> int:
@@ -218,6 +215,18 @@ class Tables:
                 raise TableError(f"qp {qp.name!r}: local_qpn {qp.local_qpn} is already used by qp "
                                  f"{local_qpns[qp.local_qpn]!r}; replies could not be told apart")
             local_qpns[qp.local_qpn] = qp.name
+        remote_qpns: dict[tuple[bytes, int], str] = {}
+        for qp in self.qps:
+            other = remote_qpns.setdefault((qp.collector_ip, qp.remote_qpn), qp.name)
+            if other != qp.name:
+                raise TableError(f"qp {qp.name!r}: remote_qpn {qp.remote_qpn:#x} is already qp {other!r}'s at "
+                                 f"{ip_str(qp.collector_ip)}; each structure has its own queue pair at the collector")
+        by_collector = sorted(self.qps, key=lambda qp: (qp.collector_ip, qp.base_va))
+        for first, second in zip(by_collector, by_collector[1:]):
+            if first.collector_ip == second.collector_ip and second.base_va < first.base_va + first.length:
+                raise TableError(f"qp {second.name!r}: its region (base {second.base_va:#x}) overlaps qp "
+                                 f"{first.name!r}'s (base {first.base_va:#x}, length {first.length}); give each "
+                                 "structure its own memory")
         seen: set[tuple[bytes, Primitive]] = set()
         for structure in self.structures:
             structure.validate()
@@ -269,69 +278,82 @@ class Tables:
             raise TableError(f"{source}: {error}; see docs/tables.md") from None
 
 
-def _qp_from(entry: dict, collector: dict, name: str, default_transport: Transport) -> QueuePair:
-    transport = entry.get("transport", default_transport.name.lower())
-    if transport not in ("rc", "uc"):
-        raise TableError(f"qp {name!r}: transport {transport!r} must be \"rc\" or \"uc\"")
-    return QueuePair(name=name, collector_ip=ip_bytes(collector["ip"]), collector_mac=mac_bytes(collector["mac"]),
-                     remote_qpn=int(entry["remote_qpn"]), local_qpn=int(entry["local_qpn"]),
-                     rkey=int(entry["rkey"]), base_va=int(entry["base"]), length=int(entry["length"]),
-                     start_psn=int(entry.get("start_psn", 0)), transport=Transport[transport.upper()],
-                     interface=str(collector.get("interface", "")))
+TRANSLATOR_KEYS = ("profile", "mac", "ip", "udp_sport", "dscp", "ttl", "grace_ms", "ack_request_interval")
+COLLECTOR_KEYS = ("name", "ip", "mac", "interface")
+QP_KEYS = ("remote_qpn", "local_qpn", "rkey", "base", "length", "start_psn", "transport", "name")
+STRUCTURE_KEYS = ("primitive", "collector", "qp", "hash", "key_len", "data_len", "hops", "cache_entries", "columns",
+                  "rows", "reporters", "merge", "batch")
+APPEND_KEYS = ("collector", "qp", "first_list", "lists", "entries", "data_len", "batch")
+
+
+def _address(settings: Settings, key: str, parse) -> bytes:
+    value = settings.text(key)
+    try:
+        return parse(value)
+    except (OSError, ValueError):
+        raise TableError(f"{settings.where}: {key} = {value!r} is not a valid address") from None
+
+
+def _qp_from(entry: Settings, collector: Settings, default_name: str, default_transport: Transport) -> QueuePair:
+    qp = entry.table("qp", QP_KEYS)
+    name = qp.text("name", default_name)
+    qp.where = f"qp {name!r}"
+    transport = qp.text("transport", default_transport.name.lower(), ("rc", "uc"))
+    return QueuePair(name=name, collector_ip=_address(collector, "ip", ip_bytes),
+                     collector_mac=_address(collector, "mac", mac_bytes),
+                     remote_qpn=qp.integer("remote_qpn"), local_qpn=qp.integer("local_qpn"),
+                     rkey=qp.integer("rkey"), base_va=qp.integer("base"), length=qp.integer("length"),
+                     start_psn=qp.integer("start_psn", 0), transport=Transport[transport.upper()],
+                     interface=collector.text("interface", ""))
 
 
 def _from_dict(document: dict) -> Tables:
-    translator = document["translator"]
-    collectors = {c["name"]: c for c in document.get("collectors", [])}
+    Settings("the tables", document, ("translator", "collectors", "structures", "append"))
+    translator = Settings("[translator]", document.get("translator"), TRANSLATOR_KEYS)
+    collectors = {c.text("name"): c for c in tables_of(document, "collectors", COLLECTOR_KEYS, "[[collectors]]")}
     qps: list[QueuePair] = []
     structures: list[Structure] = []
     append_lists: list[AppendLists] = []
 
-    def collector_of(entry: dict, what: str) -> dict:
-        name = entry["collector"]
+    def collector_of(entry: Settings, what: str) -> Settings:
+        name = entry.text("collector")
         if name not in collectors:
             raise TableError(f"{what}: collector {name!r} is not defined under [[collectors]]")
         return collectors[name]
 
-    for entry in document.get("structures", []):
-        kind = entry["primitive"]
+    for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
+        kind = entry.text("primitive")
         if kind not in PRIMITIVE_NAMES:
             raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)} "
                              "(Append lists are declared under [[append]])")
         primitive = PRIMITIVE_NAMES[kind]
+        entry.where = f"{kind} structure"
         collector = collector_of(entry, f"{kind} structure")
         default_transport = Transport.RC if primitive is Primitive.KEY_INCREMENT else Transport.UC
-        qp = _qp_from(entry["qp"], collector, entry["qp"].get("name", f"{kind}@{collector['name']}"),
-                      default_transport)
+        qp = _qp_from(entry, collector, f"{kind}@{collector.text('name')}", default_transport)
         qps.append(qp)
-        key_hash = entry.get("hash", "dta-v1")
-        if key_hash not in KEY_HASH_NAMES:
-            raise TableError(f"{kind} structure: hash {key_hash!r} must be one of {sorted(KEY_HASH_NAMES)}")
-        merge = entry.get("merge", "sum")
-        if merge not in ("sum", "max"):
-            raise TableError(f"{kind} structure: merge {merge!r} must be \"sum\" or \"max\"")
+        key_hash = entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES))
+        merge = entry.text("merge", "sum", ("sum", "max"))
         structures.append(Structure(
-            primitive=primitive, qp=qp, key_len=int(entry.get("key_len", 4)),
-            data_len=int(entry.get("data_len", 4)), hops=int(entry.get("hops", DTA_V1_POSTCARD_HOPS)),
-            cache_entries=int(entry.get("cache_entries", POSTCARD_CACHE_ENTRIES)),
-            columns=int(entry.get("columns", 0)), rows=int(entry.get("rows", 0)),
-            reporters=int(entry.get("reporters", 1)), merge=SketchMerge[merge.upper()],
-            batch=int(entry.get("batch", 1)), key_hash=KEY_HASH_NAMES[key_hash]))
-    for entry in document.get("append", []):
+            primitive=primitive, qp=qp, key_len=entry.integer("key_len", 4), data_len=entry.integer("data_len", 4),
+            hops=entry.integer("hops", DTA_V1_POSTCARD_HOPS),
+            cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES),
+            columns=entry.integer("columns", 0), rows=entry.integer("rows", 0),
+            reporters=entry.integer("reporters", 1), merge=SketchMerge[merge.upper()],
+            batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash]))
+    for entry in tables_of(document, "append", APPEND_KEYS, "[[append]]"):
         collector = collector_of(entry, "append lists")
-        first = int(entry.get("first_list", 0))
-        qp = _qp_from(entry["qp"], collector, entry["qp"].get("name", f"append{first}@{collector['name']}"),
-                      Transport.UC)
+        first = entry.integer("first_list", 0, 0)
+        entry.where = f"append lists from {first}"
+        qp = _qp_from(entry, collector, f"append{first}@{collector.text('name')}", Transport.UC)
         qps.append(qp)
-        append_lists.append(AppendLists(qp=qp, first_list=first, lists=int(entry.get("lists", 1)),
-                                        entries=int(entry["entries"]), data_len=int(entry.get("data_len", 4)),
-                                        batch=int(entry.get("batch", 4))))
-    profile = translator.get("profile", Profile.DTA_V1.value)
-    if profile not in {p.value for p in Profile}:
-        raise TableError(f"translator: profile {profile!r} must be one of {[p.value for p in Profile]}")
-    return Tables(mac=mac_bytes(translator["mac"]), ip=ip_bytes(translator["ip"]), profile=Profile(profile),
-                  udp_sport=int(translator.get("udp_sport", 49152)), dscp=int(translator.get("dscp", 0)),
-                  ttl=int(translator.get("ttl", 64)),
-                  grace_ns=int(float(translator.get("grace_ms", DEFAULT_GRACE_NS / 1e6)) * 1_000_000),
-                  ack_request_interval=int(translator.get("ack_request_interval", 0)),
+        append_lists.append(AppendLists(qp=qp, first_list=first, lists=entry.integer("lists", 1, 1),
+                                        entries=entry.integer("entries", minimum=1),
+                                        data_len=entry.integer("data_len", 4), batch=entry.integer("batch", 4, 1)))
+    profile = translator.text("profile", Profile.DTA_V1.value, tuple(p.value for p in Profile))
+    return Tables(mac=_address(translator, "mac", mac_bytes), ip=_address(translator, "ip", ip_bytes),
+                  profile=Profile(profile), udp_sport=translator.integer("udp_sport", 49152),
+                  dscp=translator.integer("dscp", 0), ttl=translator.integer("ttl", 64),
+                  grace_ns=int(translator.number("grace_ms", DEFAULT_GRACE_NS / 1e6) * 1_000_000),
+                  ack_request_interval=translator.integer("ack_request_interval", 0, 0),
                   qps=qps, structures=structures, append_lists=append_lists)

@@ -40,7 +40,8 @@ def test_append_rings_must_hold_whole_batches_and_fit_the_region():
 def test_overlapping_append_ranges_and_shared_local_qpns_are_refused():
     def overlap(d):
         d["append"].append({**d["append"][0], "first_list": 10,
-                            "qp": {**d["append"][0]["qp"], "local_qpn": 0x999}})
+                            "qp": {**d["append"][0]["qp"], "local_qpn": 0x999, "remote_qpn": 0x999,
+                                   "base": 0x7f00f0000000}})
     assert "overlap" in refused(overlap)
     assert "already used" in refused(lambda d: d["structures"][1]["qp"].update(local_qpn=0x201))
 
@@ -54,3 +55,21 @@ def test_unknown_names_and_missing_settings_say_what_to_do():
     assert "hash" in refused(lambda d: d["structures"][0].update(hash="md5"))
     assert "missing required setting 'mac'" in refused(lambda d: d["translator"].pop("mac"))
     assert "ttl" in refused(lambda d: d["translator"].update(ttl=300))
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d["append"][0].update(batch=0), "batch = 0 is out of range"),
+    (lambda d: d["structures"][0].update(collector=5), "collector = 5 must be a string"),
+    (lambda d: d["structures"][0].update(qp=5), "must be a table"),
+    (lambda d: d["translator"].update(ack_request_interval=-1), "ack_request_interval = -1 is out of range"),
+    (lambda d: d["translator"].update(ip=12), "ip = 12 must be a string"),
+    (lambda d: d["translator"].update(ip="10.77.0.300"), "not a valid address"),
+    (lambda d: d["structures"][0].update(key_len=4.5), "key_len = 4.5 must be a whole number"),
+    (lambda d: d["translator"].update(grace_ms=float("inf")), "grace_ms"),
+    (lambda d: d["translator"].update(ack_requst_interval=2), "did you mean 'ack_request_interval'"),
+    (lambda d: d["structures"][0]["qp"].update(rkye=1), "did you mean 'rkey'"),
+    (lambda d: d["structures"][1]["qp"].update(remote_qpn=0x101), "remote_qpn 0x101 is already"),
+    (lambda d: d["structures"][1]["qp"].update(base=0x7f0000000100), "overlaps"),
+])
+def test_careless_settings_are_refused_naming_the_setting(change, words):
+    assert words in refused(change)

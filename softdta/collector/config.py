@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..frames import ip_bytes, mac_bytes
 from ..spec import DTA_V1_POSTCARD_HOPS, POSTCARD_CACHE_ENTRIES, Access, Primitive, Transport
+from ..settings import Settings, tables_of
 from ..tables import KEY_HASH_NAMES, PRIMITIVE_NAMES, TableError, slot_size_of
 
 DEFAULT_CONTROL_PORT = 40050
@@ -19,6 +20,11 @@ DEFAULT_QUERY_PORT = 8040
 DEFAULT_MAX_QPS = 1024
 MAX_QPS_LIMIT = 1 << 20  # QPNs are 24-bit, and the xdp backend's queue-pair tables are kernel memory
 BACKENDS = ("xdp", "verbs")
+COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "data_dir", "token", "control_port", "query_port",
+                  "max_qps")
+STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
+                  "reporters", "merge", "batch", "transport")
+APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
 
 
 @dataclass
@@ -159,36 +165,54 @@ class CollectorConfig:
 
     @classmethod
     def from_dict(cls, document: dict, relative_to: Path = Path(".")) -> CollectorConfig:
-        collector = document["collector"]
+        Settings("the configuration", document, ("collector", "structures", "append"))
+        collector = Settings("[collector]", document.get("collector"), COLLECTOR_KEYS)
         structures = []
-        for entry in document.get("structures", []):
-            kind = entry["primitive"]
-            if kind not in PRIMITIVE_NAMES:
-                raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)}")
+        for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
+            kind = entry.text("primitive", choices=tuple(sorted(PRIMITIVE_NAMES)))
             primitive = PRIMITIVE_NAMES[kind]
             default = "rc" if primitive is Primitive.KEY_INCREMENT else "uc"
+            slots_key = "columns" if "columns" in entry else "slots"
             structures.append(StructureSpec(
-                primitive=primitive, slots=int(entry.get("slots", entry.get("columns", 0))),
-                key_len=int(entry.get("key_len", 4)), data_len=int(entry.get("data_len", 4)),
-                hash=entry.get("hash", "dta-v1"), hops=int(entry.get("hops", DTA_V1_POSTCARD_HOPS)),
-                cache_entries=int(entry.get("cache_entries", POSTCARD_CACHE_ENTRIES)), rows=int(entry.get("rows", 0)),
-                reporters=int(entry.get("reporters", 1)), merge=entry.get("merge", "sum"),
-                batch=int(entry.get("batch", 1)), transport=_transport(entry.get("transport", default))))
-        append = [AppendSpec(first_list=int(e.get("first_list", 0)), lists=int(e.get("lists", 1)),
-                             entries=int(e["entries"]), data_len=int(e.get("data_len", 4)),
-                             batch=int(e.get("batch", 4)), transport=_transport(e.get("transport", "uc")))
-                  for e in document.get("append", [])]
-        data_dir = collector.get("data_dir")
-        config = cls(name=collector.get("name", "collector"), ip=ip_bytes(collector["ip"]),
-                     mac=mac_bytes(collector["mac"]), backend=collector.get("backend", "xdp"),
-                     interface=collector.get("interface", ""),
-                     data_dir=(relative_to / data_dir) if data_dir else None, token=collector.get("token", ""),
-                     control_port=int(collector.get("control_port", DEFAULT_CONTROL_PORT)),
-                     query_port=int(collector.get("query_port", DEFAULT_QUERY_PORT)),
-                     max_qps=collector.get("max_qps", DEFAULT_MAX_QPS),
+                primitive=primitive, slots=entry.integer(slots_key, minimum=1),
+                key_len=entry.integer("key_len", 4, 1), data_len=entry.integer("data_len", 4, 1),
+                hash=entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES)),
+                hops=entry.integer("hops", DTA_V1_POSTCARD_HOPS, 1),
+                cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES, 1),
+                rows=entry.integer("rows", 0, 0), reporters=entry.integer("reporters", 1, 1),
+                merge=entry.text("merge", "sum", ("sum", "max")), batch=entry.integer("batch", 1, 1),
+                transport=_transport(entry.text("transport", default, ("rc", "uc")))))
+        append = [AppendSpec(first_list=e.integer("first_list", 0, 0), lists=e.integer("lists", 1, 1),
+                             entries=e.integer("entries", minimum=1), data_len=e.integer("data_len", 4, 1),
+                             batch=e.integer("batch", 4, 1),
+                             transport=_transport(e.text("transport", "uc", ("rc", "uc"))))
+                  for e in tables_of(document, "append", APPEND_KEYS, "[[append]]")]
+        data_dir = collector.text("data_dir", "")
+        if data_dir and (relative_to / data_dir).exists() and not (relative_to / data_dir).is_dir():
+            raise TableError(f"[collector]: data_dir {str(relative_to / data_dir)!r} is a file; name a directory "
+                             "(it is created if missing)")
+        config = cls(name=collector.text("name", "collector", empty=False),
+                     ip=_address(collector, "ip", ip_bytes), mac=_address(collector, "mac", mac_bytes),
+                     backend=collector.text("backend", "xdp", BACKENDS), interface=collector.text("interface", ""),
+                     data_dir=(relative_to / data_dir) if data_dir else None,
+                     token=collector.text("token", empty=False),
+                     control_port=collector.integer("control_port", DEFAULT_CONTROL_PORT, 1, 65535),
+                     query_port=collector.integer("query_port", DEFAULT_QUERY_PORT, 1, 65535),
+                     max_qps=collector.integer("max_qps", DEFAULT_MAX_QPS, 1, MAX_QPS_LIMIT),
                      structures=structures, append=append)
+        if config.control_port == config.query_port:
+            raise TableError(f"[collector]: control_port and query_port are both {config.query_port}; give them "
+                             "different ports")
         config.validate()
         return config
+
+
+def _address(settings: Settings, key: str, parse) -> bytes:
+    value = settings.text(key)
+    try:
+        return parse(value)
+    except (OSError, ValueError):
+        raise TableError(f"{settings.where}: {key} = {value!r} is not a valid address") from None
 
 
 def _transport(name: str) -> Transport:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import signal
 
 from .. import service
@@ -24,6 +25,10 @@ def make_backend(config: CollectorConfig) -> Backend:
     return XdpBackend.for_config(config, pin_dir=pin_dir_for(config.name, config.ip))
 
 
+class StartError(RuntimeError):
+    """The collector cannot start as configured; the message names the setting and the fix."""
+
+
 async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
                           ready=print) -> None:
     """Serve until SIGINT or SIGTERM; region files are saved every CHECKPOINT_S seconds (and at close)."""
@@ -32,8 +37,17 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    control = await ControlServer(collector, config.token).start(control_host, config.control_port)
-    query = await service.serve(collector, query_host, config.query_port)
+    try:
+        control = await ControlServer(collector, config.token).start(control_host, config.control_port)
+    except OSError as error:
+        raise StartError(f"cannot listen for translators on {control_host}:{config.control_port} ({error.strerror}); "
+                         "set another [collector] control_port, or stop what uses it") from None
+    try:
+        query = await service.serve(collector, query_host, config.query_port)
+    except OSError as error:
+        control.close()
+        raise StartError(f"cannot serve queries on {query_host}:{config.query_port} ({error.strerror}); set another "
+                         "[collector] query_port, or stop what uses it") from None
     ready(f"softdta collector {config.name} up: {config.backend} backend"
           f"{' on ' + config.interface if config.interface else ''} at {ip_str(config.ip)}, "
           f"{len(collector.regions)} regions; control {control_host}:{config.control_port}, "
@@ -44,8 +58,12 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
             await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
         except asyncio.TimeoutError:
             checkpoint = getattr(collector.backend, "checkpoint", None)
-            if checkpoint:
-                checkpoint()
+            try:
+                if checkpoint:
+                    checkpoint()
+            except OSError as error:  # out of file descriptors or disk: the memory is intact, save again later
+                print(f"softdta: saving the regions failed ({error}); trying again in {CHECKPOINT_S:.0f} s",
+                      file=sys.stderr, flush=True)
     await completions
     control.close()
     await query.cleanup()
