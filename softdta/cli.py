@@ -568,6 +568,9 @@ def _collector_up(args) -> int:
     from .collector.control import ControlError
     from .collector.daemon import StartError, run
     config = CollectorConfig.from_toml(args.config)
+    if not config.token:
+        raise CliError(f"{args.config}: [collector] token is missing or empty; set one, translators must "
+                       "authenticate with it")
     try:
         if args.netns:
             from .netns import in_netns

@@ -64,7 +64,7 @@ def open_collector(config: CollectorConfig) -> Collector:
 @pytest.mark.parametrize("change, message", [
     ({"slots": 1000}, "power of two"),
     ({"transport": "uc", "primitive": "key-increment"}, "needs transport \"rc\""),
-    ({"hash": "md5"}, "hash 'md5'"),
+    ({"hash": "md5"}, "hash = 'md5'"),
 ])
 def test_bad_structures_are_refused_with_the_reason(change, message):
     document = {"collector": {"ip": "10.77.1.1", "mac": "02:00:00:00:00:01"},
@@ -237,6 +237,66 @@ def test_bad_control_messages_get_clear_errors(tmp_path):
         collector.close()
 
 
+@pytest.mark.parametrize("line, words", [(b"\xff\xfe", "not UTF-8"), (b"[" * 30_000, "nested too deeply"),
+                                         (b'{"type": "hello", "version": Infinity}', "NaN or Infinity"),
+                                         (b'{"type": NaN}', "NaN or Infinity")],
+                         ids=["not-utf8", "deep-nesting", "infinity", "nan"])
+def test_malformed_bytes_before_authentication_get_a_clear_error(tmp_path, line, words, capfd):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    async def converse() -> dict:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=1 << 20)
+        writer.write(line + b"\n")
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        return json.loads(reply)
+
+    try:
+        assert words in asyncio.run(converse())["error"]
+    finally:
+        server.close()
+        collector.close()
+    logged = [text for text in capfd.readouterr().err.splitlines() if "control connection" in text]
+    assert len(logged) == 1 and words in logged[0] and "Traceback" not in capfd.readouterr().err
+
+
+def test_idle_connections_are_bounded_and_a_translator_still_connects(tmp_path):
+    """A flood of silent connections from one host: beyond the per-host limit they are closed at once, the silent
+    ones are dropped after the hello timeout, and a real translator connects throughout."""
+    from softdta.collector import control
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    async def flood_then_connect() -> tuple[list[bytes], list[dict]]:
+        idle = [await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
+                for _ in range(3 * control.MAX_CONNECTIONS_PER_HOST)]
+        _, adverts, _, writer = await control.fetch_advertisements("127.0.0.1", server.port, TOKEN, _translator(1),
+                                                                   {"key-write": (0x1000, 0)})
+        writer.close()
+        ends = [await asyncio.wait_for(reader.read(), control.HELLO_TIMEOUT_S + 10) for reader, _ in idle]
+        for _, idle_writer in idle:
+            idle_writer.close()
+        return ends, adverts
+
+    try:
+        ends, adverts = asyncio.run(flood_then_connect())
+        assert adverts[0]["structure"] == "key-write"
+        refused = [end for end in ends if end == b""]
+        timed_out = [json.loads(end)["error"] for end in ends if end]
+        assert len(refused) == 2 * control.MAX_CONNECTIONS_PER_HOST
+        assert len(timed_out) == control.MAX_CONNECTIONS_PER_HOST and all("no message" in e for e in timed_out)
+        assert asyncio.run_coroutine_threadsafe(_open_count(server.control), server.loop).result(5) == 0
+    finally:
+        server.close()
+        collector.close()
+
+
+async def _open_count(control_server) -> int:
+    return sum(control_server.open_per_host.values())
+
+
 def _translator(n: int) -> dict:
     return {"ip": f"10.77.0.{n}", "mac": f"02:5d:7a:00:00:{n:02x}"}
 
@@ -312,7 +372,7 @@ def _fetch_add_to(config, translator: dict, qp: dict, rkey_flip: int = 0) -> byt
 def test_max_qps_must_be_a_sensible_whole_number(value):
     document = {"collector": {"ip": "10.77.1.1", "mac": "02:00:00:00:00:01", "max_qps": value},
                 "structures": [{"primitive": "key-write", "slots": 1024}]}
-    with pytest.raises(TableError, match="max_qps .* must be a whole number from 1 to"):
+    with pytest.raises(TableError, match="max_qps = .* whole number"):
         CollectorConfig.from_dict(document)
 
 

@@ -33,7 +33,7 @@ def edited(text: str, pattern: str, replacement: str) -> str:
 
 @pytest.mark.parametrize("pattern, replacement, words", [
     (r"^batch = 4 *$", "batch = 0", "batch = 0"),
-    (r'^token = .*$', 'token = ""', "token must not be empty"),
+    (r'^token = .*$', 'token = ""', "token is missing or empty"),
     (r"^control_port = .*$", "control_port = 70000", "control_port = 70000 is out of range"),
     (r'^ip = .*$', "ip = 12", "ip = 12 must be a string"),
     (r"^slots = 131072.*$", "slots = 1024.5", "slots = 1024.5 must be a whole number"),

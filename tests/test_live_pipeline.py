@@ -7,6 +7,7 @@ translator learns the structures through the control protocol, and queries go ov
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from softdta import dta
 from softdta.bpf import ensure_bpffs
+from softdta.collector.xdp_backend import pin_dir_for
 from softdta.frames import ip_bytes, mac_bytes
 from softdta.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.workload import ReporterAddress
@@ -53,6 +55,8 @@ def http(namespace: str, path: str, body: dict | None = None) -> dict:
 
 @pytest.fixture
 def topology(tmp_path):
+    # memory a killed collector of the same name and IP pinned would be adopted (docs/collector.md): start clean
+    shutil.rmtree(pin_dir_for("c1", ip_bytes("10.77.1.1")), ignore_errors=True)
     cleanup_prefix(PREFIX)
     reporter, translator, collector = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
     veth_pair(reporter, "r0", translator, "t0", mac_a=REPORTER_MAC, mac_b=TRANSLATOR_MAC)

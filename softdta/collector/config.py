@@ -195,7 +195,7 @@ class CollectorConfig:
                      ip=_address(collector, "ip", ip_bytes), mac=_address(collector, "mac", mac_bytes),
                      backend=collector.text("backend", "xdp", BACKENDS), interface=collector.text("interface", ""),
                      data_dir=(relative_to / data_dir) if data_dir else None,
-                     token=collector.text("token", empty=False),
+                     token=collector.text("token", ""),
                      control_port=collector.integer("control_port", DEFAULT_CONTROL_PORT, 1, 65535),
                      query_port=collector.integer("query_port", DEFAULT_QUERY_PORT, 1, 65535),
                      max_qps=collector.integer("max_qps", DEFAULT_MAX_QPS, 1, MAX_QPS_LIMIT),

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import json
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ VERSION = 1
 KEEPALIVE_S = 5.0
 MAX_LINE = 1 << 16
 FAILURE_POLL_S = 0.2  # how often a translator looks for failed QPs to report
+HELLO_TIMEOUT_S = 3.0  # an unauthenticated connection holds a descriptor: it gets this long to say hello
+MAX_CONNECTIONS = 256  # open control connections, authenticated or not, so idle ones cannot exhaust descriptors
+MAX_CONNECTIONS_PER_HOST = 16
 
 
 class ControlError(RuntimeError):
@@ -45,6 +49,15 @@ async def send(writer: asyncio.StreamWriter, message: dict) -> None:
     await writer.drain()
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    address = writer.get_extra_info("peername")
+    return f"{address[0]}:{address[1]}" if address else "?"
+
+
 async def receive(reader: asyncio.StreamReader, timeout: float) -> dict:
     try:
         line = await asyncio.wait_for(reader.readline(), timeout)
@@ -55,9 +68,13 @@ async def receive(reader: asyncio.StreamReader, timeout: float) -> dict:
     if not line:
         raise ControlError("connection closed")
     try:
-        message = json.loads(line)
+        message = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise ControlError("not UTF-8: a message is one line of JSON text") from None
     except json.JSONDecodeError as error:
         raise ControlError(f"not JSON: {error}") from None
+    except (RecursionError, ValueError):
+        raise ControlError("JSON nested too deeply, or with NaN or Infinity: send plain JSON objects") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ControlError("a message is a JSON object with a string field \"type\"")
     return message
@@ -71,6 +88,7 @@ class ControlServer:
     token: str
     keepalive_s: float = KEEPALIVE_S
     sessions: dict[bytes, asyncio.StreamWriter] = field(default_factory=dict)  # translator IP -> connection
+    open_per_host: dict[str, int] = field(default_factory=dict)
 
     async def start(self, host: str, port: int) -> asyncio.Server:
         if not self.token:
@@ -80,9 +98,23 @@ class ControlServer:
         return server
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = _peer(writer).rpartition(":")[0]
+        if sum(self.open_per_host.values()) >= MAX_CONNECTIONS or \
+                self.open_per_host.get(host, 0) >= MAX_CONNECTIONS_PER_HOST:
+            writer.close()  # no reply: answering a flood would cost what the limit saves
+            return
+        self.open_per_host[host] = self.open_per_host.get(host, 0) + 1
+        try:
+            await self._session(reader, writer)
+        finally:
+            self.open_per_host[host] -= 1
+            if not self.open_per_host[host]:
+                del self.open_per_host[host]
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_ip = None
         try:
-            hello = await receive(reader, 3 * self.keepalive_s)
+            hello = await receive(reader, HELLO_TIMEOUT_S)
             translator = self._welcome(hello)
             peer_ip, peer_mac = ip_bytes(translator["ip"]), mac_bytes(translator["mac"])
             self.sessions[peer_ip] = writer
@@ -101,8 +133,12 @@ class ControlServer:
                     await send(writer, {"type": "error", "error": f"unknown message type {message['type']!r}; "
                                                                  "expected connect, failed or ping"})
         except ControlError as error:
+            print(f"softdta: control connection from {_peer(writer)} refused: {error}", file=sys.stderr, flush=True)
             if not writer.is_closing():
-                await send(writer, {"type": "error", "error": str(error)})
+                try:
+                    await send(writer, {"type": "error", "error": str(error)})
+                except ConnectionError:
+                    pass
         except ConnectionError:
             pass
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import sys
 import signal
 
@@ -23,6 +24,13 @@ def make_backend(config: CollectorConfig) -> Backend:
         from .verbs import VerbsBackend
         return VerbsBackend(data_dir=config.data_dir)
     return XdpBackend.for_config(config, pin_dir=pin_dir_for(config.name, config.ip))
+
+
+def raise_descriptor_limit() -> None:
+    """The soft limit on open files up to the hard one: every translator, query client and region file takes one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class StartError(RuntimeError):
@@ -78,6 +86,7 @@ async def poll_completions(collector: Collector, stop: asyncio.Event) -> None:
 def run(config: CollectorConfig, **options) -> None:
     """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop."""
     import uvloop
+    raise_descriptor_limit()
     collector = Collector(config, make_backend(config))
     try:
         # not uvloop.install(): pyroute2 (detaching XDP at close) needs a standard loop, which it makes itself
