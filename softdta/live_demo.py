@@ -263,10 +263,6 @@ def verdict(summary: dict) -> list[str]:
                         f"{'; link drops ' + str(summary['link_drops']) if summary['link_drops'] else ''}")
     if translator["drops"]:
         problems.append(f"the translator dropped reports or replies: {translator['drops']}")
-    executed = collector.get("executed", collector.get("rxe_rcvd_pkts", 0))
-    if translator["frames_emitted"] != executed:
-        problems.append(f"RoCE requests: the translator emitted {translator['frames_emitted']:,}, the collector "
-                        f"executed {executed:,}")
     if collector["drops"]:
         problems.append(f"the collector refused requests: {collector['drops']}")
     replies_taken = sum(translator["replies"].values())

@@ -221,9 +221,11 @@ class Tables:
             if other != qp.name:
                 raise TableError(f"qp {qp.name!r}: remote_qpn {qp.remote_qpn:#x} is already qp {other!r}'s at "
                                  f"{ip_str(qp.collector_ip)}; each structure has its own queue pair at the collector")
-        by_collector = sorted(self.qps, key=lambda qp: (qp.collector_ip, qp.base_va))
-        for first, second in zip(by_collector, by_collector[1:]):
-            if first.collector_ip == second.collector_ip and second.base_va < first.base_va + first.length:
+        # one memory region is one R_Key at one collector; other regions may reuse its addresses (other processes)
+        by_region = sorted(self.qps, key=lambda qp: (qp.collector_ip, qp.rkey, qp.base_va))
+        for first, second in zip(by_region, by_region[1:]):
+            if (first.collector_ip, first.rkey) == (second.collector_ip, second.rkey) and \
+                    second.base_va < first.base_va + first.length:
                 raise TableError(f"qp {second.name!r}: its region (base {second.base_va:#x}) overlaps qp "
                                  f"{first.name!r}'s (base {first.base_va:#x}, length {first.length}); give each "
                                  "structure its own memory")

@@ -56,7 +56,7 @@ def test_collector_configuration_errors(tmp_path, pattern, replacement, words):
     (r"^ack_request_interval = .*$", "ack_request_interval = -1", "ack_request_interval = -1"),
     (r"^ttl = 64$", "tll = 64", "did you mean 'ttl'"),
     (r"remote_qpn = 0x102", "remote_qpn = 0x101", "remote_qpn 0x101 is already"),
-    (r"base = 0x7f0010000000", "base = 0x7f0000000040", "overlaps"),
+    (r"rkey = 0x1002, base = 0x7f0010000000", "rkey = 0x1001, base = 0x7f0000000040", "overlaps"),
 ])
 def test_translator_table_errors(tmp_path, pattern, replacement, words):
     (tmp_path / "tables.toml").write_text(edited(TABLES, pattern, replacement))

@@ -44,7 +44,6 @@ def test_a_clean_run_has_no_problem():
     ({"queries__append__entries_recovered": 39}, "Append"),
     ({"queries__sketch_merge__matches_sum_of_reporters": False}, "Sketch-Merge"),
     ({"queries__postcarding__decoded_exactly": 90}, "Postcarding"),
-    ({"collector__executed": 299}, "RoCE requests"),
     ({"collector__replies_sent": 61}, "RC replies"),
     ({"translator__received__key-write": 99}, "reports"),
 ])
