@@ -35,7 +35,7 @@ from . import rxe_lab
 from .bpf import BpfObject, attach_xdp, ensure_bpffs
 from .collector.xdp_backend import pin_dir_for
 from .frames import ip_bytes
-from .netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, veth_pair
+from .netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, realtime_napi, veth_pair
 from .python_engine import engine_stats
 from .xdp import EngineError, build_object
 
@@ -224,6 +224,16 @@ def _start(state: LabState) -> None:
     state.translator_pid = translator.pid
     write_state(state)
     _wait_for(translator_log, "translator up on", translator)
+    _realtime_data_path(state)
+
+
+def _realtime_data_path(state: LabState) -> None:
+    """The lab's links and switch stand for hardware, and the translator for a box of its own: their NAPI polls
+    must not wait behind the demo's sender or other user processes (netns.realtime_napi)."""
+    switch_ports = ["sw-t", "sw-c", *(f"sw-r{index}" for index in range(1, state.reporters + 1))]
+    for namespace, interfaces in ((PREFIX + "sw", switch_ports), (PREFIX + "t", ["t0"]), (PREFIX + "c", ["c0"])):
+        for interface in interfaces:
+            realtime_napi(Namespace(namespace), interface)
 
 
 def _start_xdp_collector(state: LabState) -> None:

@@ -123,6 +123,17 @@ def _poll_append(appended: dict[int, list[int]]) -> None:
         appended.setdefault(int(list_id), []).extend(entry["entries"])
 
 
+def _chunk_end(frames: list[tuple[Report, bytes]], start: int) -> int:
+    """CHUNK reports on, or a few more so that no flow's postcards straddle two chunks: a path's hops leave
+    their switches microseconds apart, while the paced sender's chunks are milliseconds apart, more than the
+    translator's idle flush waits for the rest of a path."""
+    end = min(start + CHUNK, len(frames))
+    while 0 < end < len(frames) and frames[end][0].opcode is DtaOpcode.POSTCARDING \
+            and frames[end - 1][0].opcode is DtaOpcode.POSTCARDING and frames[end][0].key == frames[end - 1][0].key:
+        end += 1
+    return end
+
+
 def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
            rate: float = DEFAULT_RATE) -> dict:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
@@ -138,14 +149,14 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     offsets = [0] * len(frames_by_reporter)
     appended: dict[int, list[int]] = {}
     last_poll = started
-    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], CHUNK)
+    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], 2 * CHUNK)
                for i in range(1, len(frames_by_reporter) + 1)]
     try:
         while any(offset < len(frames) for offset, frames in zip(offsets, frames_by_reporter)):
             if time.perf_counter() - started > seconds:
                 break
             for index, frames in enumerate(frames_by_reporter):
-                chunk = frames[offsets[index]:offsets[index] + CHUNK]
+                chunk = frames[offsets[index]:_chunk_end(frames, offsets[index])]
                 if not chunk:
                     continue
                 senders[index].send([frame for _, frame in chunk])

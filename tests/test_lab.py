@@ -32,12 +32,26 @@ def clean_lab():
     assert not lab.PIN_DIR.exists() and not lab.STATE_DIR.exists()
 
 
+def realtime_napi_threads() -> set[str]:
+    """The interfaces whose NAPI threads run at a real-time priority (SCHED_FIFO)."""
+    names = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            comm = open(f"/proc/{pid}/comm").read().strip()
+            if comm.startswith("napi/") and os.sched_getscheduler(int(pid)) == os.SCHED_FIFO:
+                names.add(comm[len("napi/"):].rsplit("-", 1)[0])
+        except (OSError, ProcessLookupError):
+            pass
+    return names
+
+
 def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
     softdta("lab", "up", "--reporters", "2")
     status = json.loads(softdta("lab", "status", "--json").stdout)
     assert status["up"] and status["translator"]["running"] and status["collector"]["running"]
     assert status["namespaces"] == sorted(lab.PREFIX + n for n in ("c", "r1", "r2", "sw", "t"))
     assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
+    assert realtime_napi_threads() == {"c0", "sw-c", "sw-r1", "sw-r2", "sw-t", "t0"}
     again = softdta("lab", "up", check=False)
     assert again.returncode == 2 and "already up" in again.stderr
     assert "lab down; removed" in softdta("lab", "down").stdout
