@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -147,7 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--consensus", type=int, help="Key-Write: votes needed (consensus mode)")
     query.add_argument("--values", type=int, nargs="*", default=[], help="Postcarding: the value set")
     query.add_argument("--list", type=int, help="Append: one list")
-    query.add_argument("--follow", action="store_true", help="Append: stream new entries until interrupted")
+    query.add_argument("--take", action="store_true",
+                       help="Append: take the entries (each is taken once) instead of reading them; needs --token")
+    query.add_argument("--follow", action="store_true",
+                       help="Append: take new entries as they come, until interrupted; needs --token")
+    query.add_argument("--token", default=os.environ.get("SOFTDTA_TOKEN"),
+                       help="the collector's token, for --take and --follow (default: $SOFTDTA_TOKEN)")
     query.set_defaults(run=_query)
 
     bench = commands.add_parser("bench", help="the comparison benchmarks: softdta against the alternatives, side by "
@@ -602,12 +608,18 @@ def _query(args) -> int:
         body = {"keys": keys(), "redundancy": args.redundancy}
     elif args.what == "postcarding":
         body = {"keys": keys(), "value_set": args.values}
-    elif args.what == "append":
+    headers = {"Content-Type": "application/json"}
+    taking = args.what == "append" and (args.take or args.follow)
+    if taking and not args.token:
+        raise CliError("taking Append entries needs the collector's token: give --token or set SOFTDTA_TOKEN")
+    if taking:
+        headers["Authorization"] = f"Bearer {args.token}"
+    if args.what == "append":
         query_string = [f"list={args.list}"] if args.list is not None else []
         query_string += ["follow=1"] if args.follow else []
         path += "?" + "&".join(query_string) if query_string else ""
     request = urllib.request.Request(args.url + path, data=json.dumps(body).encode() if body else None,
-                                     headers={"Content-Type": "application/json"}, method="POST" if body else "GET")
+                                     headers=headers, method="POST" if body or taking else "GET")
     try:
         with urllib.request.urlopen(request) as response:
             for line in response:

@@ -93,11 +93,14 @@ def _units(opcode: DtaOpcode, reports: list[Report]) -> list[list[Report]]:
     return list(flows.values())
 
 
-def _http(path: str, body: dict | None = None) -> dict:
+def _http(path: str, body: dict | None = None, token: str | None = None) -> dict:
+    """A query; with the collector's token, a POST that takes (Append entries)."""
     with in_netns(lab.PREFIX + "c"):
         request = urllib.request.Request(f"http://{lab.COLLECTOR_IP}:{lab.QUERY_PORT}{path}",
                                          data=json.dumps(body).encode() if body else None,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {token}"} if token else {})},
+                                         method="POST" if body or token else "GET")
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
@@ -116,10 +119,10 @@ def _link_drops() -> dict[str, int]:
     return drops
 
 
-def _poll_append(appended: dict[int, list[int]]) -> None:
-    """Drain the Append rings through the query service, as a consumer does while reports keep coming: a
+def _poll_append(appended: dict[int, list[int]], token: str) -> None:
+    """Take the Append entries through the query service, as a consumer does while reports keep coming: a
     ring that is not drained wraps and overwrites (DTA's Append has no backpressure)."""
-    for list_id, entry in _http("/append/append0@10.77.1.1")["lists"].items():
+    for list_id, entry in _http("/append/append0@10.77.1.1", token=token)["lists"].items():
         appended.setdefault(int(list_id), []).extend(entry["entries"])
 
 
@@ -165,7 +168,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                 if progress:
                     progress(len(chunk))
                 if time.perf_counter() - last_poll > APPEND_POLL_S:
-                    _poll_append(appended)
+                    _poll_append(appended, state.token)
                     last_poll = time.perf_counter()
                 ahead = sum(sent.values()) / rate - (time.perf_counter() - started)
                 if ahead > 0:
@@ -179,7 +182,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
             "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
 
 
-def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
+def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
     """Query the collector and compare with the truth; returns the summary and the problems found."""
     stats = engine_stats(lab.PIN_DIR)
     counters = stats["counters"]
@@ -235,7 +238,7 @@ def summarize(load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[d
                 per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
     append_sent = sum(len(v) for v in per_list.values())
     appended = streamed["appended"]
-    _poll_append(appended)
+    _poll_append(appended, state.token)
     recovered = sum(len(entries) for entries in appended.values())
     in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
     queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
@@ -323,7 +326,7 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
         finally:
             import os
             os.close(stats_fd)
-        summary, problems = summarize(load, streamed["sent"], streamed)
+        summary, problems = summarize(state, load, streamed["sent"], streamed)
     finally:
         if not keep:
             lab.down()

@@ -114,7 +114,15 @@ class AppendPoller:
         self.tails = np.zeros(region.lists.lists, dtype=np.int64)
 
     def poll(self) -> dict[int, np.ndarray]:
-        """New entries of every list (oldest first), keyed by list id; lists with nothing new are left out."""
+        """New entries of every list (oldest first), keyed by list id; lists with nothing new are left out.
+        They are taken: zeroed in the ring, and the list's tail moves past them."""
+        return self._new(take=True)
+
+    def peek(self) -> dict[int, np.ndarray]:
+        """What `poll` would return, leaving the rings and tails as they are."""
+        return self._new(take=False)
+
+    def _new(self, take: bool) -> dict[int, np.ndarray]:
         per_batch = self._batches.reshape(self._batches.shape[0], self.batches_per_ring, -1)
         written = per_batch.any(axis=2)
         order = (self.tails[:, None] + np.arange(self.batches_per_ring)) % self.batches_per_ring
@@ -126,6 +134,7 @@ class AppendPoller:
             entries = self._batches[index, taken].reshape((-1,) + self._batches.shape[3:])
             nonzero = entries.reshape(entries.shape[0], -1).any(axis=1)
             new[self.region.lists.first_list + int(index)] = entries[nonzero].copy()
-            self._batches[index, taken] = 0
-            self.tails[index] = (self.tails[index] + run[index]) % self.batches_per_ring
+            if take:
+                self._batches[index, taken] = 0
+                self.tails[index] = (self.tails[index] + run[index]) % self.batches_per_ring
         return new

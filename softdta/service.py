@@ -9,23 +9,30 @@ integers (their big-endian bytes). Endpoints (details and examples in docs/query
   POST /keywrite/<name>          {"keys", "redundancy", "mode": "plurality"|"consensus", "consensus"}: values
   POST /keyincrement/<name>      {"keys", "redundancy"}: Count-Min estimates (minimum of the N counters)
   POST /postcarding/<name>       {"keys", "value_set"}: decoded paths
-  GET  /append/<name>?list=<id>  entries new since the last poll of that list (all lists without `list`);
-                                 &follow=1 streams them as newline-delimited JSON until the client leaves
+  GET  /append/<name>?list=<id>  the entries waiting in that list (all lists without `list`), oldest first,
+                                 left where they are
+  POST /append/<name>?list=<id>  takes them (Authorization: Bearer <the collector's token>): each entry is
+                                 taken once; &follow=1 streams them as newline-delimited JSON until the client
+                                 leaves
   GET  /sketch/<name>            the merged sketch, matrix[column][row]
   GET  /completions?since=<n>    WRITE with Immediate completions numbered after n (the newest 4096 are kept)
   GET  /stats                    structure stats, unread Append entries and the responder's counters
   GET  /health                   {"status": "ok", "backend": ..., ...}
   GET  /metrics                  Prometheus text format: fill and load-factor gauges, responder counters
 
-Bad requests get a 4xx status and a JSON body {"error": "..."}. The service runs on one event loop: queries
-and polls run one at a time, so the Append pollers need no locks.
+Bad requests get a 4xx status and a JSON body {"error": "..."}. Requests are bounded (MAX_BODY_BYTES,
+MAX_KEYS, BODY_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS). Queries run one at a time on a worker thread, so a
+big one never holds up /health; Append pollers run on the event loop and need no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
@@ -47,7 +54,12 @@ PRIMITIVE_SLUGS = {primitive: slug for slug, primitive in PRIMITIVE_NAMES.items(
 HASHED = (Primitive.KEY_WRITE, Primitive.KEY_INCREMENT, Primitive.POSTCARDING)
 HASHED_SLUGS = {PRIMITIVE_SLUGS[primitive] for primitive in HASHED}
 FOLLOW_POLL_S = 0.005
-MAX_BODY_BYTES = 32 << 20  # about 2.5 M hex keys of 4 bytes in one request
+MAX_KEYS = 100_000  # per request: the answer takes some 400 bytes a key
+MAX_BODY_BYTES = 4 << 20  # MAX_KEYS keys of 16 bytes in hex
+BODY_TIMEOUT_S = 10.0  # to send a request's body
+IDLE_TIMEOUT_S = 10.0  # a connection that sends no (complete) request is closed
+MAX_CONNECTIONS = 256
+log = logging.getLogger("softdta.service")
 
 
 class QuerySource(Protocol):
@@ -116,7 +128,8 @@ def _bad_request(message: str) -> web.HTTPException:
 
 @web.middleware
 async def _json_errors(request: web.Request, handler):
-    """Errors raised by aiohttp itself (no such route, wrong method, body too large) as JSON too."""
+    """Errors raised by aiohttp itself (no such route, wrong method, body too large) as JSON too, and a bug as a
+    JSON 500 with one log line, never a traceback to the client."""
     try:
         return await handler(request)
     except web.HTTPException as error:
@@ -125,13 +138,24 @@ async def _json_errors(request: web.Request, handler):
         headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
         return web.json_response({"error": f"{error.text} ({request.method} {request.path})"},
                                  status=error.status, headers=headers)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as error:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": f"internal error ({type(error).__name__}); see the collector's log"},
+                                 status=500)
 
 
 async def _json_body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
     try:
-        body = await request.json()
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-        raise _bad_request(f"body is not valid JSON: {error}") from None
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise _error(web.HTTPRequestTimeout, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+        reason = "it nests too deeply" if isinstance(error, RecursionError) else error
+        raise _bad_request(f"body is not valid JSON: {reason}") from None
     if not isinstance(body, dict):
         raise _bad_request(f"body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(body.keys() - set(required) - set(optional))
@@ -154,6 +178,8 @@ def _key_rows(keys, structure: Structure, name: str) -> np.ndarray:
     key_len = structure.key_len
     if not isinstance(keys, list) or not keys:
         raise _bad_request("keys must be a non-empty list of hex strings (wire order) or integers")
+    if len(keys) > MAX_KEYS:
+        raise _bad_request(f"{len(keys):,} keys in one request; send at most {MAX_KEYS:,} at a time")
     wire = bytearray()
     for index, key in enumerate(keys):
         if isinstance(key, str):
@@ -214,16 +240,32 @@ class _AppendFeed:
 
     def take(self, list_id: int | None) -> dict[int, tuple[np.ndarray, int]]:
         """(entries, dropped) of `list_id` (every list with news if None) since the last take."""
-        for polled_id, entries in self.poller.poll().items():
-            backlog = np.concatenate([self.unread[polled_id], entries]) if polled_id in self.unread else entries
+        self.unread, self.dropped = self._merged(self.poller.poll())
+        wanted = [list_id] if list_id is not None else sorted(self.unread)
+        return {wanted_id: (self.unread.pop(wanted_id, self._empty), self.dropped.pop(wanted_id, 0))
+                for wanted_id in wanted}
+
+    def peek(self, list_id: int | None) -> dict[int, tuple[np.ndarray, int]]:
+        """What `take` would return, taking nothing."""
+        unread, dropped = self._merged(self.poller.peek())
+        wanted = [list_id] if list_id is not None else sorted(unread)
+        return {wanted_id: (unread.get(wanted_id, self._empty), dropped.get(wanted_id, 0)) for wanted_id in wanted}
+
+    @property
+    def _empty(self) -> np.ndarray:
+        return self.poller.region.rings[0, :0]
+
+    def _merged(self, polled: dict[int, np.ndarray]) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+        """The unread entries with `polled` after them, each list cut to one ring (the oldest dropped)."""
+        unread, dropped = dict(self.unread), dict(self.dropped)
+        for polled_id, entries in polled.items():
+            backlog = np.concatenate([unread[polled_id], entries]) if polled_id in unread else entries
             excess = backlog.shape[0] - self.lists.entries
             if excess > 0:
-                self.dropped[polled_id] = self.dropped.get(polled_id, 0) + excess
+                dropped[polled_id] = dropped.get(polled_id, 0) + excess
                 backlog = backlog[excess:]
-            self.unread[polled_id] = backlog
-        wanted = [list_id] if list_id is not None else sorted(self.unread)
-        return {wanted_id: (self.unread.pop(wanted_id, self.poller.region.rings[0, :0]),
-                            self.dropped.pop(wanted_id, 0)) for wanted_id in wanted}
+            unread[polled_id] = backlog
+        return unread, dropped
 
     def entries_json(self, entries: np.ndarray) -> list:
         """4- and 8-byte entries as integers (the reported big-endian value); other sizes as hex."""
@@ -271,8 +313,13 @@ class _Metrics:
 
 
 class QueryService:
-    def __init__(self, source: QuerySource):
+    def __init__(self, source: QuerySource, token: str | None = None):
         self.source = source
+        self.token = token
+        self.queries = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softdta-query")
+        # one query parsed and answered at a time: its memory, some 50 MB at MAX_KEYS, is the service's peak;
+        # bodies of the others wait in their sockets
+        self.one_query = asyncio.Semaphore(1)
         self.structures = {structure_name(s): s for s in source.tables.structures}
         self.append_feeds = {append_name(lists): _AppendFeed(lists, source.append_region(lists))
                              for lists in source.tables.append_lists}
@@ -325,6 +372,10 @@ class QueryService:
         return web.json_response({"structures": self.structure_stats()})
 
     async def keywrite(self, request: web.Request) -> web.Response:
+        async with self.one_query:
+            return await self._keywrite(request)
+
+    async def _keywrite(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, Primitive.KEY_WRITE)
         body = await _json_body(request, ("keys", "redundancy"), ("mode", "consensus"))
         rows = _key_rows(body["keys"], structure, name)
@@ -338,6 +389,15 @@ class QueryService:
             consensus = _integer(body.get("consensus", redundancy), "consensus", 1, redundancy)
         else:
             raise _bad_request(f'mode must be "plurality" or "consensus", got {json.dumps(mode)}')
+        return web.json_response(await self._off_loop(self._keywrite_answer, name, structure, rows, redundancy,
+                                                      consensus))
+
+    async def _off_loop(self, query, *args):
+        """Run a query on the worker thread: one at a time, and never on the loop that answers /health."""
+        return await asyncio.get_running_loop().run_in_executor(self.queries, query, *args)
+
+    def _keywrite_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int,
+                         consensus: int) -> dict:
         region = self._region(structure)
         answer = keywrite_query(region, rows, redundancy, consensus, structure.key_hash)
         # Not found is "empty" when none of the key's slots was ever written, else "collided" (overwritten
@@ -352,20 +412,30 @@ class QueryService:
                                                               answer.found.tolist(), answer.votes.tolist(),
                                                               status.tolist())]
         counts = {state: int(np.count_nonzero(status == state)) for state in ("found", "empty", "collided")}
-        return web.json_response({"structure": name, "redundancy": redundancy, "consensus": consensus, **counts,
-                                  "results": results})
+        return {"structure": name, "redundancy": redundancy, "consensus": consensus, **counts, "results": results}
 
     async def keyincrement(self, request: web.Request) -> web.Response:
+        async with self.one_query:
+            return await self._keyincrement(request)
+
+    async def _keyincrement(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, Primitive.KEY_INCREMENT)
         body = await _json_body(request, ("keys", "redundancy"))
         rows = _key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
+        return web.json_response(await self._off_loop(self._keyincrement_answer, name, structure, rows, redundancy))
+
+    def _keyincrement_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int) -> dict:
         counts = keyincrement_query(self._region(structure), rows, redundancy, structure.key_hash)
         results = [{"key": key, "count": count}
                    for key, count in zip(_hex_rows(rows.tobytes(), structure.key_len), counts.tolist())]
-        return web.json_response({"structure": name, "redundancy": redundancy, "results": results})
+        return {"structure": name, "redundancy": redundancy, "results": results}
 
     async def postcarding(self, request: web.Request) -> web.Response:
+        async with self.one_query:
+            return await self._postcarding(request)
+
+    async def _postcarding(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, Primitive.POSTCARDING)
         body = await _json_body(request, ("keys", "value_set"))
         rows = _key_rows(body["keys"], structure, name)
@@ -374,14 +444,17 @@ class QueryService:
             raise _bad_request("value_set must be a non-empty list of the values hops report (e.g. switch IDs)")
         for index, value in enumerate(value_set):
             _integer(value, f"value_set[{index}]", 0, 0xFFFFFFFF)
+        return web.json_response(await self._off_loop(self._postcarding_answer, name, structure, rows, value_set))
+
+    def _postcarding_answer(self, name: str, structure: Structure, rows: np.ndarray, value_set: list[int]) -> dict:
         answer = postcard_query(self._region(structure), rows, value_set)
         results = [{"key": key, "path": [None if value == BLANK else value for value in path], "complete": complete}
                    for key, path, complete in zip(_hex_rows(rows.tobytes(), structure.key_len),
                                                   answer.values.tolist(), answer.complete.tolist())]
-        return web.json_response({"structure": name, "hops": structure.hops,
-                                  "complete": int(np.count_nonzero(answer.complete)), "results": results})
+        return {"structure": name, "hops": structure.hops, "complete": int(np.count_nonzero(answer.complete)),
+                "results": results}
 
-    async def append(self, request: web.Request) -> web.StreamResponse:
+    def _append_request(self, request: web.Request) -> tuple[str, _AppendFeed, int | None]:
         name = request.match_info["name"]
         feed = self.append_feeds.get(name)
         if feed is None:
@@ -390,20 +463,47 @@ class QueryService:
         list_id = None
         if "list" in request.query:
             text = request.query["list"]
-            list_id = int(text) if text.isascii() and text.isdigit() else -1
+            list_id = int(text) if text.isascii() and text.isdigit() and len(text) < 12 else -1
             if not lists.first_list <= list_id < lists.first_list + lists.lists:
                 raise _bad_request(f"list must be a list id in {lists.first_list}.."
-                                   f"{lists.first_list + lists.lists - 1}, got {text!r}")
+                                   f"{lists.first_list + lists.lists - 1}, got {text[:20]!r}"
+                                   f"{'...' if len(text) > 20 else ''}")
+        return name, feed, list_id
+
+    @staticmethod
+    def _append_answer(name: str, list_id: int | None, entries: dict[int, tuple[np.ndarray, int]],
+                       feed: _AppendFeed) -> web.Response:
+        lists = {str(taken_id): {"entries": feed.entries_json(values), "dropped": dropped}
+                 for taken_id, (values, dropped) in entries.items()}
+        if list_id is not None:
+            return web.json_response({"append": name, "list": list_id, **lists[str(list_id)]})
+        return web.json_response({"append": name, "lists": lists})
+
+    async def append_peek(self, request: web.Request) -> web.Response:
+        name, feed, list_id = self._append_request(request)
+        if "follow" in request.query:
+            raise _bad_request("follow takes the entries it streams: send it as a POST with the collector's token")
+        return self._append_answer(name, list_id, feed.peek(list_id), feed)
+
+    async def append_take(self, request: web.Request) -> web.StreamResponse:
+        self._authorize(request, "taking Append entries")
+        name, feed, list_id = self._append_request(request)
         follow = request.query.get("follow", "0")
         if follow not in ("0", "1"):
-            raise _bad_request(f"follow must be 0 or 1, got {follow!r}")
+            raise _bad_request(f"follow must be 0 or 1, got {follow[:20]!r}")
         if follow == "1":
             return await self._follow(request, feed, list_id)
-        taken = {str(taken_id): {"entries": feed.entries_json(entries), "dropped": dropped}
-                 for taken_id, (entries, dropped) in feed.take(list_id).items()}
-        if list_id is not None:
-            return web.json_response({"append": name, "list": list_id, **taken[str(list_id)]})
-        return web.json_response({"append": name, "lists": taken})
+        return self._append_answer(name, list_id, feed.take(list_id), feed)
+
+    def _authorize(self, request: web.Request, what: str) -> None:
+        if self.token is None:
+            raise _error(web.HTTPForbidden, f"{what} needs the collector's token, and this service has none "
+                                            "(an offline view): read with GET instead")
+        offered = request.headers.get("Authorization", "")
+        scheme, _, credential = offered.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), self.token.encode()):
+            raise _error(web.HTTPUnauthorized, f"{what} needs the header 'Authorization: Bearer <token>', with the "
+                                               "token of the collector's configuration")
 
     async def _follow(self, request: web.Request, feed: _AppendFeed, list_id: int | None) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -450,32 +550,63 @@ class QueryService:
     async def end_streams(self, app: web.Application) -> None:
         self.closing.set()
 
+    async def end_queries(self, app: web.Application) -> None:
+        self.queries.shutdown(wait=False, cancel_futures=True)
 
-def make_app(source: QuerySource) -> web.Application:
-    service = QueryService(source)
+
+def make_app(source: QuerySource, token: str | None = None) -> web.Application:
+    """The service's application; without a token (an offline view) Append entries can be read, not taken."""
+    service = QueryService(source, token)
     app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/structures", service.list_structures),
                     web.post("/keywrite/{name}", service.keywrite),
                     web.post("/keyincrement/{name}", service.keyincrement),
                     web.post("/postcarding/{name}", service.postcarding),
-                    web.get("/append/{name}", service.append),
+                    web.get("/append/{name}", service.append_peek),
+                    web.post("/append/{name}", service.append_take),
                     web.get("/sketch/{name}", service.sketch),
                     web.get("/completions", service.completions),
                     web.get("/stats", service.stats),
                     web.get("/health", service.health),
                     web.get("/metrics", service.metrics)])
     app.on_shutdown.append(service.end_streams)
+    app.on_cleanup.append(service.end_queries)
     return app
 
 
-async def serve(source: QuerySource, host: str = "127.0.0.1", port: int = 0) -> web.AppRunner:
+class _LimitedSite(web.TCPSite):
+    """A TCP site that closes connections beyond MAX_CONNECTIONS at once: each one costs a file descriptor, which
+    the collector also needs to save its regions."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+
+        def connection():
+            if len(server.connections) >= MAX_CONNECTIONS:
+                return _Refused()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(connection, self._host, self._port,
+                                                                     reuse_address=True)
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+class _Refused(asyncio.Protocol):
+    BODY = json.dumps({"error": f"already {MAX_CONNECTIONS} connections open; try again later"}).encode()
+
+    def connection_made(self, transport) -> None:
+        log.warning("query connection refused: already %d open (MAX_CONNECTIONS)", MAX_CONNECTIONS)
+        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(self.BODY), self.BODY))
+        transport.close()
+
+
+async def serve(source: QuerySource, host: str = "127.0.0.1", port: int = 0,
+                token: str | None = None) -> web.AppRunner:
     """Start serving on the running loop; `runner.addresses[0][1]` is the bound port, `runner.cleanup()` stops."""
-    runner = web.AppRunner(make_app(source))
+    runner = web.AppRunner(make_app(source, token), keepalive_timeout=IDLE_TIMEOUT_S)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await _LimitedSite(runner, host, port).start()
     return runner
 
-
-def run(source: QuerySource, host: str, port: int) -> None:
-    """Serve on a uvloop event loop until SIGINT or SIGTERM."""
-    web.run_app(make_app(source), host=host, port=port, loop=uvloop.new_event_loop())

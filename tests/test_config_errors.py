@@ -1,6 +1,7 @@
 """Careless configuration through the real command line: exit 2, one line naming the setting and the fix, and
 never a traceback (translator tables and collector configuration)."""
 
+import os
 import re
 import socket
 import subprocess
@@ -82,3 +83,11 @@ def test_a_port_in_use_names_the_setting(tmp_path, port_key):
                                 capture_output=True, text=True, timeout=60)
     line = one_line_error(result)
     assert port_key in line and str(port) in line
+
+
+@pytest.mark.parametrize("flag", ["--take", "--follow"])
+def test_taking_append_entries_without_the_token(flag):
+    result = subprocess.run(SOFTDTA + ["query", "append", "append0@10.77.1.1", flag], capture_output=True, text=True,
+                            timeout=60, env={key: value for key, value in os.environ.items()
+                                             if key != "SOFTDTA_TOKEN"})
+    assert "needs the collector's token: give --token or set SOFTDTA_TOKEN" in one_line_error(result)

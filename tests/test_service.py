@@ -7,6 +7,7 @@ the query engines called directly.
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -33,6 +34,8 @@ POSTCARDING = "postcarding@10.77.1.1"
 SKETCH = "sketch-merge@10.77.1.1"
 APPEND = "append0@10.77.1.1"
 REDUNDANCY = 2
+TOKEN = "the-collectors-token"
+TAKE = {"Authorization": f"Bearer {TOKEN}"}
 SWITCH_IDS = list(range(1, 1025))
 
 
@@ -40,9 +43,9 @@ class Service:
     """The service and an aiohttp client on one uvloop loop, driven from sync tests: each call runs the loop
     until its coroutine is done, which is also when the server handles requests."""
 
-    def __init__(self, source):
+    def __init__(self, source, token):
         self.loop = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-        self.server = self.loop.run(serve(source, "127.0.0.1", 0))
+        self.server = self.loop.run(serve(source, "127.0.0.1", 0, token))
         self.http = self.loop.run(self._session(f"http://127.0.0.1:{self.server.addresses[0][1]}"))
 
     @staticmethod
@@ -71,8 +74,8 @@ class Service:
 def start_service():
     started = []
 
-    def start(source) -> Service:
-        started.append(Service(source))
+    def start(source, token=TOKEN) -> Service:
+        started.append(Service(source, token))
         return started[-1]
 
     yield start
@@ -290,13 +293,33 @@ def test_append_returns_every_entry_exactly_once(start_service):
     sent = {list_id: [int.from_bytes(r.data, "big") for r in reports if r.list_id == list_id] for list_id in range(16)}
     service = start_service(OfflineSource(collector))
 
-    list_3 = service.call("GET", f"/append/{APPEND}?list=3")
-    assert list_3 == {"append": APPEND, "list": 3, "entries": sent[3], "dropped": 0}
+    list_3 = {"append": APPEND, "list": 3, "entries": sent[3], "dropped": 0}
+    assert service.call("GET", f"/append/{APPEND}?list=3") == list_3  # a read takes nothing
+    assert service.call("GET", f"/append/{APPEND}?list=3") == list_3
+    assert service.call("POST", f"/append/{APPEND}?list=3", headers=TAKE) == list_3
+    assert service.call("POST", f"/append/{APPEND}?list=3", headers=TAKE)["entries"] == []
     assert service.call("GET", f"/append/{APPEND}?list=3")["entries"] == []
-    rest = service.call("GET", f"/append/{APPEND}")["lists"]
-    assert rest == {str(list_id): {"entries": sent[list_id], "dropped": 0} for list_id in range(16) if list_id != 3}
-    assert service.call("GET", f"/append/{APPEND}") == {"append": APPEND, "lists": {}}
+    everything = {str(list_id): {"entries": sent[list_id], "dropped": 0} for list_id in range(16) if list_id != 3}
+    assert service.call("GET", f"/append/{APPEND}")["lists"] == everything
+    assert service.call("POST", f"/append/{APPEND}", headers=TAKE)["lists"] == everything
+    assert service.call("POST", f"/append/{APPEND}", headers=TAKE) == {"append": APPEND, "lists": {}}
     assert not any(collector.region_of(tables.append_lists[0].qp))  # the poller zeroed what it took
+
+
+@pytest.mark.parametrize("headers,status", [({}, 401), ({"Authorization": "Bearer not-the-token"}, 401),
+                                            ({"Authorization": f"Basic {TOKEN}"}, 401), (TAKE, 403)])
+def test_append_entries_are_taken_only_with_the_collectors_token(start_service, headers, status):
+    """Any local client may read; only the token's holder takes. An offline view (no token) takes nothing."""
+    tables, translator, collector, reporter = new_pipeline()
+    reports = workload.append(64, seed=4, lists=1)
+    send(translator, collector, reporter, reports)
+    service = start_service(OfflineSource(collector), token=None if status == 403 else TOKEN)
+    for query in ("", "?list=0", "?list=0&follow=1"):
+        answer = service.call("POST", f"/append/{APPEND}{query}", status, headers=headers)
+        assert ("needs the header 'Authorization: Bearer <token>'" if status == 401 else "this service has none") \
+            in answer["error"]
+    assert service.call("GET", f"/append/{APPEND}?list=0")["entries"] == [int.from_bytes(r.data, "big")
+                                                                          for r in reports]
 
 
 def test_append_keeps_at_most_one_ring_of_unread_entries(start_service):
@@ -307,9 +330,10 @@ def test_append_keeps_at_most_one_ring_of_unread_entries(start_service):
         reports = workload.append(200, seed=round_, lists=1)
         sent += [int.from_bytes(r.data, "big") for r in reports]
         send(translator, collector, reporter, reports)
-        assert service.call("GET", f"/append/{APPEND}?list=1")["entries"] == []
+        assert service.call("POST", f"/append/{APPEND}?list=1", headers=TAKE)["entries"] == []
     ring = tables.append_lists[0].entries
-    answer = service.call("GET", f"/append/{APPEND}?list=0")
+    assert service.call("GET", f"/append/{APPEND}?list=0")["dropped"] == len(sent) - ring
+    answer = service.call("POST", f"/append/{APPEND}?list=0", headers=TAKE)
     assert answer["entries"] == sent[-ring:] and answer["dropped"] == len(sent) - ring
 
 
@@ -323,7 +347,7 @@ def test_append_follow_streams_entries_added_after_it_started(start_service):
     service = start_service(OfflineSource(collector))
 
     async def follow():
-        async with service.http.get(f"/append/{APPEND}?list=2&follow=1") as response:
+        async with service.http.post(f"/append/{APPEND}?list=2&follow=1", headers=TAKE) as response:
             assert response.status == 200 and response.content_type == "application/x-ndjson"
             streamed = []
 
@@ -343,7 +367,7 @@ def test_append_follow_streams_entries_added_after_it_started(start_service):
     assert service.run(follow()) == values[0] + values[1]
     service.run(asyncio.sleep(0.05))  # the server notices the client left
     send(translator, collector, reporter, late)
-    assert service.call("GET", f"/append/{APPEND}?list=2")["entries"] == values[2]  # no stream took them
+    assert service.call("POST", f"/append/{APPEND}?list=2", headers=TAKE)["entries"] == values[2]  # no stream took them
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,7 +407,14 @@ BAD_REQUESTS = [
      "value_set[0] must be an integer in 0..4294967295"),
     ("GET", f"/append/{APPEND}?list=64", None, 400, "list must be a list id in 0..63"),
     ("GET", f"/append/{APPEND}?list=abc", None, 400, "list must be a list id in 0..63"),
-    ("GET", f"/append/{APPEND}?follow=yes", None, 400, "follow must be 0 or 1"),
+    ("POST", f"/append/{APPEND}?follow=yes", None, 400, "follow must be 0 or 1"),
+    ("GET", f"/append/{APPEND}?follow=1", None, 400, "follow takes the entries it streams: send it as a POST"),
+    ("GET", f"/append/{APPEND}?list={'9' * 5000}", None, 400, "list must be a list id in 0..63"),
+    ("POST", f"/keywrite/{KEY_WRITE}", b"[" * 100_000, 400, "body is not valid JSON: it nests too deeply"),
+    ("POST", f"/keywrite/{KEY_WRITE}", b"\xff\xfe{}", 400, "body is not valid JSON"),
+    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [0] * 100_001, "redundancy": 2}, 400,
+     "100,001 keys in one request; send at most 100,000 at a time"),
+    ("POST", f"/keywrite/{KEY_WRITE}", b" " * ((4 << 20) + 1), 413, "Maximum request body size 4194304 exceeded"),
     ("GET", "/nope", None, 404, "404: Not Found (GET /nope)"),
     ("GET", f"/keywrite/{KEY_WRITE}", None, 405, "405: Method Not Allowed"),
 ]
@@ -392,9 +423,106 @@ BAD_REQUESTS = [
 def test_bad_requests_get_a_clear_json_error(service):
     for method, path, body, status, message in BAD_REQUESTS:
         sent = {"data": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
-        answer = service.call(method, path, status, **sent)
-        assert message in answer["error"], (path, body, answer)
+        answer = service.call(method, path, status, headers=TAKE, **sent)
+        assert message in answer["error"], (path[:80], body[:80] if body else body, answer)
         if status == 404 and path.startswith("/keywrite/"):
             assert answer["known"] == [KEY_WRITE]
         if path == "/append/nope":
             assert answer["known"] == [APPEND]
+
+
+# --------------------------------------------------------------------------------------------------
+# Careless and hostile clients
+
+
+def test_health_answers_while_a_query_runs(filled, start_service, monkeypatch):
+    """Queries run on a worker thread: one that takes long (held here until /health has answered, or 10 s)
+    never holds up the event loop."""
+    from softdta import service as service_module
+    health_answered, order = threading.Event(), []
+
+    def slow_query(*args):
+        health_answered.wait(10)
+        order.append("query")
+        return keywrite_query(*args)
+
+    monkeypatch.setattr(service_module, "keywrite_query", slow_query)
+    service = start_service(OfflineSource(filled.collector))
+
+    async def both():
+        async def query():
+            async with service.http.post(f"/keywrite/{KEY_WRITE}", json={"keys": unknown_keys(4),
+                                                                        "redundancy": 2}) as response:
+                assert response.status == 200
+
+        running = asyncio.create_task(query())
+        async with service.http.get("/health") as response:
+            assert response.status == 200
+            order.append("health")
+            health_answered.set()
+        await running
+
+    service.run(both())
+    assert order == ["health", "query"]
+
+
+async def _answer(reader: asyncio.StreamReader, deadline: float = 10.0) -> bytes:
+    """What the server sends until it closes the connection (within the deadline)."""
+    return await asyncio.wait_for(reader.read(), deadline)
+
+
+async def _response(reader: asyncio.StreamReader, deadline: float = 10.0) -> bytes:
+    """One HTTP response: its head, and a body of its Content-Length."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), deadline)
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    return head + await asyncio.wait_for(reader.readexactly(length), deadline)
+
+
+def test_idle_and_slow_clients_are_cut_off(filled, start_service, monkeypatch):
+    from softdta import service as service_module
+    monkeypatch.setattr(service_module, "IDLE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(service_module, "BODY_TIMEOUT_S", 0.5)
+    service = start_service(OfflineSource(filled.collector))
+    port = service.server.addresses[0][1]
+
+    async def clients():
+        silent = await asyncio.open_connection("127.0.0.1", port)
+        half_header = await asyncio.open_connection("127.0.0.1", port)
+        half_header[1].write(b"POST /keywrite/" + KEY_WRITE.encode() + b" HTTP/1.1\r\nHost: x\r\n")
+        half_body = await asyncio.open_connection("127.0.0.1", port)
+        half_body[1].write(b"POST /keywrite/" + KEY_WRITE.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"keys\": ")
+        return await _answer(silent[0]), await _answer(half_header[0]), await _response(half_body[0])
+
+    silent, half_header, half_body = service.run(clients())
+    assert silent == b"" and half_header == b""
+    assert half_body.startswith(b"HTTP/1.1 408") and b'{"error": "the body did not arrive within' in half_body
+    assert service.call("GET", "/health")["status"] == "ok"
+
+
+def test_connections_beyond_the_limit_are_refused_and_the_service_goes_on(filled, start_service, monkeypatch):
+    from softdta import service as service_module
+    monkeypatch.setattr(service_module, "MAX_CONNECTIONS", 4)
+    service = start_service(OfflineSource(filled.collector))
+    port = service.server.addresses[0][1]
+
+    async def flood():
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        reader, _ = await asyncio.open_connection("127.0.0.1", port)
+        refused = await _answer(reader)
+        for _, writer in idle:
+            writer.close()
+        return refused
+
+    refused = service.run(flood())
+    assert refused.startswith(b"HTTP/1.1 503") and b"connections open; try again later" in refused
+
+    async def health_when_they_are_gone():  # the server sees the idle ones close on its own time
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            async with service.http.get("/health") as response:
+                if response.status == 200 or asyncio.get_running_loop().time() > deadline:
+                    return response.status
+            await asyncio.sleep(0.05)
+
+    assert service.run(health_when_they_are_gone()) == 200

@@ -51,7 +51,7 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
         raise StartError(f"cannot listen for translators on {control_host}:{config.control_port} ({error.strerror}); "
                          "set another [collector] control_port, or stop what uses it") from None
     try:
-        query = await service.serve(collector, query_host, config.query_port)
+        query = await service.serve(collector, query_host, config.query_port, config.token)
     except OSError as error:
         control.close()
         raise StartError(f"cannot serve queries on {query_host}:{config.query_port} ({error.strerror}); set another "
