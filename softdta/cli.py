@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="take the structures from this collector's control service (repeat for several); "
                          "--tables then needs only its [translator] section")
     up.add_argument("--token", default="", help="the collectors' control token")
+    up.add_argument("--collector-ca", metavar="PEM",
+                    help="speak TLS to the collectors, whose certificates this CA signed (docs/control.md)")
+    up.add_argument("--collector-cert", metavar="PEM", help="with --collector-ca: this translator's certificate, for "
+                                                           "collectors that require one")
+    up.add_argument("--collector-key", metavar="PEM", help="with --collector-cert: its private key")
     up.add_argument("--collector-cm", action="append", default=[], metavar="IP:PORT,kind=K[,list=N][,batch=B]",
                     help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
                          "structure (kind: keywrite, keyincrement, postcarding, append); repeat for each port. "
@@ -552,7 +557,7 @@ def _cm_links(args) -> tuple:
 
 def _collector_links(args) -> tuple:
     """Control links to the collectors and the first tables they advertise."""
-    from .collector.control import CollectorLinks, ControlError
+    from .collector.control import CollectorLinks, ControlError, client_tls
     translator = _translator_section(args.tables)
     addresses = []
     for address in args.collector:
@@ -560,7 +565,13 @@ def _collector_links(args) -> tuple:
         if not host or not port.isdigit():
             raise CliError(f"--collector {address!r}: give HOST:PORT, for example 10.77.1.1:40050")
         addresses.append((host, int(port)))
-    links = CollectorLinks(translator, addresses, args.token)
+    if (args.collector_cert or args.collector_key) and not args.collector_ca:
+        raise CliError("--collector-cert and --collector-key need --collector-ca, the CA of the collectors' certificates")
+    try:
+        tls = client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
+    except ControlError as error:
+        raise CliError(f"--collector-ca/--collector-cert/--collector-key: {error}") from None
+    links = CollectorLinks(translator, addresses, args.token, tls=tls)
     try:
         return links, links.start()
     except ControlError as error:

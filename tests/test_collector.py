@@ -112,9 +112,9 @@ def test_translator_frames_land_in_collector_memory_and_answer_queries(tmp_path)
 class ServerThread:
     """The collector's control server on its own event loop, as `softdta collector up` runs it."""
 
-    def __init__(self, collector: Collector, keepalive_s: float = 0.5):
+    def __init__(self, collector: Collector, keepalive_s: float = 0.5, tls=None):
         self.loop = asyncio.new_event_loop()
-        self.control = ControlServer(collector, TOKEN, keepalive_s)
+        self.control = ControlServer(collector, TOKEN, keepalive_s, tls=tls)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = asyncio.run_coroutine_threadsafe(self.control.start("127.0.0.1", 0), self.loop).result(5)
@@ -180,6 +180,110 @@ def test_wrong_token_and_missing_collector_are_clear_errors(tmp_path):
         collector.close()
     with pytest.raises(ControlError, match="cannot reach collector 127.0.0.1:1.*collector up"):
         CollectorLinks(TRANSLATOR, [("127.0.0.1", 1)], TOKEN).start(timeout=2)
+
+
+@pytest.fixture
+def pki(tmp_path_factory):
+    """A CA, a collector certificate for 127.0.0.1, a translator certificate, and a stranger's CA (openssl)."""
+    where = tmp_path_factory.mktemp("pki")
+
+    def run(*argv):
+        subprocess.run(["openssl", *argv], cwd=where, check=True, capture_output=True)
+
+    for ca in ("ca", "stranger"):
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{ca}.key",
+            "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}")
+    for name, extension in (("collector", "subjectAltName=IP:127.0.0.1"), ("translator", "extendedKeyUsage=clientAuth")):
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        (where / f"{name}.ext").write_text(extension + "\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return where
+
+
+class RecordingProxy:
+    """A TCP relay between translator and collector that keeps every byte it passes: what an on-path
+    attacker sees."""
+
+    def __init__(self, port: int):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.seen = bytearray()
+        self.target = port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._relay, args=(a, b), daemon=True).start()
+
+    def _relay(self, source, sink):
+        try:
+            while data := source.recv(65536):
+                self.seen += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_tls_keeps_the_token_and_the_keys_from_the_wire(tmp_path, pki, tls):
+    from softdta.collector.control import client_tls, server_tls
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector, tls=server_tls(str(pki / "collector.pem"), str(pki / "collector.key"))
+                          if tls else None)
+    proxy = RecordingProxy(server.port)
+    links = CollectorLinks(TRANSLATOR, [("127.0.0.1", proxy.port)], TOKEN,
+                           tls=client_tls(str(pki / "ca.pem")) if tls else None)
+    try:
+        tables = links.start(timeout=5)
+        secrets = [TOKEN.encode(), b'"rkey"', str(tables.qps[0].rkey).encode(), str(tables.qps[0].base_va).encode()]
+        assert all(secret in proxy.seen for secret in secrets) is not tls
+        assert not any(secret in proxy.seen for secret in secrets) is tls
+    finally:
+        links.close()
+        proxy.close()
+        server.close()
+        collector.close()
+
+
+def test_tls_refuses_strangers_on_both_sides(tmp_path, pki):
+    from softdta.collector.control import client_tls, server_tls
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector, tls=server_tls(str(pki / "collector.pem"), str(pki / "collector.key"),
+                                                    client_ca=str(pki / "ca.pem")))
+    address = [("127.0.0.1", server.port)]
+    try:
+        with pytest.raises(ControlError, match="TLS with collector 127.0.0.1:.* failed: CERTIFICATE_VERIFY_FAILED"):
+            CollectorLinks(TRANSLATOR, address, TOKEN, tls=client_tls(str(pki / "stranger.pem"))).start(timeout=5)
+        with pytest.raises(ControlError, match="sent no welcome.*does the collector require TLS"):
+            CollectorLinks(TRANSLATOR, address, TOKEN).start(timeout=5)
+        with pytest.raises(ControlError, match="TLS with collector|sent no welcome"):  # no translator certificate
+            CollectorLinks(TRANSLATOR, address, TOKEN, tls=client_tls(str(pki / "ca.pem"))).start(timeout=5)
+        links = CollectorLinks(TRANSLATOR, address, TOKEN, tls=client_tls(str(pki / "ca.pem"), str(pki / "translator.pem"),
+                                                                          str(pki / "translator.key")))
+        try:
+            assert links.start(timeout=5).qps
+        finally:
+            links.close()
+    finally:
+        server.close()
+        collector.close()
 
 
 def test_reports_roundtrip_through_advertised_tables_and_parse(tmp_path):

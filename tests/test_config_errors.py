@@ -42,6 +42,8 @@ def edited(text: str, pattern: str, replacement: str) -> str:
     (r"^control_port = .*$", "contrl_port = 40051", "did you mean 'control_port'"),
     (r'^data_dir = .*$', 'data_dir = "collector.toml"', "is a file"),
     (r"^max_qps = .*$|^query_port = 8040$", "query_port = 8040\nmax_qps = 0", "max_qps = 0"),
+    (r"^query_port = 8040$", 'query_port = 8040\ntls_cert = "nope.pem"', "tls_cert"),
+    (r"^query_port = 8040$", 'query_port = 8040\ntls_cert = "collector.toml"', "needs both tls_cert and tls_key"),
 ])
 def test_collector_configuration_errors(tmp_path, pattern, replacement, words):
     (tmp_path / "collector.toml").write_text(edited(COLLECTOR, pattern, replacement))

@@ -21,7 +21,7 @@ DEFAULT_MAX_QPS = 1024
 MAX_QPS_LIMIT = 1 << 20  # QPNs are 24-bit, and the xdp backend's queue-pair tables are kernel memory
 BACKENDS = ("xdp", "verbs")
 COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "data_dir", "token", "control_port", "query_port",
-                  "max_qps")
+                  "max_qps", "tls_cert", "tls_key", "tls_client_ca")
 STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
                   "reporters", "merge", "batch", "transport")
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
@@ -124,6 +124,9 @@ class CollectorConfig:
     control_port: int = DEFAULT_CONTROL_PORT
     query_port: int = DEFAULT_QUERY_PORT
     max_qps: int = DEFAULT_MAX_QPS
+    tls_cert: Path | None = None  # the control protocol over TLS (docs/control.md)
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # translators must then present a certificate this CA signed
     structures: list[StructureSpec] = field(default_factory=list)
     append: list[AppendSpec] = field(default_factory=list)
 
@@ -200,6 +203,15 @@ class CollectorConfig:
                      query_port=collector.integer("query_port", DEFAULT_QUERY_PORT, 1, 65535),
                      max_qps=collector.integer("max_qps", DEFAULT_MAX_QPS, 1, MAX_QPS_LIMIT),
                      structures=structures, append=append)
+        for key in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = collector.text(key, "")
+            if path and not (relative_to / path).is_file():
+                raise TableError(f"[collector]: {key} {str(relative_to / path)!r} is not a file; give the PEM file's "
+                                 "path (relative to the configuration)")
+            setattr(config, key, relative_to / path if path else None)
+        if bool(config.tls_cert) != bool(config.tls_key) or (config.tls_client_ca and not config.tls_cert):
+            raise TableError("[collector]: TLS needs both tls_cert and tls_key (and tls_client_ca only with them); "
+                             "set both, or none for plain TCP")
         if config.control_port == config.query_port:
             raise TableError(f"[collector]: control_port and query_port are both {config.query_port}; give them "
                              "different ports")

@@ -5,6 +5,8 @@ for a queue pair into each structure it wants, giving its virtual QPN and first 
 queue pair up and advertises it: QPN, PSN, R_Key, address, size, transport and the structure's layout. When a
 queue pair falls into ERROR, the collector re-creates it and advertises it again on the same connection.
 Either side drops a connection that stays silent for three keepalive intervals; translators reconnect.
+With TLS (`server_tls`, `client_tls`) the same lines travel encrypted, and the translator checks the collector's
+certificate (docs/control.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import hmac
 import json
 import queue
+import ssl
 import sys
 import threading
 from collections.abc import Callable
@@ -34,6 +37,39 @@ MAX_CONNECTIONS_PER_HOST = 16
 
 class ControlError(RuntimeError):
     """The other side refused or broke the protocol; the message says what and why."""
+
+
+def server_tls(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """The collector's TLS: its certificate chain and key; with `client_ca`, translators must present a
+    certificate that CA signed."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(context.load_cert_chain, "tls_cert and tls_key", cert, key)
+    if client_ca:
+        _load(context.load_verify_locations, "tls_client_ca", client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_tls(ca: str, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """The translator's TLS: the CA that signed the collectors' certificates (each must name the address the
+    translator dials), and its own certificate when collectors require one."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(context.load_verify_locations, "the collector CA", ca)
+    if cert or key:
+        if not (cert and key):
+            raise ControlError("a translator certificate needs both its certificate and its key")
+        _load(context.load_cert_chain, "the translator certificate and key", cert, key)
+    return context
+
+
+def _load(load, what: str, *paths: str) -> None:
+    try:
+        load(*paths)
+    except (OSError, ssl.SSLError) as error:
+        raise ControlError(f"{what} ({', '.join(paths)}) could not be loaded: "
+                           f"{getattr(error, 'reason', None) or error.strerror or error}") from None
 
 
 async def cancel_tasks() -> None:
@@ -87,13 +123,15 @@ class ControlServer:
     collector: Collector
     token: str
     keepalive_s: float = KEEPALIVE_S
+    tls: ssl.SSLContext | None = None
     sessions: dict[bytes, asyncio.StreamWriter] = field(default_factory=dict)  # translator IP -> connection
     open_per_host: dict[str, int] = field(default_factory=dict)
 
     async def start(self, host: str, port: int) -> asyncio.Server:
         if not self.token:
             raise ControlError("set a token in the collector configuration: translators must authenticate")
-        server = await asyncio.start_server(self.handle, host, port, limit=MAX_LINE)
+        server = await asyncio.start_server(self.handle, host, port, limit=MAX_LINE, ssl=self.tls,
+                                            ssl_handshake_timeout=HELLO_TIMEOUT_S if self.tls else None)
         asyncio.get_running_loop().create_task(self.repair_forever())
         return server
 
@@ -196,17 +234,23 @@ class ControlServer:
 
 
 async def fetch_advertisements(host: str, port: int, token: str, translator: dict, wanted: dict[str, tuple[int, int]],
-                               timeout: float = 3 * KEEPALIVE_S) -> tuple[dict, list[dict], asyncio.StreamReader,
-                                                                           asyncio.StreamWriter]:
+                               timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None
+                               ) -> tuple[dict, list[dict], asyncio.StreamReader, asyncio.StreamWriter]:
     """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)).
 
     Returns the collector's identity, the advertisements, and the open connection (later advertisements arrive on
     it). `wanted` may name "*" to take every structure the collector hosts, numbering QPNs from the given one.
     """
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=MAX_LINE), timeout)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(
+        host, port, limit=MAX_LINE, ssl=tls, server_hostname=host if tls else None), timeout)
     await send(writer, {"type": "hello", "version": VERSION, "token": token,
                         "translator": {"ip": translator["ip"], "mac": translator["mac"]}})
-    welcome = await receive(reader, timeout)
+    try:
+        welcome = await receive(reader, timeout)
+    except ControlError as error:
+        writer.close()
+        hint = "; does the collector require TLS (--collector-ca)?" if tls is None else ""
+        raise ControlError(f"collector {host}:{port} sent no welcome: {error}{hint}") from None
     if welcome["type"] != "welcome":
         writer.close()
         raise ControlError(f"collector {host}:{port} refused: {welcome.get('error', welcome)}")
@@ -235,8 +279,9 @@ class CollectorLinks:
     """
 
     def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
-                 keepalive_s: float = KEEPALIVE_S, failed_qpns: Callable[[], set[int]] = set):
-        self.translator, self.collectors, self.token = translator, collectors, token
+                 keepalive_s: float = KEEPALIVE_S, failed_qpns: Callable[[], set[int]] = set,
+                 tls: ssl.SSLContext | None = None):
+        self.translator, self.collectors, self.token, self.tls = translator, collectors, token, tls
         self.first_qpn, self.keepalive_s, self.failed_qpns = first_qpn, keepalive_s, failed_qpns
         self.updates: queue.Queue[Tables] = queue.Queue()
         self._state: dict[tuple[str, int], tuple[dict, dict[str, dict]]] = {}  # address -> (collector, adverts)
@@ -250,6 +295,10 @@ class CollectorLinks:
             future = asyncio.run_coroutine_threadsafe(self._connect(index, address), self._loop)
             try:
                 future.result(timeout)
+            except ssl.SSLError as error:
+                raise ControlError(f"TLS with collector {address[0]}:{address[1]} failed: "
+                                   f"{error.reason or error}; its certificate must be signed by the CA given "
+                                   "(--collector-ca) and name the address dialled") from None
             except (OSError, asyncio.TimeoutError, TimeoutError) as error:
                 raise ControlError(f"cannot reach collector {address[0]}:{address[1]}: {error or 'timed out'}; "
                                    "is `softdta collector up` running there?") from None
@@ -279,7 +328,7 @@ class CollectorLinks:
 
     async def _connect(self, index: int, address: tuple[str, int]) -> None:
         collector, adverts, reader, writer = await fetch_advertisements(
-            *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)})
+            *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls)
         self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
         self._loop.create_task(self._follow(index, address, reader, writer))
 
@@ -323,7 +372,7 @@ class CollectorLinks:
                 await asyncio.sleep(delay)
                 try:
                     collector, adverts, reader, writer = await fetch_advertisements(
-                        *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)})
+                        *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls)
                 except (ControlError, OSError, asyncio.TimeoutError):
                     delay = min(delay * 2, 10.0)
                     continue

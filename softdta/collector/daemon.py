@@ -12,7 +12,7 @@ from ..frames import ip_str
 from .backend import Backend
 from .collector import Collector
 from .config import CollectorConfig
-from .control import ControlServer
+from .control import ControlError, ControlServer, server_tls
 from .xdp_backend import XdpBackend, pin_dir_for
 
 CHECKPOINT_S = 60.0
@@ -46,7 +46,12 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        control = await ControlServer(collector, config.token).start(control_host, config.control_port)
+        tls = server_tls(str(config.tls_cert), str(config.tls_key),
+                         str(config.tls_client_ca) if config.tls_client_ca else None) if config.tls_cert else None
+    except ControlError as error:
+        raise StartError(f"[collector] {error}") from None
+    try:
+        control = await ControlServer(collector, config.token, tls=tls).start(control_host, config.control_port)
     except OSError as error:
         raise StartError(f"cannot listen for translators on {control_host}:{config.control_port} ({error.strerror}); "
                          "set another [collector] control_port, or stop what uses it") from None
