@@ -60,6 +60,14 @@ struct {
 } arena SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, struct ring_writes_key);
+	__type(value, struct ring_writes_value);
+	__uint(max_entries, RING_WRITES_MAX_ENTRIES);
+} ring_writes SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 18);
 } completions SEC(".maps");
@@ -219,6 +227,13 @@ static __always_inline __u32 write_payload(struct scratch *s, const struct respo
 		return 0;
 	if (arena_write(qp->arena_offset + (rq->va - qp->base_va), rq->payload_at, rq->payload_len))
 		return 0;
+	if (qp->ring_bytes) {	/* an Append ring: its reader counts what a lap overwrote from this */
+		struct ring_writes_key ring = {qp->ring_index + (__u32)((rq->va - qp->base_va) / qp->ring_bytes)};
+		struct ring_writes_value *done = bpf_map_lookup_elem(&ring_writes, &ring);
+
+		if (done)
+			__sync_fetch_and_add(&done->writes, 1);
+	}
 	if (rq->opcode == ROCE_OP_RC_WRITE_ONLY_IMM || rq->opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
 		struct completion *done = bpf_ringbuf_reserve(&completions, sizeof(*done), 0);
 

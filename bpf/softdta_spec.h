@@ -252,6 +252,7 @@
 #define RESPONDER_QP_MAX_ENTRIES 1024
 #define RESPONDER_QP_STATE_MAX_ENTRIES 1024
 #define ARENA_MAX_ENTRIES 262144 /* 0x40000 */
+#define RING_WRITES_MAX_ENTRIES 65536 /* 0x10000 */
 
 /* Ethernet II */
 struct ethernet {
@@ -781,9 +782,11 @@ struct responder_qp_value {
 	__u64 length;
 	__u64 arena_offset; /* where the region starts in the arena, in bytes */
 	__u32 start_psn; /* the PSN advertised at connect, advertised again by a restarted collector */
+	__u32 ring_bytes; /* Append: the bytes of one list's ring (0: the region holds no rings) */
+	__u32 ring_index; /* Append: the region's first list in ring_writes */
 	__u8 _pad1[4];
 };
-_Static_assert(sizeof(struct responder_qp_value) == 56, "struct responder_qp_value does not match softdta/spec.py");
+_Static_assert(sizeof(struct responder_qp_value) == 64, "struct responder_qp_value does not match softdta/spec.py");
 
 /* responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
 struct responder_qp_state_key {
@@ -815,5 +818,17 @@ struct arena_value {
 	__u8 bytes[4096];
 };
 _Static_assert(sizeof(struct arena_value) == 4096, "struct arena_value does not match softdta/spec.py");
+
+/* ring_writes key: WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE) */
+struct ring_writes_key {
+	__u32 ring;
+};
+_Static_assert(sizeof(struct ring_writes_key) == 4, "struct ring_writes_key does not match softdta/spec.py");
+
+/* ring_writes value: WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE) */
+struct ring_writes_value {
+	__u64 writes;
+};
+_Static_assert(sizeof(struct ring_writes_value) == 8, "struct ring_writes_value does not match softdta/spec.py");
 
 #endif /* SOFTDTA_SPEC_H */

@@ -244,6 +244,7 @@ const bit<8> RESPONDER_CONFIG_MAX_ENTRIES = 1;
 const bit<16> RESPONDER_QP_MAX_ENTRIES = 1024;
 const bit<16> RESPONDER_QP_STATE_MAX_ENTRIES = 1024;
 const bit<32> ARENA_MAX_ENTRIES = 262144;
+const bit<32> RING_WRITES_MAX_ENTRIES = 65536;
 
 // Ethernet II
 header ethernet_h {
@@ -679,6 +680,8 @@ struct responder_qp_value_t {
     bit<64> length;
     bit<64> arena_offset; // where the region starts in the arena, in bytes
     bit<32> start_psn; // the PSN advertised at connect, advertised again by a restarted collector
+    bit<32> ring_bytes; // Append: the bytes of one list's ring (0: the region holds no rings)
+    bit<32> ring_index; // Append: the region's first list in ring_writes
 }
 
 // responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates
@@ -706,6 +709,16 @@ struct arena_key_t {
 // arena value: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)
 struct arena_value_t {
     bit<32768> bytes;
+}
+
+// ring_writes key: WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE)
+struct ring_writes_key_t {
+    bit<32> ring;
+}
+
+// ring_writes value: WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE)
+struct ring_writes_value_t {
+    bit<64> writes;
 }
 
 // icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)

@@ -6,13 +6,15 @@ responder in tests, the demo and `softdta translate --collector`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .codec import WireError
 from .frames import parse_udp_frame
 from .query import AppendPoller
 from .regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from .responder import CompletionLog, MemoryRegion, Responder, ResponderQp
 from .spec import Primitive
-from .tables import QueuePair, Tables
+from .tables import AppendLists, QueuePair, Tables
 
 
 class OfflineCollector:
@@ -22,15 +24,21 @@ class OfflineCollector:
             raise ValueError("no queue pairs for that collector in the tables")
         self.tables = tables
         self.memory = {qp.index: bytearray(qp.length) for qp in qps}
+        rings = {lists.qp.index: lists for lists in tables.append_lists}
+        self.ring_writes = {index: np.zeros(lists.lists, dtype=np.uint64) for index, lists in rings.items()}
         self.responders: dict[bytes, Responder] = {}
         for qp in qps:
             responder = self.responders.setdefault(qp.collector_ip, Responder(qp.collector_mac, qp.collector_ip))
-            region = MemoryRegion(qp.base_va, qp.rkey, self.memory[qp.index])
+            lists = rings.get(qp.index)
+            region = MemoryRegion(qp.base_va, qp.rkey, self.memory[qp.index],
+                                  ring_bytes=lists.entries * lists.data_len if lists else 0,
+                                  ring_writes=self.ring_writes.get(qp.index))
             responder.add_qp(ResponderQp(qpn=qp.remote_qpn, transport=qp.transport, remote_ip=tables.ip,
                                          remote_mac=tables.mac, region=region, expected_psn=qp.start_psn,
                                          remote_qpn=qp.local_qpn))
         self.completion_log = CompletionLog()
-        self.append_pollers = [AppendPoller(AppendRegion(self.memory[lists.qp.index], lists))
+        self.append_pollers = [AppendPoller(AppendRegion(self.memory[lists.qp.index], lists),
+                                            self.ring_writes[lists.qp.index])
                                for lists in tables.append_lists if lists.qp.index in self.memory]
 
     def deliver(self, frame: bytes) -> list[bytes]:
@@ -47,6 +55,10 @@ class OfflineCollector:
 
     def region_of(self, qp: QueuePair) -> bytearray:
         return self.memory[qp.index]
+
+    def append_ring_writes(self, lists: AppendLists) -> np.ndarray:
+        """WRITEs the reference responder executed into each of the range's rings."""
+        return self.ring_writes[lists.qp.index]
 
     def structure_region(self, primitive: Primitive, collector_ip: bytes):
         structure = self.tables.structure(collector_ip, primitive)

@@ -103,38 +103,66 @@ class AppendPoller:
 
     The translator writes whole batches at batch-aligned positions, and the poller zeroes what it consumed,
     so a batch holding any non-zero entry is new. Entry value 0 therefore means "empty" (as in dta-v1).
+
+    A writer that gets a whole ring ahead of the poller (a lap) overwrites batches nobody read. With `writes`,
+    the WRITEs executed into each ring as the responder counts them (xdp backend, reference responder), the
+    poller sees that: it counts the batches overwritten, and reads the ring from the writer's position, so the
+    survivors still come oldest first. Without it (an RDMA NIC counts nothing) a lap goes unnoticed.
     """
 
-    def __init__(self, region: AppendRegion):
+    def __init__(self, region: AppendRegion, writes: np.ndarray | None = None):
         self.region = region
         self.batch = region.lists.batch
         self.batches_per_ring = region.lists.entries // self.batch
         shape = (region.lists.lists, self.batches_per_ring, self.batch) + region.rings.shape[2:]
         self._batches = region.rings.reshape(shape)
         self.tails = np.zeros(region.lists.lists, dtype=np.int64)
+        self.writes = writes
+        # WRITEs accounted for per ring: taken, or counted as overwritten; the batches in the rings now are not
+        self.accounted = None if writes is None else writes.astype(np.int64) - self._runs(self.tails)[1]
 
     def poll(self) -> dict[int, np.ndarray]:
         """New entries of every list (oldest first), keyed by list id; lists with nothing new are left out.
         They are taken: zeroed in the ring, and the list's tail moves past them."""
+        return self.poll_counting_laps()[0]
+
+    def poll_counting_laps(self) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+        """`poll`, and the entries that laps overwrote before they were read, by list id (lists with a loss)."""
         return self._new(take=True)
 
-    def peek(self) -> dict[int, np.ndarray]:
-        """What `poll` would return, leaving the rings and tails as they are."""
+    def peek(self) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+        """What `poll_counting_laps` would return, leaving the rings and tails as they are."""
         return self._new(take=False)
 
-    def _new(self, take: bool) -> dict[int, np.ndarray]:
-        per_batch = self._batches.reshape(self._batches.shape[0], self.batches_per_ring, -1)
-        written = per_batch.any(axis=2)
-        order = (self.tails[:, None] + np.arange(self.batches_per_ring)) % self.batches_per_ring
-        rows = np.arange(written.shape[0])[:, None]
-        run = np.cumprod(written[rows, order], axis=1).sum(axis=1)
+    def _new(self, take: bool) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+        ring = self.batches_per_ring
+        tails, overwritten = self.tails.copy(), np.zeros_like(self.tails)
+        if self.writes is not None:
+            unread = self.writes.astype(np.int64) - self.accounted
+            lapped = unread > ring
+            overwritten[lapped] = unread[lapped] - ring
+            tails[lapped] = (tails[lapped] + unread[lapped]) % ring  # the writer's position: the oldest batch
+        order, run = self._runs(tails)
+        first = self.region.lists.first_list
         new: dict[int, np.ndarray] = {}
         for index in np.nonzero(run)[0]:
             taken = order[index, :run[index]]
             entries = self._batches[index, taken].reshape((-1,) + self._batches.shape[3:])
             nonzero = entries.reshape(entries.shape[0], -1).any(axis=1)
-            new[self.region.lists.first_list + int(index)] = entries[nonzero].copy()
+            new[first + int(index)] = entries[nonzero].copy()
             if take:
                 self._batches[index, taken] = 0
-                self.tails[index] = (self.tails[index] + run[index]) % self.batches_per_ring
-        return new
+        if take:
+            self.tails = (tails + run) % ring
+            if self.accounted is not None:
+                self.accounted += overwritten + run
+        lost = {first + int(index): int(overwritten[index]) * self.batch for index in np.nonzero(overwritten)[0]}
+        return new, lost
+
+    def _runs(self, tails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per list, the ring's batch positions from its tail on, and how many of them in a row are written."""
+        ring = self.batches_per_ring
+        written = self._batches.reshape(self._batches.shape[0], ring, -1).any(axis=2)
+        order = (tails[:, None] + np.arange(ring)) % ring
+        run = np.cumprod(written[np.arange(written.shape[0])[:, None], order], axis=1).sum(axis=1)
+        return order, run

@@ -34,6 +34,8 @@ class MemoryRegion:
     rkey: int
     buffer: bytearray | np.ndarray | memoryview
     access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+    ring_bytes: int = 0  # an Append region: the bytes of one list's ring
+    ring_writes: np.ndarray | None = None  # then WRITEs executed per ring, counted here (uint64, one per list)
 
     def __post_init__(self) -> None:
         self.view = np.frombuffer(self.buffer, dtype=np.uint8)
@@ -225,6 +227,8 @@ class Responder:
             return False
         offset = reth["va"] - qp.region.base_va
         qp.region.view[offset:offset + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        if qp.region.ring_bytes and qp.region.ring_writes is not None:
+            qp.region.ring_writes[offset // qp.region.ring_bytes] += 1
         if opcode in (RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.UC_WRITE_ONLY_IMM):
             out.completions.append(Completion(qp.qpn, packet.headers["immdt"]["immediate"], len(payload)))
         if qp.transport is Transport.UC:

@@ -72,6 +72,8 @@ class QuerySource(Protocol):
 
     def append_region(self, lists: AppendLists) -> AppendRegion: ...
 
+    def append_ring_writes(self, lists: AppendLists) -> np.ndarray | None: ...  # per ring; None if not counted
+
     def counters(self) -> dict[str, int]: ...
 
     def health(self) -> dict: ...
@@ -90,6 +92,9 @@ class OfflineSource:
 
     def append_region(self, lists: AppendLists) -> AppendRegion:
         return AppendRegion(self.collector.region_of(lists.qp), lists)
+
+    def append_ring_writes(self, lists: AppendLists) -> np.ndarray:
+        return self.collector.append_ring_writes(lists)
 
     def counters(self) -> dict[str, int]:
         return self.collector.counters()
@@ -232,22 +237,22 @@ class _AppendFeed:
     list (what the ring itself would have held), older ones are dropped and counted.
     """
 
-    def __init__(self, lists: AppendLists, region: AppendRegion):
+    def __init__(self, lists: AppendLists, region: AppendRegion, writes: np.ndarray | None):
         self.lists = lists
-        self.poller = AppendPoller(region)
+        self.poller = AppendPoller(region, writes)
         self.unread: dict[int, np.ndarray] = {}
         self.dropped: dict[int, int] = {}
 
     def take(self, list_id: int | None) -> dict[int, tuple[np.ndarray, int]]:
         """(entries, dropped) of `list_id` (every list with news if None) since the last take."""
-        self.unread, self.dropped = self._merged(self.poller.poll())
+        self.unread, self.dropped = self._merged(*self.poller.poll_counting_laps())
         wanted = [list_id] if list_id is not None else sorted(self.unread)
         return {wanted_id: (self.unread.pop(wanted_id, self._empty), self.dropped.pop(wanted_id, 0))
                 for wanted_id in wanted}
 
     def peek(self, list_id: int | None) -> dict[int, tuple[np.ndarray, int]]:
         """What `take` would return, taking nothing."""
-        unread, dropped = self._merged(self.poller.peek())
+        unread, dropped = self._merged(*self.poller.peek())
         wanted = [list_id] if list_id is not None else sorted(unread)
         return {wanted_id: (unread.get(wanted_id, self._empty), dropped.get(wanted_id, 0)) for wanted_id in wanted}
 
@@ -255,9 +260,13 @@ class _AppendFeed:
     def _empty(self) -> np.ndarray:
         return self.poller.region.rings[0, :0]
 
-    def _merged(self, polled: dict[int, np.ndarray]) -> tuple[dict[int, np.ndarray], dict[int, int]]:
-        """The unread entries with `polled` after them, each list cut to one ring (the oldest dropped)."""
+    def _merged(self, polled: dict[int, np.ndarray], overwritten: dict[int, int]
+                ) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+        """The unread entries with `polled` after them, each list cut to one ring (the oldest dropped), and
+        the drops: those cuts, and what laps overwrote in the rings."""
         unread, dropped = dict(self.unread), dict(self.dropped)
+        for list_id, lost in overwritten.items():
+            dropped[list_id] = dropped.get(list_id, 0) + lost
         for polled_id, entries in polled.items():
             backlog = np.concatenate([unread[polled_id], entries]) if polled_id in unread else entries
             excess = backlog.shape[0] - self.lists.entries
@@ -321,7 +330,8 @@ class QueryService:
         # bodies of the others wait in their sockets
         self.one_query = asyncio.Semaphore(1)
         self.structures = {structure_name(s): s for s in source.tables.structures}
-        self.append_feeds = {append_name(lists): _AppendFeed(lists, source.append_region(lists))
+        self.append_feeds = {append_name(lists): _AppendFeed(lists, source.append_region(lists),
+                                                             source.append_ring_writes(lists))
                              for lists in source.tables.append_lists}
         self.registry = CollectorRegistry(auto_describe=False)  # names depend on the tables: no check at register
         self.registry.register(_Metrics(self))

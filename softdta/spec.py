@@ -480,6 +480,8 @@ RESPONDER_TABLES = (
         Field("transport", 8), Field("access", 8, "spec.Access"), Field("rkey", 32), Field("base_va", 64),
         Field("length", 64), Field("arena_offset", 64, "where the region starts in the arena, in bytes"),
         Field("start_psn", 32, "the PSN advertised at connect, advertised again by a restarted collector"),
+        Field("ring_bytes", 32, "Append: the bytes of one list's ring (0: the region holds no rings)"),
+        Field("ring_index", 32, "Append: the region's first list in ring_writes"),
     ), 1024, "a queue pair of the collector and the region it may write"),
     Table("responder_qp_state", (Field("qpn", 32),), (
         Field("expected_psn", 32), Field("msn", 32), Field("error", 8), Field("nak_sent", 8),
@@ -487,6 +489,8 @@ RESPONDER_TABLES = (
     ), 1024, "per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates"),
     Table("arena", (Field("page", 32),), (Raw("bytes", ARENA_PAGE),), 262144,
           "the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)"),
+    Table("ring_writes", (Field("ring", 32),), (Field("writes", 64),), 65536,
+          "WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE)"),
 )
 
 TABLES = TRANSLATOR_TABLES + RESPONDER_TABLES  # every BPF map layout the control planes share with the kernel

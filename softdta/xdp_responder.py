@@ -68,6 +68,9 @@ class XdpResponder:
         self._mapping = self.maps["arena"].mmap()
         self.memory = np.frombuffer(self._mapping, dtype=np.uint8)
         self._next_page = 0
+        self._rings_mapping = self.maps["ring_writes"].mmap()
+        self.ring_writes = np.frombuffer(self._rings_mapping, dtype=np.uint64)
+        self._next_ring = 0
         self.attached: list[int] = []
         self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"),
                     layout=layout)
@@ -128,18 +131,28 @@ class XdpResponder:
         self._next_page += pages
         return ArenaRegion(offset, self.memory[offset:offset + length])
 
+    def allocate_rings(self, count: int) -> int:
+        """`count` fresh counters of WRITEs per Append ring; returns the first one's index in `ring_writes`."""
+        if self._next_ring + count > self.ring_writes.size:
+            raise EngineError(f"the responder counts the writes of {self.ring_writes.size} Append lists; "
+                              f"{count} more do not fit after {self._next_ring}")
+        self._next_ring += count
+        return self._next_ring - count
+
     def add_qp(self, qpn: int, transport: Transport, *, remote_ip: bytes, remote_mac: bytes, remote_qpn: int,
                region: ArenaRegion, base_va: int, rkey: int, expected_psn: int = 0,
-               access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-               ) -> None:
-        """Bring a queue pair up (what a NIC's RTR transition does): it accepts requests from `remote_ip`."""
+               access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+               ring_bytes: int = 0, ring_index: int = 0) -> None:
+        """Bring a queue pair up (what a NIC's RTR transition does): it accepts requests from `remote_ip`.
+        `ring_bytes` marks an Append region of rings that long, counted from `ring_index` in `ring_writes`."""
         if access & Access.REMOTE_ATOMIC and base_va % 8:
             raise EngineError(f"QP {qpn:#x}: atomics need an 8-byte aligned region, base 0x{base_va:x} is not")
         try:
             self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn,
                         remote_ip=int.from_bytes(remote_ip, "little"), remote_mac=remote_mac, transport=int(transport),
                         access=int(access), rkey=rkey, base_va=base_va, length=region.length,
-                        arena_offset=region.offset, start_psn=expected_psn & 0xFFFFFF)
+                        arena_offset=region.offset, start_psn=expected_psn & 0xFFFFFF, ring_bytes=ring_bytes,
+                        ring_index=ring_index)
             self.reset_qp(qpn, expected_psn)
         except BpfError as error:
             self.remove_qp(qpn)

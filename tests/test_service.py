@@ -337,6 +337,24 @@ def test_append_keeps_at_most_one_ring_of_unread_entries(start_service):
     assert answer["entries"] == sent[-ring:] and answer["dropped"] == len(sent) - ring
 
 
+@pytest.mark.parametrize("laps", [1, 3])
+def test_a_ring_lapped_by_its_writer_counts_what_it_lost_and_keeps_the_rest_oldest_first(start_service, laps):
+    tables, translator, collector, reporter = new_pipeline()
+    service = start_service(OfflineSource(collector))
+    lists = tables.append_lists[0]
+    assert service.call("POST", f"/append/{APPEND}?list=0", headers=TAKE)["entries"] == []
+    reports = workload.append(laps * lists.entries + 10 * lists.batch, seed=5, lists=1)
+    sent = [int.from_bytes(r.data, "big") for r in reports]
+    send(translator, collector, reporter, reports)
+    survivors = {"append": APPEND, "list": 0, "entries": sent[-lists.entries:], "dropped": len(sent) - lists.entries}
+    assert service.call("GET", f"/append/{APPEND}?list=0") == survivors
+    assert service.call("POST", f"/append/{APPEND}?list=0", headers=TAKE) == survivors
+    more = workload.append(3 * lists.batch, seed=6, lists=1)
+    send(translator, collector, reporter, more)  # after the lap, the ring reads on where the writer is
+    assert service.call("POST", f"/append/{APPEND}?list=0", headers=TAKE) == {
+        "append": APPEND, "list": 0, "entries": [int.from_bytes(r.data, "big") for r in more], "dropped": 0}
+
+
 def test_append_follow_streams_entries_added_after_it_started(start_service):
     tables, translator, collector, reporter = new_pipeline()
     before = workload.append(40, seed=7, lists=1, first_list=2)  # whole batches of 4: no flush needed

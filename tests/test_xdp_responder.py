@@ -7,6 +7,7 @@ duplication, reordering, corruption, a stranger's source address, wrong keys and
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from softdta import workload
@@ -34,18 +35,26 @@ class Pair:
         self.reference = Responder(mac, COLLECTOR_IP)
         self.kernel = XdpResponder(mac, COLLECTOR_IP, arena_bytes=sum(-(-qp.length // 4096) * 4096 for qp in qps))
         self.memory = {}
+        self.rings = {}  # Append QPs: (the reference's WRITE counts per ring, the kernel's)
+        rings = {lists.qp.remote_qpn: lists for lists in tables.append_lists}
         for qp in qps:
             if rc:
                 qp.transport = Transport.RC
             self.memory[qp.remote_qpn] = bytearray(qp.length)
+            lists = rings.get(qp.remote_qpn)
+            ring_bytes = lists.entries * lists.data_len if lists else 0
+            counted = np.zeros(lists.lists if lists else 0, dtype=np.uint64)
             self.reference.add_qp(ResponderQp(
                 qpn=qp.remote_qpn, transport=qp.transport, remote_ip=tables.ip, remote_mac=tables.mac,
-                region=MemoryRegion(qp.base_va, qp.rkey, self.memory[qp.remote_qpn]), expected_psn=qp.start_psn,
-                remote_qpn=qp.local_qpn))
+                region=MemoryRegion(qp.base_va, qp.rkey, self.memory[qp.remote_qpn], ring_bytes=ring_bytes,
+                                    ring_writes=counted), expected_psn=qp.start_psn, remote_qpn=qp.local_qpn))
             region = self.kernel.allocate(qp.length)
+            first_ring = self.kernel.allocate_rings(counted.size) if lists else 0
             self.kernel.add_qp(qp.remote_qpn, qp.transport, remote_ip=tables.ip, remote_mac=tables.mac,
                                remote_qpn=qp.local_qpn, region=region, base_va=qp.base_va, rkey=qp.rkey,
-                               expected_psn=qp.start_psn)
+                               expected_psn=qp.start_psn, ring_bytes=ring_bytes, ring_index=first_ring)
+            if lists:
+                self.rings[qp.remote_qpn] = (counted, self.kernel.ring_writes[first_ring:first_ring + counted.size])
             self.memory[qp.remote_qpn] = (self.memory[qp.remote_qpn], region)
 
     def deliver(self, frame: bytes, what: str = "") -> list[bytes]:
@@ -64,6 +73,8 @@ class Pair:
             state, reference = self.kernel.qp_state(qpn), self.reference.qps[qpn]
             assert (state["expected_psn"], state["msn"], bool(state["error"])) == \
                    (reference.expected_psn, reference.msn, reference.error), f"QP {qpn:#x}"
+        for qpn, (reference, kernel) in self.rings.items():
+            assert kernel.tolist() == reference.tolist(), f"WRITEs per Append ring of QP {qpn:#x}"
 
 
 def reports(seed: int) -> list:
@@ -123,6 +134,7 @@ def test_translated_frames_with_faults_match_the_reference(seed, rc):
             pair.deliver(frame, "flush")
         pair.assert_same_state()
         assert pair.kernel.counters()[ResponderCounter.EXECUTED] > 200  # traffic goes on well past the first loss
+        assert all(kernel.sum() > 0 for _, kernel in pair.rings.values())  # Append writes were counted
 
 
 def request(tables, qp, opcode, psn, *, va=None, rkey=None, payload=b"", src_ip=None, dma_length=None,

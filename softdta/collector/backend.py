@@ -39,6 +39,7 @@ class Region:
     base_va: int
     rkey: int
     access: Access
+    ring_writes: np.ndarray | None = None  # Append rings: WRITEs executed into each, where the backend counts them
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,10 @@ class QpInfo:
 class Backend(Protocol):
     name: str
 
-    def register(self, name: str, length: int, access: Access) -> Region:
-        """Memory for one structure, registered for remote access (page-aligned, zeroed unless restored)."""
+    def register(self, name: str, length: int, access: Access, ring_bytes: int = 0) -> Region:
+        """Memory for one structure, registered for remote access (page-aligned, zeroed unless restored).
+        `ring_bytes` marks Append rings of that many bytes: a backend that sees each write (xdp) counts the
+        writes per ring in `Region.ring_writes`, so that readers detect laps."""
 
     def connect(self, region: Region, transport: Transport, peer: Peer) -> QpInfo:
         """A queue pair that accepts `peer`'s requests into `region`, brought up to receive."""

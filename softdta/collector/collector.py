@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from ..frames import ip_str, mac_str
 from ..regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from ..responder import CompletionLog
@@ -37,7 +39,7 @@ class Collector:
         self.config = config
         self.backend = backend
         self.specs: dict[str, StructureSpec | AppendSpec] = {spec.name: spec for spec in config.regions()}
-        self.regions: dict[str, Region] = {name: backend.register(name, spec.length, spec.access)
+        self.regions: dict[str, Region] = {name: backend.register(name, spec.length, spec.access, spec.ring_bytes)
                                            for name, spec in self.specs.items()}
         self.connections: dict[int, tuple[str, Peer, QpInfo]] = {}  # collector QPN -> (structure, translator, QP)
         self.released: dict[int, float] = {}  # collector QPN -> when its translator's session ended
@@ -143,6 +145,10 @@ class Collector:
 
     def append_region(self, lists: AppendLists) -> AppendRegion:
         return AppendRegion(self.regions[f"append{lists.first_list}"].view, lists)
+
+    def append_ring_writes(self, lists: AppendLists) -> np.ndarray | None:
+        """WRITEs executed into each of the range's rings, where the backend counts them (xdp), else None."""
+        return self.regions[f"append{lists.first_list}"].ring_writes
 
     def counters(self) -> dict[str, int]:
         return self.backend.counters()

@@ -56,6 +56,8 @@ class StructureSpec:
     def length(self) -> int:
         return self.slots * self.slot_size
 
+    ring_bytes = 0  # no Append rings here
+
     @property
     def access(self) -> Access:
         atomic = Access.REMOTE_ATOMIC if self.primitive is Primitive.KEY_INCREMENT else Access(0)
@@ -99,6 +101,10 @@ class AppendSpec:
     @property
     def length(self) -> int:
         return self.lists * self.entries * self.data_len
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.entries * self.data_len
 
     access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
 

@@ -243,14 +243,16 @@ async def fetch_advertisements(host: str, port: int, token: str, translator: dic
     """
     reader, writer = await asyncio.wait_for(asyncio.open_connection(
         host, port, limit=MAX_LINE, ssl=tls, server_hostname=host if tls else None), timeout)
-    await send(writer, {"type": "hello", "version": VERSION, "token": token,
-                        "translator": {"ip": translator["ip"], "mac": translator["mac"]}})
     try:
+        await send(writer, {"type": "hello", "version": VERSION, "token": token,
+                            "translator": {"ip": translator["ip"], "mac": translator["mac"]}})
         welcome = await receive(reader, timeout)
-    except ControlError as error:
+    except (ControlError, OSError) as error:  # with TLS 1.3 a refused client certificate shows up here
         writer.close()
-        hint = "; does the collector require TLS (--collector-ca)?" if tls is None else ""
-        raise ControlError(f"collector {host}:{port} sent no welcome: {error}{hint}") from None
+        hint = ("does the collector require TLS (--collector-ca)?" if tls is None else
+                "does it require a translator certificate (--collector-cert)?")
+        reason = getattr(error, "reason", None) or error or "closed"
+        raise ControlError(f"collector {host}:{port} sent no welcome ({reason}); {hint}") from None
     if welcome["type"] != "welcome":
         writer.close()
         raise ControlError(f"collector {host}:{port} refused: {welcome.get('error', welcome)}")

@@ -217,7 +217,7 @@ class VerbsBackend:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def register(self, name: str, length: int, access: Access) -> Region:
+    def register(self, name: str, length: int, access: Access, ring_bytes: int = 0) -> Region:
         if name in self.registrations:
             raise BackendError(f"region {name} is already registered")
         mapping = self.files.map(name, length)

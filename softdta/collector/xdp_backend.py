@@ -60,6 +60,7 @@ class XdpBackend:
         self.data_dir = data_dir
         self.capacity = qp_capacity
         self.regions: dict[str, tuple[Region, ArenaRegion]] = {}
+        self.rings: dict[str, tuple[int, int]] = {}  # region -> (bytes of one ring, its first ring_writes index)
         self.qps: dict[int, tuple[Region, Transport, Peer]] = {}
         self._adopted = self.responder.qp_entries() if self.responder.adopted else {}
         self._next_qpn = max(self._adopted, default=FIRST_QPN - 1) + 1
@@ -74,18 +75,21 @@ class XdpBackend:
     def adopted_memory(self) -> bool:
         return self.responder.adopted
 
-    def register(self, name: str, length: int, access: Access) -> Region:
+    def register(self, name: str, length: int, access: Access, ring_bytes: int = 0) -> Region:
         if name in self.regions:
             raise BackendError(f"region {name!r} is already registered")
         try:
             slot = self.responder.allocate(length)
+            first_ring = self.responder.allocate_rings(length // ring_bytes) if ring_bytes else 0
         except EngineError as error:
             raise BackendError(str(error)) from None
         # an adopted region keeps the R_Key its queue pairs carry, so translators keep writing with it
         rkeys = {qp["rkey"] for qp in self._adopted.values() if qp["arena_offset"] == slot.offset}
         region = Region(name, slot.view, BASE_VA + slot.offset, rkeys.pop() if rkeys else secrets.randbits(32) or 1,
-                        access)
+                        access, self.responder.ring_writes[first_ring:first_ring + length // ring_bytes]
+                        if ring_bytes else None)
         self.regions[name] = (region, slot)
+        self.rings[name] = (ring_bytes, first_ring)
         saved = self._saved(name)
         if not self.responder.adopted and saved is not None and saved.is_file() and saved.stat().st_size == length:
             region.view[:] = np.fromfile(saved, dtype=np.uint8)
@@ -130,7 +134,8 @@ class XdpBackend:
         region, transport, peer = self.qps[qpn]
         self.responder.add_qp(qpn, transport, remote_ip=peer.ip, remote_mac=peer.mac, remote_qpn=peer.qpn,
                               region=self.regions[region.name][1], base_va=region.base_va, rkey=region.rkey,
-                              expected_psn=psn, access=region.access)
+                              expected_psn=psn, access=region.access, ring_bytes=self.rings[region.name][0],
+                              ring_index=self.rings[region.name][1])
 
     def release(self, qpn: int) -> None:
         if self.qps.pop(qpn, None) is not None:
