@@ -492,23 +492,6 @@ struct qp_value_t {
     bit<64> length;
 }
 
-// qp_state key: per-QP dynamic state (PSN, acknowledgement window, grace, failure)
-struct qp_state_key_t {
-    bit<32> qp_index;
-}
-
-// qp_state value: per-QP dynamic state (PSN, acknowledgement window, grace, failure)
-struct qp_state_value_t {
-    bit<32> next_psn;
-    bit<32> state;
-    bit<64> grace_until_ns;
-    bit<64> flush_mark_ns; // when the flusher last saw frames_sent change
-    bit<32> frames_sent; // drives the AckReq interval and tells the flusher the QP is busy
-    bit<32> flush_mark; // frames_sent as the flusher last saw it
-    bit<32> unacked_psn; // oldest PSN not yet acknowledged: RC replies count only in [unacked_psn, next_psn)
-    bit<32> pad;
-}
-
 // collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes
 struct collector_key_t {
     bit<32> ip; // network order
@@ -569,158 +552,6 @@ struct append_list_value_t {
     bit<32> state_index;
 }
 
-// append_state key: per-list Append batch and ring head
-struct append_state_key_t {
-    bit<32> state_index;
-}
-
-// append_state value: per-list Append batch and ring head
-struct append_state_value_t {
-    bit<32> lock;
-    bit<32> head; // next ring entry to write
-    bit<32> pending; // entries waiting in the batch
-    bit<64> first_pending_ns;
-    bit<2048> data; // the batch being filled
-}
-
-// postcard_cache key: Postcarding translator cache (all structures share it, each from its state_index)
-struct postcard_cache_key_t {
-    bit<32> slot; // structure state_index + cache index
-}
-
-// postcard_cache value: Postcarding translator cache (all structures share it, each from its state_index)
-struct postcard_cache_value_t {
-    bit<32> lock;
-    bit<64> first_ns;
-    bit<256> values; // encoded hop values, big-endian as written
-    bit<256> key;
-    bit<8> key_len;
-    bit<8> path_length;
-    bit<8> hop_mask;
-    bit<8> valid;
-}
-
-// sketch_column key: Sketch-Merge aggregate of one column
-struct sketch_column_key_t {
-    bit<32> state_index;
-    bit<32> column;
-}
-
-// sketch_column value: Sketch-Merge aggregate of one column
-struct sketch_column_value_t {
-    bit<32> epoch; // times this column was written out
-    bit<32> contributors;
-    bit<512> counters; // aggregate, host-order u32
-}
-
-// sketch_reporter key: Sketch-Merge progress of one reporter
-struct sketch_reporter_key_t {
-    bit<32> state_index;
-    bit<32> reporter;
-}
-
-// sketch_reporter value: Sketch-Merge progress of one reporter
-struct sketch_reporter_value_t {
-    bit<32> next_column;
-    bit<32> wraps; // times the reporter went past the last column
-}
-
-// fanout key: frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)
-struct fanout_key_t {
-    bit<32> slot; // CPU x FANOUT_MAX_ENTRIES + sequence % FANOUT_MAX_ENTRIES
-}
-
-// fanout value: frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)
-struct fanout_value_t {
-    bit<32> sequence;
-    bit<8> count; // frames of the report, the first one travels as the packet
-    bit<8> pad;
-    bit<16> frame_len;
-    bit<32> ifindex; // egress interface, 0 = the ingress one
-    bit<6144> frames; // frames 2..count
-}
-
-// reporter_seq key: go-back-N tracking of retransmitting reporters
-struct reporter_seq_key_t {
-    bit<32> reporter_ip; // network order
-}
-
-// reporter_seq value: go-back-N tracking of retransmitting reporters
-struct reporter_seq_value_t {
-    bit<32> last_seqnum;
-}
-
-// responder_config key: the collector port
-struct responder_config_key_t {
-    bit<32> index;
-}
-
-// responder_config value: the collector port
-struct responder_config_value_t {
-    bit<48> mac;
-    bit<16> udp_sport;
-    bit<32> ip; // network order
-    bit<64> layout; // hash of the regions' layout: a restarted collector adopts only its own memory
-}
-
-// responder_qp key: a queue pair of the collector and the region it may write
-struct responder_qp_key_t {
-    bit<32> qpn;
-}
-
-// responder_qp value: a queue pair of the collector and the region it may write
-struct responder_qp_value_t {
-    bit<32> remote_qpn;
-    bit<32> remote_ip; // network order
-    bit<48> remote_mac;
-    bit<8> transport;
-    bit<8> access; // spec.Access
-    bit<32> rkey;
-    bit<64> base_va;
-    bit<64> length;
-    bit<64> arena_offset; // where the region starts in the arena, in bytes
-    bit<32> start_psn; // the PSN advertised at connect, advertised again by a restarted collector
-    bit<32> ring_bytes; // Append: the bytes of one list's ring (0: the region holds no rings)
-    bit<32> ring_index; // Append: the region's first list in ring_writes
-}
-
-// responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates
-struct responder_qp_state_key_t {
-    bit<32> qpn;
-}
-
-// responder_qp_state value: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates
-struct responder_qp_state_value_t {
-    bit<32> expected_psn;
-    bit<32> msn;
-    bit<8> error;
-    bit<8> nak_sent;
-    bit<8> atomic_valid;
-    bit<8> pad;
-    bit<32> atomic_psn;
-    bit<64> atomic_original;
-}
-
-// arena key: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)
-struct arena_key_t {
-    bit<32> page;
-}
-
-// arena value: the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)
-struct arena_value_t {
-    bit<32768> bytes;
-}
-
-// ring_writes key: WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE)
-struct ring_writes_key_t {
-    bit<32> ring;
-}
-
-// ring_writes value: WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE)
-struct ring_writes_value_t {
-    bit<64> writes;
-}
-
 // icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
 struct icrc_constant_key_t {
     bit<32> qp_index;
@@ -731,17 +562,6 @@ struct icrc_constant_key_t {
 // icrc_constant value: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
 struct icrc_constant_value_t {
     bit<32> constant; // iCRC of such a frame with its variable tail zeroed, read little-endian
-}
-
-// multicast_group key: packet replication of Key-Write and Key-Increment reports (a P4Runtime multicast group)
-struct multicast_group_key_t {
-    bit<16> group; // port x MAX_REDUNDANCY + copies
-}
-
-// multicast_group value: packet replication of Key-Write and Key-Increment reports (a P4Runtime multicast group)
-struct multicast_group_value_t {
-    bit<32> port;
-    bit<8> copies; // replicas, with replication IDs 0..copies-1
 }
 
 // iCRC split (softdta/icrc_split.py): the variable tail starts this many bytes into the IP packet;

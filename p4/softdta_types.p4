@@ -65,7 +65,7 @@ struct translation_t {
 
 struct metadata_t {
     translator_tables_t tables;
-    translation_t out;
+    translation_t emitted;
     bit<8> words_left; // parser loop counter
     bit<64> now_ns;
 }

@@ -197,13 +197,13 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
     // A WRITE of `length` payload bytes, with an immediate when the report asks for one.
     action write_frame(bit<64> va, bit<16> length, bit<1> immediate, bit<32> tag) {
         bool rc = meta.tables.qp.transport == TRANSPORT_RC;
-        meta.out.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
+        meta.emitted.roce_opcode = immediate == 1 ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
                                               : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
-        meta.out.emit = 1;
-        meta.out.va = va;
-        meta.out.payload_len = length;
-        meta.out.immediate = tag;
-        meta.out.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
+        meta.emitted.emit = 1;
+        meta.emitted.va = va;
+        meta.emitted.payload_len = length;
+        meta.emitted.immediate = tag;
+        meta.emitted.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
                              + (bit<16>)RETH_SIZE + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0)
                              + length + (bit<16>)ICRC_LEN;
     }
@@ -253,8 +253,8 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
             }
             meta.tables.qp_key.qp_index = hdr.gather.qp_index;
             qp.apply();
-            meta.out.qp_index = hdr.gather.qp_index;
-            meta.out.primitive = PRIM_SKETCH_MERGE;
+            meta.emitted.qp_index = hdr.gather.qp_index;
+            meta.emitted.primitive = PRIM_SKETCH_MERGE;
             bit<16> length = (bit<16>)hdr.gather.gathered << 2;
             write_frame(meta.tables.qp.base_va
                         + ((bit<64>)hdr.gather.first_column << 2) * (bit<64>)hdr.gather.rows,
@@ -340,8 +340,8 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 return;
             }
             bit<32> qp_index = meta.tables.qp_key.qp_index;
-            meta.out.qp_index = qp_index;
-            meta.out.primitive = opcode;
+            meta.emitted.qp_index = qp_index;
+            meta.emitted.primitive = opcode;
 
             // A QP that cannot send takes no report: its state stays as the collector last saw it.
             bit<32> state;
@@ -369,24 +369,24 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 }
                 // N copies, one per replication ID 0..N-1: egress hashes copy `rid`'s own slot.
                 std.mcast_grp = (bit<16>)(meta.tables.qp.ifindex * (bit<32>)MAX_REDUNDANCY + (bit<32>)redundancy);
-                meta.out.copies = redundancy;
-                meta.out.emit = 1;
+                meta.emitted.copies = redundancy;
+                meta.emitted.emit = 1;
                 if (opcode == DTA_OP_KEY_WRITE) {
                     count(CNT_RX_KEY_WRITE);
                     if (meta.tables.structure.key_len != 4 || meta.tables.structure.data_len != 4) {
                         consume(CNT_DROP_BAD_LENGTH); // dta-v1 keys and data are 4 bytes
                         return;
                     }
-                    meta.out.key = hdr.key_write.key;
+                    meta.emitted.key = hdr.key_write.key;
                     bit<32> checksum;
                     hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(hdr.key_write.key) }, 64w0x100000000);
                     write_frame(0, 4 + (bit<16>)meta.tables.structure.data_len, immediate, checksum);
                 } else {
                     count(CNT_RX_KEY_INCREMENT);
-                    meta.out.key = hdr.key_increment.key;
-                    meta.out.roce_opcode = ROCE_OP_RC_FETCH_ADD;
-                    meta.out.payload_len = 0;
-                    meta.out.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
+                    meta.emitted.key = hdr.key_increment.key;
+                    meta.emitted.roce_opcode = ROCE_OP_RC_FETCH_ADD;
+                    meta.emitted.payload_len = 0;
+                    meta.emitted.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
                                          + (bit<16>)ATOMIC_ETH_SIZE + (bit<16>)ICRC_LEN;
                 }
             } else if (opcode == DTA_OP_APPEND) {
@@ -437,7 +437,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 postcard_cache_key.read(cached_key, entry << P4_POSTCARD_WORD_BITS);
                 postcard_cache_hop_mask.read(hop_mask, entry);
                 bit<8> hop_bit = 8w1 << (hdr.postcard.hop - 1);
-                bit<8> complete = (bit<8>)((9w1 << (bit<9>)hops) - 1);
+                bit<8> complete = (bit<8>)((9w1 << (bit<8>)hops) - 1);
                 bit<32> slot_mask = meta.tables.structure.slot_count - 1;
                 bit<64> slot_bytes = (bit<64>)meta.tables.structure.slot_size;
                 bit<32> checksum;
@@ -477,7 +477,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                     hop_mask = hop_mask | hop_bit;
                     postcard_cache_hop_mask.write(entry, hop_mask);
                     // After an eviction its frame leaves: this flow's path has just begun.
-                    if (meta.out.emit == 0) {
+                    if (meta.emitted.emit == 0) {
                         if (hop_mask != complete) {
                             consume(CNT_POSTCARD_CACHED);
                             return;
@@ -508,7 +508,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 bit<32> column_index = (state_index << P4_SKETCH_COLUMN_BITS) | expected;
                 bit<32> contributors;
                 sketch_column_contributors.read(contributors, column_index);
-                bit<32> reporter_bit = 32w1 << hdr.sketch.reporter;
+                bit<32> reporter_bit = 32w1 << (bit<8>)hdr.sketch.reporter;
                 if ((bit<32>)hdr.sketch.column != expected || (contributors & reporter_bit) != 0) {
                     consume((bit<32>)hdr.sketch.column > expected ? CNT_DROP_SKETCH_GAP : CNT_DROP_SKETCH_STALE);
                     return;
@@ -548,15 +548,15 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
         }
 
         // The per-QP part of the iCRC for this frame's shape (control plane, softdta/icrc_split.py).
-        meta.tables.icrc_constant_key.qp_index = meta.out.qp_index;
-        meta.tables.icrc_constant_key.opcode = meta.out.roce_opcode;
-        meta.tables.icrc_constant_key.ip_length = meta.out.ip_length;
+        meta.tables.icrc_constant_key.qp_index = meta.emitted.qp_index;
+        meta.tables.icrc_constant_key.opcode = meta.emitted.roce_opcode;
+        meta.tables.icrc_constant_key.ip_length = meta.emitted.ip_length;
         if (!icrc_constant.apply().hit) {
             consume(CNT_DROP_BAD_LENGTH);
             return;
         }
-        meta.out.icrc_constant = meta.tables.icrc_constant.constant;
-        if (meta.out.copies == 0) {
+        meta.emitted.icrc_constant = meta.tables.icrc_constant.constant;
+        if (meta.emitted.copies == 0) {
             std.egress_spec = meta.tables.qp.ifindex == 0 ? std.ingress_port : (bit<9>)meta.tables.qp.ifindex;
         }
     }
@@ -574,10 +574,16 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
         } \
     }
 
-// The variable tail of the iCRC input, right-aligned: payload word i.
+// The variable tail of the iCRC input (ICRC_TAIL_BYTES = 280 bytes), right-aligned. It is wider than the 2048
+// bits p4c allows one value, so it lives in two, tail_hi ++ tail_lo, and values shift in across both.
+#define TAIL_SHIFT_IN(k, value) \
+    tail_hi = (tail_hi << k) | (bit<192>)tail_lo[2047:2048 - k]; \
+    tail_lo = (tail_lo << k) | (bit<2048>)(value);
+
+// Payload word i, shifted into the tail.
 #define TAIL_WORD(i) \
     if (hdr.payload[i].isValid()) { \
-        tail = (tail << 32) | (bit<2240>)hdr.payload[i].word; \
+        TAIL_SHIFT_IN(32, hdr.payload[i].word) \
     }
 
 control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
@@ -586,21 +592,21 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
             recirculate_preserving_field_list(GATHER_FIELDS);
             return;
         }
-        if (meta.out.emit == 0) {
+        if (meta.emitted.emit == 0) {
             mark_to_drop(std);
             return;
         }
         bit<8> copy = (bit<8>)std.egress_rid;
-        bit<32> index = meta.out.qp_index;
+        bit<32> index = meta.emitted.qp_index;
 
         // Per copy: its own slot, from its replication ID (not from any register shared by reports).
-        if (meta.out.copies != 0) {
-            bit<32> reversed_key = BYTESWAP32(meta.out.key);
+        if (meta.emitted.copies != 0) {
+            bit<32> reversed_key = BYTESWAP32(meta.emitted.key);
             bit<32> slot_hash = 0;
             hash(slot_hash, HashAlgorithm.crc32, 32w0, { reversed_key, 8w0 }, 64w0x100000000);
             COPY_HASH(1) COPY_HASH(2) COPY_HASH(3)
             bit<32> slot = slot_hash & (meta.tables.structure.slot_count - 1);
-            meta.out.va = meta.tables.qp.base_va + (bit<64>)slot * (bit<64>)meta.tables.structure.slot_size;
+            meta.emitted.va = meta.tables.qp.base_va + (bit<64>)slot * (bit<64>)meta.tables.structure.slot_size;
         }
 
         // The RoCE frame, replacing the report's headers.
@@ -612,7 +618,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         hdr.ethernet.dst = meta.tables.qp.collector_mac;
         hdr.ipv4.dscp = (bit<6>)meta.tables.translator_config.dscp;
         hdr.ipv4.ecn = 0;
-        hdr.ipv4.total_length = meta.out.ip_length;
+        hdr.ipv4.total_length = meta.emitted.ip_length;
         hdr.ipv4.identification = 0;
         hdr.ipv4.flags = 0b010;
         hdr.ipv4.fragment_offset = 0;
@@ -621,7 +627,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         hdr.ipv4.dst = meta.tables.qp.collector_ip;
         hdr.udp.sport = meta.tables.translator_config.udp_sport;
         hdr.udp.dport = ROCE_PORT;
-        hdr.udp.length = meta.out.ip_length - (bit<16>)IPV4_SIZE;
+        hdr.udp.length = meta.emitted.ip_length - (bit<16>)IPV4_SIZE;
         hdr.udp.checksum = 0;
 
         bit<32> psn;
@@ -639,7 +645,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         }
         qp_state_frames_sent.write(index, frames_sent);
         hdr.bth.setValid();
-        hdr.bth.opcode = meta.out.roce_opcode;
+        hdr.bth.opcode = meta.emitted.roce_opcode;
         hdr.bth.solicited = 0;
         hdr.bth.migreq = 1;
         hdr.bth.pad_count = 0;
@@ -653,25 +659,26 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         hdr.bth.reserved7 = 0;
         hdr.bth.psn = psn[23:0];
 
-        bit<2240> tail = (bit<2240>)(ack_req ++ 7w0 ++ psn[23:0]);
-        if (meta.out.roce_opcode == ROCE_OP_RC_FETCH_ADD) {
+        bit<192> tail_hi = 0;
+        bit<2048> tail_lo = (bit<2048>)(ack_req ++ 7w0 ++ psn[23:0]);
+        if (meta.emitted.roce_opcode == ROCE_OP_RC_FETCH_ADD) {
             hdr.atomic_eth.setValid();
-            hdr.atomic_eth.va = meta.out.va;
+            hdr.atomic_eth.va = meta.emitted.va;
             hdr.atomic_eth.rkey = meta.tables.qp.rkey;
             hdr.atomic_eth.swap_add = hdr.key_increment.counter;
             hdr.atomic_eth.compare = 0;
-            tail = (tail << 224) | (bit<2240>)(hdr.atomic_eth.va ++ hdr.atomic_eth.rkey ++ hdr.atomic_eth.swap_add
-                                              ++ hdr.atomic_eth.compare);
+            TAIL_SHIFT_IN(224, hdr.atomic_eth.va ++ hdr.atomic_eth.rkey ++ hdr.atomic_eth.swap_add
+                               ++ hdr.atomic_eth.compare)
         } else {
             hdr.reth.setValid();
-            hdr.reth.va = meta.out.va;
+            hdr.reth.va = meta.emitted.va;
             hdr.reth.rkey = meta.tables.qp.rkey;
-            hdr.reth.dma_length = (bit<32>)meta.out.payload_len;
-            tail = (tail << 128) | (bit<2240>)(hdr.reth.va ++ hdr.reth.rkey ++ hdr.reth.dma_length);
-            if (meta.out.roce_opcode == ROCE_OP_RC_WRITE_ONLY_IMM || meta.out.roce_opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
+            hdr.reth.dma_length = (bit<32>)meta.emitted.payload_len;
+            TAIL_SHIFT_IN(128, hdr.reth.va ++ hdr.reth.rkey ++ hdr.reth.dma_length)
+            if (meta.emitted.roce_opcode == ROCE_OP_RC_WRITE_ONLY_IMM || meta.emitted.roce_opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
                 hdr.immdt.setValid();
-                hdr.immdt.immediate = meta.out.immediate;
-                tail = (tail << 32) | (bit<2240>)hdr.immdt.immediate;
+                hdr.immdt.immediate = meta.emitted.immediate;
+                TAIL_SHIFT_IN(32, hdr.immdt.immediate)
             }
         }
         if (hdr.key_write.isValid()) {
@@ -697,11 +704,11 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         TAIL_WORD(50) TAIL_WORD(51) TAIL_WORD(52) TAIL_WORD(53) TAIL_WORD(54) TAIL_WORD(55) TAIL_WORD(56)
         TAIL_WORD(57) TAIL_WORD(58) TAIL_WORD(59) TAIL_WORD(60) TAIL_WORD(61) TAIL_WORD(62) TAIL_WORD(63)
         bit<32> crc;
-        hash(crc, HashAlgorithm.crc32, 32w0, { tail }, 64w0x100000000);
-        crc = meta.out.icrc_constant ^ crc ^ ICRC_TAIL_ZEROS_CRC;
+        hash(crc, HashAlgorithm.crc32, 32w0, { tail_hi, tail_lo }, 64w0x100000000);
+        crc = meta.emitted.icrc_constant ^ crc ^ ICRC_TAIL_ZEROS_CRC;
         hdr.icrc.setValid();
         hdr.icrc.value = BYTESWAP32(crc);
-        truncate((bit<32>)ETHERNET_SIZE + (bit<32>)meta.out.ip_length); // nothing of the report trails
+        truncate((bit<32>)ETHERNET_SIZE + (bit<32>)meta.emitted.ip_length); // nothing of the report trails
         translator_counters.count((bit<32>)CNT_TX_FRAMES);
     }
 }

