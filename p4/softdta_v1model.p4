@@ -252,51 +252,26 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 return;
             }
             meta.tables.qp_key.qp_index = hdr.gather.qp_index;
-            qp.apply();
-            meta.emitted.qp_index = hdr.gather.qp_index;
-            meta.emitted.primitive = PRIM_SKETCH_MERGE;
-            bit<16> length = (bit<16>)hdr.gather.gathered << 2;
-            write_frame(meta.tables.qp.base_va
-                        + ((bit<64>)hdr.gather.first_column << 2) * (bit<64>)hdr.gather.rows,
-                        length, hdr.gather.immediate[0:0], (bit<32>)hdr.gather.first_column);
-            hdr.gather.setInvalid();
         }
 
         // ---------------------------------------------------------------------------------------
         // Collector replies: AETH syndrome per QP; resync on a PSN sequence error NAK only.
         else if (hdr.aeth.isValid()) {
             mark_to_drop(std);
+            meta.tables.collector_key.ip = hdr.ipv4.src;
+            if (!collector.apply().hit) {
+                return; // RoCE not from a collector: not the translator's (XDP passes it up)
+            }
             meta.tables.qp_by_local_qpn_key.local_qpn = (bit<32>)hdr.bth.dest_qp;
             if (!qp_by_local_qpn.apply().hit) {
                 count(CNT_DROP_UNKNOWN_QP);
                 return;
             }
-            bit<32> index = meta.tables.qp_by_local_qpn.qp_index;
-            meta.tables.qp_key.qp_index = index;
-            if (!qp.apply().hit || meta.tables.qp.collector_ip != hdr.ipv4.src) {
-                count(CNT_DROP_UNKNOWN_QP);
-                return;
-            }
-            bit<3> kind = hdr.aeth.syndrome[7:5];
-            bit<5> code = hdr.aeth.syndrome[4:0];
-            if (kind == (bit<3>)AETH_ACK) {
-                count(CNT_RX_ACKS);
-            } else if (kind == (bit<3>)AETH_RNR_NAK) {
-                count(CNT_RX_RNR_NAKS);
-            } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
-                count(CNT_RX_NAK_SEQUENCE);
-                qp_state_next_psn.write(index, (bit<32>)hdr.bth.psn);
-                qp_state_state.write(index, (bit<32>)QP_STATE_GRACE);
-                qp_state_grace_until_ns.write(index, meta.now_ns + meta.tables.translator_config.grace_ns);
-            } else {
-                count(CNT_RX_NAK_FATAL);
-                qp_state_state.write(index, (bit<32>)QP_STATE_FAILED);
-            }
-            return;
+            meta.tables.qp_key.qp_index = meta.tables.qp_by_local_qpn.qp_index;
         }
 
         // ---------------------------------------------------------------------------------------
-        // Reports
+        // Reports: the structure or list names the QP
         else {
             if (hdr.udp.dport != DTA_PORT) {
                 mark_to_drop(std);
@@ -307,15 +282,13 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 consume(CNT_DROP_BAD_PROFILE); // compiled for the 3-byte dta-v1 base header
                 return;
             }
-            bit<8> opcode = hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode;
-            bit<1> immediate = hdr.base_v1.isValid() ? hdr.base_v1.immediate : hdr.base_ext.immediate;
             // dta-v1 sub-headers, and extended Sketch-Merge; other extended reports take the XDP translator.
             if (!(hdr.key_write.isValid() || hdr.key_increment.isValid() || hdr.append.isValid()
                   || hdr.postcard.isValid() || hdr.sketch.isValid())) {
                 consume(CNT_DROP_UNKNOWN_OPCODE);
                 return;
             }
-            if (opcode == DTA_OP_APPEND) {
+            if (hdr.append.isValid()) {
                 meta.tables.append_list_key.list_id = hdr.append.list_id;
                 if (!append_list.apply().hit) {
                     consume(CNT_DROP_UNKNOWN_LIST);
@@ -328,14 +301,76 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 meta.tables.qp_key.qp_index = meta.tables.append_list.qp_index;
             } else {
                 meta.tables.structure_key.collector_ip = hdr.ipv4.dst;
-                meta.tables.structure_key.primitive = (bit<32>)opcode;
+                meta.tables.structure_key.primitive =
+                    (bit<32>)(hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode);
                 if (!structure.apply().hit) {
                     consume(CNT_DROP_UNKNOWN_COLLECTOR);
                     return;
                 }
                 meta.tables.qp_key.qp_index = meta.tables.structure.qp_index;
             }
-            if (!qp.apply().hit) {
+        }
+
+        // bmv2 takes each table at one place in the pipeline: the QP is looked up here for all three.
+        bool qp_known = qp.apply().hit;
+
+        if (hdr.gather.isValid()) {
+            meta.emitted.qp_index = hdr.gather.qp_index;
+            meta.emitted.primitive = PRIM_SKETCH_MERGE;
+            bit<16> length = (bit<16>)hdr.gather.gathered << 2;
+            write_frame(meta.tables.qp.base_va
+                        + ((bit<64>)hdr.gather.first_column << 2) * (bit<64>)hdr.gather.rows,
+                        length, hdr.gather.immediate[0:0], (bit<32>)hdr.gather.first_column);
+            hdr.gather.setInvalid();
+        }
+
+        else if (hdr.aeth.isValid()) {
+            if (!qp_known || meta.tables.qp.collector_ip != hdr.ipv4.src) {
+                count(CNT_DROP_UNKNOWN_QP);
+                return;
+            }
+            bit<32> index = meta.tables.qp_key.qp_index;
+            // As an RC requester: a UC QP takes no reply, an RC QP only one for a PSN still outstanding,
+            // in [unacked_psn, next_psn) modulo 2^24 (docs/protocol.md).
+            if (meta.tables.qp.transport != TRANSPORT_RC) {
+                count(CNT_DROP_REPLY_ON_UC);
+                return;
+            }
+            bit<32> psn = (bit<32>)hdr.bth.psn;
+            bit<32> unacked;
+            bit<32> next_psn;
+            qp_state_unacked_psn.read(unacked, index);
+            qp_state_next_psn.read(next_psn, index);
+            if (((psn - unacked) & 0xffffff) >= ((next_psn - unacked) & 0xffffff)) {
+                count(CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW);
+                return;
+            }
+            bit<3> kind = hdr.aeth.syndrome[7:5];
+            bit<5> code = hdr.aeth.syndrome[4:0];
+            if (kind == (bit<3>)AETH_ACK) {
+                count(CNT_RX_ACKS);
+                qp_state_unacked_psn.write(index, (psn + 1) & 0xffffff); // coalesced: every PSN up to psn
+            } else if (kind == (bit<3>)AETH_RNR_NAK) {
+                count(CNT_RX_RNR_NAKS);
+            } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
+                count(CNT_RX_NAK_SEQUENCE);
+                qp_state_unacked_psn.write(index, psn);
+                qp_state_next_psn.write(index, psn);
+                qp_state_state.write(index, (bit<32>)QP_STATE_GRACE);
+                qp_state_grace_until_ns.write(index, meta.now_ns + meta.tables.translator_config.grace_ns);
+            } else {
+                count(CNT_RX_NAK_FATAL);
+                qp_state_state.write(index, (bit<32>)QP_STATE_FAILED);
+            }
+            return;
+        }
+
+        // ---------------------------------------------------------------------------------------
+        // Reports
+        else {
+            bit<8> opcode = hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode;
+            bit<1> immediate = hdr.base_v1.isValid() ? hdr.base_v1.immediate : hdr.base_ext.immediate;
+            if (!qp_known) {
                 consume(CNT_DROP_UNKNOWN_QP);
                 return;
             }
@@ -667,8 +702,9 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
             hdr.atomic_eth.rkey = meta.tables.qp.rkey;
             hdr.atomic_eth.swap_add = hdr.key_increment.counter;
             hdr.atomic_eth.compare = 0;
-            TAIL_SHIFT_IN(224, hdr.atomic_eth.va ++ hdr.atomic_eth.rkey ++ hdr.atomic_eth.swap_add
-                               ++ hdr.atomic_eth.compare)
+            tail_hi = tail_lo[2015:1824]; // a shift by 224 moves all of tail_hi out
+            tail_lo = (tail_lo << 224) | (bit<2048>)(hdr.atomic_eth.va ++ hdr.atomic_eth.rkey
+                                                     ++ hdr.atomic_eth.swap_add ++ hdr.atomic_eth.compare);
         } else {
             hdr.reth.setValid();
             hdr.reth.va = meta.emitted.va;

@@ -274,16 +274,25 @@ def tofino_includes() -> Path | None:
     return next((Path(c) for c in candidates if c and (Path(c) / "tna.p4").is_file()), None)
 
 
+# Warnings docs/p4.md justifies: the shared spec file defines every constant and register for both programs (and
+# the BPF side), and a Sketch-Merge gather keeps its state in its own header, not in recirculated metadata.
+JUSTIFIED_WARNINGS = (re.compile(r"warning: '?\S+'? is unused"), re.compile(r"warning: table '\S+' is unused"),
+                      re.compile(r"warning: no user metadata fields tagged with @field_list"))
+
+
+def unjustified_warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if "warning" in line and not any(pattern.search(line) for pattern in JUSTIFIED_WARNINGS)]
+
+
 @pytest.mark.interop
-@pytest.mark.xfail(strict=True, reason="bmv2 back end: the v1model program applies table .qp at three places, which "
-                                       "bmv2 refuses (multiple successors); the hardware-path issue restructures it")
 def test_v1model_program_compiles_and_its_p4info_agrees(tmp_path):
     p4info = tmp_path / "softdta.p4info.txtpb"
     result = subprocess.run([p4_tool("p4c-bm2-ss"), "--std", "p4-16", "-I", str(P4), "-o", str(tmp_path / "softdta.json"),
                              "--p4runtime-files", str(p4info), str(PROGRAMS["v1model"])],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "warning" not in result.stderr.lower(), result.stderr
+    assert not unjustified_warnings(result.stderr)
     from softdta.p4info import parse_p4info
     compiled = parse_p4info(p4info.read_text())
     ours = load_p4info()
