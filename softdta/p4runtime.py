@@ -144,6 +144,29 @@ def register_entries(entry: Entry, names: P4Names) -> list[p4runtime_pb2.Registe
     return messages
 
 
+class RegisterRouter:
+    """`send` for a switch that takes register writes elsewhere (bmv2: `softdta.bmv2.ThriftRegisters`). Runs
+    of register writes travel together, in their place among the other updates: each run goes out before the
+    next table update, or at `flush`."""
+
+    def __init__(self, send: Callable[[list[p4runtime_pb2.Update]], None],
+                 write_registers: Callable[[list[p4runtime_pb2.RegisterEntry]], None]):
+        self.send, self.write_registers = send, write_registers
+        self.pending: list[p4runtime_pb2.RegisterEntry] = []
+
+    def __call__(self, updates: list[p4runtime_pb2.Update]) -> None:
+        others = [u for u in updates if not u.entity.HasField("register_entry")]
+        if others:
+            self.flush()
+            self.send(others)
+        self.pending += [u.entity.register_entry for u in updates if u.entity.HasField("register_entry")]
+
+    def flush(self) -> None:
+        if self.pending:
+            pending, self.pending = self.pending, []
+            self.write_registers(pending)
+
+
 class P4RuntimeTarget:
     """A P4 switch as a control-plane target. `send` carries one list of updates (one WriteRequest) at a time,
     so the order the control plane writes in is the order the switch applies."""
@@ -319,7 +342,9 @@ class P4Translator:
 
     def __init__(self, client: P4RuntimeClient, *, architecture: str = "v1model",
                  info: p4info_pb2.P4Info | None = None, egress: Callable[[QueuePair], int] = lambda qp: 0,
-                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS):
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS,
+                 write_registers: Callable[[list[p4runtime_pb2.RegisterEntry]], None] | None = None):
+        """`write_registers` takes the register writes where the switch's P4Runtime does not (bmv2)."""
         if architecture not in ARCHITECTURES:
             raise ValueError(f"architecture {architecture!r} must be one of {ARCHITECTURES}")
         self.client = client
@@ -333,7 +358,8 @@ class P4Translator:
         held += [decode_multicast_group(group) for group in client.read_multicast_groups()]
         for entry in held:
             present[entry.table][entry.key_tuple()] = entry
-        self.target = P4RuntimeTarget(self.names, client.write, present)
+        self.send = client.write if write_registers is None else RegisterRouter(client.write, write_registers)
+        self.target = P4RuntimeTarget(self.names, self.send, present)
         self.slots = slots_of(present)
 
     def apply(self, tables: Tables) -> None:
@@ -343,6 +369,8 @@ class P4Translator:
                        installed_qps=installed)
         require_supported(tables, planned, self.architecture)
         apply_plan(self.target, planned)
+        if isinstance(self.send, RegisterRouter):
+            self.send.flush()
         self.slots = planned.slots
 
 

@@ -33,3 +33,19 @@ def p4_tool(name: str) -> str:
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def bmv2_tool(name: str) -> str:
+    """bmv2's `name` (simple_switch_grpc, simple_switch_CLI): from $BMV2 (its bin directory), then PATH, then
+    ../shared/tools. Missing, it fails the test in CI (CI=true) and skips it elsewhere, saying how to get it."""
+    directories = [os.environ.get("BMV2", ""), str(ROOT.parent / "shared" / "tools" / "bmv2" / "bin")]
+    found = next((str(Path(d) / name) for d in directories[:1] if d and (Path(d) / name).is_file()), None) \
+        or shutil.which(name) \
+        or next((str(Path(d) / name) for d in directories[1:] if (Path(d) / name).is_file()), None)
+    if found:
+        return found
+    message = (f"{name} (bmv2) not found: build p4lang/behavioral-model with its P4Runtime server and set BMV2 to "
+               "its bin directory or put it on PATH (docs/p4.md)")
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)

@@ -1,0 +1,71 @@
+"""bmv2 (simple_switch_grpc) as a P4 translator: what its P4Runtime server does not do, done over Thrift.
+
+bmv2's P4Runtime takes the pipeline and table entries, but not register writes, and has no way to set the
+parameters of `crc32_custom` hashes. Both go through bmv2's runtime CLI (`simple_switch_CLI`, Thrift):
+`ThriftRegisters` carries the control plane's register writes, and `crc32_custom_commands` gives each
+`crc32_custom` call site of the compiled program its polynomial (docs/p4.md, "Setting up bmv2").
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from .p4runtime import P4Names, P4RuntimeError, p4runtime_pb2  # .p4runtime first: it picks protobuf's runtime
+from .spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS
+
+KEY_COPY = re.compile(r"\{ reversed_key, 8w(\d) \}")  # COPY_HASH(n) in p4/softdta_v1model.p4
+HOP_HASH = "hash(hop_hash, HashAlgorithm.crc32_custom"  # HOP_HASH(n), in hop order
+
+
+def run_cli(cli: str | Path, thrift_port: int, commands: list[str]) -> None:
+    """Run runtime-CLI commands; any error it prints is raised."""
+    try:
+        result = subprocess.run([str(cli), "--thrift-port", str(thrift_port)], input="".join(c + "\n" for c in commands),
+                                capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise P4RuntimeError(f"bmv2 runtime CLI {cli}: {error}") from None
+    problems = [line for line in (result.stdout + result.stderr).splitlines()
+                if "Error" in line or "Invalid" in line or "Traceback" in line]
+    if result.returncode != 0 or problems:
+        raise P4RuntimeError(f"bmv2 runtime CLI (Thrift port {thrift_port}) failed: "
+                             f"{problems[0] if problems else result.stderr.strip()[-300:]}")
+
+
+class ThriftRegisters:
+    """Register writes for bmv2, whose P4Runtime server refuses them ("Register writes are not supported
+    yet"): the control plane's RegisterEntry messages, carried over Thrift (`P4Translator(write_registers=)`)."""
+
+    def __init__(self, cli: str | Path, thrift_port: int, names: P4Names):
+        self.cli, self.thrift_port = cli, thrift_port
+        self.name_by_id = {r.preamble.id: r.preamble.name for r in names.info.registers}
+
+    def write(self, entries: list[p4runtime_pb2.RegisterEntry]) -> None:
+        if entries:
+            run_cli(self.cli, self.thrift_port,
+                    [f"register_write {self.name_by_id[e.register_id]} {e.index.index} "
+                     f"{int.from_bytes(e.data.bitstring, 'big')}" for e in entries])
+
+
+def crc32_custom_commands(program: dict) -> list[str]:
+    """`set_crc32_parameters` for every crc32_custom call site of the compiled v1model program (its bmv2 JSON):
+    Key-Write/Key-Increment copy n takes KEY_HASH_POLYNOMIALS[n], hop hash n POSTCARD_HOP_POLYNOMIALS[n]."""
+    custom = {c["name"] for c in program["calculations"] if c["algo"] == "crc32_custom"}
+    commands, hops = [], 0
+    for action in program["actions"]:
+        for primitive in action["primitives"]:
+            calculation = next((p["value"] for p in primitive["parameters"] if p["type"] == "calculation"), None)
+            if calculation not in custom:
+                continue
+            fragment = primitive.get("source_info", {}).get("source_fragment", "")
+            copy = KEY_COPY.search(fragment)
+            if copy:
+                polynomial = KEY_HASH_POLYNOMIALS[int(copy.group(1))]
+            elif fragment.startswith(HOP_HASH):
+                polynomial, hops = POSTCARD_HOP_POLYNOMIALS[hops], hops + 1
+            else:
+                raise P4RuntimeError(f"crc32_custom call site {calculation} ({fragment[:60]!r}) is neither a key "
+                                     "copy hash nor a hop hash: p4/softdta_v1model.p4 and softdta/bmv2.py disagree")
+            commands.append(f"set_crc32_parameters {calculation} {polynomial:#010x} 0xffffffff 0xffffffff true true")
+    return commands

@@ -1,0 +1,171 @@
+"""The v1model program in bmv2, against the reference translator: every frame out of simple_switch_grpc equals,
+byte for byte, what `softdta.translator` emits for the same reports, and scapy checks every iCRC.
+
+The switch gets its pipeline and tables over P4Runtime from the same planner that fills the XDP maps
+(`P4Translator`), and its registers and crc32_custom parameters over Thrift (`softdta.bmv2`). Its one port is
+a veth whose far end sits in a namespace this test creates, where an AF_PACKET socket sends the reports and
+reads what comes back (a translator has one arm: RoCE leaves where reports came in).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.l2 import Ether
+
+from softdta import workload
+from softdta.bmv2 import ThriftRegisters, crc32_custom_commands, run_cli
+from softdta.netns import Namespace, cleanup_prefix, in_netns
+from softdta.p4runtime import P4Names, P4RuntimeClient, P4Translator, load_p4info
+from softdta.roce import parse_roce
+from softdta.spec import DtaOpcode, Primitive
+from softdta.tables import Tables
+from softdta.translator import Translator
+
+from common import EXAMPLE_TABLES, ROOT, bmv2_tool, p4_tool
+
+pytestmark = [pytest.mark.privileged, pytest.mark.interop]
+
+PREFIX = f"sdta-bm{os.getpid() % 10000}-"
+SWITCH_PORT = f"sdtabm{os.getpid() % 10000}"  # the switch's end, in this namespace (bmv2 and gRPC live here)
+GRPC_PORT, THRIFT_PORT = 19559 + os.getpid() % 200, 19090 + os.getpid() % 200
+PACE_S = 0.002  # between reports: bmv2 is a software switch of some thousand packets/s
+ETH_IP_UDP = 14 + 20 + 8
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> bytes:
+    out = tmp_path_factory.mktemp("bmv2")
+    result = subprocess.run([p4_tool("p4c-bm2-ss"), "--std", "p4-16", "-I", str(ROOT / "p4"), "-o", str(out / "sw.json"),
+                             str(ROOT / "p4" / "softdta_v1model.p4")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return (out / "sw.json").read_bytes()
+
+
+class Switch:
+    """simple_switch_grpc on a veth pair, loaded with the example tables; `exchange` sends reports and returns
+    what leaves the switch."""
+
+    def __init__(self, program: bytes, tables: Tables, log_path):
+        self.namespace = Namespace.create(PREFIX + "h")
+        subprocess.run(["ip", "link", "add", SWITCH_PORT, "type", "veth", "peer", "name", "h0", "netns",
+                        self.namespace.name], check=True)
+        subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{SWITCH_PORT}.disable_ipv6=1"], check=True)
+        subprocess.run(["ip", "link", "set", SWITCH_PORT, "up"], check=True)
+        self.namespace.run("ip", "link", "set", "h0", "up")
+        self.process = subprocess.Popen([bmv2_tool("simple_switch_grpc"), "--no-p4", "--device-id", "1", "-i",
+                                         f"0@{SWITCH_PORT}", "--thrift-port", str(THRIFT_PORT), "--",
+                                         "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}"],
+                                        stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+        self.client = P4RuntimeClient(f"127.0.0.1:{GRPC_PORT}", timeout=30)
+        self.client.set_pipeline(load_p4info(), program)
+        cli = bmv2_tool("simple_switch_CLI")
+        run_cli(cli, THRIFT_PORT, crc32_custom_commands(json.loads(program)))
+        registers = ThriftRegisters(cli, THRIFT_PORT, P4Names(load_p4info()))
+        P4Translator(self.client, write_registers=registers.write).apply(tables)
+        with in_netns(self.namespace.name):
+            self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+        self.socket.bind(("h0", 0))
+        self.socket.settimeout(0.2)
+
+    def exchange(self, frames: list[bytes], expected: int, deadline_s: float = 60.0) -> list[bytes]:
+        for frame in frames:
+            self.socket.send(frame)
+            time.sleep(PACE_S)
+        received, deadline, quiet_until = [], time.monotonic() + deadline_s, None
+        while time.monotonic() < deadline:
+            try:
+                data, address = self.socket.recvfrom(4096)
+            except socket.timeout:
+                if len(received) >= expected:  # and nothing more for a while: no stray frame either
+                    quiet_until = quiet_until or time.monotonic() + 1.0
+                    if time.monotonic() > quiet_until:
+                        break
+                continue
+            if address[2] != socket.PACKET_OUTGOING:
+                received.append(data)
+        return received
+
+    def close(self) -> None:
+        self.socket.close()
+        self.client.close()
+        self.process.terminate()
+        self.process.wait(10)
+        subprocess.run(["ip", "link", "del", SWITCH_PORT], capture_output=True)
+        cleanup_prefix(PREFIX)
+
+
+@pytest.fixture
+def switch(program, tmp_path):
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    started = Switch(program, tables, tmp_path / "switch.log")
+    yield started, tables
+    started.close()
+
+
+def scapy_icrc_ok(frame: bytes) -> bool:
+    packet = Ether(frame)
+    packet[BTH].icrc = None  # scapy computes it again
+    return bytes(packet) == frame
+
+
+def psn(frame: bytes) -> int:
+    return int.from_bytes(frame[ETH_IP_UDP + 9:ETH_IP_UDP + 12], "big")
+
+
+def without_psn(frame: bytes) -> bytes:
+    """The frame with its PSN and iCRC blanked: what stays the same whichever PSN a copy was given."""
+    return frame[:ETH_IP_UDP + 9] + bytes(3) + frame[ETH_IP_UDP + 12:-4]
+
+
+def redundant(n: int, immediate: bool = False) -> list:
+    return [replace(report, immediate=immediate) for report in workload.key_write(30, seed=n, redundancy=n)]
+
+
+def sketch(tables: Tables) -> list:
+    structure = next(s for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE)
+    return workload.sketch_epoch(structure.reporters, structure.columns, structure.rows, seed=6)
+
+
+CASES = {
+    "key-write-n1": lambda tables: redundant(1),
+    "key-write-n2": lambda tables: redundant(2),
+    "key-write-n3-immediate": lambda tables: redundant(3, immediate=True),
+    "key-write-n4": lambda tables: redundant(4),
+    "key-increment": lambda tables: workload.key_increment(40, seed=3, redundancy=2),
+    "append-wrapping": lambda tables: workload.append(tables.append_lists[0].entries * 2 + 8, seed=4, lists=1),
+    "append-4-lists": lambda tables: workload.append(64, seed=4, lists=4),
+    "postcarding": lambda tables: workload.postcards(20, seed=5, switch_ids=list(range(1, 100))),
+    "sketch-merge": sketch,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_frame_equals_the_reference(switch, case):
+    bmv2, tables = switch
+    reports = CASES[case](tables)
+    reference = Translator(tables)
+    reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
+                                        tables.qps[0].collector_ip)
+    frames = [reporter.frame(report) for report in reports]
+    expected = [out for frame in frames for out in reference.process(frame, 0).frames]
+    got = bmv2.exchange(frames, len(expected))
+    print(f"{case}: {len(reports)} reports, {len(expected)} frames compared")
+    assert len(got) == len(expected), f"{case}: {len(got)} frames out of bmv2, the reference emits {len(expected)}"
+    assert all(scapy_icrc_ok(frame) for frame in got), f"{case}: an iCRC scapy does not agree with"
+    copies = max(report.redundancy for report in reports) if reports[0].opcode in (
+        DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT) else 1
+    if copies == 1:
+        assert got == expected, f"{case}: frames differ"
+        return
+    # The packet replication engine hands a report's copies to egress in an order of its own, and egress
+    # numbers them as they come: compare each report's copies as a set, and the PSNs as a sequence.
+    assert [psn(frame) for frame in got] == [psn(frame) for frame in expected]
+    for start in range(0, len(expected), copies):
+        assert sorted(map(without_psn, got[start:start + copies])) == \
+            sorted(map(without_psn, expected[start:start + copies])), f"{case}: report {start // copies} differs"
