@@ -9,6 +9,7 @@ reads what comes back (a translator has one arm: RoCE leaves where reports came 
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -22,8 +23,9 @@ from softdta import workload
 from softdta.bmv2 import ThriftRegisters, crc32_custom_commands, run_cli
 from softdta.netns import Namespace, cleanup_prefix, in_netns
 from softdta.p4runtime import P4Names, P4RuntimeClient, P4Translator, load_p4info
-from softdta.roce import parse_roce
-from softdta.spec import DtaOpcode, Primitive
+from softdta.frames import UdpEndpoints
+from softdta.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
+from softdta.spec import ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, RoceOpcode
 from softdta.tables import Tables
 from softdta.translator import Translator
 
@@ -169,3 +171,62 @@ def test_every_frame_equals_the_reference(switch, case):
     for start in range(0, len(expected), copies):
         assert sorted(map(without_psn, got[start:start + copies])) == \
             sorted(map(without_psn, expected[start:start + copies])), f"{case}: report {start // copies} differs"
+
+
+def counters(cli: str, names: list[Counter]) -> dict[str, int]:
+    """The switch's translator counters (packets), read over Thrift."""
+    result = subprocess.run([cli, "--thrift-port", str(THRIFT_PORT)], capture_output=True, text=True, timeout=60,
+                            input="".join(f"counter_read translator_counters {int(c)}\n" for c in names))
+    values = [int(v) for v in re.findall(r"\]= \(\d+ bytes, (\d+) packets\)", result.stdout)]
+    assert len(values) == len(names), result.stdout[-500:]
+    return {c.name.lower(): v for c, v in zip(names, values) if v}
+
+
+def reply(tables: Tables, qp, syndrome: int, psn: int) -> bytes:
+    ends = UdpEndpoints(src_mac=qp.collector_mac, dst_mac=tables.mac, src_ip=qp.collector_ip, dst_ip=tables.ip,
+                        sport=49999, dport=ROCE_PORT)
+    return build_roce_frame(ends, transport_payload(RoceOpcode.RC_ACK, qp.local_qpn, psn & 0xFFFFFF,
+                                                    {"aeth": {"syndrome": syndrome, "msn": 1}}))
+
+
+REPLY_COUNTERS = [Counter.RX_ACKS, Counter.RX_RNR_NAKS, Counter.RX_NAK_SEQUENCE, Counter.RX_NAK_FATAL,
+                  Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW, Counter.DROP_REPLY_ON_UC, Counter.DROP_GRACE,
+                  Counter.DROP_QP_FAILED, Counter.RX_REPORTS]
+
+
+def test_replies_are_taken_like_the_reference(program, tmp_path):
+    """Reports on an RC QP (Key-Increment) and a UC one (Key-Write), interleaved with forged and real replies:
+    ACKs and RNR NAKs inside the window, behind it and beyond it, replies to the UC QP, then a sequence NAK
+    that resyncs the RC QP. The grace after the resync outlasts the test, so both drop the RC QP's later
+    reports; what leaves the switch and its counters equal the reference's."""
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    tables.grace_ns = 10**12
+    bmv2 = Switch(program, tables, tmp_path / "switch.log")
+    try:
+        reference = Translator(tables)
+        reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
+                                            tables.qps[0].collector_ip)
+        rc = tables.structure(reporter.collector_ip, Primitive.KEY_INCREMENT).qp
+        uc = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE).qp
+        increments = workload.key_increment(12, seed=7, redundancy=1)
+        writes = workload.key_write(12, seed=8, redundancy=1)
+        start = rc.start_psn
+        frames = [reporter.frame(r) for pair in zip(increments[:6], writes[:6]) for r in pair]
+        frames += [reply(tables, rc, ACK_SYNDROME, start + 2),        # inside: acknowledges PSNs up to 2
+                   reply(tables, rc, ACK_SYNDROME, start + 1),        # behind the window now
+                   reply(tables, rc, ACK_SYNDROME, start + 6),        # beyond: never sent
+                   reply(tables, rc, aeth_syndrome(AethKind.RNR_NAK, 3), start + 4),
+                   reply(tables, uc, ACK_SYNDROME, uc.start_psn),     # UC takes no reply
+                   reply(tables, uc, NAK_SEQUENCE_SYNDROME, uc.start_psn + 1),
+                   reply(tables, rc, NAK_SEQUENCE_SYNDROME, start + 5 + (1 << 23)),  # far off
+                   reply(tables, rc, NAK_SEQUENCE_SYNDROME, start + 4)]  # inside: resync to 4, then grace
+        frames += [reporter.frame(r) for pair in zip(increments[6:], writes[6:]) for r in pair]
+        expected = [out for frame in frames for out in reference.process(frame, 0).frames]
+        got = bmv2.exchange(frames, len(expected))
+        assert got == expected
+        assert len(got) == 12 + 6  # six reports of each kind, then the UC QP's six alone
+        expected_counts = {c.name.lower(): reference.counters[c] for c in REPLY_COUNTERS if reference.counters[c]}
+        assert counters(bmv2_tool("simple_switch_CLI"), REPLY_COUNTERS) == expected_counts
+        assert expected_counts["drop_reply_psn_outside_window"] == 3 and expected_counts["drop_reply_on_uc"] == 2
+    finally:
+        bmv2.close()
