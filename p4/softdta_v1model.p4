@@ -210,6 +210,9 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
 
     apply {
         if (std.parser_error != error.NoError) {
+            if (hdr.udp.isValid() && hdr.udp.dport == DTA_PORT) {
+                count(CNT_RX_REPORTS); // a report all the same, as the reference counts it
+            }
             consume(CNT_DROP_TRUNCATED);
             return;
         }

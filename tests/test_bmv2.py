@@ -19,13 +19,13 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from softdta import workload
+from softdta import dta, workload
 from softdta.bmv2 import ThriftRegisters, crc32_custom_commands, run_cli
 from softdta.netns import Namespace, cleanup_prefix, in_netns
 from softdta.p4runtime import P4Names, P4RuntimeClient, P4Translator, load_p4info
-from softdta.frames import UdpEndpoints
+from softdta.frames import UdpEndpoints, build_udp_frame
 from softdta.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
-from softdta.spec import ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, RoceOpcode
+from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, RoceOpcode
 from softdta.tables import Tables
 from softdta.translator import Translator
 
@@ -228,5 +228,41 @@ def test_replies_are_taken_like_the_reference(program, tmp_path):
         expected_counts = {c.name.lower(): reference.counters[c] for c in REPLY_COUNTERS if reference.counters[c]}
         assert counters(bmv2_tool("simple_switch_CLI"), REPLY_COUNTERS) == expected_counts
         assert expected_counts["drop_reply_psn_outside_window"] == 3 and expected_counts["drop_reply_on_uc"] == 2
+    finally:
+        bmv2.close()
+
+
+DROP_COUNTERS = [Counter.DROP_UNKNOWN_COLLECTOR, Counter.DROP_UNKNOWN_LIST, Counter.DROP_UNKNOWN_OPCODE,
+                 Counter.DROP_TRUNCATED, Counter.DROP_BAD_HOP, Counter.RX_REPORTS, Counter.TX_FRAMES]
+
+
+def cut_short(reporter: workload.ReporterAddress, report) -> bytes:
+    """A well-formed UDP datagram to the DTA port whose report stops after 6 bytes."""
+    ends = UdpEndpoints(src_mac=reporter.mac, dst_mac=reporter.translator_mac, src_ip=reporter.ip,
+                        dst_ip=reporter.collector_ip, sport=reporter.sport, dport=DTA_PORT)
+    return build_udp_frame(ends, dta.encode(report)[:6])
+
+
+def test_reports_that_must_be_dropped_are_dropped_and_counted_like_the_reference(program, tmp_path):
+    """A collector the tables do not know, an Append list outside every range, an opcode nobody defined, a
+    report cut short, a Postcarding hop past the path: nothing leaves the switch, and each is counted as
+    the reference counts it; a good report after them still goes out."""
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    bmv2 = Switch(program, tables, tmp_path / "switch.log")
+    try:
+        reference = Translator(tables)
+        reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
+                                            tables.qps[0].collector_ip)
+        stranger = replace(reporter, collector_ip=bytes([10, 99, 99, 99]))
+        good = reporter.frame(dta.key_write(7, 8))
+        unknown_opcode = bytearray(good)
+        unknown_opcode[ETH_IP_UDP] = 0x0F  # the dta-v1 base header's opcode byte
+        frames = [stranger.frame(dta.key_write(7, 8)), reporter.frame(dta.append(60000, 5)), bytes(unknown_opcode),
+                  cut_short(reporter, dta.key_write(7, 8)), reporter.frame(dta.postcard(7, 9, 1)), good]
+        expected = [out for frame in frames for out in reference.process(frame, 0).frames]
+        got = bmv2.exchange(frames, len(expected))
+        assert got == expected and len(got) == 1
+        expected_counts = {c.name.lower(): reference.counters[c] for c in DROP_COUNTERS if reference.counters[c]}
+        assert counters(bmv2_tool("simple_switch_CLI"), DROP_COUNTERS) == expected_counts
     finally:
         bmv2.close()
