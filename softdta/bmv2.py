@@ -8,11 +8,15 @@ parameters of `crc32_custom` hashes. Both go through bmv2's runtime CLI (`simple
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
-from .p4runtime import P4Names, P4RuntimeError, p4runtime_pb2  # .p4runtime first: it picks protobuf's runtime
+# .p4runtime first: it picks the protobuf runtime the p4runtime wheel needs
+from .p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info, p4runtime_pb2
 from .spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS
 
 KEY_COPY = re.compile(r"\{ reversed_key, 8w(\d) \}")  # COPY_HASH(n) in p4/softdta_v1model.p4
@@ -69,3 +73,72 @@ def crc32_custom_commands(program: dict) -> list[str]:
                                      "copy hash nor a hop hash: p4/softdta_v1model.p4 and softdta/bmv2.py disagree")
             commands.append(f"set_crc32_parameters {calculation} {polynomial:#010x} 0xffffffff 0xffffffff true true")
     return commands
+
+
+PROGRAM = Path(__file__).resolve().parent.parent / "p4" / "softdta_v1model.p4"
+
+
+def tool(name: str, variable: str, what: str) -> str:
+    """`name` from $`variable` (its bin directory) or PATH; P4RuntimeError saying how to get it otherwise."""
+    given = Path(os.environ.get(variable, "") or "/nonexistent") / name
+    found = str(given) if given.is_file() else shutil.which(name)
+    if not found:
+        raise P4RuntimeError(f"{name} not found: set {variable} to {what}'s bin directory or put it on PATH "
+                             "(neither Debian nor PyPI packages it; docs/p4.md)")
+    return found
+
+
+def compile_v1model(out: Path) -> tuple[Path, Path]:
+    """The v1model program compiled by p4c-bm2-ss into `out`: the bmv2 JSON and the P4Info (text)."""
+    out.mkdir(parents=True, exist_ok=True)
+    program, p4info = out / "softdta.json", out / "softdta.p4info.txtpb"
+    result = subprocess.run([tool("p4c-bm2-ss", "P4C", "p4c"), "--std", "p4-16", "-I", str(PROGRAM.parent),
+                             "-o", str(program), "--p4runtime-files", str(p4info), str(PROGRAM)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise P4RuntimeError(f"p4c-bm2-ss failed on {PROGRAM}: {result.stderr.strip().splitlines()[-1:]}")
+    return program, p4info
+
+
+class Bmv2:
+    """simple_switch_grpc serving `ports` ({port number: interface}), its pipeline set to `program` (bmv2 JSON),
+    with crc32_custom parameters set; `translator()` gives the P4Translator that fills it."""
+
+    def __init__(self, program: Path, ports: dict[int, str], *, grpc_port: int = 9559, thrift_port: int = 9090,
+                 device_id: int = 1, log: Path | None = None, timeout: float = 30.0):
+        switch = tool("simple_switch_grpc", "BMV2", "bmv2")
+        self.cli, self.thrift_port = tool("simple_switch_CLI", "BMV2", "bmv2"), thrift_port
+        interfaces = [argument for port, name in sorted(ports.items()) for argument in ("-i", f"{port}@{name}")]
+        self.process = subprocess.Popen(
+            [switch, "--no-p4", "--device-id", str(device_id), *interfaces, "--thrift-port", str(thrift_port), "--",
+             "--grpc-server-addr", f"127.0.0.1:{grpc_port}"],
+            stdout=log.open("w") if log else subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            self.client = P4RuntimeClient(f"127.0.0.1:{grpc_port}", device_id=device_id, timeout=timeout)
+            self.client.set_pipeline(load_p4info(), program.read_bytes())
+            run_cli(self.cli, thrift_port, crc32_custom_commands(json.loads(program.read_bytes())))
+        except BaseException:
+            self.close()
+            raise
+
+    def translator(self, **options) -> P4Translator:
+        registers = ThriftRegisters(self.cli, self.thrift_port, P4Names(load_p4info()))
+        return P4Translator(self.client, write_registers=registers.write, **options)
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> Bmv2:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -6,15 +6,12 @@ building the messages is pure. `P4RuntimeClient` carries them to a switch over g
 an election ID, optional SetForwardingPipelineConfig, Write and Read. `P4Translator.apply` is the P4
 counterpart of `XdpTranslator.apply`: the same plan, the same calls, another target.
 
-    python -m softdta.p4runtime entries --tables examples/tables.toml     # the updates, as text
-    python -m softdta.p4runtime push --tables t.toml --p4runtime 10.0.0.2:9559 --device-id 1
+`softdta p4 entries|push|build|run` is its command line (docs/p4.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import queue
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -27,7 +24,6 @@ from .spec import P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, Primitive, Raw
 from .tables import QueuePair, TableError, Tables
 
 import grpc  # noqa: E402  (after .p4info, which selects the protobuf runtime the p4runtime wheel needs)
-from google.protobuf import text_format  # noqa: E402
 from google.rpc import code_pb2  # noqa: E402
 from p4.config.v1 import p4info_pb2  # noqa: E402
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc  # noqa: E402
@@ -399,54 +395,13 @@ def planned_updates(tables: Tables, *, egress: Callable[[QueuePair], int] = lamb
     return updates
 
 
-def _ports(pairs: Iterable[str]) -> Callable[[QueuePair], int]:
+def egress_ports(pairs: Iterable[str]) -> Callable[[QueuePair], int]:
+    """QP_OR_INTERFACE=PORT pairs as the `egress` of a plan: the device port towards a QP's collector (0, the
+    ingress port, for the others). TableError on a malformed pair."""
     ports = {}
     for pair in pairs:
         name, _, port = pair.partition("=")
+        if not name or not port.isdigit():
+            raise TableError(f"--port {pair!r}: give QP_OR_INTERFACE=PORT, for example kw-qp=4")
         ports[name] = int(port)
     return lambda qp: ports.get(qp.name, ports.get(qp.interface, 0))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m softdta.p4runtime",
-                                     description="the translator tables as P4Runtime entries (docs/p4.md)")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("entries", "print the updates a push sends, in protobuf text format"),
-                       ("push", "write the tables to a switch")):
-        command = commands.add_parser(name, help=text)
-        command.add_argument("--tables", required=True, type=Path)
-        command.add_argument("--port", action="append", default=[], metavar="QP_OR_INTERFACE=PORT",
-                             help="device port towards a QP's collector (default 0: the ingress port)")
-        command.add_argument("--architecture", choices=ARCHITECTURES, default="v1model")
-    push = commands.choices["push"]
-    push.add_argument("--p4runtime", required=True, metavar="HOST:PORT")
-    push.add_argument("--device-id", type=int, default=1)
-    push.add_argument("--election-id", type=int, default=1)
-    push.add_argument("--pipeline", type=Path, help="device config (compiler output) to install first")
-    push.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the switch")
-    args = parser.parse_args(argv)
-    try:
-        tables = Tables.from_toml(args.tables)
-        require_supported(tables, plan(tables, Slots(), flush_idle_ns=DEFAULT_FLUSH_IDLE_NS,
-                                       egress=_ports(args.port)), args.architecture)
-    except TableError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if args.command == "entries":
-        for update in planned_updates(tables, egress=_ports(args.port)):
-            print(text_format.MessageToString(update, as_one_line=True))
-        return 0
-    try:
-        with P4RuntimeClient(args.p4runtime, device_id=args.device_id, election_id=args.election_id,
-                             timeout=args.timeout) as client:
-            if args.pipeline:
-                client.set_pipeline(load_p4info(), args.pipeline.read_bytes())
-            P4Translator(client, architecture=args.architecture, egress=_ports(args.port)).apply(tables)
-    except P4RuntimeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

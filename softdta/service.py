@@ -32,6 +32,7 @@ import hmac
 import json
 import logging
 import math
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -620,3 +621,17 @@ async def serve(source: QuerySource, host: str = "127.0.0.1", port: int = 0,
     await _LimitedSite(runner, host, port).start()
     return runner
 
+
+
+def run(source: QuerySource, host: str, port: int, token: str | None = None) -> None:
+    """Serve on a uvloop event loop until SIGINT or SIGTERM."""
+    async def serve_until_stopped() -> None:
+        runner = await serve(source, host, port, token)
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve_until_stopped())

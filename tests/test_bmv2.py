@@ -7,29 +7,30 @@ a veth whose far end sits in a namespace this test creates, where an AF_PACKET s
 reads what comes back (a translator has one arm: RoCE leaves where reports came in).
 """
 
-import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
 from softdta import dta, workload
-from softdta.bmv2 import ThriftRegisters, crc32_custom_commands, run_cli
+from softdta.bmv2 import Bmv2, compile_v1model
 from softdta.netns import Namespace, cleanup_prefix, in_netns
-from softdta.p4runtime import P4Names, P4RuntimeClient, P4Translator, load_p4info
 from softdta.frames import UdpEndpoints, build_udp_frame
 from softdta.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
 from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, RoceOpcode
 from softdta.tables import Tables
 from softdta.translator import Translator
 
-from common import EXAMPLE_TABLES, ROOT, bmv2_tool, p4_tool
+from common import EXAMPLE_TABLES, bmv2_tool, p4_tool
 
 pytestmark = [pytest.mark.privileged, pytest.mark.interop]
 
@@ -41,35 +42,30 @@ ETH_IP_UDP = 14 + 20 + 8
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory) -> bytes:
-    out = tmp_path_factory.mktemp("bmv2")
-    result = subprocess.run([p4_tool("p4c-bm2-ss"), "--std", "p4-16", "-I", str(ROOT / "p4"), "-o", str(out / "sw.json"),
-                             str(ROOT / "p4" / "softdta_v1model.p4")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return (out / "sw.json").read_bytes()
+def program(tmp_path_factory) -> Path:
+    """The v1model program compiled for bmv2, with P4C and BMV2 pointing at the tools (softdta.bmv2 reads them)."""
+    saved = {name: os.environ.get(name) for name in ("P4C", "BMV2")}
+    os.environ["P4C"] = str(Path(p4_tool("p4c-bm2-ss")).parent)
+    os.environ["BMV2"] = str(Path(bmv2_tool("simple_switch_grpc")).parent)
+    yield compile_v1model(tmp_path_factory.mktemp("bmv2"))[0]
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 class Switch:
     """simple_switch_grpc on a veth pair, loaded with the example tables; `exchange` sends reports and returns
     what leaves the switch."""
 
-    def __init__(self, program: bytes, tables: Tables, log_path):
-        self.namespace = Namespace.create(PREFIX + "h")
-        subprocess.run(["ip", "link", "add", SWITCH_PORT, "type", "veth", "peer", "name", "h0", "netns",
-                        self.namespace.name], check=True)
-        subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{SWITCH_PORT}.disable_ipv6=1"], check=True)
-        subprocess.run(["ip", "link", "set", SWITCH_PORT, "up"], check=True)
-        self.namespace.run("ip", "link", "set", "h0", "up")
-        self.process = subprocess.Popen([bmv2_tool("simple_switch_grpc"), "--no-p4", "--device-id", "1", "-i",
-                                         f"0@{SWITCH_PORT}", "--thrift-port", str(THRIFT_PORT), "--",
-                                         "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}"],
-                                        stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-        self.client = P4RuntimeClient(f"127.0.0.1:{GRPC_PORT}", timeout=30)
-        self.client.set_pipeline(load_p4info(), program)
-        cli = bmv2_tool("simple_switch_CLI")
-        run_cli(cli, THRIFT_PORT, crc32_custom_commands(json.loads(program)))
-        registers = ThriftRegisters(cli, THRIFT_PORT, P4Names(load_p4info()))
-        P4Translator(self.client, write_registers=registers.write).apply(tables)
+    def __init__(self, program: Path, tables: Tables | None, log_path):
+        self.namespace = veth_to_namespace()
+        self.switch = None
+        if tables is not None:  # else `softdta p4 run` runs the switch
+            self.switch = Bmv2(program, {0: SWITCH_PORT}, grpc_port=GRPC_PORT, thrift_port=THRIFT_PORT,
+                               log=log_path)
+            self.switch.translator().apply(tables)
         with in_netns(self.namespace.name):
             self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
         self.socket.bind(("h0", 0))
@@ -95,11 +91,21 @@ class Switch:
 
     def close(self) -> None:
         self.socket.close()
-        self.client.close()
-        self.process.terminate()
-        self.process.wait(10)
+        if self.switch is not None:
+            self.switch.close()
         subprocess.run(["ip", "link", "del", SWITCH_PORT], capture_output=True)
         cleanup_prefix(PREFIX)
+
+
+def veth_to_namespace() -> Namespace:
+    """SWITCH_PORT here, its peer h0 in a namespace of the test's own."""
+    namespace = Namespace.create(PREFIX + "h")
+    subprocess.run(["ip", "link", "add", SWITCH_PORT, "type", "veth", "peer", "name", "h0", "netns", namespace.name],
+                   check=True)
+    subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{SWITCH_PORT}.disable_ipv6=1"], check=True)
+    subprocess.run(["ip", "link", "set", SWITCH_PORT, "up"], check=True)
+    namespace.run("ip", "link", "set", "h0", "up")
+    return namespace
 
 
 @pytest.fixture
@@ -171,6 +177,33 @@ def test_every_frame_equals_the_reference(switch, case):
     for start in range(0, len(expected), copies):
         assert sorted(map(without_psn, got[start:start + copies])) == \
             sorted(map(without_psn, expected[start:start + copies])), f"{case}: report {start // copies} differs"
+
+
+def test_p4_run_serves_the_tables_until_it_is_told_to_stop(program, tmp_path):
+    """`softdta p4 run`, as an operator runs it: up on the port, translating like the reference, and gone on
+    SIGTERM with exit 0."""
+    host = Switch(program, None, None)
+    process = subprocess.Popen([sys.executable, "-m", "softdta.cli", "p4", "run", "--tables", str(EXAMPLE_TABLES),
+                                "-i", SWITCH_PORT, "--grpc-port", str(GRPC_PORT), "--thrift-port", str(THRIFT_PORT),
+                                "--log", str(tmp_path / "bmv2.log")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = process.stdout.readline()  # the first line says it is up, or why not (then the process ends)
+        assert line.startswith(f"bmv2 translator up on 0@{SWITCH_PORT}"), line + process.stdout.read()
+        tables = Tables.from_toml(EXAMPLE_TABLES)
+        reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
+                                            tables.qps[0].collector_ip)
+        frames = [reporter.frame(dta.key_write(key, key * 3)) for key in range(1, 6)]
+        reference = Translator(tables)
+        expected = [out for frame in frames for out in reference.process(frame, 0).frames]
+        assert host.exchange(frames, len(expected)) == expected
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        host.close()
 
 
 def counters(cli: str, names: list[Counter]) -> dict[str, int]:

@@ -308,9 +308,9 @@ def test_icrc_constants_complete_every_frame_the_reference_translator_sends(repo
 
 def test_entries_command_prints_the_first_push(capsys):
     from google.protobuf import text_format
-    from softdta.p4runtime import main
+    from softdta.cli import main
 
-    assert main(["entries", "--tables", str(EXAMPLE_TABLES), "--port", "key-write@c1=4"]) == 0
+    assert main(["p4", "entries", "--tables", str(EXAMPLE_TABLES), "--port", "key-write@c1=4"]) == 0
     printed = [text_format.Parse(line, p4runtime_pb2.Update()) for line in capsys.readouterr().out.splitlines()]
     assert printed == planned_updates(Tables.from_toml(EXAMPLE_TABLES),
                                       egress=lambda qp: 4 if qp.name == "key-write@c1" else 0)
@@ -320,10 +320,12 @@ def test_entries_command_prints_the_first_push(capsys):
 
 
 def test_push_command_reports_an_unreachable_switch(capsys):
-    from softdta.p4runtime import main
+    from softdta.cli import main
 
-    assert main(["push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1", "--timeout", "1"]) == 2
-    assert "P4Runtime at 127.0.0.1:1" in capsys.readouterr().err
+    assert main(["p4", "push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1", "--timeout", "1"]) == 2
+    assert capsys.readouterr().err.startswith("softdta: error: P4Runtime at 127.0.0.1:1: UNAVAILABLE")
+    assert main(["p4", "entries", "--tables", str(EXAMPLE_TABLES), "--port", "kw"]) == 2
+    assert "--port 'kw': give QP_OR_INTERFACE=PORT" in capsys.readouterr().err
 
 
 def test_tables_a_p4_program_cannot_take_are_refused(switch):
