@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.privileged, pytest.mark.interop]
 PREFIX = f"sdta-bm{os.getpid() % 10000}-"
 SWITCH_PORT = f"sdtabm{os.getpid() % 10000}"  # the switch's end, in this namespace (bmv2 and gRPC live here)
 GRPC_PORT, THRIFT_PORT = 19559 + os.getpid() % 200, 19090 + os.getpid() % 200
+SOL_PACKET, PACKET_IGNORE_OUTGOING, SO_RCVBUFFORCE = 263, 23, 33
 PACE_S = 0.002  # between reports: bmv2 is a software switch of some thousand packets/s
 ETH_IP_UDP = 14 + 20 + 8
 
@@ -68,25 +69,33 @@ class Switch:
             self.switch.translator().apply(tables)
         with in_netns(self.namespace.name):
             self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+        # nothing reads while the reports go out: room for all that comes back, and none taken by our own frames
+        self.socket.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+        self.socket.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
         self.socket.bind(("h0", 0))
         self.socket.settimeout(0.2)
 
     def exchange(self, frames: list[bytes], expected: int, deadline_s: float = 60.0) -> list[bytes]:
+        self.send(frames)
+        return self.receive(expected, deadline_s)
+
+    def send(self, frames: list[bytes]) -> None:
         for frame in frames:
             self.socket.send(frame)
             time.sleep(PACE_S)
+
+    def receive(self, expected: int, deadline_s: float = 60.0) -> list[bytes]:
         received, deadline, quiet_until = [], time.monotonic() + deadline_s, None
         while time.monotonic() < deadline:
             try:
-                data, address = self.socket.recvfrom(4096)
+                data = self.socket.recv(4096)
             except socket.timeout:
                 if len(received) >= expected:  # and nothing more for a while: no stray frame either
                     quiet_until = quiet_until or time.monotonic() + 1.0
                     if time.monotonic() > quiet_until:
                         break
                 continue
-            if address[2] != socket.PACKET_OUTGOING:
-                received.append(data)
+            received.append(data)
         return received
 
     def close(self) -> None:
@@ -149,6 +158,9 @@ CASES = {
     "append-wrapping": lambda tables: workload.append(tables.append_lists[0].entries * 2 + 8, seed=4, lists=1),
     "append-4-lists": lambda tables: workload.append(64, seed=4, lists=4),
     "postcarding": lambda tables: workload.postcards(20, seed=5, switch_ids=list(range(1, 100))),
+    # every flow's first hop, then every second hop...: paths wait in the cache, and colliding flows evict
+    "postcarding-evictions": lambda tables: sorted(workload.postcards(300, seed=9, switch_ids=list(range(1, 100))),
+                                                   key=lambda report: report.hop),
     "sketch-merge": sketch,
 }
 
@@ -162,6 +174,8 @@ def test_every_frame_equals_the_reference(switch, case):
                                         tables.qps[0].collector_ip)
     frames = [reporter.frame(report) for report in reports]
     expected = [out for frame in frames for out in reference.process(frame, 0).frames]
+    if case == "postcarding-evictions":
+        assert reference.counters[Counter.POSTCARD_EVICTIONS] > 0
     got = bmv2.exchange(frames, len(expected))
     print(f"{case}: {len(reports)} reports, {len(expected)} frames compared")
     assert len(got) == len(expected), f"{case}: {len(got)} frames out of bmv2, the reference emits {len(expected)}"
@@ -297,5 +311,39 @@ def test_reports_that_must_be_dropped_are_dropped_and_counted_like_the_reference
         assert got == expected and len(got) == 1
         expected_counts = {c.name.lower(): reference.counters[c] for c in DROP_COUNTERS if reference.counters[c]}
         assert counters(bmv2_tool("simple_switch_CLI"), DROP_COUNTERS) == expected_counts
+    finally:
+        bmv2.close()
+
+
+def test_the_grace_after_a_resync_ends_on_time(program, tmp_path):
+    """A sequence NAK resyncs the RC QP: its reports during the grace are dropped, and once the grace is over
+    they go out from the NAK's PSN on, as in the reference. Time is the switch's own: the reports either
+    side of the grace keep a second away from its end."""
+    grace_s = 1.0
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    tables.grace_ns = int(grace_s * 1e9)
+    bmv2 = Switch(program, tables, tmp_path / "switch.log")
+    try:
+        reference = Translator(tables)
+        reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
+                                            tables.qps[0].collector_ip)
+        rc = tables.structure(reporter.collector_ip, Primitive.KEY_INCREMENT).qp
+        before, during, after = (
+            [reporter.frame(r) for r in workload.key_increment(3, seed=seed, redundancy=1)] for seed in (1, 2, 3))
+        nak = reply(tables, rc, NAK_SEQUENCE_SYNDROME, rc.start_psn + 1)
+        expected = [out for frame in before for out in reference.process(frame, 0).frames]
+        assert bmv2.exchange(before, len(expected)) == expected
+        reference.process(nak, 0)
+        assert not [out for frame in during for out in reference.process(frame, 0).frames]
+        resynced = time.monotonic()
+        bmv2.send([nak, *during])
+        assert time.monotonic() - resynced < grace_s / 2, "the reports meant for the grace went too late to test it"
+        assert bmv2.receive(0) == []
+        time.sleep(max(0.0, resynced + grace_s + 1.0 - time.monotonic()))  # the grace's end, by the clock
+        expected = [out for frame in after for out in reference.process(frame, int((grace_s + 1.0) * 1e9)).frames]
+        assert [psn(frame) for frame in expected] == [rc.start_psn + 1 + n for n in range(3)]
+        assert bmv2.exchange(after, len(expected)) == expected
+        assert counters(bmv2_tool("simple_switch_CLI"), [Counter.DROP_GRACE, Counter.RX_NAK_SEQUENCE]) == \
+            {"drop_grace": 3, "rx_nak_sequence": 1}
     finally:
         bmv2.close()
