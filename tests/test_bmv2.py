@@ -22,8 +22,9 @@ from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
 from softdta import dta, workload
-from softdta.bmv2 import Bmv2, compile_v1model
+from softdta.bmv2 import Bmv2, ThriftRegisters, compile_v1model
 from softdta.netns import Namespace, cleanup_prefix, in_netns
+from softdta.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
 from softdta.frames import UdpEndpoints, build_udp_frame
 from softdta.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
 from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, RoceOpcode
@@ -347,3 +348,14 @@ def test_the_grace_after_a_resync_ends_on_time(program, tmp_path):
             {"drop_grace": 3, "rx_nak_sequence": 1}
     finally:
         bmv2.close()
+
+
+def test_a_register_write_bmv2_refuses_is_an_error_naming_it(switch):
+    bmv2, _ = switch
+    names = P4Names(load_p4info())
+    registers = ThriftRegisters(bmv2_tool("simple_switch_CLI"), THRIFT_PORT, names)
+    entry = p4runtime_pb2.RegisterEntry(register_id=names.registers["qp_state_next_psn"].preamble.id)
+    entry.index.index = 1 << 20  # beyond the register
+    entry.data.bitstring = b"\x01"
+    with pytest.raises(P4RuntimeError, match=r"bmv2 runtime CLI \(Thrift port \d+\) failed: .*"):
+        registers.write([entry])
