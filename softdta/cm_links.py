@@ -127,6 +127,7 @@ class CmLinks:
         self._stop = threading.Event()
         self._connected: set[int] = set()
         self._first = threading.Event()
+        self._problem = ""  # why the first tables are not there yet, besides a connection still waiting
         self._thread = threading.Thread(target=self._run, name="softdta-cm", daemon=True)
 
     def start(self, timeout: float = 30.0) -> Tables:
@@ -135,6 +136,8 @@ class CmLinks:
             waiting = [f"{ip_str(c.collector_ip)}:{c.port}" + (f" ({c.last_rejection})" if c.last_rejection else "")
                        for c in self.connections if not c.connected]
             self.close()
+            if self._problem:
+                raise CmError(self._problem)
             raise CmError(f"no rdma_cm connection to {', '.join(waiting)} within {timeout:.0f} s; is the collector "
                           "listening on that port, with a RoCE device on that address?")
         return self.tables()
@@ -164,6 +167,13 @@ class CmLinks:
         return document
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception as error:  # said by start(), or in the log once running: never a silent dead thread
+            self._problem = f"the rdma_cm connections stopped: {type(error).__name__}: {error}"
+            self.log(f"softdta: error: {self._problem}")
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
             failed = self.failed_qpns()
@@ -206,7 +216,8 @@ class CmLinks:
         try:
             tables = self.tables()
         except TableError as error:
-            self.log(f"softdta: error: the rdma_cm collectors' regions make no valid tables: {error}")
+            self._problem = f"the rdma_cm collectors' regions make no valid tables: {error}"
+            self.log(f"softdta: error: {self._problem}")
             return
         if len(connected) == len(self.connections) and not self._first.is_set():
             self._first.set()

@@ -2,6 +2,8 @@
 state machine against a scripted collector side built from the same layouts. Real rdma_cm in the kernel is in
 tests/test_rdma_cm_interop.py."""
 
+import os
+
 import pytest
 
 from softdta.cm import (BODIES, CM_REP, CM_REQ, GSI_QKEY, GSI_QP, MAD_HEADER, MAD_SIZE, QPN_STRIDE,
@@ -241,3 +243,32 @@ def test_bad_targets_name_the_problem_and_show_an_example(text, problem):
     with pytest.raises(CmError, match=problem) as error:
         CmTarget.parse(text)
     assert "for example" in str(error.value)
+
+
+@pytest.mark.privileged
+def test_a_failing_connection_thread_is_said_at_start_not_hidden_behind_a_timeout(monkeypatch):
+    """Whatever stops the rdma_cm thread (here a bug, raised on purpose) is what `start` reports."""
+    from softdta.cm_links import CmLinks
+    from softdta.netns import Namespace, address, cleanup_prefix, in_netns, neighbour, veth_pair
+
+    prefix = f"sdta-cm{os.getpid() % 10000}-"
+    cleanup_prefix(prefix)
+    ours, theirs = Namespace.create(prefix + "t"), Namespace.create(prefix + "c")
+    try:
+        veth_pair(ours, "t0", theirs, "c0")
+        address(ours, "t0", "10.77.3.1/24")
+        neighbour(ours, "t0", "10.77.3.2", "02:00:00:00:03:02")
+
+        def broken(self):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(CmLinks, "_serve", broken)
+        logged = []
+        with in_netns(ours.name):
+            links = CmLinks({"mac": "02:00:00:00:03:01", "ip": "10.77.3.1"},
+                            [CmTarget.parse("10.77.3.2:1337,kind=keywrite")], "t0", log=logged.append)
+            with pytest.raises(CmError, match="the rdma_cm connections stopped: RuntimeError: boom"):
+                links.start(timeout=2)
+        assert logged == ["softdta: error: the rdma_cm connections stopped: RuntimeError: boom"]
+    finally:
+        cleanup_prefix(prefix)
