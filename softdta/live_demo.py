@@ -119,11 +119,15 @@ def _link_drops() -> dict[str, int]:
     return drops
 
 
-def _poll_append(appended: dict[int, list[int]], token: str) -> None:
+def _poll_append(appended: dict[int, list[int]], token: str) -> int:
     """Take the Append entries through the query service, as a consumer does while reports keep coming: a
-    ring that is not drained wraps and overwrites (DTA's Append has no backpressure)."""
+    ring that is not drained wraps and overwrites (DTA's Append has no backpressure). Returns the entries the
+    service says were lost before they could be taken (a lap)."""
+    dropped = 0
     for list_id, entry in _http("/append/append0@10.77.1.1", token=token)["lists"].items():
         appended.setdefault(int(list_id), []).extend(entry["entries"])
+        dropped += entry["dropped"]
+    return dropped
 
 
 def _chunk_end(frames: list[tuple[Report, bytes]], start: int) -> int:
@@ -151,6 +155,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
         frames_by_reporter.append([(report, sender.frame(report)) for report in reports])
     offsets = [0] * len(frames_by_reporter)
     appended: dict[int, list[int]] = {}
+    append_dropped = 0
     last_poll = started
     senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], 2 * CHUNK)
                for i in range(1, len(frames_by_reporter) + 1)]
@@ -168,7 +173,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                 if progress:
                     progress(len(chunk))
                 if time.perf_counter() - last_poll > APPEND_POLL_S:
-                    _poll_append(appended, state.token)
+                    append_dropped += _poll_append(appended, state.token)
                     last_poll = time.perf_counter()
                 ahead = sum(sent.values()) / rate - (time.perf_counter() - started)
                 if ahead > 0:
@@ -178,7 +183,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
             sender.close()
     elapsed = time.perf_counter() - started
     return {"sent": sent, "seconds": elapsed, "rate": sum(sent.values()) / elapsed if elapsed else 0,
-            "appended": appended,
+            "appended": appended, "append_dropped": append_dropped,
             "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
 
 
@@ -238,11 +243,11 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
                 per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
     append_sent = sum(len(v) for v in per_list.values())
     appended = streamed["appended"]
-    _poll_append(appended, state.token)
+    dropped = streamed["append_dropped"] + _poll_append(appended, state.token)
     recovered = sum(len(entries) for entries in appended.values())
     in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
     queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
-                         "lists_in_exact_order": in_order}
+                         "lists_in_exact_order": in_order, "entries_overwritten": dropped}
 
     paths: dict[bytes, list[int]] = {}
     for report in load.per_primitive[DtaOpcode.POSTCARDING]:
@@ -293,7 +298,8 @@ def verdict(summary: dict) -> list[str]:
     if summary["complete"] and (append["entries_recovered"] != append["entries_sent"]
                                 or append["lists_in_exact_order"] != append["lists"]):
         problems.append(f"Append: {append['entries_recovered']:,} of {append['entries_sent']:,} entries recovered, "
-                        f"{append['lists_in_exact_order']} of {append['lists']} lists in order")
+                        f"{append['lists_in_exact_order']} of {append['lists']} lists in order"
+                        f"{'; laps overwrote ' + format(append['entries_overwritten'], ',') if append.get('entries_overwritten') else ''}")
     postcarding = queries["postcarding"]
     if postcarding["decoded_exactly"] / postcarding["paths"] < postcarding["bound"] - 0.01:
         problems.append(f"Postcarding decoded {postcarding['decoded_exactly'] / postcarding['paths']:.2%} of paths, "

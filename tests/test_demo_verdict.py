@@ -42,6 +42,7 @@ def test_a_clean_run_has_no_problem():
     ({"queries__key_write__success": 0.9707, "queries__key_write__bound": 0.9902}, "Key-Write"),
     ({"queries__append__lists_in_exact_order": 3}, "Append"),
     ({"queries__append__entries_recovered": 39}, "Append"),
+    ({"queries__append__entries_recovered": 36, "queries__append__entries_overwritten": 4}, "laps overwrote 4"),
     ({"queries__sketch_merge__matches_sum_of_reporters": False}, "Sketch-Merge"),
     ({"queries__postcarding__decoded_exactly": 90}, "Postcarding"),
     ({"collector__replies_sent": 61}, "RC replies"),
