@@ -570,6 +570,15 @@ const bit<16> ICRC_VARIABLE_FROM = 36;
 const bit<16> ICRC_TAIL_BYTES = 280;
 const bit<32> ICRC_TAIL_ZEROS_CRC = 0x84fad56c;
 
+// Unrolled loops (P4 has none): EACH(X) is X(i) for every index the spec allows, so a program
+// unrolls a loop as EACH(BODY) and follows the spec's maxima
+#define SOFTDTA_EACH_APPEND_WORD(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)  // the words of an Append batch
+#define SOFTDTA_EACH_POSTCARD_WORD(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)  // the hop values of a Postcarding path
+#define SOFTDTA_EACH_HOP(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)  // Postcarding hops, 1-based
+#define SOFTDTA_EACH_SKETCH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)  // the rows of a sketch column
+#define SOFTDTA_EACH_PAYLOAD_WORD(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31) X(32) X(33) X(34) X(35) X(36) X(37) X(38) X(39) X(40) X(41) X(42) X(43) X(44) X(45) X(46) X(47) X(48) X(49) X(50) X(51) X(52) X(53) X(54) X(55) X(56) X(57) X(58) X(59) X(60) X(61) X(62) X(63)  // the 4-byte words of a WRITE payload
+#define SOFTDTA_EACH_EXTRA_COPY(X) X(1) X(2) X(3)  // the copies of a redundant report after the first
+
 // What the control-plane tables (p4/softdta_tables.p4) look up and return for one packet
 struct translator_tables_t {
     translator_config_key_t translator_config_key;

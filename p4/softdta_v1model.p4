@@ -446,10 +446,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 // the head wraps to 0 exactly when it reaches it.
                 bit<32> next = head + batch;
                 append_state_head.write(state_index, next == meta.tables.append_list.slot_count ? 32w0 : next);
-                APPEND_WORD(0) APPEND_WORD(1) APPEND_WORD(2) APPEND_WORD(3)
-                APPEND_WORD(4) APPEND_WORD(5) APPEND_WORD(6) APPEND_WORD(7)
-                APPEND_WORD(8) APPEND_WORD(9) APPEND_WORD(10) APPEND_WORD(11)
-                APPEND_WORD(12) APPEND_WORD(13) APPEND_WORD(14) APPEND_WORD(15)
+                SOFTDTA_EACH_APPEND_WORD(APPEND_WORD)
                 write_frame(meta.tables.qp.base_va + ((bit<64>)(meta.tables.append_list.first_slot + head) << 2),
                             (bit<16>)batch << 2, immediate, hdr.append.list_id);
             } else if (opcode == DTA_OP_POSTCARDING) {
@@ -464,7 +461,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 hash(slot_hash, HashAlgorithm.crc32, 32w0, { hdr.postcard.key }, 64w0x100000000);
                 // H_hop(key): one CRC per hop polynomial (bmv2: set crc32_custom parameters, docs/p4.md).
                 bit<32> hop_hash = 0;
-                HOP_HASH(1) HOP_HASH(2) HOP_HASH(3) HOP_HASH(4) HOP_HASH(5) HOP_HASH(6) HOP_HASH(7) HOP_HASH(8)
+                SOFTDTA_EACH_HOP(HOP_HASH)
                 bit<32> encoded = hdr.postcard.data ^ hop_hash;
                 bit<32> entry = meta.tables.structure.state_index
                                 + (slot_hash & (meta.tables.structure.cache_entries - 1));
@@ -490,8 +487,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                     if (valid == 1 && cached_key != hdr.postcard.key) {
                         // Eviction: the cached path goes to the cached key's own slot, then this flow takes over.
                         count(CNT_POSTCARD_EVICTIONS);
-                        POSTCARD_WORD(0) POSTCARD_WORD(1) POSTCARD_WORD(2) POSTCARD_WORD(3)
-                        POSTCARD_WORD(4) POSTCARD_WORD(5) POSTCARD_WORD(6) POSTCARD_WORD(7)
+                        SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_WORD)
                         bit<32> evicted_hash;
                         hash(evicted_hash, HashAlgorithm.crc32, 32w0, { cached_key }, 64w0x100000000);
                         hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(cached_key) }, 64w0x100000000);
@@ -505,8 +501,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                         postcard_cache_key_len.write(entry, 4);
                         postcard_cache_path_length.write(entry, (bit<8>)hops);
                         postcard_cache_first_ns.write(entry, meta.now_ns);
-                        POSTCARD_RESET(0) POSTCARD_RESET(1) POSTCARD_RESET(2) POSTCARD_RESET(3)
-                        POSTCARD_RESET(4) POSTCARD_RESET(5) POSTCARD_RESET(6) POSTCARD_RESET(7)
+                        SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_RESET)
                         hop_mask = 0;
                     } else {
                         postcard_cache_values.write((entry << P4_POSTCARD_WORD_BITS) | ((bit<32>)hdr.postcard.hop - 1),
@@ -521,8 +516,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                             return;
                         }
                         postcard_cache_valid.write(entry, 0);
-                        POSTCARD_WORD(0) POSTCARD_WORD(1) POSTCARD_WORD(2) POSTCARD_WORD(3)
-                        POSTCARD_WORD(4) POSTCARD_WORD(5) POSTCARD_WORD(6) POSTCARD_WORD(7)
+                        SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_WORD)
                         hash(checksum, HashAlgorithm.crc32, 32w0, { reversed_key }, 64w0x100000000);
                         write_frame(meta.tables.qp.base_va + (bit<64>)(slot_hash & slot_mask) * slot_bytes,
                                     (bit<16>)hops << 2, immediate, checksum);
@@ -553,9 +547,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 }
                 sketch_reporter_next_column.write(progress,
                     expected + 1 == meta.tables.structure.columns ? 32w0 : expected + 1);
-                MERGE_ROW(0) MERGE_ROW(1) MERGE_ROW(2) MERGE_ROW(3) MERGE_ROW(4) MERGE_ROW(5) MERGE_ROW(6)
-                MERGE_ROW(7) MERGE_ROW(8) MERGE_ROW(9) MERGE_ROW(10) MERGE_ROW(11) MERGE_ROW(12) MERGE_ROW(13)
-                MERGE_ROW(14) MERGE_ROW(15)
+                SOFTDTA_EACH_SKETCH_ROW(MERGE_ROW)
                 contributors = contributors | reporter_bit;
                 sketch_column_contributors.write(column_index, contributors);
                 bit<32> everyone = (32w1 << (bit<8>)meta.tables.structure.reporters) - 1;
@@ -642,7 +634,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
             bit<32> reversed_key = BYTESWAP32(meta.emitted.key);
             bit<32> slot_hash = 0;
             hash(slot_hash, HashAlgorithm.crc32, 32w0, { reversed_key, 8w0 }, 64w0x100000000);
-            COPY_HASH(1) COPY_HASH(2) COPY_HASH(3)
+            SOFTDTA_EACH_EXTRA_COPY(COPY_HASH)
             bit<32> slot = slot_hash & (meta.tables.structure.slot_count - 1);
             meta.emitted.va = meta.tables.qp.base_va + (bit<64>)slot * (bit<64>)meta.tables.structure.slot_size;
         }
@@ -733,15 +725,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         hdr.key_increment.setInvalid();
         hdr.append.setInvalid();
         hdr.postcard.setInvalid();
-        TAIL_WORD(0) TAIL_WORD(1) TAIL_WORD(2) TAIL_WORD(3) TAIL_WORD(4) TAIL_WORD(5) TAIL_WORD(6) TAIL_WORD(7)
-        TAIL_WORD(8) TAIL_WORD(9) TAIL_WORD(10) TAIL_WORD(11) TAIL_WORD(12) TAIL_WORD(13) TAIL_WORD(14)
-        TAIL_WORD(15) TAIL_WORD(16) TAIL_WORD(17) TAIL_WORD(18) TAIL_WORD(19) TAIL_WORD(20) TAIL_WORD(21)
-        TAIL_WORD(22) TAIL_WORD(23) TAIL_WORD(24) TAIL_WORD(25) TAIL_WORD(26) TAIL_WORD(27) TAIL_WORD(28)
-        TAIL_WORD(29) TAIL_WORD(30) TAIL_WORD(31) TAIL_WORD(32) TAIL_WORD(33) TAIL_WORD(34) TAIL_WORD(35)
-        TAIL_WORD(36) TAIL_WORD(37) TAIL_WORD(38) TAIL_WORD(39) TAIL_WORD(40) TAIL_WORD(41) TAIL_WORD(42)
-        TAIL_WORD(43) TAIL_WORD(44) TAIL_WORD(45) TAIL_WORD(46) TAIL_WORD(47) TAIL_WORD(48) TAIL_WORD(49)
-        TAIL_WORD(50) TAIL_WORD(51) TAIL_WORD(52) TAIL_WORD(53) TAIL_WORD(54) TAIL_WORD(55) TAIL_WORD(56)
-        TAIL_WORD(57) TAIL_WORD(58) TAIL_WORD(59) TAIL_WORD(60) TAIL_WORD(61) TAIL_WORD(62) TAIL_WORD(63)
+        SOFTDTA_EACH_PAYLOAD_WORD(TAIL_WORD)
         bit<32> crc;
         hash(crc, HashAlgorithm.crc32, 32w0, { tail_hi, tail_lo }, 64w0x100000000);
         crc = meta.emitted.icrc_constant ^ crc ^ ICRC_TAIL_ZEROS_CRC;

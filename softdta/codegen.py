@@ -230,6 +230,16 @@ def _p4_fields(fields: tuple[Field | Raw, ...]) -> list[str]:
     return [f"    bit<{f.bits}> {f.name};" + (f" // {f.doc}" if f.doc else "") for f in fields]
 
 
+def p4_unrolled() -> list[tuple[str, range, str]]:
+    """The index ranges P4 programs unroll loops over: (name, indexes, why)."""
+    return [("APPEND_WORD", range(spec.MAX_APPEND_BATCH), "the words of an Append batch"),
+            ("POSTCARD_WORD", range(spec.MAX_POSTCARD_HOPS), "the hop values of a Postcarding path"),
+            ("HOP", range(1, spec.MAX_POSTCARD_HOPS + 1), "Postcarding hops, 1-based"),
+            ("SKETCH_ROW", range(spec.MAX_SKETCH_ROWS), "the rows of a sketch column"),
+            ("PAYLOAD_WORD", range(spec.MAX_WRITE_PAYLOAD // 4), "the 4-byte words of a WRITE payload"),
+            ("EXTRA_COPY", range(1, spec.MAX_REDUNDANCY), "the copies of a redundant report after the first")]
+
+
 def render_p4() -> str:
     lines = [f"// {BANNER}", "// Architecture-independent: include it from TNA and v1model programs alike.", "",
              "#ifndef SOFTDTA_SPEC_P4", "#define SOFTDTA_SPEC_P4"]
@@ -251,6 +261,10 @@ def render_p4() -> str:
               f"const bit<16> ICRC_VARIABLE_FROM = {icrc_split.VARIABLE_FROM};",
               f"const bit<16> ICRC_TAIL_BYTES = {icrc_split.TAIL_BYTES};",
               f"const bit<32> ICRC_TAIL_ZEROS_CRC = {icrc_split.TAIL_ZEROS_CRC:#010x};"]
+    lines += ["", "// Unrolled loops (P4 has none): EACH(X) is X(i) for every index the spec allows, so a program",
+              "// unrolls a loop as EACH(BODY) and follows the spec's maxima"]
+    for name, indexes, why in p4_unrolled():
+        lines.append(f"#define SOFTDTA_EACH_{name}(X) {' '.join(f'X({i})' for i in indexes)}  // {why}")
     lines += ["", "// What the control-plane tables (p4/softdta_tables.p4) look up and return for one packet",
               "struct translator_tables_t {"]
     for table in p4_control_tables():
