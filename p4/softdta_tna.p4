@@ -275,22 +275,11 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     Hash<bit<32>>(HashAlgorithm_t.CRC32) postcard_slot_hash;
     Hash<bit<32>>(HashAlgorithm_t.CRC32) postcard_checksum;
     Hash<bit<32>>(HashAlgorithm_t.CRC32) postcard_entry_hash;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_0, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_0;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_0) hop_hash_0;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_1, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_1;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_1) hop_hash_1;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_2, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_2;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_2) hop_hash_2;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_3, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_3;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_3) hop_hash_3;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_4, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_4;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_4) hop_hash_4;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_5, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_5;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_5) hop_hash_5;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_6, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_6;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_6) hop_hash_6;
-    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_7, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_7;
-    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_7) hop_hash_7;
+    // H_hop(key) of hop i + 1: one hash unit per hop polynomial.
+#define HOP_HASH_UNIT(i) \
+    CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_##i, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_##i; \
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_##i) hop_hash_##i;
+    SOFTDTA_EACH_POSTCARD_WORD(HOP_HASH_UNIT)
 
     // Values the register actions read: set before the stage that executes them.
     bit<32> batch;
@@ -357,150 +346,18 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             }
         }
     };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_0;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_0) append_slot_0 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 0) {
-                value = stored_data;
-            }
-            result = value;
-        }
+    // Word i of every list's batch: the entry lands in word `pending`, and every word is read out.
+#define APPEND_WORD_REGISTER(i) \
+    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_##i; \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_##i) append_slot_##i = { \
+        void apply(inout bit<32> value, out bit<32> result) {                      \
+            if (pending == i) {                                                    \
+                value = stored_data;                                               \
+            }                                                                      \
+            result = value;                                                        \
+        }                                                                          \
     };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_1;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_1) append_slot_1 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 1) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_2;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_2) append_slot_2 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 2) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_3;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_3) append_slot_3 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 3) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_4;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_4) append_slot_4 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 4) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_5;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_5) append_slot_5 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 5) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_6;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_6) append_slot_6 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 6) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_7;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_7) append_slot_7 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 7) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_8;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_8) append_slot_8 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 8) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_9;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_9) append_slot_9 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 9) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_10;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_10) append_slot_10 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 10) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_11;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_11) append_slot_11 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 11) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_12;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_12) append_slot_12 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 12) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_13;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_13) append_slot_13 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 13) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_14;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_14) append_slot_14 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 14) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_15;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_15) append_slot_15 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (pending == 15) {
-                value = stored_data;
-            }
-            result = value;
-        }
-    };
+    SOFTDTA_EACH_APPEND_WORD(APPEND_WORD_REGISTER)
 
     // Postcarding: the cached key, its hop mask (0: the entry is free, so key 0 is an ordinary key) and one
     // register per hop value.
@@ -524,118 +381,23 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             }
         }
     };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_0;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_0) postcard_value_0 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 0 ? encoded : 32w0;
-            } else {
-                if (hop_index == 0) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
+    // Hop value i of every cache entry. A fresh entry reads out the evicted path's value and starts anew.
+#define POSTCARD_HOP_REGISTER(i) \
+    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_##i;  \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_##i) postcard_value_##i = { \
+        void apply(inout bit<32> value, out bit<32> result) {                          \
+            if (fresh_entry) {                                                         \
+                result = value;                                                        \
+                value = hop_index == i ? encoded : 32w0;                               \
+            } else {                                                                   \
+                if (hop_index == i) {                                                  \
+                    value = encoded;                                                   \
+                }                                                                      \
+                result = value;                                                        \
+            }                                                                          \
+        }                                                                              \
     };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_1;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_1) postcard_value_1 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 1 ? encoded : 32w0;
-            } else {
-                if (hop_index == 1) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_2;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_2) postcard_value_2 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 2 ? encoded : 32w0;
-            } else {
-                if (hop_index == 2) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_3;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_3) postcard_value_3 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 3 ? encoded : 32w0;
-            } else {
-                if (hop_index == 3) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_4;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_4) postcard_value_4 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 4 ? encoded : 32w0;
-            } else {
-                if (hop_index == 4) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_5;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_5) postcard_value_5 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 5 ? encoded : 32w0;
-            } else {
-                if (hop_index == 5) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_6;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_6) postcard_value_6 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 6 ? encoded : 32w0;
-            } else {
-                if (hop_index == 6) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_7;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_7) postcard_value_7 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            if (fresh_entry) {
-                result = value; // an evicted path's value
-                value = hop_index == 7 ? encoded : 32w0;
-            } else {
-                if (hop_index == 7) {
-                    value = encoded;
-                }
-                result = value;
-            }
-        }
-    };
+    SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_HOP_REGISTER)
 
     // Sketch-Merge: a reporter's next column, a column's contributors and epoch, one register per row.
     SOFTDTA_REGISTER_SKETCH_REPORTER_NEXT_COLUMN
@@ -671,310 +433,28 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             value = value + 1;
         }
     };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_0;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_0) sketch_sum_0 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[0].word;
-        }
+    // Row i of every column: merged as a sum or a maximum, taken (read and cleared) when written out.
+#define SKETCH_ROW_REGISTER(i) \
+    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_##i; \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_##i) sketch_sum_##i = {   \
+        void apply(inout bit<32> value) {                                          \
+            value = value + hdr.dta.counters[i].word;                              \
+        }                                                                          \
+    };                                                                             \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_##i) sketch_max_##i = {   \
+        void apply(inout bit<32> value) {                                          \
+            if (hdr.dta.counters[i].word > value) {                                \
+                value = hdr.dta.counters[i].word;                                  \
+            }                                                                      \
+        }                                                                          \
+    };                                                                             \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_##i) sketch_take_##i = {  \
+        void apply(inout bit<32> value, out bit<32> result) {                      \
+            result = value;                                                        \
+            value = 0;                                                             \
+        }                                                                          \
     };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_0) sketch_max_0 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[0].word > value) {
-                value = hdr.dta.counters[0].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_0) sketch_take_0 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_1;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_1) sketch_sum_1 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[1].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_1) sketch_max_1 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[1].word > value) {
-                value = hdr.dta.counters[1].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_1) sketch_take_1 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_2;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_2) sketch_sum_2 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[2].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_2) sketch_max_2 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[2].word > value) {
-                value = hdr.dta.counters[2].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_2) sketch_take_2 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_3;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_3) sketch_sum_3 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[3].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_3) sketch_max_3 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[3].word > value) {
-                value = hdr.dta.counters[3].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_3) sketch_take_3 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_4;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_4) sketch_sum_4 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[4].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_4) sketch_max_4 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[4].word > value) {
-                value = hdr.dta.counters[4].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_4) sketch_take_4 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_5;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_5) sketch_sum_5 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[5].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_5) sketch_max_5 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[5].word > value) {
-                value = hdr.dta.counters[5].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_5) sketch_take_5 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_6;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_6) sketch_sum_6 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[6].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_6) sketch_max_6 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[6].word > value) {
-                value = hdr.dta.counters[6].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_6) sketch_take_6 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_7;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_7) sketch_sum_7 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[7].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_7) sketch_max_7 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[7].word > value) {
-                value = hdr.dta.counters[7].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_7) sketch_take_7 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_8;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_8) sketch_sum_8 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[8].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_8) sketch_max_8 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[8].word > value) {
-                value = hdr.dta.counters[8].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_8) sketch_take_8 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_9;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_9) sketch_sum_9 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[9].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_9) sketch_max_9 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[9].word > value) {
-                value = hdr.dta.counters[9].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_9) sketch_take_9 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_10;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_10) sketch_sum_10 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[10].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_10) sketch_max_10 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[10].word > value) {
-                value = hdr.dta.counters[10].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_10) sketch_take_10 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_11;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_11) sketch_sum_11 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[11].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_11) sketch_max_11 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[11].word > value) {
-                value = hdr.dta.counters[11].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_11) sketch_take_11 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_12;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_12) sketch_sum_12 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[12].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_12) sketch_max_12 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[12].word > value) {
-                value = hdr.dta.counters[12].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_12) sketch_take_12 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_13;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_13) sketch_sum_13 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[13].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_13) sketch_max_13 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[13].word > value) {
-                value = hdr.dta.counters[13].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_13) sketch_take_13 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_14;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_14) sketch_sum_14 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[14].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_14) sketch_max_14 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[14].word > value) {
-                value = hdr.dta.counters[14].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_14) sketch_take_14 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_15;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_15) sketch_sum_15 = {
-        void apply(inout bit<32> value) {
-            value = value + hdr.dta.counters[15].word;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_15) sketch_max_15 = {
-        void apply(inout bit<32> value) {
-            if (hdr.dta.counters[15].word > value) {
-                value = hdr.dta.counters[15].word;
-            }
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_15) sketch_take_15 = {
-        void apply(inout bit<32> value, out bit<32> result) {
-            result = value;
-            value = 0;
-        }
-    };
+    SOFTDTA_EACH_SKETCH_ROW(SKETCH_ROW_REGISTER)
 
     action consume(bit<8> slot) {
         translator_counters.count((bit<32>)slot);
@@ -1215,7 +695,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             return;
         }
         now = ig_intr_md.ingress_mac_tstamp[41:10];
-        bit<32> word;
+        bit<32> word = 0; // the gather chain sets it for every row a column has
 
         // ---------------------------------------------------------------------------------------
         // A Sketch-Merge group being collected: one aggregate word per pass, the last first, each in front
@@ -1223,39 +703,11 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         if (hdr.dta.gather.isValid()) {
             bit<32> column_index = (hdr.dta.gather.state_index << P4_SKETCH_COLUMN_BITS)
                                    | (bit<32>)hdr.dta.gather.column;
-            if (hdr.dta.gather.row == 0) {
-                word = sketch_take_0.execute(column_index);
-            } else if (hdr.dta.gather.row == 1) {
-                word = sketch_take_1.execute(column_index);
-            } else if (hdr.dta.gather.row == 2) {
-                word = sketch_take_2.execute(column_index);
-            } else if (hdr.dta.gather.row == 3) {
-                word = sketch_take_3.execute(column_index);
-            } else if (hdr.dta.gather.row == 4) {
-                word = sketch_take_4.execute(column_index);
-            } else if (hdr.dta.gather.row == 5) {
-                word = sketch_take_5.execute(column_index);
-            } else if (hdr.dta.gather.row == 6) {
-                word = sketch_take_6.execute(column_index);
-            } else if (hdr.dta.gather.row == 7) {
-                word = sketch_take_7.execute(column_index);
-            } else if (hdr.dta.gather.row == 8) {
-                word = sketch_take_8.execute(column_index);
-            } else if (hdr.dta.gather.row == 9) {
-                word = sketch_take_9.execute(column_index);
-            } else if (hdr.dta.gather.row == 10) {
-                word = sketch_take_10.execute(column_index);
-            } else if (hdr.dta.gather.row == 11) {
-                word = sketch_take_11.execute(column_index);
-            } else if (hdr.dta.gather.row == 12) {
-                word = sketch_take_12.execute(column_index);
-            } else if (hdr.dta.gather.row == 13) {
-                word = sketch_take_13.execute(column_index);
-            } else if (hdr.dta.gather.row == 14) {
-                word = sketch_take_14.execute(column_index);
-            } else if (hdr.dta.gather.row == 15) {
-                word = sketch_take_15.execute(column_index);
-            }
+#define TAKE_ROW(i) \
+            if (hdr.dta.gather.row == i) {                    \
+                word = sketch_take_##i.execute(column_index); \
+            } else
+            SOFTDTA_EACH_SKETCH_ROW(TAKE_ROW) {}
             hdr.gathered.setValid();
             hdr.gathered.word = BYTESWAP32(word);
             hdr.dta.gather.gathered = hdr.dta.gather.gathered + 1;
@@ -1424,86 +876,13 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                 bit<32> slot_base = meta.tables.append_list.state_index;
                 pending = take_pending.execute(slot_base);
                 // Every word register is read (one access each); the entry lands in word `pending`.
-                word = append_slot_0.execute(slot_base);
-                if (0 < batch) {
-                    hdr.dta.payload[0].setValid();
-                    hdr.dta.payload[0].word = word;
+#define APPEND_WORD(i) \
+                word = append_slot_##i.execute(slot_base); \
+                if (i < batch) {                           \
+                    hdr.dta.payload[i].setValid();         \
+                    hdr.dta.payload[i].word = word;        \
                 }
-                word = append_slot_1.execute(slot_base);
-                if (1 < batch) {
-                    hdr.dta.payload[1].setValid();
-                    hdr.dta.payload[1].word = word;
-                }
-                word = append_slot_2.execute(slot_base);
-                if (2 < batch) {
-                    hdr.dta.payload[2].setValid();
-                    hdr.dta.payload[2].word = word;
-                }
-                word = append_slot_3.execute(slot_base);
-                if (3 < batch) {
-                    hdr.dta.payload[3].setValid();
-                    hdr.dta.payload[3].word = word;
-                }
-                word = append_slot_4.execute(slot_base);
-                if (4 < batch) {
-                    hdr.dta.payload[4].setValid();
-                    hdr.dta.payload[4].word = word;
-                }
-                word = append_slot_5.execute(slot_base);
-                if (5 < batch) {
-                    hdr.dta.payload[5].setValid();
-                    hdr.dta.payload[5].word = word;
-                }
-                word = append_slot_6.execute(slot_base);
-                if (6 < batch) {
-                    hdr.dta.payload[6].setValid();
-                    hdr.dta.payload[6].word = word;
-                }
-                word = append_slot_7.execute(slot_base);
-                if (7 < batch) {
-                    hdr.dta.payload[7].setValid();
-                    hdr.dta.payload[7].word = word;
-                }
-                word = append_slot_8.execute(slot_base);
-                if (8 < batch) {
-                    hdr.dta.payload[8].setValid();
-                    hdr.dta.payload[8].word = word;
-                }
-                word = append_slot_9.execute(slot_base);
-                if (9 < batch) {
-                    hdr.dta.payload[9].setValid();
-                    hdr.dta.payload[9].word = word;
-                }
-                word = append_slot_10.execute(slot_base);
-                if (10 < batch) {
-                    hdr.dta.payload[10].setValid();
-                    hdr.dta.payload[10].word = word;
-                }
-                word = append_slot_11.execute(slot_base);
-                if (11 < batch) {
-                    hdr.dta.payload[11].setValid();
-                    hdr.dta.payload[11].word = word;
-                }
-                word = append_slot_12.execute(slot_base);
-                if (12 < batch) {
-                    hdr.dta.payload[12].setValid();
-                    hdr.dta.payload[12].word = word;
-                }
-                word = append_slot_13.execute(slot_base);
-                if (13 < batch) {
-                    hdr.dta.payload[13].setValid();
-                    hdr.dta.payload[13].word = word;
-                }
-                word = append_slot_14.execute(slot_base);
-                if (14 < batch) {
-                    hdr.dta.payload[14].setValid();
-                    hdr.dta.payload[14].word = word;
-                }
-                word = append_slot_15.execute(slot_base);
-                if (15 < batch) {
-                    hdr.dta.payload[15].setValid();
-                    hdr.dta.payload[15].word = word;
-                }
+                SOFTDTA_EACH_APPEND_WORD(APPEND_WORD)
                 if (pending + 1 < batch) {
                     consume(CNT_APPEND_BATCHED);
                     return;
@@ -1520,30 +899,11 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                 }
                 // H_hop(key): one CRC per hop polynomial.
                 bit<32> hop_hash = 0;
-                if (hdr.dta.postcard.hop == 1) {
-                    hop_hash = hop_hash_0.get({ hdr.dta.postcard.key });
+#define HOP_HASH(i) \
+                if (hdr.dta.postcard.hop == (i + 1)) {                     \
+                    hop_hash = hop_hash_##i.get({ hdr.dta.postcard.key }); \
                 }
-                if (hdr.dta.postcard.hop == 2) {
-                    hop_hash = hop_hash_1.get({ hdr.dta.postcard.key });
-                }
-                if (hdr.dta.postcard.hop == 3) {
-                    hop_hash = hop_hash_2.get({ hdr.dta.postcard.key });
-                }
-                if (hdr.dta.postcard.hop == 4) {
-                    hop_hash = hop_hash_3.get({ hdr.dta.postcard.key });
-                }
-                if (hdr.dta.postcard.hop == 5) {
-                    hop_hash = hop_hash_4.get({ hdr.dta.postcard.key });
-                }
-                if (hdr.dta.postcard.hop == 6) {
-                    hop_hash = hop_hash_5.get({ hdr.dta.postcard.key });
-                }
-                if (hdr.dta.postcard.hop == 7) {
-                    hop_hash = hop_hash_6.get({ hdr.dta.postcard.key });
-                }
-                if (hdr.dta.postcard.hop == 8) {
-                    hop_hash = hop_hash_7.get({ hdr.dta.postcard.key });
-                }
+                SOFTDTA_EACH_POSTCARD_WORD(HOP_HASH)
                 encoded = hdr.dta.postcard.data ^ hop_hash;
                 // The frame goes to the slot of `frame_key`: this flow's, or an evicted flow's own (dta-v1 §7.3).
                 bit<32> frame_key = hdr.dta.postcard.key;
@@ -1567,46 +927,13 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                     bool evict = fresh_entry && hop_mask != 0;
                     fresh_entry = fresh_entry || hop_mask == 0; // a free entry starts a path as an evicted one does
                     bit<8> mask = fresh_entry ? hop_bit : hop_mask | hop_bit;
-                    word = postcard_value_0.execute(entry);
-                    if (0 < hops) {
-                        hdr.dta.payload[0].setValid();
-                        hdr.dta.payload[0].word = word;
+#define POSTCARD_WORD(i) \
+                    word = postcard_value_##i.execute(entry); \
+                    if (i < hops) {                           \
+                        hdr.dta.payload[i].setValid();        \
+                        hdr.dta.payload[i].word = word;       \
                     }
-                    word = postcard_value_1.execute(entry);
-                    if (1 < hops) {
-                        hdr.dta.payload[1].setValid();
-                        hdr.dta.payload[1].word = word;
-                    }
-                    word = postcard_value_2.execute(entry);
-                    if (2 < hops) {
-                        hdr.dta.payload[2].setValid();
-                        hdr.dta.payload[2].word = word;
-                    }
-                    word = postcard_value_3.execute(entry);
-                    if (3 < hops) {
-                        hdr.dta.payload[3].setValid();
-                        hdr.dta.payload[3].word = word;
-                    }
-                    word = postcard_value_4.execute(entry);
-                    if (4 < hops) {
-                        hdr.dta.payload[4].setValid();
-                        hdr.dta.payload[4].word = word;
-                    }
-                    word = postcard_value_5.execute(entry);
-                    if (5 < hops) {
-                        hdr.dta.payload[5].setValid();
-                        hdr.dta.payload[5].word = word;
-                    }
-                    word = postcard_value_6.execute(entry);
-                    if (6 < hops) {
-                        hdr.dta.payload[6].setValid();
-                        hdr.dta.payload[6].word = word;
-                    }
-                    word = postcard_value_7.execute(entry);
-                    if (7 < hops) {
-                        hdr.dta.payload[7].setValid();
-                        hdr.dta.payload[7].word = word;
-                    }
+                    SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_WORD)
                     if (evict) {
                         count(CNT_POSTCARD_EVICTIONS);
                         frame_key = cached_key;
@@ -1647,118 +974,15 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                     consume(CNT_DROP_SKETCH_STALE);
                     return;
                 }
-                if (0 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_0.execute(column_index);
-                    } else {
-                        sketch_sum_0.execute(column_index);
-                    }
+#define MERGE_ROW(i) \
+                if (i < rows) {                                            \
+                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) { \
+                        sketch_max_##i.execute(column_index);              \
+                    } else {                                               \
+                        sketch_sum_##i.execute(column_index);              \
+                    }                                                      \
                 }
-                if (1 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_1.execute(column_index);
-                    } else {
-                        sketch_sum_1.execute(column_index);
-                    }
-                }
-                if (2 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_2.execute(column_index);
-                    } else {
-                        sketch_sum_2.execute(column_index);
-                    }
-                }
-                if (3 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_3.execute(column_index);
-                    } else {
-                        sketch_sum_3.execute(column_index);
-                    }
-                }
-                if (4 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_4.execute(column_index);
-                    } else {
-                        sketch_sum_4.execute(column_index);
-                    }
-                }
-                if (5 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_5.execute(column_index);
-                    } else {
-                        sketch_sum_5.execute(column_index);
-                    }
-                }
-                if (6 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_6.execute(column_index);
-                    } else {
-                        sketch_sum_6.execute(column_index);
-                    }
-                }
-                if (7 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_7.execute(column_index);
-                    } else {
-                        sketch_sum_7.execute(column_index);
-                    }
-                }
-                if (8 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_8.execute(column_index);
-                    } else {
-                        sketch_sum_8.execute(column_index);
-                    }
-                }
-                if (9 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_9.execute(column_index);
-                    } else {
-                        sketch_sum_9.execute(column_index);
-                    }
-                }
-                if (10 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_10.execute(column_index);
-                    } else {
-                        sketch_sum_10.execute(column_index);
-                    }
-                }
-                if (11 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_11.execute(column_index);
-                    } else {
-                        sketch_sum_11.execute(column_index);
-                    }
-                }
-                if (12 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_12.execute(column_index);
-                    } else {
-                        sketch_sum_12.execute(column_index);
-                    }
-                }
-                if (13 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_13.execute(column_index);
-                    } else {
-                        sketch_sum_13.execute(column_index);
-                    }
-                }
-                if (14 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_14.execute(column_index);
-                    } else {
-                        sketch_sum_14.execute(column_index);
-                    }
-                }
-                if (15 < rows) {
-                    if (meta.tables.structure.merge == SKETCH_MERGE_MAX) {
-                        sketch_max_15.execute(column_index);
-                    } else {
-                        sketch_sum_15.execute(column_index);
-                    }
-                }
+                SOFTDTA_EACH_SKETCH_ROW(MERGE_ROW)
                 contributors = contributors | reporter_bit;
                 everyone_masks.apply();
                 batch = meta.tables.structure.batch;
