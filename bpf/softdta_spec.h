@@ -31,6 +31,7 @@
 #define MAX_WRITE_PAYLOAD 256
 #define POSTCARD_CACHE_ENTRIES 32768
 #define DEFAULT_GRACE_NS 1000000 /* 0xf4240 */
+#define FLUSH_OPCODE 127
 #define COUNTER_SLOTS 48
 #define RESPONDER_COUNTER_SLOTS 32
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
@@ -77,6 +78,10 @@
 #define DTA_OP_KEY_INCREMENT 3
 #define DTA_OP_POSTCARDING 4
 #define DTA_OP_SKETCH_MERGE 5
+
+/* FlushTarget */
+#define FLUSH_TARGET_APPEND_LIST 1
+#define FLUSH_TARGET_POSTCARD_ENTRY 2
 
 /* NackKind */
 #define NACK_KIND_SEQUENCE 1
@@ -164,6 +169,7 @@
 #define CNT_DROP_FANOUT_LOST 36
 #define CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW 37
 #define CNT_DROP_REPLY_ON_UC 38
+#define CNT_DROP_BAD_FLUSH 39
 #define CNT_RX_KEY_WRITE 40
 #define CNT_RX_APPEND 41
 #define CNT_RX_KEY_INCREMENT 42
@@ -212,6 +218,7 @@
 #define APPEND_EXT_SIZE 5
 #define POSTCARD_EXT_SIZE 7
 #define SKETCH_MERGE_EXT_SIZE 5
+#define FLUSH_EXT_SIZE 5
 #define NACK_V1_SIZE 2
 #define NACK_EXT_SIZE 8
 #define BTH_SIZE 12
@@ -427,6 +434,13 @@ struct sketch_merge_ext {
 	__u8 rows;
 } __attribute__((packed));
 _Static_assert(sizeof(struct sketch_merge_ext) == SKETCH_MERGE_EXT_SIZE, "struct sketch_merge_ext does not match softdta/spec.py");
+
+/* flush request (P4 translators): write out a waiting Append batch or Postcarding path */
+struct flush_ext {
+	__u8 target; /* FlushTarget */
+	__be32 index; /* list id, or cache entry */
+} __attribute__((packed));
+_Static_assert(sizeof(struct flush_ext) == FLUSH_EXT_SIZE, "struct flush_ext does not match softdta/spec.py");
 
 /* dta-v1 NACK (UDP 40044): last in-order seqnum */
 struct nack_v1 {

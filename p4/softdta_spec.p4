@@ -27,6 +27,7 @@ const bit<8> KEY_CHECKSUM_LEN = 4;
 const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
+const bit<8> FLUSH_OPCODE = 127;
 const bit<8> COUNTER_SLOTS = 48;
 const bit<8> RESPONDER_COUNTER_SLOTS = 32;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
@@ -69,6 +70,10 @@ const bit<8> DTA_OP_APPEND = 2;
 const bit<8> DTA_OP_KEY_INCREMENT = 3;
 const bit<8> DTA_OP_POSTCARDING = 4;
 const bit<8> DTA_OP_SKETCH_MERGE = 5;
+
+// FlushTarget
+const bit<8> FLUSH_TARGET_APPEND_LIST = 1;
+const bit<8> FLUSH_TARGET_POSTCARD_ENTRY = 2;
 
 // NackKind
 const bit<8> NACK_KIND_SEQUENCE = 1;
@@ -156,6 +161,7 @@ const bit<8> CNT_DROP_NO_ROOM = 35;
 const bit<8> CNT_DROP_FANOUT_LOST = 36;
 const bit<8> CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW = 37;
 const bit<8> CNT_DROP_REPLY_ON_UC = 38;
+const bit<8> CNT_DROP_BAD_FLUSH = 39;
 const bit<8> CNT_RX_KEY_WRITE = 40;
 const bit<8> CNT_RX_APPEND = 41;
 const bit<8> CNT_RX_KEY_INCREMENT = 42;
@@ -204,6 +210,7 @@ const bit<8> KEY_INCREMENT_EXT_SIZE = 10;
 const bit<8> APPEND_EXT_SIZE = 5;
 const bit<8> POSTCARD_EXT_SIZE = 7;
 const bit<8> SKETCH_MERGE_EXT_SIZE = 5;
+const bit<8> FLUSH_EXT_SIZE = 5;
 const bit<8> NACK_V1_SIZE = 2;
 const bit<8> NACK_EXT_SIZE = 8;
 const bit<8> BTH_SIZE = 12;
@@ -382,6 +389,12 @@ header sketch_merge_ext_h {
     bit<16> column;
     bit<8> rows;
     // followed by counters[rows * 4] bytes: variable length, not part of this header
+}
+
+// flush request (P4 translators): write out a waiting Append batch or Postcarding path
+header flush_ext_h {
+    bit<8> target; // FlushTarget
+    bit<32> index; // list id, or cache entry
 }
 
 // dta-v1 NACK (UDP 40044): last in-order seqnum

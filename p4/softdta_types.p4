@@ -38,6 +38,7 @@ struct headers_t {
     append_v1_h append;
     postcard_v1_h postcard;
     sketch_merge_ext_h sketch;
+    flush_ext_h flush; // v1model only: the TNA program takes no flush request yet
     word_h[MAX_SKETCH_ROWS] counters;
     bth_h bth;
     reth_h reth;

@@ -104,8 +104,13 @@ parser SoftdtaParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
         packet.extract(hdr.base_ext);
         transition select(hdr.base_ext.opcode) {
             DTA_OP_SKETCH_MERGE: parse_sketch;
+            FLUSH_OPCODE: parse_flush;
             default: accept;
         }
+    }
+    state parse_flush {
+        packet.extract(hdr.flush);
+        transition accept;
     }
     state parse_sketch {
         packet.extract(hdr.sketch);
@@ -144,10 +149,14 @@ control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 // Bytes of a 32-bit value in the other order: DTA data and sketch counters are stored little-endian.
 #define BYTESWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
 
-// Append: word i of the batch being written, from the list's batch registers.
+// Append: word i of the batch being written, from the list's batch registers; a flushed batch's words past
+// the pending entries are zero.
 #define APPEND_WORD(i) \
     if ((bit<32>)i < batch) { \
-        append_state_data.read(word, (state_index << P4_APPEND_BATCH_BITS) | i); \
+        word = 0; \
+        if ((bit<32>)i < pending) { \
+            append_state_data.read(word, (state_index << P4_APPEND_BATCH_BITS) | i); \
+        } \
         hdr.payload[i].setValid(); \
         hdr.payload[i].word = word; \
     }
@@ -164,6 +173,17 @@ control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 #define POSTCARD_RESET(i) \
     postcard_cache_values.write((entry << P4_POSTCARD_WORD_BITS) | i, \
                                 (bit<32>)i == (bit<32>)hdr.postcard.hop - 1 ? encoded : 32w0);
+
+// Postcarding: the path gathered so far in hdr.payload, written to the slot of the key cached with it, with no
+// ImmDt (an eviction or a flush, not this packet's report).
+#define WRITE_CACHED_PATH(key) \
+    bit<32> cached_slot_hash; \
+    bit<32> cached_checksum; \
+    hash(cached_slot_hash, HashAlgorithm.crc32, 32w0, { key }, 64w0x100000000); \
+    hash(cached_checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(key) }, 64w0x100000000); \
+    write_frame(meta.tables.qp.base_va + (bit<64>)(cached_slot_hash & (meta.tables.structure.slot_count - 1)) \
+                    * (bit<64>)meta.tables.structure.slot_size, \
+                (bit<16>)hops << 2, 0, cached_checksum);
 
 // Postcarding: H_hop(key) of hop n, POSTCARD_HOP_POLYNOMIALS[n - 1].
 #define HOP_HASH(n) \
@@ -285,14 +305,20 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 consume(CNT_DROP_BAD_PROFILE); // compiled for the 3-byte dta-v1 base header
                 return;
             }
-            // dta-v1 sub-headers, and extended Sketch-Merge; other extended reports take the XDP translator.
+            // dta-v1 sub-headers, extended Sketch-Merge and flush requests; other extended reports take the XDP
+            // translator.
             if (!(hdr.key_write.isValid() || hdr.key_increment.isValid() || hdr.append.isValid()
-                  || hdr.postcard.isValid() || hdr.sketch.isValid())) {
+                  || hdr.postcard.isValid() || hdr.sketch.isValid() || hdr.flush.isValid())) {
                 consume(CNT_DROP_UNKNOWN_OPCODE);
                 return;
             }
-            if (hdr.append.isValid()) {
-                meta.tables.append_list_key.list_id = hdr.append.list_id;
+            bool flush_list = hdr.flush.isValid() && hdr.flush.target == FLUSH_TARGET_APPEND_LIST;
+            if (hdr.flush.isValid() && !flush_list && hdr.flush.target != FLUSH_TARGET_POSTCARD_ENTRY) {
+                consume(CNT_DROP_BAD_FLUSH);
+                return;
+            }
+            if (hdr.append.isValid() || flush_list) {
+                meta.tables.append_list_key.list_id = flush_list ? hdr.flush.index : hdr.append.list_id;
                 if (!append_list.apply().hit) {
                     consume(CNT_DROP_UNKNOWN_LIST);
                     return;
@@ -304,8 +330,8 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 meta.tables.qp_key.qp_index = meta.tables.append_list.qp_index;
             } else {
                 meta.tables.structure_key.collector_ip = hdr.ipv4.dst;
-                meta.tables.structure_key.primitive =
-                    (bit<32>)(hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode);
+                meta.tables.structure_key.primitive = hdr.flush.isValid() ? (bit<32>)DTA_OP_POSTCARDING
+                    : (bit<32>)(hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode);
                 if (!structure.apply().hit) {
                     consume(CNT_DROP_UNKNOWN_COLLECTOR);
                     return;
@@ -373,6 +399,11 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
         else {
             bit<8> opcode = hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode;
             bit<1> immediate = hdr.base_v1.isValid() ? hdr.base_v1.immediate : hdr.base_ext.immediate;
+            if (hdr.flush.isValid()) {
+                // What a flush writes out was not in this packet: no ImmDt, and Append or Postcarding's QP.
+                immediate = 0;
+                opcode = hdr.flush.target == FLUSH_TARGET_APPEND_LIST ? DTA_OP_APPEND : DTA_OP_POSTCARDING;
+            }
             if (!qp_known) {
                 consume(CNT_DROP_UNKNOWN_QP);
                 return;
@@ -428,16 +459,32 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                                          + (bit<16>)ATOMIC_ETH_SIZE + (bit<16>)ICRC_LEN;
                 }
             } else if (opcode == DTA_OP_APPEND) {
-                count(CNT_RX_APPEND);
                 bit<32> state_index = meta.tables.append_list.state_index;
                 bit<32> batch = meta.tables.append_list.batch;
                 bit<32> pending;
                 append_state_pending.read(pending, state_index);
-                append_state_data.write((state_index << P4_APPEND_BATCH_BITS) | pending, BYTESWAP32(hdr.append.data));
-                if (pending + 1 < batch) {
-                    append_state_pending.write(state_index, pending + 1);
-                    consume(CNT_APPEND_BATCHED);
-                    return;
+                if (hdr.append.isValid()) {
+                    count(CNT_RX_APPEND);
+                    append_state_data.write((state_index << P4_APPEND_BATCH_BITS) | pending,
+                                            BYTESWAP32(hdr.append.data));
+                    if (pending == 0) {
+                        append_state_first_pending_ns.write(state_index, meta.now_ns);
+                    }
+                    pending = pending + 1;
+                    if (pending < batch) {
+                        append_state_pending.write(state_index, pending);
+                        consume(CNT_APPEND_BATCHED);
+                        return;
+                    }
+                } else {
+                    // A flush request: a partial batch that has waited long enough, padded with zero entries.
+                    bit<64> first_pending_ns;
+                    append_state_first_pending_ns.read(first_pending_ns, state_index);
+                    if (pending == 0 || meta.now_ns - first_pending_ns < meta.tables.translator_config.flush_idle_ns) {
+                        mark_to_drop(std); // nothing due: not a drop, nothing is lost
+                        return;
+                    }
+                    count(CNT_APPEND_FLUSHES);
                 }
                 append_state_pending.write(state_index, 0);
                 bit<32> head;
@@ -448,7 +495,29 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 append_state_head.write(state_index, next == meta.tables.append_list.slot_count ? 32w0 : next);
                 SOFTDTA_EACH_APPEND_WORD(APPEND_WORD)
                 write_frame(meta.tables.qp.base_va + ((bit<64>)(meta.tables.append_list.first_slot + head) << 2),
-                            (bit<16>)batch << 2, immediate, hdr.append.list_id);
+                            (bit<16>)batch << 2, immediate, meta.tables.append_list_key.list_id);
+            } else if (hdr.flush.isValid()) {
+                // A flush request for a Postcarding cache entry: its path, if it has waited long enough.
+                if (hdr.flush.index >= meta.tables.structure.cache_entries) {
+                    consume(CNT_DROP_BAD_FLUSH);
+                    return;
+                }
+                bit<32> entry = meta.tables.structure.state_index + hdr.flush.index;
+                bit<8> valid;
+                bit<64> first_ns;
+                bit<32> cached_key;
+                postcard_cache_valid.read(valid, entry);
+                postcard_cache_first_ns.read(first_ns, entry);
+                postcard_cache_key.read(cached_key, entry << P4_POSTCARD_WORD_BITS);
+                if (valid == 0 || meta.now_ns - first_ns < meta.tables.translator_config.flush_idle_ns) {
+                    mark_to_drop(std); // nothing due: not a drop, nothing is lost
+                    return;
+                }
+                count(CNT_POSTCARD_FLUSHES);
+                postcard_cache_valid.write(entry, 0);
+                bit<32> hops = (bit<32>)meta.tables.structure.hops;
+                SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_WORD)
+                WRITE_CACHED_PATH(cached_key)
             } else if (opcode == DTA_OP_POSTCARDING) {
                 count(CNT_RX_POSTCARDING);
                 bit<32> hops = (bit<32>)meta.tables.structure.hops;
@@ -488,11 +557,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                         // Eviction: the cached path goes to the cached key's own slot, then this flow takes over.
                         count(CNT_POSTCARD_EVICTIONS);
                         SOFTDTA_EACH_POSTCARD_WORD(POSTCARD_WORD)
-                        bit<32> evicted_hash;
-                        hash(evicted_hash, HashAlgorithm.crc32, 32w0, { cached_key }, 64w0x100000000);
-                        hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(cached_key) }, 64w0x100000000);
-                        write_frame(meta.tables.qp.base_va + (bit<64>)(evicted_hash & slot_mask) * slot_bytes,
-                                    (bit<16>)hops << 2, 0, checksum);
+                        WRITE_CACHED_PATH(cached_key)
                         valid = 0;
                     }
                     if (valid == 0) {
@@ -643,6 +708,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         hdr.base_v1.setInvalid();
         hdr.base_ext.setInvalid();
         hdr.sketch.setInvalid();
+        hdr.flush.setInvalid();
         hdr.aeth.setInvalid();
         hdr.ethernet.src = meta.tables.translator_config.src_mac;
         hdr.ethernet.dst = meta.tables.qp.collector_mac;

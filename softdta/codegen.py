@@ -20,6 +20,7 @@ ENUM_PREFIXES: dict[type[IntEnum], str] = {
     spec.KeyHash: "KEY_HASH",
     spec.DtaOpcode: "DTA_OP",
     spec.NackKind: "NACK_KIND",
+    spec.FlushTarget: "FLUSH_TARGET",
     spec.RoceOpcode: "ROCE_OP",
     spec.AethKind: "AETH",
     spec.NakCode: "NAK",

@@ -20,8 +20,9 @@ from .codec import WireError, codec
 from .dta import Nack, Report
 from .frames import UdpFrame
 from .hashing import key_checksum, key_slot, postcard_hop_hash, postcard_slot_hash
-from .spec import (APPEND_EXT, DTA_BASE_EXT, EXTENDED_FIRST_BYTE, KEY_INCREMENT_EXT, KEY_WRITE_EXT,
-                   POSTCARD_EXT, SKETCH_MERGE_EXT, Counter, DtaOpcode, Header, NackKind, RoceOpcode)
+from .spec import (APPEND_EXT, DTA_BASE_EXT, EXTENDED_FIRST_BYTE, FLUSH_EXT, FLUSH_OPCODE, KEY_INCREMENT_EXT,
+                   KEY_WRITE_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT, Counter, DtaOpcode, FlushTarget, Header, NackKind,
+                   RoceOpcode)
 from .spec import SketchMerge as MergeKind
 from .spec import Primitive as StructureKind
 from .tables import AppendLists, Structure
@@ -306,6 +307,55 @@ class SketchMerge(Primitive):
 
 
 BUILT_IN: tuple[type[Primitive], ...] = (KeyWrite, KeyIncrement, Append, Postcarding, SketchMerge)
+
+
+class FlushRequest(Primitive):
+    """The P4 translators' idle flush, which a switch cannot run from a timer: a flush request names an Append
+    list or a Postcarding cache entry, and what waits there is written out if it has waited `idle_ns` (the
+    `flush_idle_ns` of translator_config). Not a built-in: software translators flush by their clock, and
+    this is how the reference models the switch (`Translator(tables, plugins=[FlushRequest.after(ns)])`).
+    Anything not yet due stays, uncounted; an unknown target is a counted drop."""
+
+    opcode, name, subheader = FLUSH_OPCODE, "flush-request", FLUSH_EXT
+    idle_ns = 0
+
+    @classmethod
+    def after(cls, idle_ns: int) -> type[FlushRequest]:
+        return type(cls.__name__, (cls,), {"idle_ns": idle_ns})
+
+    @classmethod
+    def request(cls, target: FlushTarget, index: int) -> bytes:
+        """The UDP payload of a flush request, sent to the DTA port of the structure's collector address."""
+        return cls.encode({"target": target, "index": index})
+
+    def translate(self, udp: UdpFrame, report: PluginReport, now_ns: int) -> Output:
+        t = self.translator
+        target, index = report.fields["target"], report.fields["index"]
+        if target == FlushTarget.APPEND_LIST:
+            lists = t.tables.append_range(index)
+            if lists is None:
+                return t.drop(Counter.DROP_UNKNOWN_LIST)
+            blocked = t.blocked(lists.qp, report, now_ns)
+            if blocked:
+                return blocked
+            batch = t.append_state.get(index)
+            if batch is None or not batch.pending or now_ns - batch.first_pending_ns < self.idle_ns:
+                return Output()
+            return Output(frames=t.flush_batch(lists, index, batch))
+        if target != FlushTarget.POSTCARD_ENTRY:
+            return t.drop(Counter.DROP_BAD_FLUSH)
+        structure = t.tables.structure(udp.dst_ip, StructureKind.POSTCARDING)
+        if structure is None:
+            return t.drop(Counter.DROP_UNKNOWN_COLLECTOR)
+        blocked = t.blocked(structure.qp, report, now_ns)
+        if blocked:
+            return blocked
+        if index >= structure.cache_entries:
+            return t.drop(Counter.DROP_BAD_FLUSH)
+        entry = t.postcard_cache.get(structure.qp.index, {}).get(index)
+        if entry is None or now_ns - entry.first_ns < self.idle_ns:
+            return Output()
+        return Output(frames=t.flush_path(structure, index, entry))
 
 
 def load(spec: str) -> type[Primitive]:

@@ -135,6 +135,18 @@ class DtaOpcode(IntEnum):
 DTA_V1_OPCODES = (DtaOpcode.KEY_WRITE, DtaOpcode.APPEND, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING)
 
 
+# A flush request (extended profile, softdta): the P4 translators' idle flush, since a switch has no timer. It
+# names an Append list or a Postcarding cache entry, which is written out if it has waited `flush_idle_ns`; a
+# packet generator or the control plane sends it (docs/p4.md). Software translators flush on their own timer
+# and drop it as an unknown opcode.
+FLUSH_OPCODE = 0x7F
+
+
+class FlushTarget(IntEnum):
+    APPEND_LIST = 1  # index = the list id
+    POSTCARD_ENTRY = 2  # index = the cache entry of the Postcarding structure at the packet's destination
+
+
 class NackKind(IntEnum):
     SEQUENCE = 1  # value = last in-order report seqnum
     SKETCH_COLUMN = 2  # value = the column the reporter must resend from
@@ -235,6 +247,7 @@ class Counter(IntEnum):
     DROP_FANOUT_LOST = 36  # tc found no parked frames for a redundant report (it came too late)
     DROP_REPLY_PSN_OUTSIDE_WINDOW = 37  # an RC reply whose PSN is not outstanding (stale, or forged)
     DROP_REPLY_ON_UC = 38  # a UC queue pair takes no ACK or NAK: a reply to one is forged
+    DROP_BAD_FLUSH = 39  # a flush request naming no target kind, or a cache entry past the structure's
     # Well-formed reports per primitive: RX_KEY_WRITE + opcode - 1.
     RX_KEY_WRITE = 40
     RX_APPEND = 41
@@ -336,6 +349,9 @@ POSTCARD_EXT = Header("postcard_ext", (
 SKETCH_MERGE_EXT = Header("sketch_merge_ext", (
     Field("reporter", 16), Field("column", 16), Field("rows", 8),
 ), "extended Sketch-Merge: one sketch column of `rows` 32-bit counters", (Var("counters", "rows", 4),))
+FLUSH_EXT = Header("flush_ext", (
+    Field("target", 8, "FlushTarget"), Field("index", 32, "list id, or cache entry"),
+), "flush request (P4 translators): write out a waiting Append batch or Postcarding path")
 
 NACK_V1 = Header("nack_v1", (Field("seqnum", 8), Field("nack", 1), Field("reserved", 7)),
                  "dta-v1 NACK (UDP 40044): last in-order seqnum")
@@ -350,7 +366,7 @@ FANOUT_META_MAGIC = 0x5D7A0F4E
 FANOUT_FRAME_MAX = 256  # a power of two above the longest Key-Write (182 B) or Key-Increment frame
 
 DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, KEY_INCREMENT_V1, APPEND_V1,
-               POSTCARD_V1, KEY_WRITE_EXT, KEY_INCREMENT_EXT, APPEND_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT,
+               POSTCARD_V1, KEY_WRITE_EXT, KEY_INCREMENT_EXT, APPEND_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT, FLUSH_EXT,
                NACK_V1, NACK_EXT)
 
 # --------------------------------------------------------------------------------------------------

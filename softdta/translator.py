@@ -20,7 +20,7 @@ from .roce import aeth_kind, build_roce_frame, parse_roce, transport_payload
 from .spec import (DTA_BASE_EXT, DTA_NACK_PORT, DTA_PORT, EXTENDED_MARKER, ROCE_PORT, AethKind, Counter,
                    DtaOpcode, NackKind, NakCode, QpState, RoceOpcode, Transport)
 from .spec import Primitive as StructureKind
-from .tables import QueuePair, Structure, Tables
+from .tables import AppendLists, QueuePair, Structure, Tables
 
 __all__ = ["Output", "AppendRuntime", "PostcardEntry", "SketchRuntime", "QpRuntime", "Translator"]
 
@@ -122,18 +122,25 @@ class Translator:
                 pushed_back[token] += 1
                 continue
             if structure is None:
-                lists = self.tables.append_range(index)
-                pending.pending += [bytes(lists.data_len)] * (lists.batch - len(pending.pending))
-                self.counters[Counter.APPEND_FLUSHES] += 1
-                frames += self.primitives[DtaOpcode.APPEND].write_batch(lists, index, pending, None)
+                frames += self.flush_batch(self.tables.append_range(index), index, pending)
             else:
-                del self.postcard_cache[structure.qp.index][index]
-                self.counters[Counter.POSTCARD_FLUSHES] += 1
-                frames += self.primitives[DtaOpcode.POSTCARDING].write_path(structure, pending, None)
+                frames += self.flush_path(structure, index, pending)
             runtime = self.qp_state[qp.index]
             runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
             pushed_back.clear()
         return frames
+
+    def flush_batch(self, lists: AppendLists, list_id: int, runtime: AppendRuntime) -> list[bytes]:
+        """A partial Append batch, padded with zero entries, written where the full batch would go."""
+        runtime.pending += [bytes(lists.data_len)] * (lists.batch - len(runtime.pending))
+        self.counters[Counter.APPEND_FLUSHES] += 1
+        return self.primitives[DtaOpcode.APPEND].write_batch(lists, list_id, runtime, None)
+
+    def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]:
+        """A cached Postcarding path, written with the hops it has, and its cache entry freed."""
+        del self.postcard_cache[structure.qp.index][index]
+        self.counters[Counter.POSTCARD_FLUSHES] += 1
+        return self.primitives[DtaOpcode.POSTCARDING].write_path(structure, entry, None)
 
     def _pending_entry(self, token: int, index: int, structure: Structure | None):
         """The batch or cache entry a flush-queue entry names, if it is still waiting."""

@@ -27,7 +27,8 @@ from softdta.netns import Namespace, cleanup_prefix, in_netns
 from softdta.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
 from softdta.frames import UdpEndpoints, build_udp_frame
 from softdta.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
-from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, Primitive, RoceOpcode
+from softdta.primitives import FlushRequest
+from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, FlushTarget, Primitive, RoceOpcode
 from softdta.tables import Tables
 from softdta.translator import Translator
 
@@ -61,13 +62,13 @@ class Switch:
     """simple_switch_grpc on a veth pair, loaded with the example tables; `exchange` sends reports and returns
     what leaves the switch."""
 
-    def __init__(self, program: Path, tables: Tables | None, log_path):
+    def __init__(self, program: Path, tables: Tables | None, log_path, **translator_options):
         self.namespace = veth_to_namespace()
         self.switch = None
         if tables is not None:  # else `softdta p4 run` runs the switch
             self.switch = Bmv2(program, {0: SWITCH_PORT}, grpc_port=GRPC_PORT, thrift_port=THRIFT_PORT,
                                log=log_path)
-            self.switch.translator().apply(tables)
+            self.switch.translator(**translator_options).apply(tables)
         with in_netns(self.namespace.name):
             self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
         # nothing reads while the reports go out: room for all that comes back, and none taken by our own frames
@@ -346,6 +347,72 @@ def test_the_grace_after_a_resync_ends_on_time(program, tmp_path):
         assert bmv2.exchange(after, len(expected)) == expected
         assert counters(bmv2_tool("simple_switch_CLI"), [Counter.DROP_GRACE, Counter.RX_NAK_SEQUENCE]) == \
             {"drop_grace": 3, "rx_nak_sequence": 1}
+    finally:
+        bmv2.close()
+
+
+FLUSH_COUNTERS = [Counter.APPEND_FLUSHES, Counter.POSTCARD_FLUSHES, Counter.DROP_UNKNOWN_LIST, Counter.DROP_BAD_FLUSH,
+                  Counter.DROP_UNKNOWN_OPCODE, Counter.RX_REPORTS, Counter.TX_FRAMES]
+
+
+def test_flush_requests_write_out_what_has_waited_like_the_reference(program, tmp_path):
+    """bmv2 has no timer, nor has a switch: flush requests (a packet generator's on Tofino) write out partial
+    Append batches and cached Postcarding paths that have waited flush_idle_ns by the switch's clock. Asked
+    too early, nothing leaves; asked after the wait, every waiting batch and path leaves as the reference
+    writes it, and Append goes on after the flushed batch. Requests naming no list, no target kind or a cache
+    entry past the structure are counted drops."""
+    idle_s = 2.0
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    bmv2 = Switch(program, tables, tmp_path / "switch.log", flush_idle_ns=int(idle_s * 1e9))
+    try:
+        reference = Translator(tables, plugins=[FlushRequest.after(int(idle_s * 1e9))])
+        reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
+                                            tables.qps[0].collector_ip)
+        ends = UdpEndpoints(src_mac=reporter.mac, dst_mac=tables.mac, src_ip=reporter.ip,
+                            dst_ip=reporter.collector_ip, sport=reporter.sport, dport=DTA_PORT)
+        # Partial batches (of 4) on four lists, list 3's after a full one (its stale words must not show), and
+        # paths of 5 hops with 1..4 hops seen.
+        reports = [dta.append(list_id, 100 * list_id + n) for list_id, count in ((1, 1), (2, 3), (3, 5), (7, 2))
+                   for n in range(count)]
+        reports += [dta.postcard(key, hop, key * 10 + hop) for key in range(1, 9) for hop in range(1, key % 4 + 2)]
+        started = time.monotonic()
+
+        def at(frames: list[bytes]) -> list[bytes]:
+            now_ns = int((time.monotonic() - started) * 1e9)
+            return [out for frame in frames for out in reference.process(frame, now_ns).frames]
+
+        frames = [reporter.frame(report) for report in reports]
+        expected = at(frames)
+        assert len(expected) == 1  # list 3's full batch
+        structure = tables.structure(reporter.collector_ip, Primitive.POSTCARDING)
+        cache = reference.postcard_cache[structure.qp.index]
+        postcard_entries = sorted(cache)
+        assert len(postcard_entries) == 8
+        requests = [build_udp_frame(ends, FlushRequest.request(FlushTarget.APPEND_LIST, list_id))
+                    for list_id in (1, 2, 3, 7, 9)]  # 9 never had an entry
+        requests += [build_udp_frame(ends, FlushRequest.request(FlushTarget.POSTCARD_ENTRY, entry))
+                     for entry in postcard_entries + [(postcard_entries[0] + 1) % structure.cache_entries]]
+        forged = [build_udp_frame(ends, FlushRequest.request(FlushTarget.APPEND_LIST, 60000)),
+                  build_udp_frame(ends, FlushRequest.request(FlushTarget.POSTCARD_ENTRY, structure.cache_entries)),
+                  build_udp_frame(ends, FlushRequest.encode({"target": 9, "index": 1}))]
+        assert at(requests + forged) == []
+        bmv2.send(frames + requests + forged)
+        assert time.monotonic() - started < idle_s / 4, "sending took too long to ask before the wait is over"
+        assert bmv2.receive(len(expected)) == expected
+        while time.monotonic() - started < 2 * idle_s:  # well past the wait, by either clock
+            time.sleep(0.05)
+        expected = at(requests)
+        assert len(expected) == 4 + 8  # lists 1, 2, 3 and 7; every cached path
+        assert not cache and all(not state.pending for state in reference.append_state.values())
+        after = [reporter.frame(dta.append(2, 7)) for _ in range(4)]  # a full batch after the flushed one
+        expected += at(after)
+        got = bmv2.exchange(requests + after, len(expected))
+        print(f"flush requests: {len(expected)} frames compared")
+        assert got == expected
+        assert all(scapy_icrc_ok(frame) for frame in got)
+        expected_counts = {c.name.lower(): reference.counters[c] for c in FLUSH_COUNTERS if reference.counters[c]}
+        assert counters(bmv2_tool("simple_switch_CLI"), FLUSH_COUNTERS) == expected_counts
+        assert expected_counts["drop_bad_flush"] == 2 and expected_counts["drop_unknown_list"] == 1
     finally:
         bmv2.close()
 

@@ -10,7 +10,9 @@ from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, parse_udp_fr
 from softdta.hashing import key_checksum, key_slot, postcard_hop_hash, postcard_slot_hash
 from softdta.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, build_roce_frame,
                           parse_roce, transport_payload)
-from softdta.spec import DTA_NACK_PORT, Counter, NackKind, Primitive, QpState, RoceOpcode, Transport
+from softdta.primitives import FlushRequest
+from softdta.spec import (DTA_NACK_PORT, DTA_PORT, Counter, FlushTarget, NackKind, Primitive, QpState, RoceOpcode,
+                          Transport)
 from softdta.tables import Tables
 from softdta.translator import Translator
 
@@ -268,6 +270,36 @@ def test_idle_flush_writes_incomplete_paths(tables, reporter):
     assert len(frames) == 1
     hop2 = 22 ^ postcard_hop_hash((8).to_bytes(4, "big"), 2)
     assert frames[0].payload == bytes(4) + hop2.to_bytes(4, "big") + bytes(12)
+
+
+def flush_request(reporter, target, index):
+    ends = UdpEndpoints(src_mac=reporter.mac, dst_mac=reporter.translator_mac, src_ip=reporter.ip,
+                        dst_ip=reporter.collector_ip, sport=reporter.sport, dport=DTA_PORT)
+    return build_udp_frame(ends, FlushRequest.request(target, index))
+
+
+def test_flush_requests_write_what_the_idle_flush_writes_once_it_is_due(tables, reporter):
+    """The switch's idle flush (a flush request per list or cache entry) writes the same frames as the
+    software's timer, and only what has waited the idle time; without the plug-in it is an unknown opcode."""
+    timer, switch = Translator(tables), Translator(tables, plugins=[FlushRequest.after(1000)])
+    for translator in (timer, switch):
+        send(translator, reporter, dta.append(5, 11), now_ns=0)
+        send(translator, reporter, dta.postcard(8, 2, 22), now_ns=500)
+    entry = next(iter(switch.postcard_cache[structure(tables, Primitive.POSTCARDING).qp.index]))
+    ask = [flush_request(reporter, FlushTarget.APPEND_LIST, 5),
+           flush_request(reporter, FlushTarget.POSTCARD_ENTRY, entry)]
+    assert [switch.process(frame, 900).frames for frame in ask] == [[], []]  # neither is due
+    flushed = [switch.process(frame, 1200).frames for frame in ask]
+    assert flushed[0] == timer.flush_idle(now_ns=1200, idle_ns=1000) and flushed[1] == []  # the path waits on
+    flushed = switch.process(ask[1], 1500).frames
+    assert flushed and flushed == timer.flush_idle(now_ns=1500, idle_ns=1000)
+    assert switch.counters[Counter.APPEND_FLUSHES] == switch.counters[Counter.POSTCARD_FLUSHES] == 1
+    assert switch.process(ask[0], 5000).frames == []  # nothing waits any more
+    for target, index, reason in ((FlushTarget.APPEND_LIST, 60000, Counter.DROP_UNKNOWN_LIST),
+                                  (FlushTarget.POSTCARD_ENTRY, 1 << 20, Counter.DROP_BAD_FLUSH),
+                                  (9, 0, Counter.DROP_BAD_FLUSH)):
+        assert switch.process(flush_request(reporter, target, index), 5000).drop is reason
+    assert timer.process(ask[0], 5000).drop is Counter.DROP_UNKNOWN_OPCODE
 
 
 def test_one_hop_postcard_does_not_evict_another_flows_path(reporter):
