@@ -19,6 +19,9 @@ const bit<8> BRIDGE_REPLY = 2;
 const bit<8> BRIDGE_FRAME = 3; // a WRITE whose payload ingress built (Append, Postcarding, Sketch-Merge)
 const bit<8> BRIDGE_GATHER = 4; // a Sketch-Merge group being collected, one word per recirculation
 const bit<8> BRIDGE_ICRC_PASS = 5; // a frame whose tail CRC continues in a second egress pass
+const bit<8> BRIDGE_REPLY_CHECK = 6; // an RC reply, to egress, which owns the PSN window
+const bit<8> BRIDGE_REPLY_TAKEN = 7; // ... back to ingress: its PSN was outstanding
+const bit<8> BRIDGE_REPLY_REFUSED = 8; // ... back to ingress: its PSN was not
 const PortId_t RECIRCULATION_PORT = 68; // pipe 0's recirculation port on Tofino-1
 const bit<8> TAIL_CHUNK_WORDS = 8; // 32 bytes per chained hash unit (icrc_split.TAIL_CHUNK_BYTES)
 const bit<8> TAIL_CHUNKS_PER_PASS = 4; // chained hash units one egress pass affords
@@ -51,7 +54,7 @@ header bridge_h {
     bit<8> ttl;
     bit<8> transport;
     bit<8> ack_req_interval;
-    bit<24> psn; // a PSN sequence error NAK's PSN
+    bit<24> psn; // a reply's PSN
     bit<64> va; // a FRAME's address
     bit<32> immediate; // a FRAME's ImmDt
     bit<8> lead_words; // a FRAME's payload: lead_words words, then `chunks` chunks of TAIL_CHUNK_WORDS
@@ -159,8 +162,16 @@ parser SoftdtaIngressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t
         pkt.extract(hdr.bridge);
         transition select(hdr.bridge.kind) {
             BRIDGE_GATHER: parse_gather;
+            BRIDGE_REPLY_TAKEN: parse_checked_reply;
+            BRIDGE_REPLY_REFUSED: parse_checked_reply;
             default: accept;
         }
+    }
+    state parse_checked_reply {
+        pkt.extract(hdr.dta.ethernet);
+        pkt.extract(hdr.dta.ipv4);
+        pkt.extract(hdr.dta.udp);
+        transition parse_bth;
     }
     state parse_gather {
         pkt.extract(hdr.dta.ethernet);
@@ -739,7 +750,31 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         }
 
         // ---------------------------------------------------------------------------------------
-        // Collector replies: egress owns the QP registers, so a reply goes there with its AETH.
+        // Collector replies, taken as an RC requester takes them: a UC QP takes none, an RC QP only one whose
+        // PSN is outstanding, in [unacked_psn, next_psn) modulo 2^24 (docs/protocol.md). Egress owns the PSNs,
+        // so it decides, and the reply comes back here (recirculated) to act on the gate and be counted.
+        else if (hdr.dta.aeth.isValid() && hdr.bridge.isValid()) {
+            bit<32> index = hdr.bridge.qp_index;
+            bit<3> kind = hdr.dta.aeth.syndrome[7:5];
+            bit<5> code = hdr.dta.aeth.syndrome[4:0];
+            if (hdr.bridge.kind == BRIDGE_REPLY_REFUSED) {
+                consume(CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW);
+            } else if (kind == (bit<3>)AETH_ACK) {
+                consume(CNT_RX_ACKS);
+            } else if (kind == (bit<3>)AETH_RNR_NAK) {
+                consume(CNT_RX_RNR_NAKS);
+            } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
+                // Only a PSN sequence error NAK resyncs (dta-v1 §7.13): egress moves next_psn, after a grace.
+                count(CNT_RX_NAK_SEQUENCE);
+                start_grace.execute(index);
+                hdr.bridge.kind = BRIDGE_REPLY;
+                ig_tm_md.ucast_egress_port = RECIRCULATION_PORT; // egress drops it once resynced
+            } else {
+                consume(CNT_RX_NAK_FATAL);
+                fail_gate.execute(index);
+            }
+            return;
+        }
         else if (hdr.dta.aeth.isValid()) {
             meta.tables.qp_by_local_qpn_key.local_qpn = (bit<32>)hdr.dta.bth.dest_qp;
             if (!qp_by_local_qpn.apply().hit) {
@@ -751,26 +786,14 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                 consume(CNT_DROP_UNKNOWN_QP);
                 return;
             }
-            // AETH: only a PSN sequence error NAK resyncs (dta-v1 §7.13); other NAKs fail the QP.
-            bit<3> kind = hdr.dta.aeth.syndrome[7:5];
-            bit<5> code = hdr.dta.aeth.syndrome[4:0];
-            bit<32> index = meta.tables.qp_key.qp_index;
-            if (kind == (bit<3>)AETH_ACK) {
-                consume(CNT_RX_ACKS);
-            } else if (kind == (bit<3>)AETH_RNR_NAK) {
-                consume(CNT_RX_RNR_NAKS);
-            } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
-                count(CNT_RX_NAK_SEQUENCE);
-                start_grace.execute(index);
-                // Egress owns the PSN: the NAK goes there to resync it.
-                bridge_qp();
-                hdr.bridge.kind = BRIDGE_REPLY;
-                hdr.bridge.psn = hdr.dta.bth.psn;
-                ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
-            } else {
-                consume(CNT_RX_NAK_FATAL);
-                fail_gate.execute(index);
+            if (meta.tables.qp.transport != TRANSPORT_RC) {
+                consume(CNT_DROP_REPLY_ON_UC);
+                return;
             }
+            bridge_qp();
+            hdr.bridge.kind = BRIDGE_REPLY_CHECK;
+            hdr.bridge.psn = hdr.dta.bth.psn;
+            ig_tm_md.ucast_egress_port = RECIRCULATION_PORT;
             return;
         }
 
@@ -1060,6 +1083,7 @@ parser SoftdtaEgressParser(packet_in pkt, out tna_headers_t hdr, out metadata_t 
         transition select(hdr.bridge.kind) {
             BRIDGE_GATHER: accept; // passes through on its way back to ingress
             BRIDGE_REPLY: parse_reply;
+            BRIDGE_REPLY_CHECK: parse_reply;
             BRIDGE_REPORT: parse_report;
             BRIDGE_ICRC_PASS: parse_built;
             default: parse_frame;
@@ -1187,6 +1211,7 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
                       inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md,
                       inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
     SOFTDTA_REGISTER_QP_STATE_NEXT_PSN
+    SOFTDTA_REGISTER_QP_STATE_UNACKED_PSN
     SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT
 
     Hash<bit<32>>(HashAlgorithm_t.CRC32) dta_v1_key_hash;
@@ -1239,7 +1264,30 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     };
     RegisterAction<bit<32>, bit<32>, bit<32>>(qp_state_next_psn) resync_psn = {
         void apply(inout bit<32> value) {
-            value = (bit<32>)hdr.dta.bth.psn;
+            value = (bit<32>)hdr.bridge.psn;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(qp_state_next_psn) read_next_psn = {
+        void apply(inout bit<32> value, out bit<32> result) {
+            result = value;
+        }
+    };
+    // An RC reply's verdict: 1 if its PSN is outstanding. An ACK then acknowledges every PSN up to its own,
+    // and a sequence NAK moves the window's start to its PSN (next_psn follows in the resync pass).
+    bit<32> window_end; // next_psn
+    bool reply_acks;
+    bool reply_resyncs;
+    RegisterAction<bit<32>, bit<32>, bit<8>>(qp_state_unacked_psn) take_reply = {
+        void apply(inout bit<32> value, out bit<8> result) {
+            result = 0;
+            if ((((bit<32>)hdr.bridge.psn - value) & 0xffffff) < ((window_end - value) & 0xffffff)) {
+                result = 1;
+                if (reply_acks) {
+                    value = ((bit<32>)hdr.bridge.psn + 1) & 0xffffff;
+                } else if (reply_resyncs) {
+                    value = (bit<32>)hdr.bridge.psn;
+                }
+            }
         }
     };
     // AckReq on every n-th frame of a QP: the count starts over at the interval.
@@ -1282,6 +1330,14 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
             return; // a Sketch-Merge group on its way back to ingress
         }
         bit<32> index = hdr.bridge.qp_index;
+        if (hdr.bridge.kind == BRIDGE_REPLY_CHECK) {
+            bit<3> kind = hdr.dta.aeth.syndrome[7:5];
+            reply_acks = kind == (bit<3>)AETH_ACK;
+            reply_resyncs = kind == (bit<3>)AETH_NAK && hdr.dta.aeth.syndrome[4:0] == (bit<5>)NAK_PSN_SEQUENCE_ERROR;
+            window_end = read_next_psn.execute(index);
+            hdr.bridge.kind = take_reply.execute(index) == 1 ? BRIDGE_REPLY_TAKEN : BRIDGE_REPLY_REFUSED;
+            return; // out of the recirculation port, back to ingress with the verdict
+        }
         if (hdr.bridge.kind == BRIDGE_REPLY) {
             resync_psn.execute(index); // a PSN sequence error NAK: to the PSN the collector expects
             eg_dprsr_md.drop_ctl = 1;
@@ -1522,11 +1578,12 @@ control SoftdtaEgressDeparser(packet_out pkt, inout tna_headers_t hdr, in metada
             hdr.dta.ipv4.total_length, hdr.dta.ipv4.identification, hdr.dta.ipv4.flags,
             hdr.dta.ipv4.fragment_offset, hdr.dta.ipv4.ttl, hdr.dta.ipv4.protocol, hdr.dta.ipv4.src,
             hdr.dta.ipv4.dst });
-        pkt.emit(hdr.bridge); // only a frame on its way to a second pass, or a gather pass
+        pkt.emit(hdr.bridge); // only a frame on its way to a second pass, a gather pass or a reply's verdict
         pkt.emit(hdr.dta.ethernet);
         pkt.emit(hdr.dta.ipv4);
         pkt.emit(hdr.dta.udp);
         pkt.emit(hdr.dta.bth);
+        pkt.emit(hdr.dta.aeth); // a reply on its way back to ingress
         pkt.emit(hdr.dta.reth);
         pkt.emit(hdr.dta.atomic_eth);
         pkt.emit(hdr.dta.immdt);

@@ -312,7 +312,8 @@ JUSTIFIED_WARNINGS = (re.compile(r"warning: '?\S+'? is unused"), re.compile(r"wa
 # before the stage that executes them, egress reads the bridge header ingress always adds, and the parsers
 # leave the metadata to the controls. p4test cannot see any of the three.
 REGISTER_ACTION_OPERANDS = ("batch", "pending", "stored_data", "postcard_key", "hop_bit", "hop_index", "encoded",
-                            "fresh_entry", "complete_mask", "reporter_bit", "sketch_column", "everyone", "now", "tail")
+                            "fresh_entry", "complete_mask", "reporter_bit", "sketch_column", "everyone", "now", "tail",
+                            "window_end", "reply_acks", "reply_resyncs")
 JUSTIFIED_TNA_WARNINGS = JUSTIFIED_WARNINGS + (
     re.compile(rf"warning: ({'|'.join(REGISTER_ACTION_OPERANDS)}) may be uninitialized$"),
     re.compile(r"warning: accessing a field of a potentially invalid header hdr\.bridge$"),
