@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import tomllib
 import urllib.request
 from collections import Counter as Tally
 from dataclasses import dataclass
@@ -20,9 +21,15 @@ from .bpf import enable_run_stats
 from .dta import DtaOpcode, Report
 from .frames import ip_bytes, mac_bytes
 from .netns import in_netns
-from .reporter import RingReporter
-from .spec import ResponderCounter
+from .collector.collector import tables_document
+from .collector.config import CollectorConfig
+from .offline import OfflineCollector
 from .python_engine import engine_stats
+from .reporter import RingReporter
+from .service import OfflineSource, QueryService, key_rows
+from .spec import Primitive, ResponderCounter
+from .tables import Tables
+from .translator import Translator
 
 SWITCH_IDS = list(range(1, 4097))
 KEYWRITE_SLOTS = 65536
@@ -57,7 +64,9 @@ def build_workload(reporters: int, seed: int, scale: float = 1.0) -> Workload:
     """INT path tracing, postcards, congestion events, per-flow counters and sketches, split over reporters.
 
     Append lists and sketch columns keep their order: a list belongs to one reporter, and reporter r sends
-    sketch r's columns in order."""
+    sketch r's columns in order. Key-Write and Postcarding come from reporter 1 alone (the sink of every traced
+    flow): reports to one slot then reach the translator in the order sent, so the collector's memory is
+    predictable exactly (`predicted_service`); Key-Increment and Sketch-Merge sums do not depend on order."""
     per_primitive = {
         DtaOpcode.KEY_WRITE: workload.key_write(int(6000 * scale), seed, 2, key_len=13, data_len=20),
         DtaOpcode.KEY_INCREMENT: workload.key_increment(int(20000 * scale), seed, 2, flows=1000),
@@ -69,7 +78,8 @@ def build_workload(reporters: int, seed: int, scale: float = 1.0) -> Workload:
     for opcode, reports in per_primitive.items():
         split: list[list[list[Report]]] = [[] for _ in range(reporters)]
         for index, unit in enumerate(_units(opcode, reports)):
-            owner = {DtaOpcode.APPEND: unit[0].list_id, DtaOpcode.SKETCH_MERGE: unit[0].reporter}.get(opcode, index)
+            owner = {DtaOpcode.APPEND: unit[0].list_id, DtaOpcode.SKETCH_MERGE: unit[0].reporter,
+                     DtaOpcode.KEY_WRITE: 0, DtaOpcode.POSTCARDING: 0}.get(opcode, index)
             split[owner % reporters].append(unit)
         for reporter, part in enumerate(split):
             streams[reporter].append(list(reversed(part)))
@@ -182,9 +192,46 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
         for sender in senders:
             sender.close()
     elapsed = time.perf_counter() - started
-    return {"sent": sent, "seconds": elapsed, "rate": sum(sent.values()) / elapsed if elapsed else 0,
+    return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
+            "rate": sum(sent.values()) / elapsed if elapsed else 0,
             "appended": appended, "append_dropped": append_dropped,
             "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
+
+
+def predicted_service(state: lab.LabState, load: Workload, sent_per_reporter: list[int]) -> QueryService:
+    """The query service over what the collector must hold: the reports each reporter sent, replayed in its
+    order through the reference translator into an offline collector laid out as the lab's (the same
+    [translator] settings and structures; addresses and QP numbers do not reach memory). The idle flush runs
+    once at the end: Append's answers do not depend on when a partial batch left, and a Postcarding path
+    flushed before its last hop is a shortfall the comparison must show."""
+    config_path = lab.STATE_DIR / "prediction-collector.toml"
+    config_path.write_text(lab.collector_config(state))
+    config = CollectorConfig.from_toml(config_path)
+    adverts = [{"structure": region.name, **region.advertised(),
+                "qp": {"remote_qpn": 0x10 + index, "local_qpn": 0x10 + index, "rkey": 1 + index,
+                       "base": (1 + index) << 40, "length": region.length,
+                       "transport": region.transport.name.lower()}}
+               for index, region in enumerate(config.regions())]
+    translator = tomllib.loads(lab.translator_settings(state.collector))["translator"]
+    tables = Tables.from_dict(tables_document(translator, {"name": config.name, "ip": lab.COLLECTOR_IP,
+                                                           "mac": lab.COLLECTOR_MAC}, adverts))
+    reference, offline = Translator(tables), OfflineCollector(tables)
+    for index, (reports, count) in enumerate(zip(load.per_reporter, sent_per_reporter), 1):
+        address = state.reporter(index)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        for report in reports[:count]:
+            for frame in reference.process(sender.frame(report), 0).frames:
+                offline.deliver(frame)
+    for frame in reference.flush_idle(now_ns=1 << 62, idle_ns=0):
+        offline.deliver(frame)
+    return QueryService(OfflineSource(offline))
+
+
+def _differences(live: list, predicted: dict) -> int:
+    """Rows of a live answer that differ from the predicted one, as the service would have sent it."""
+    predicted_rows = json.loads(json.dumps(predicted["results"]))
+    return sum(a != b for a, b in zip(live, predicted_rows)) + abs(len(live) - len(predicted_rows))
 
 
 def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
@@ -215,6 +262,10 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     summary["collector"]["replies_sent"] = responder.get("replies_sent", responder.get("sent_pkts", 0))
     summary["translator"]["replies"] = {name: counters.get(name, 0) for name in REPLY_COUNTERS}
     queries = summary["queries"] = {}
+    prediction = predicted_service(state, load, streamed["sent_per_reporter"])
+    collector_ip = ip_bytes(lab.COLLECTOR_IP)
+    predicted = {primitive: prediction.source.tables.structure(collector_ip, primitive)
+                 for primitive in Primitive}
 
     keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
     if keywrite:
@@ -222,8 +273,12 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
         right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
         later = np.arange(len(keywrite) - 1, -1, -1) / KEYWRITE_SLOTS
         bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 2) for alpha in later]))
+        structure = predicted[Primitive.KEY_WRITE]
+        expected = prediction.keywrite_answer("", structure, key_rows([r.key.hex() for r in keywrite], structure, ""),
+                                               2, 1)
         queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
-                                "bound": round(bound, 4), "load": round(len(keywrite) / KEYWRITE_SLOTS, 4)}
+                                "bound": round(bound, 4), "load": round(len(keywrite) / KEYWRITE_SLOTS, 4),
+                                "differ_from_prediction": _differences(answer["results"], expected)}
 
     truth: dict[bytes, int] = {}
     for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
@@ -233,7 +288,11 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
         counts = [row["count"] for row in answer["results"]]
         under = sum(count < expected for count, expected in zip(counts, truth.values()))
         exact = sum(count == expected for count, expected in zip(counts, truth.values()))
-        queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under}
+        structure = predicted[Primitive.KEY_INCREMENT]
+        expected = prediction.keyincrement_answer("", structure, key_rows([k.hex() for k in truth], structure, ""),
+                                                   2)
+        queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under,
+                                    "differ_from_prediction": _differences(answer["results"], expected)}
 
     per_list: dict[int, list[int]] = {}
     append_sent = 0
@@ -246,8 +305,13 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     dropped = streamed["append_dropped"] + _poll_append(appended, state.token)
     recovered = sum(len(entries) for entries in appended.values())
     in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
+    expected_lists = {list_id: entries.tolist()
+                      for list_id, entries in prediction.source.collector.append_pollers[0].poll().items()}
     queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
-                         "lists_in_exact_order": in_order, "entries_overwritten": dropped}
+                         "lists_in_exact_order": in_order, "entries_overwritten": dropped,
+                         "lists_differ_from_prediction": sum(appended.get(list_id, []) != entries
+                                                             for list_id, entries in expected_lists.items())
+                         + len(set(appended) - set(expected_lists))}
 
     paths: dict[bytes, list[int]] = {}
     for report in load.per_primitive[DtaOpcode.POSTCARDING]:
@@ -256,14 +320,20 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
     later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
     bound = 1 - float(np.mean([postcarding_empty_return_bound(alpha, 1, 5, len(SWITCH_IDS)) for alpha in later]))
-    queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "bound": round(bound, 4)}
+    structure = predicted[Primitive.POSTCARDING]
+    expected = prediction.postcarding_answer("", structure, key_rows([k.hex() for k in paths], structure, ""),
+                                              SWITCH_IDS)
+    queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "bound": round(bound, 4),
+                              "differ_from_prediction": _differences(answer["results"], expected)}
 
     expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
     for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
         expected[report.column] += np.array(report.counters, dtype=np.uint64)
     merged = np.array(_http("/sketch/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
     match = merged.shape == expected.shape and bool((merged == expected).all())
-    queries["sketch_merge"] = {"matches_sum_of_reporters": match}
+    expected_matrix = prediction.region(predicted[Primitive.SKETCH_MERGE]).by_column.tolist()
+    queries["sketch_merge"] = {"matches_sum_of_reporters": match,
+                               "matches_prediction": merged.tolist() == expected_matrix}
     summary["complete"] = streamed["complete"]
     problems = summary["problems"] = verdict(summary)
     return summary, problems
@@ -306,6 +376,16 @@ def verdict(summary: dict) -> list[str]:
                         f"below the bound {postcarding['bound']:.2%}")
     if summary["complete"] and not queries["sketch_merge"]["matches_sum_of_reporters"]:
         problems.append("Sketch-Merge: the merged sketch differs from the sum of the reporters' sketches")
+    # Exact: the collector's answers against those from the memory the reference predicts for what was sent.
+    differing = {name: queries[name].get("differ_from_prediction", queries[name].get("lists_differ_from_prediction"))
+                 for name in ("key_write", "key_increment", "append", "postcarding") if name in queries}
+    for name, count in differing.items():
+        if count:
+            unit = "lists" if name == "append" else "answers"
+            problems.append(f"{name.replace('_', '-')}: {count:,} {unit} differ from the memory the reference "
+                            f"translator predicts from the reports sent")
+    if not queries["sketch_merge"].get("matches_prediction", True):
+        problems.append("sketch-merge: the merged sketch differs from the memory the reference predicts")
     return problems
 
 

@@ -179,7 +179,7 @@ def _integer(value, field: str, low: int, high: int) -> int:
     return value
 
 
-def _key_rows(keys, structure: Structure, name: str) -> np.ndarray:
+def key_rows(keys, structure: Structure, name: str) -> np.ndarray:
     """Keys as (count, key_len) uint8 rows in wire order."""
     key_len = structure.key_len
     if not isinstance(keys, list) or not keys:
@@ -346,13 +346,13 @@ class QueryService:
             raise _error(web.HTTPNotFound, f"no {PRIMITIVE_SLUGS[primitive]} structure named {name!r}", known=known)
         return name, structure
 
-    def _region(self, structure: Structure):
+    def region(self, structure: Structure):
         return self.source.structure_region(structure.primitive, structure.qp.collector_ip)
 
     def structure_stats(self) -> list[dict]:
         stats = []
         for name, structure in self.structures.items():
-            occupied = _occupied(structure.primitive, self._region(structure))
+            occupied = _occupied(structure.primitive, self.region(structure))
             fill = np.count_nonzero(occupied) / occupied.size
             entry = {"name": name, "primitive": PRIMITIVE_SLUGS[structure.primitive],
                      "collector_ip": ip_str(structure.qp.collector_ip), "region_bytes": structure.qp.length,
@@ -389,7 +389,7 @@ class QueryService:
     async def _keywrite(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, Primitive.KEY_WRITE)
         body = await _json_body(request, ("keys", "redundancy"), ("mode", "consensus"))
-        rows = _key_rows(body["keys"], structure, name)
+        rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
         mode = body.get("mode", "plurality")
         if mode == "plurality":
@@ -400,16 +400,16 @@ class QueryService:
             consensus = _integer(body.get("consensus", redundancy), "consensus", 1, redundancy)
         else:
             raise _bad_request(f'mode must be "plurality" or "consensus", got {json.dumps(mode)}')
-        return web.json_response(await self._off_loop(self._keywrite_answer, name, structure, rows, redundancy,
+        return web.json_response(await self._off_loop(self.keywrite_answer, name, structure, rows, redundancy,
                                                       consensus))
 
     async def _off_loop(self, query, *args):
         """Run a query on the worker thread: one at a time, and never on the loop that answers /health."""
         return await asyncio.get_running_loop().run_in_executor(self.queries, query, *args)
 
-    def _keywrite_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int,
+    def keywrite_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int,
                          consensus: int) -> dict:
-        region = self._region(structure)
+        region = self.region(structure)
         answer = keywrite_query(region, rows, redundancy, consensus, structure.key_hash)
         # Not found is "empty" when none of the key's slots was ever written, else "collided" (overwritten
         # by other keys, or copies that disagree): the first means not reported, the second data lost.
@@ -432,12 +432,12 @@ class QueryService:
     async def _keyincrement(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, Primitive.KEY_INCREMENT)
         body = await _json_body(request, ("keys", "redundancy"))
-        rows = _key_rows(body["keys"], structure, name)
+        rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
-        return web.json_response(await self._off_loop(self._keyincrement_answer, name, structure, rows, redundancy))
+        return web.json_response(await self._off_loop(self.keyincrement_answer, name, structure, rows, redundancy))
 
-    def _keyincrement_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int) -> dict:
-        counts = keyincrement_query(self._region(structure), rows, redundancy, structure.key_hash)
+    def keyincrement_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int) -> dict:
+        counts = keyincrement_query(self.region(structure), rows, redundancy, structure.key_hash)
         results = [{"key": key, "count": count}
                    for key, count in zip(_hex_rows(rows.tobytes(), structure.key_len), counts.tolist())]
         return {"structure": name, "redundancy": redundancy, "results": results}
@@ -449,16 +449,16 @@ class QueryService:
     async def _postcarding(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, Primitive.POSTCARDING)
         body = await _json_body(request, ("keys", "value_set"))
-        rows = _key_rows(body["keys"], structure, name)
+        rows = key_rows(body["keys"], structure, name)
         value_set = body["value_set"]
         if not isinstance(value_set, list) or not value_set:
             raise _bad_request("value_set must be a non-empty list of the values hops report (e.g. switch IDs)")
         for index, value in enumerate(value_set):
             _integer(value, f"value_set[{index}]", 0, 0xFFFFFFFF)
-        return web.json_response(await self._off_loop(self._postcarding_answer, name, structure, rows, value_set))
+        return web.json_response(await self._off_loop(self.postcarding_answer, name, structure, rows, value_set))
 
-    def _postcarding_answer(self, name: str, structure: Structure, rows: np.ndarray, value_set: list[int]) -> dict:
-        answer = postcard_query(self._region(structure), rows, value_set)
+    def postcarding_answer(self, name: str, structure: Structure, rows: np.ndarray, value_set: list[int]) -> dict:
+        answer = postcard_query(self.region(structure), rows, value_set)
         results = [{"key": key, "path": [None if value == BLANK else value for value in path], "complete": complete}
                    for key, path, complete in zip(_hex_rows(rows.tobytes(), structure.key_len),
                                                   answer.values.tolist(), answer.complete.tolist())]
@@ -534,7 +534,7 @@ class QueryService:
         name, structure = self._structure(request, Primitive.SKETCH_MERGE)
         return web.json_response({"structure": name, "columns": structure.columns, "rows": structure.rows,
                                   "merge": structure.merge.name.lower(),
-                                  "matrix": self._region(structure).by_column.tolist()})
+                                  "matrix": self.region(structure).by_column.tolist()})
 
     async def completions(self, request: web.Request) -> web.Response:
         try:

@@ -14,11 +14,12 @@ CLEAN = {
     "collector": {"executed": 300, "drops": {}, "replies_sent": 60},
     "link_drops": {},
     "complete": True,
-    "queries": {"key_write": {"success": 0.99, "bound": 0.985},
-                "key_increment": {"under_counted": 0},
-                "append": {"entries_sent": 40, "entries_recovered": 40, "lists": 4, "lists_in_exact_order": 4},
-                "postcarding": {"paths": 100, "decoded_exactly": 99, "bound": 0.99},
-                "sketch_merge": {"matches_sum_of_reporters": True}},
+    "queries": {"key_write": {"success": 0.99, "bound": 0.985, "differ_from_prediction": 0},
+                "key_increment": {"under_counted": 0, "differ_from_prediction": 0},
+                "append": {"entries_sent": 40, "entries_recovered": 40, "lists": 4, "lists_in_exact_order": 4,
+                           "lists_differ_from_prediction": 0},
+                "postcarding": {"paths": 100, "decoded_exactly": 99, "bound": 0.99, "differ_from_prediction": 0},
+                "sketch_merge": {"matches_sum_of_reporters": True, "matches_prediction": True}},
 }
 
 
@@ -47,6 +48,12 @@ def test_a_clean_run_has_no_problem():
     ({"queries__postcarding__decoded_exactly": 90}, "Postcarding"),
     ({"collector__replies_sent": 61}, "RC replies"),
     ({"translator__received__key-write": 99}, "reports"),
+    # within the bound or the truth, but not what the reports sent must have left in memory
+    ({"queries__key_write__differ_from_prediction": 1}, "key-write: 1 answers differ"),
+    ({"queries__key_increment__differ_from_prediction": 2}, "key-increment: 2 answers differ"),
+    ({"queries__postcarding__differ_from_prediction": 1}, "postcarding: 1 answers differ"),
+    ({"queries__append__lists_differ_from_prediction": 1}, "append: 1 lists differ"),
+    ({"queries__sketch_merge__matches_prediction": False}, "sketch-merge: the merged sketch differs from the memory"),
 ])
 def test_a_shortfall_is_a_problem_even_beside_unrelated_counted_drops(shortfall, words):
     """The first `make demo` on a fresh machine passed with all of these at once, because link drops had been
