@@ -3,105 +3,131 @@
 // SOFTDTA_REGISTER_<NAME> declares one, SOFTDTA_<TABLE>_REGISTERS all of a table's; expand them where
 // that state lives (top level in v1model, inside the one gress that uses it in TNA) after defining
 // SOFTDTA_REGISTER(W, N) as the architecture's register type of N elements of bit<W>.
+// A table's registers hold SOFTDTA_<TABLE>_ENTRIES entries, the spec's capacity unless the program
+// defines fewer first (a build sized for its target).
 
 #ifndef SOFTDTA_REGISTERS_P4
 #define SOFTDTA_REGISTERS_P4
 
+#ifndef SOFTDTA_QP_STATE_ENTRIES
+#define SOFTDTA_QP_STATE_ENTRIES QP_STATE_MAX_ENTRIES
+#endif
+
 // qp_state.next_psn
 #define SOFTDTA_REGISTER_QP_STATE_NEXT_PSN \
-    @id(0x16000001) @name(".qp_state_next_psn") SOFTDTA_REGISTER(32, 4096) qp_state_next_psn;
+    @id(0x16000001) @name(".qp_state_next_psn") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_next_psn;
 
 // qp_state.state
 #define SOFTDTA_REGISTER_QP_STATE_STATE \
-    @id(0x16000002) @name(".qp_state_state") SOFTDTA_REGISTER(32, 4096) qp_state_state;
+    @id(0x16000002) @name(".qp_state_state") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_state;
 
 // qp_state.grace_until_ns
 #define SOFTDTA_REGISTER_QP_STATE_GRACE_UNTIL_NS \
-    @id(0x16000003) @name(".qp_state_grace_until_ns") SOFTDTA_REGISTER(64, 4096) qp_state_grace_until_ns;
+    @id(0x16000003) @name(".qp_state_grace_until_ns") SOFTDTA_REGISTER(64, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_grace_until_ns;
 
 // qp_state.flush_mark_ns
 #define SOFTDTA_REGISTER_QP_STATE_FLUSH_MARK_NS \
-    @id(0x16000004) @name(".qp_state_flush_mark_ns") SOFTDTA_REGISTER(64, 4096) qp_state_flush_mark_ns;
+    @id(0x16000004) @name(".qp_state_flush_mark_ns") SOFTDTA_REGISTER(64, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_flush_mark_ns;
 
 // qp_state.frames_sent
 #define SOFTDTA_REGISTER_QP_STATE_FRAMES_SENT \
-    @id(0x16000005) @name(".qp_state_frames_sent") SOFTDTA_REGISTER(32, 4096) qp_state_frames_sent;
+    @id(0x16000005) @name(".qp_state_frames_sent") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_frames_sent;
 
 // qp_state.flush_mark
 #define SOFTDTA_REGISTER_QP_STATE_FLUSH_MARK \
-    @id(0x16000006) @name(".qp_state_flush_mark") SOFTDTA_REGISTER(32, 4096) qp_state_flush_mark;
+    @id(0x16000006) @name(".qp_state_flush_mark") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_flush_mark;
 
 // qp_state.unacked_psn
 #define SOFTDTA_REGISTER_QP_STATE_UNACKED_PSN \
-    @id(0x16000007) @name(".qp_state_unacked_psn") SOFTDTA_REGISTER(32, 4096) qp_state_unacked_psn;
+    @id(0x16000007) @name(".qp_state_unacked_psn") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_QP_STATE_ENTRIES) qp_state_unacked_psn;
+
+#ifndef SOFTDTA_APPEND_STATE_ENTRIES
+#define SOFTDTA_APPEND_STATE_ENTRIES APPEND_STATE_MAX_ENTRIES
+#endif
 
 // append_state.head
 #define SOFTDTA_REGISTER_APPEND_STATE_HEAD \
-    @id(0x16000008) @name(".append_state_head") SOFTDTA_REGISTER(32, 65536) append_state_head;
+    @id(0x16000008) @name(".append_state_head") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_APPEND_STATE_ENTRIES) append_state_head;
 
 // append_state.pending
 #define SOFTDTA_REGISTER_APPEND_STATE_PENDING \
-    @id(0x16000009) @name(".append_state_pending") SOFTDTA_REGISTER(32, 65536) append_state_pending;
+    @id(0x16000009) @name(".append_state_pending") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_APPEND_STATE_ENTRIES) append_state_pending;
 
 // append_state.first_pending_ns
 #define SOFTDTA_REGISTER_APPEND_STATE_FIRST_PENDING_NS \
-    @id(0x1600000a) @name(".append_state_first_pending_ns") SOFTDTA_REGISTER(64, 65536) append_state_first_pending_ns;
+    @id(0x1600000a) @name(".append_state_first_pending_ns") SOFTDTA_REGISTER(64, (bit<32>)SOFTDTA_APPEND_STATE_ENTRIES) append_state_first_pending_ns;
 
 // append_state.data
 #define SOFTDTA_REGISTER_APPEND_STATE_DATA \
-    @id(0x1600000b) @name(".append_state_data") SOFTDTA_REGISTER(32, 4194304) append_state_data;
+    @id(0x1600000b) @name(".append_state_data") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_APPEND_STATE_ENTRIES * 64) append_state_data;
+
+#ifndef SOFTDTA_POSTCARD_CACHE_ENTRIES
+#define SOFTDTA_POSTCARD_CACHE_ENTRIES POSTCARD_CACHE_MAX_ENTRIES
+#endif
 
 // postcard_cache.first_ns
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_FIRST_NS \
-    @id(0x1600000c) @name(".postcard_cache_first_ns") SOFTDTA_REGISTER(64, 131072) postcard_cache_first_ns;
+    @id(0x1600000c) @name(".postcard_cache_first_ns") SOFTDTA_REGISTER(64, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES) postcard_cache_first_ns;
 
 // postcard_cache.values
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_VALUES \
-    @id(0x1600000d) @name(".postcard_cache_values") SOFTDTA_REGISTER(32, 1048576) postcard_cache_values;
+    @id(0x1600000d) @name(".postcard_cache_values") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES * 8) postcard_cache_values;
 
 // postcard_cache.key
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_KEY \
-    @id(0x1600000e) @name(".postcard_cache_key") SOFTDTA_REGISTER(32, 1048576) postcard_cache_key;
+    @id(0x1600000e) @name(".postcard_cache_key") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES * 8) postcard_cache_key;
 
 // postcard_cache.key_len
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_KEY_LEN \
-    @id(0x1600000f) @name(".postcard_cache_key_len") SOFTDTA_REGISTER(8, 131072) postcard_cache_key_len;
+    @id(0x1600000f) @name(".postcard_cache_key_len") SOFTDTA_REGISTER(8, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES) postcard_cache_key_len;
 
 // postcard_cache.path_length
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_PATH_LENGTH \
-    @id(0x16000010) @name(".postcard_cache_path_length") SOFTDTA_REGISTER(8, 131072) postcard_cache_path_length;
+    @id(0x16000010) @name(".postcard_cache_path_length") SOFTDTA_REGISTER(8, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES) postcard_cache_path_length;
 
 // postcard_cache.hop_mask
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_HOP_MASK \
-    @id(0x16000011) @name(".postcard_cache_hop_mask") SOFTDTA_REGISTER(8, 131072) postcard_cache_hop_mask;
+    @id(0x16000011) @name(".postcard_cache_hop_mask") SOFTDTA_REGISTER(8, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES) postcard_cache_hop_mask;
 
 // postcard_cache.valid
 #define SOFTDTA_REGISTER_POSTCARD_CACHE_VALID \
-    @id(0x16000012) @name(".postcard_cache_valid") SOFTDTA_REGISTER(8, 131072) postcard_cache_valid;
+    @id(0x16000012) @name(".postcard_cache_valid") SOFTDTA_REGISTER(8, (bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES) postcard_cache_valid;
+
+#ifndef SOFTDTA_SKETCH_COLUMN_ENTRIES
+#define SOFTDTA_SKETCH_COLUMN_ENTRIES SKETCH_COLUMN_MAX_ENTRIES
+#endif
 
 // sketch_column.epoch
 #define SOFTDTA_REGISTER_SKETCH_COLUMN_EPOCH \
-    @id(0x16000013) @name(".sketch_column_epoch") SOFTDTA_REGISTER(32, 65536) sketch_column_epoch;
+    @id(0x16000013) @name(".sketch_column_epoch") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_SKETCH_COLUMN_ENTRIES) sketch_column_epoch;
 
 // sketch_column.contributors
 #define SOFTDTA_REGISTER_SKETCH_COLUMN_CONTRIBUTORS \
-    @id(0x16000014) @name(".sketch_column_contributors") SOFTDTA_REGISTER(32, 65536) sketch_column_contributors;
+    @id(0x16000014) @name(".sketch_column_contributors") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_SKETCH_COLUMN_ENTRIES) sketch_column_contributors;
 
 // sketch_column.counters
 #define SOFTDTA_REGISTER_SKETCH_COLUMN_COUNTERS \
-    @id(0x16000015) @name(".sketch_column_counters") SOFTDTA_REGISTER(32, 1048576) sketch_column_counters;
+    @id(0x16000015) @name(".sketch_column_counters") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_SKETCH_COLUMN_ENTRIES * 16) sketch_column_counters;
+
+#ifndef SOFTDTA_SKETCH_REPORTER_ENTRIES
+#define SOFTDTA_SKETCH_REPORTER_ENTRIES SKETCH_REPORTER_MAX_ENTRIES
+#endif
 
 // sketch_reporter.next_column
 #define SOFTDTA_REGISTER_SKETCH_REPORTER_NEXT_COLUMN \
-    @id(0x16000016) @name(".sketch_reporter_next_column") SOFTDTA_REGISTER(32, 65536) sketch_reporter_next_column;
+    @id(0x16000016) @name(".sketch_reporter_next_column") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_SKETCH_REPORTER_ENTRIES) sketch_reporter_next_column;
 
 // sketch_reporter.wraps
 #define SOFTDTA_REGISTER_SKETCH_REPORTER_WRAPS \
-    @id(0x16000017) @name(".sketch_reporter_wraps") SOFTDTA_REGISTER(32, 65536) sketch_reporter_wraps;
+    @id(0x16000017) @name(".sketch_reporter_wraps") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_SKETCH_REPORTER_ENTRIES) sketch_reporter_wraps;
+
+#ifndef SOFTDTA_REPORTER_SEQ_ENTRIES
+#define SOFTDTA_REPORTER_SEQ_ENTRIES REPORTER_SEQ_MAX_ENTRIES
+#endif
 
 // reporter_seq.last_seqnum
 #define SOFTDTA_REGISTER_REPORTER_SEQ_LAST_SEQNUM \
-    @id(0x16000018) @name(".reporter_seq_last_seqnum") SOFTDTA_REGISTER(32, 65536) reporter_seq_last_seqnum;
+    @id(0x16000018) @name(".reporter_seq_last_seqnum") SOFTDTA_REGISTER(32, (bit<32>)SOFTDTA_REPORTER_SEQ_ENTRIES) reporter_seq_last_seqnum;
 
 #define SOFTDTA_QP_STATE_REGISTERS \
     SOFTDTA_REGISTER_QP_STATE_NEXT_PSN \

@@ -40,6 +40,11 @@ const bit<8> P4_POSTCARD_WORD_BITS = 3;
 const bit<8> P4_SKETCH_ROW_BITS = 4;
 const bit<8> P4_SKETCH_COLUMN_BITS = 12;
 const bit<8> P4_SKETCH_REPORTER_BITS = 5;
+const bit<8> TNA_MAX_APPEND_BATCH = 8;
+const bit<8> TNA_MAX_SKETCH_ROWS = 8;
+const bit<16> TNA_APPEND_STATE_ENTRIES = 16384;
+const bit<16> TNA_POSTCARD_CACHE_ENTRIES = 32768;
+const bit<16> TNA_SKETCH_COLUMN_ENTRIES = 8192;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_0 = 504538880;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_1 = 1706648981;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_2 = 1238337419;
@@ -589,6 +594,8 @@ const bit<32> ICRC_TAIL_ZEROS_CRC = 0x84fad56c;
 #define SOFTDTA_EACH_POSTCARD_WORD(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)  // the hop values of a Postcarding path
 #define SOFTDTA_EACH_HOP(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)  // Postcarding hops, 1-based
 #define SOFTDTA_EACH_SKETCH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)  // the rows of a sketch column
+#define SOFTDTA_EACH_TNA_APPEND_WORD(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)  // the words of an Append batch, TNA build
+#define SOFTDTA_EACH_TNA_SKETCH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)  // the rows of a sketch column, TNA build
 #define SOFTDTA_EACH_PAYLOAD_WORD(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31) X(32) X(33) X(34) X(35) X(36) X(37) X(38) X(39) X(40) X(41) X(42) X(43) X(44) X(45) X(46) X(47) X(48) X(49) X(50) X(51) X(52) X(53) X(54) X(55) X(56) X(57) X(58) X(59) X(60) X(61) X(62) X(63)  // the 4-byte words of a WRITE payload
 #define SOFTDTA_EACH_EXTRA_COPY(X) X(1) X(2) X(3)  // the copies of a redundant report after the first
 

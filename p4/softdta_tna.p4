@@ -12,6 +12,11 @@
 
 #include "softdta_spec.p4"
 #include "softdta_types.p4"
+// The default Tofino-1 build (the spec's TNA_* limits, docs/p4.md): state sized to fit one pipe. The control
+// plane refuses tables beyond it (p4runtime.unsupported).
+#define SOFTDTA_APPEND_STATE_ENTRIES TNA_APPEND_STATE_ENTRIES
+#define SOFTDTA_POSTCARD_CACHE_ENTRIES TNA_POSTCARD_CACHE_ENTRIES
+#define SOFTDTA_SKETCH_COLUMN_ENTRIES TNA_SKETCH_COLUMN_ENTRIES
 #include "softdta_registers.p4"
 
 const bit<8> BRIDGE_REPORT = 1;
@@ -359,7 +364,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     };
     // Word i of every list's batch: the entry lands in word `pending`, and every word is read out.
 #define APPEND_WORD_REGISTER(i) \
-    Register<bit<32>, bit<32>>((bit<32>)APPEND_STATE_MAX_ENTRIES) append_word_##i; \
+    Register<bit<32>, bit<32>>((bit<32>)SOFTDTA_APPEND_STATE_ENTRIES) append_word_##i; \
     RegisterAction<bit<32>, bit<32>, bit<32>>(append_word_##i) append_slot_##i = { \
         void apply(inout bit<32> value, out bit<32> result) {                      \
             if (pending == i) {                                                    \
@@ -368,7 +373,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             result = value;                                                        \
         }                                                                          \
     };
-    SOFTDTA_EACH_APPEND_WORD(APPEND_WORD_REGISTER)
+    SOFTDTA_EACH_TNA_APPEND_WORD(APPEND_WORD_REGISTER)
 
     // Postcarding: the cached key, its hop mask (0: the entry is free, so key 0 is an ordinary key) and one
     // register per hop value.
@@ -394,7 +399,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     };
     // Hop value i of every cache entry. A fresh entry reads out the evicted path's value and starts anew.
 #define POSTCARD_HOP_REGISTER(i) \
-    Register<bit<32>, bit<32>>((bit<32>)POSTCARD_CACHE_MAX_ENTRIES) postcard_hop_##i;  \
+    Register<bit<32>, bit<32>>((bit<32>)SOFTDTA_POSTCARD_CACHE_ENTRIES) postcard_hop_##i;  \
     RegisterAction<bit<32>, bit<32>, bit<32>>(postcard_hop_##i) postcard_value_##i = { \
         void apply(inout bit<32> value, out bit<32> result) {                          \
             if (fresh_entry) {                                                         \
@@ -446,7 +451,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     };
     // Row i of every column: merged as a sum or a maximum, taken (read and cleared) when written out.
 #define SKETCH_ROW_REGISTER(i) \
-    Register<bit<32>, bit<32>>((bit<32>)SKETCH_COLUMN_MAX_ENTRIES) sketch_row_##i; \
+    Register<bit<32>, bit<32>>((bit<32>)SOFTDTA_SKETCH_COLUMN_ENTRIES) sketch_row_##i; \
     RegisterAction<bit<32>, bit<32>, bit<32>>(sketch_row_##i) sketch_sum_##i = {   \
         void apply(inout bit<32> value) {                                          \
             value = value + hdr.dta.counters[i].word;                              \
@@ -465,7 +470,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             value = 0;                                                             \
         }                                                                          \
     };
-    SOFTDTA_EACH_SKETCH_ROW(SKETCH_ROW_REGISTER)
+    SOFTDTA_EACH_TNA_SKETCH_ROW(SKETCH_ROW_REGISTER)
 
     action consume(bit<8> slot) {
         translator_counters.count((bit<32>)slot);
@@ -718,7 +723,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             if (hdr.dta.gather.row == i) {                    \
                 word = sketch_take_##i.execute(column_index); \
             } else
-            SOFTDTA_EACH_SKETCH_ROW(TAKE_ROW) {}
+            SOFTDTA_EACH_TNA_SKETCH_ROW(TAKE_ROW) {}
             hdr.gathered.setValid();
             hdr.gathered.word = BYTESWAP32(word);
             hdr.dta.gather.gathered = hdr.dta.gather.gathered + 1;
@@ -905,7 +910,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                     hdr.dta.payload[i].setValid();         \
                     hdr.dta.payload[i].word = word;        \
                 }
-                SOFTDTA_EACH_APPEND_WORD(APPEND_WORD)
+                SOFTDTA_EACH_TNA_APPEND_WORD(APPEND_WORD)
                 if (pending + 1 < batch) {
                     consume(CNT_APPEND_BATCHED);
                     return;
@@ -1005,7 +1010,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                         sketch_sum_##i.execute(column_index);              \
                     }                                                      \
                 }
-                SOFTDTA_EACH_SKETCH_ROW(MERGE_ROW)
+                SOFTDTA_EACH_TNA_SKETCH_ROW(MERGE_ROW)
                 contributors = contributors | reporter_bit;
                 everyone_masks.apply();
                 batch = meta.tables.structure.batch;

@@ -237,6 +237,8 @@ def p4_unrolled() -> list[tuple[str, range, str]]:
             ("POSTCARD_WORD", range(spec.MAX_POSTCARD_HOPS), "the hop values of a Postcarding path"),
             ("HOP", range(1, spec.MAX_POSTCARD_HOPS + 1), "Postcarding hops, 1-based"),
             ("SKETCH_ROW", range(spec.MAX_SKETCH_ROWS), "the rows of a sketch column"),
+            ("TNA_APPEND_WORD", range(spec.TNA_MAX_APPEND_BATCH), "the words of an Append batch, TNA build"),
+            ("TNA_SKETCH_ROW", range(spec.TNA_MAX_SKETCH_ROWS), "the rows of a sketch column, TNA build"),
             ("PAYLOAD_WORD", range(spec.MAX_WRITE_PAYLOAD // 4), "the 4-byte words of a WRITE payload"),
             ("EXTRA_COPY", range(1, spec.MAX_REDUNDANCY), "the copies of a redundant report after the first")]
 
@@ -345,6 +347,7 @@ class P4Register:
     bits: int
     size: int  # elements: the table's capacity, times the 32-bit words of a byte-array field
     id: int
+    words: int = 1  # elements per table entry
 
 
 def p4_id(prefix: int, index: int) -> int:
@@ -384,9 +387,9 @@ def p4_registers() -> list[P4Register]:
         for f in table.value:
             if isinstance(f, spec.SpinLock) or f.name == "pad":
                 continue
-            bits, size = (32, table.max_entries * f.size // 4) if isinstance(f, Raw) else (f.bits, table.max_entries)
-            registers.append(P4Register(f"{table.name}_{f.name}", table.name, f.name, bits, size,
-                                        p4_id(P4_ID_REGISTER, len(registers) + 1)))
+            bits, words = (32, f.size // 4) if isinstance(f, Raw) else (f.bits, 1)
+            registers.append(P4Register(f"{table.name}_{f.name}", table.name, f.name, bits, table.max_entries * words,
+                                        p4_id(P4_ID_REGISTER, len(registers) + 1), words))
     return registers
 
 
@@ -417,15 +420,21 @@ def render_p4_registers() -> str:
              "// The translator's data-plane state as registers, one per field of a spec state table.",
              "// SOFTDTA_REGISTER_<NAME> declares one, SOFTDTA_<TABLE>_REGISTERS all of a table's; expand them where",
              "// that state lives (top level in v1model, inside the one gress that uses it in TNA) after defining",
-             "// SOFTDTA_REGISTER(W, N) as the architecture's register type of N elements of bit<W>.", "",
+             "// SOFTDTA_REGISTER(W, N) as the architecture's register type of N elements of bit<W>.",
+             "// A table's registers hold SOFTDTA_<TABLE>_ENTRIES entries, the spec's capacity unless the program",
+             "// defines fewer first (a build sized for its target).", "",
              "#ifndef SOFTDTA_REGISTERS_P4", "#define SOFTDTA_REGISTERS_P4"]
     by_table: dict[str, list[P4Register]] = {}
     for register in p4_registers():
+        if register.table not in by_table:
+            entries = f"SOFTDTA_{register.table.upper()}_ENTRIES"
+            lines += ["", f"#ifndef {entries}", f"#define {entries} {register.table.upper()}_MAX_ENTRIES", "#endif"]
         by_table.setdefault(register.table, []).append(register)
+        size = f"(bit<32>)SOFTDTA_{register.table.upper()}_ENTRIES" + (f" * {register.words}" if register.words > 1 else "")
         lines += ["", f"// {register.table}.{register.field}",
                   f"#define SOFTDTA_REGISTER_{register.name.upper()} \\",
                   f'    @id({register.id:#010x}) @name(".{register.name}") '
-                  f"SOFTDTA_REGISTER({register.bits}, {register.size}) {register.name};"]
+                  f"SOFTDTA_REGISTER({register.bits}, {size}) {register.name};"]
     for table, registers in by_table.items():
         lines += ["", f"#define SOFTDTA_{table.upper()}_REGISTERS \\"]
         lines += [f"    SOFTDTA_REGISTER_{r.name.upper()}" + (" \\" if i < len(registers) - 1 else "")

@@ -20,7 +20,8 @@ from .codegen import P4_REPLICATION, p4_control_tables, p4_registers
 from .control_plane import Entry, Plan, Slots, address_fields, apply_plan, plan, table_spec
 from .dta import Profile
 from .icrc_split import TAIL_CHUNK_BYTES, TAIL_CHUNKS_PER_PASS
-from .spec import P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, Primitive, Raw
+from .spec import (P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH,
+                   TNA_MAX_SKETCH_ROWS, TNA_POSTCARD_CACHE_ENTRIES, TNA_SKETCH_COLUMN_ENTRIES, Primitive, Raw)
 from .tables import QueuePair, TableError, Tables
 
 import grpc  # noqa: E402  (after .p4info, which selects the protobuf runtime the p4runtime wheel needs)
@@ -321,6 +322,31 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
     sketches = table_spec("sketch_column").max_entries >> P4_SKETCH_COLUMN_BITS
     if any(index >= sketches for index in planned.slots.sketch.values()):
         problems.append(f"at most {sketches} Sketch-Merge structures")
+    if architecture == "tna":
+        problems += tna_build_problems(tables, planned)
+    return problems
+
+
+def tna_build_problems(tables: Tables, planned: Plan) -> list[str]:
+    """What the default TNA build (the spec's TNA_* limits, sized for one Tofino-1 pipe) cannot hold."""
+    problems = [f"append lists from {lists.first_list}: batch {lists.batch} is more than the tna build's "
+                f"TNA_MAX_APPEND_BATCH ({TNA_MAX_APPEND_BATCH})"
+                for lists in tables.append_lists if lists.batch > TNA_MAX_APPEND_BATCH]
+    problems += [f"structure {structure.name}: {structure.rows} rows are more than the tna build's "
+                 f"TNA_MAX_SKETCH_ROWS ({TNA_MAX_SKETCH_ROWS})" for structure in tables.structures
+                 if structure.primitive is Primitive.SKETCH_MERGE and structure.rows > TNA_MAX_SKETCH_ROWS]
+    if len(planned.slots.append) > TNA_APPEND_STATE_ENTRIES or \
+            any(index >= TNA_APPEND_STATE_ENTRIES for index in planned.slots.append.values()):
+        problems.append(f"{len(planned.slots.append)} Append lists: the tna build holds TNA_APPEND_STATE_ENTRIES "
+                        f"({TNA_APPEND_STATE_ENTRIES})")
+    cache_end = max((first + size for (_, size), first in planned.slots.postcard.items()), default=0)
+    if cache_end > TNA_POSTCARD_CACHE_ENTRIES:
+        problems.append(f"Postcarding caches of {cache_end} entries in all: the tna build holds "
+                        f"TNA_POSTCARD_CACHE_ENTRIES ({TNA_POSTCARD_CACHE_ENTRIES})")
+    columns_end = max(((index + 1) << P4_SKETCH_COLUMN_BITS for index in planned.slots.sketch.values()), default=0)
+    if columns_end > TNA_SKETCH_COLUMN_ENTRIES:
+        problems.append(f"{len(planned.slots.sketch)} Sketch-Merge structures: the tna build holds "
+                        f"{TNA_SKETCH_COLUMN_ENTRIES >> P4_SKETCH_COLUMN_BITS} (TNA_SKETCH_COLUMN_ENTRIES)")
     return problems
 
 

@@ -521,6 +521,14 @@ P4_SKETCH_ROW_BITS = (MAX_SKETCH_ROWS - 1).bit_length()  # the counters of a ske
 P4_SKETCH_COLUMN_BITS = 12  # the columns of a sketch
 P4_SKETCH_REPORTER_BITS = 5  # the reporters of a sketch: a column's contributors are a 32-bit bitmap
 
+# The TNA program's default build, sized to fit one Tofino-1 pipe: 35 stateful ALUs of 48 and about 3.5 MiB of
+# register SRAM of some 15 (an estimate without bf-p4c; docs/p4.md). The control plane refuses tables beyond it.
+TNA_MAX_APPEND_BATCH = 8  # one register per batch word
+TNA_MAX_SKETCH_ROWS = 8  # one register per row
+TNA_APPEND_STATE_ENTRIES = 16384  # Append lists over all ranges
+TNA_POSTCARD_CACHE_ENTRIES = 32768  # Postcarding cache entries over all structures
+TNA_SKETCH_COLUMN_ENTRIES = 2 << P4_SKETCH_COLUMN_BITS  # two sketches of up to 4096 columns
+
 P4_TABLES = (
     Table("icrc_constant", (Field("qp_index", 32), Field("opcode", 8), Field("ip_length", 16)), (
         Field("constant", 32, "iCRC of such a frame with its variable tail zeroed, read little-endian"),

@@ -205,6 +205,35 @@ def test_tna_refuses_a_two_pass_sketch_on_a_shared_qp():
     assert unsupported(tables, planned, "v1model") == []
 
 
+def test_the_tna_build_refuses_tables_beyond_its_limits_naming_each():
+    """The default TNA build is sized for one Tofino-1 pipe (spec TNA_*): more batch words, sketch rows, lists,
+    cache entries or sketches than it holds are refused, each problem naming its limit; v1model takes them."""
+    import tomllib
+
+    from softdta.p4runtime import unsupported
+    from softdta.spec import (TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH, TNA_MAX_SKETCH_ROWS,
+                              TNA_POSTCARD_CACHE_ENTRIES)
+
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    assert unsupported(tables, plan(tables, Slots(), flush_idle_ns=0, egress=egress), "tna") == []
+    document = tomllib.loads(EXAMPLE_TABLES.read_text())
+    document["append"][0].update(batch=2 * TNA_MAX_APPEND_BATCH, lists=TNA_APPEND_STATE_ENTRIES + 1,
+                                 entries=4 * TNA_MAX_APPEND_BATCH)
+    document["append"][0]["qp"]["length"] = (TNA_APPEND_STATE_ENTRIES + 1) * 4 * TNA_MAX_APPEND_BATCH * 4
+    sketch = next(s for s in document["structures"] if s["primitive"] == "sketch-merge")
+    sketch.update(rows=TNA_MAX_SKETCH_ROWS + 1, batch=4)  # 4 columns of 9 rows: one write of 144 B
+    sketch["qp"]["length"] = sketch["columns"] * sketch["rows"] * 4
+    postcarding = next(s for s in document["structures"] if s["primitive"] == "postcarding")
+    postcarding["cache_entries"] = 2 * TNA_POSTCARD_CACHE_ENTRIES
+    tables = Tables.from_dict(document)
+    problems = unsupported(tables, plan(tables, Slots(), flush_idle_ns=0, egress=egress), "tna")
+    for limit in ("TNA_MAX_APPEND_BATCH", "TNA_MAX_SKETCH_ROWS", "TNA_APPEND_STATE_ENTRIES",
+                  "TNA_POSTCARD_CACHE_ENTRIES"):
+        assert sum(limit in problem for problem in problems) == 1, (limit, problems)
+    assert len(problems) == 4
+    assert unsupported(tables, plan(tables, Slots(), flush_idle_ns=0, egress=egress), "v1model") == []
+
+
 def test_live_reapply_keeps_slots_and_deletes_last(switch):
     servicer, address = switch
     tables = Tables.from_toml(EXAMPLE_TABLES)

@@ -170,7 +170,7 @@ def test_structural_check_finds_mistakes(mutation, expected):
      "register append_words_3"),
     (lambda p: p.replace("postcard_value_##i.execute(", "postcard_val_##i.execute(", 1), "register action postcard_val_5"),
     (lambda p: p.replace("claim_entry.execute(", "claim.execute(", 1), "register action claim"),
-    (lambda p: p.replace("sketch_take_##i.execute(", "sketch_take_9##i.execute(", 1), "register action sketch_take_915"),
+    (lambda p: p.replace("sketch_take_##i.execute(", "sketch_take_9##i.execute(", 1), "register action sketch_take_90"),
     (lambda p: p.replace("SOFTDTA_EACH_POSTCARD_WORD(HOP_HASH_UNIT)", "SOFTDTA_EACH_HOP(HOP_HASH_UNIT)", 1),
      "hash unit hop_hash_0"),
     (lambda p: p.replace("hdr.dta.gather.left", "hdr.dta.gather.remaining", 1), "hdr.dta.gather.remaining"),
@@ -201,14 +201,14 @@ def test_tna_unrolled_parts_cover_the_spec_limits():
     as many as the spec allows, with the chunk layout of icrc_split."""
     program = strip(preprocessed(PROGRAMS["tna"].read_text()))
     count = lambda pattern: len(set(re.findall(pattern, program)))  # noqa: E731
-    assert count(r"\bRegister<[^;]*?\)\s*append_word_(\d+);") == spec.MAX_APPEND_BATCH
-    assert count(r"\bappend_slot_(\d+)\.execute\(") == spec.MAX_APPEND_BATCH
+    assert count(r"\bRegister<[^;]*?\)\s*append_word_(\d+);") == spec.TNA_MAX_APPEND_BATCH
+    assert count(r"\bappend_slot_(\d+)\.execute\(") == spec.TNA_MAX_APPEND_BATCH
     assert count(r"\bRegister<[^;]*?\)\s*postcard_hop_(\d+);") == spec.MAX_POSTCARD_HOPS
     assert count(r"\bpostcard_value_(\d+)\.execute\(") == spec.MAX_POSTCARD_HOPS
     assert count(r"\bhop_hash_(\d+)\.get\(") == spec.MAX_POSTCARD_HOPS
-    assert count(r"\bRegister<[^;]*?\)\s*sketch_row_(\d+);") == spec.MAX_SKETCH_ROWS
+    assert count(r"\bRegister<[^;]*?\)\s*sketch_row_(\d+);") == spec.TNA_MAX_SKETCH_ROWS
     for action in ("sketch_sum", "sketch_max", "sketch_take"):
-        assert count(rf"\b{action}_(\d+)\.execute\(") == spec.MAX_SKETCH_ROWS, action
+        assert count(rf"\b{action}_(\d+)\.execute\(") == spec.TNA_MAX_SKETCH_ROWS, action
     assert f"pop_front({spec.MAX_SKETCH_ROWS})" in program
     words = int(re.search(r"TAIL_CHUNK_WORDS = (\d+);", program).group(1))
     assert 4 * words == icrc_split.TAIL_CHUNK_BYTES
@@ -252,6 +252,8 @@ def test_unrolled_loops_cover_the_spec_limits():
                        "POSTCARD_WORD": list(range(spec.MAX_POSTCARD_HOPS)),
                        "HOP": list(range(1, spec.MAX_POSTCARD_HOPS + 1)),
                        "SKETCH_ROW": list(range(spec.MAX_SKETCH_ROWS)),
+                       "TNA_APPEND_WORD": list(range(spec.TNA_MAX_APPEND_BATCH)),
+                       "TNA_SKETCH_ROW": list(range(spec.TNA_MAX_SKETCH_ROWS)),
                        "PAYLOAD_WORD": list(range(spec.MAX_WRITE_PAYLOAD // 4)),
                        "EXTRA_COPY": list(range(1, spec.MAX_REDUNDANCY))}  # copy 0 hashes alike in every scheme
     assert f"pop_front({spec.MAX_SKETCH_ROWS})" in program
