@@ -196,7 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     run_p4.add_argument("--log", help="bmv2's log file")
     p4.set_defaults(run=_p4)
 
-    generate = commands.add_parser("codegen", help="regenerate bpf/softdta_spec.h and p4/softdta_spec.p4")
+    from .codegen import GENERATED
+    generate = commands.add_parser("codegen", help="regenerate the files the spec generates: "
+                                   + ", ".join(str(path) for path in GENERATED))
     generate.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
     generate.set_defaults(run=_codegen)
 
