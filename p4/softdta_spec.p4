@@ -12,7 +12,6 @@ const bit<16> ETH_P_IP = 2048;
 const bit<16> ETH_P_IPV6 = 34525;
 const bit<8> IPPROTO_UDP = 17;
 const bit<16> DEFAULT_PKEY = 65535;
-const bit<32> CM_QKEY = 2147549184;
 const bit<8> EXTENDED_MARKER = 128;
 const bit<8> EXTENDED_VERSION = 1;
 const bit<8> EXTENDED_FIRST_BYTE = 129;

@@ -17,7 +17,8 @@ from .roce import describe_aeth, parse_roce
 from .spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, QpState, RoceOpcode
 from .tables import TableError, Tables
 from .translator import Translator
-from .xdp import DEFAULT_FLUSH_IDLE_NS, DEFAULT_PIN_DIR
+from .control_plane import DEFAULT_FLUSH_IDLE_NS
+from .xdp import DEFAULT_PIN_DIR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -681,7 +682,7 @@ def _p4(args) -> int:
     import signal
     import tempfile
     import threading
-    from .p4runtime import (DEFAULT_FLUSH_IDLE_NS, P4Names, P4RuntimeClient, P4RuntimeError, P4Translator,
+    from .p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator,
                             egress_ports, load_p4info, planned_updates, require_supported)
     from google.protobuf import text_format  # after .p4runtime, which picks protobuf's runtime
     from .bmv2 import Bmv2, ThriftRegisters, compile_v1model, tool

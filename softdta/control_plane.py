@@ -22,6 +22,8 @@ from .spec import (ETHERNET, ICRC_LEN, MAX_REDUNDANCY, P4_TABLES, ROCE_PORT, TRA
                    QpState, Raw, RoceOpcode, Transport)
 from .tables import QueuePair, TableError, Tables
 
+# How long a partial Append batch or Postcarding path waits before it is written out, by default.
+DEFAULT_FLUSH_IDLE_NS = 1_000_000
 # Written by the control plane; the data plane only reads them.
 CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list")
 # Entries only the P4 data planes take (iCRC constants, packet replication groups); see spec.P4_TABLES.

@@ -51,11 +51,6 @@ def crc32_poly(polynomial: int, data: bytes) -> int:
     return crc ^ _MASK32
 
 
-def key_hash_bytes(key: bytes) -> bytes:
-    """The key as Key-Write and Key-Increment hash it: bytes reversed."""
-    return key[::-1]
-
-
 def key_checksum(key: bytes) -> int:
     """The 32-bit checksum stored beside Key-Write data: CRC32 of the reversed key."""
     return zlib.crc32(key[::-1])

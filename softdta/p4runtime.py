@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .p4info import parse_p4info
 from .codegen import P4_REPLICATION, p4_control_tables, p4_registers
-from .control_plane import Entry, Plan, Slots, address_fields, apply_plan, plan, table_spec
+from .control_plane import (DEFAULT_FLUSH_IDLE_NS, Entry, Plan, Slots, address_fields, apply_plan, plan,
+                            table_spec)
 from .dta import Profile
 from .icrc_split import TAIL_CHUNK_BYTES, TAIL_CHUNKS_PER_PASS
 from .spec import (P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH,
@@ -30,7 +31,6 @@ from p4.config.v1 import p4info_pb2  # noqa: E402
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc  # noqa: E402
 
 P4INFO_FILE = Path(__file__).resolve().parent.parent / "p4" / "softdta.p4info.txtpb"
-DEFAULT_FLUSH_IDLE_NS = 1_000_000
 P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
 HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
 

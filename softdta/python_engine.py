@@ -22,7 +22,8 @@ from .primitives import Primitive
 from .spec import Counter, QpState
 from .tables import QueuePair, Tables
 from .translator import QpRuntime, Translator
-from .xdp import BPF_DIR, DEFAULT_FLUSH_IDLE_NS, EngineError, _rx_queues, build_object, pinned_stats
+from .control_plane import DEFAULT_FLUSH_IDLE_NS
+from .xdp import BPF_DIR, EngineError, _rx_queues, build_object, pinned_stats
 from .xsk import PacketRing, XskError, XskSocket
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"

@@ -20,8 +20,6 @@ from .roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS
 from .spec import RESPONDER_IP_LIMIT, ROCE_PORT, Access, ResponderCounter, RoceOpcode, Transport
 
 PSN_MASK = 0xFFFFFF
-_WRITE_OPCODES = {RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.UC_WRITE_ONLY,
-                  RoceOpcode.UC_WRITE_ONLY_IMM}
 _RC_OPCODES = {RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.RC_FETCH_ADD}
 _UC_OPCODES = {RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM}
 

@@ -83,7 +83,6 @@ ETH_P_IP = 0x0800
 ETH_P_IPV6 = 0x86DD
 IPPROTO_UDP = 17
 DEFAULT_PKEY = 0xFFFF
-CM_QKEY = 0x80010000
 
 # The extended base header starts with this byte. dta-v1 opcodes are 1..4, so a set top bit can never be a
 # dta-v1 report, and a dta-v1-only parser rejects it as an unknown opcode instead of misreading it.

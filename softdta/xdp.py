@@ -20,7 +20,7 @@ from pathlib import Path
 from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
                   possible_cpus, program_run_stats, xdp_md)
 from .maps import table
-from .control_plane import Entry, Slots, address_fields, apply_plan, plan
+from .control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
 from .spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
 from .tables import QueuePair, Tables
 from .translator import Output
@@ -28,7 +28,6 @@ from .translator import Output
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCE = BPF_DIR / "translator.bpf.c"
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
-DEFAULT_FLUSH_IDLE_NS = 1_000_000
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 _FLUSH_TEMPLATE = bytes(64)
 _FLUSH_RUNS_PER_TICK = 512
