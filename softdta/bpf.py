@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute, NetlinkError
 
+from .errors import SoftdtaError
+
 log = logging.getLogger(__name__)
 
 BPF_MAP_TYPE_HASH = 1
@@ -44,7 +46,7 @@ _LOG_TAIL = 60
 _ROOT_HINT = "run as root (needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)"
 
 
-class BpfError(RuntimeError):
+class BpfError(SoftdtaError, RuntimeError):
     """A libbpf, bpf(2) or netlink operation failed."""
 
 

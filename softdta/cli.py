@@ -11,8 +11,9 @@ from pathlib import Path
 from . import workload
 from .codec import WireError
 from .dta import Profile, decode, decode_nack
+from .errors import SoftdtaError
 from .frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
-from .pcap import Packet, PcapError, read_pcap, write_pcap
+from .pcap import Packet, read_pcap, write_pcap
 from .roce import describe_aeth, parse_roce
 from .spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, QpState, RoceOpcode
 from .tables import TableError, Tables
@@ -23,7 +24,7 @@ from .xdp import DEFAULT_PIN_DIR
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class CliError(Exception):
+class CliError(SoftdtaError):
     """A user-facing error: the message names the problem and the fix."""
 
 
@@ -32,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (CliError, TableError, PcapError) as error:
-        print(f"softdta: error: {error}", file=sys.stderr)
+    except SoftdtaError as error:
+        print(f"softdta: error: {error.line()}", file=sys.stderr)
         return 2
     except FileNotFoundError as error:
         print(f"softdta: error: {error.filename}: no such file; check the path", file=sys.stderr)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from .errors import SoftdtaError
 from .cm import CmConnection, CmEndpoint
 from .codec import WireError
 from .collector.collector import tables_document
@@ -33,7 +34,7 @@ TICK_S = 0.05
 ETH_P_IP = 0x0800
 
 
-class CmError(RuntimeError):
+class CmError(SoftdtaError, RuntimeError):
     """A CM link cannot be set up; the message names the problem and the fix."""
 
 

@@ -6,10 +6,11 @@ big-endian bit fields, MSB first; `Raw` and `Var` parts are bytes.
 
 from __future__ import annotations
 
+from .errors import SoftdtaError
 from .spec import Header, Raw
 
 
-class WireError(ValueError):
+class WireError(SoftdtaError, ValueError):
     """Malformed input. `reason` is a short machine-readable tag (a `spec.Counter` name without DROP_)."""
 
     def __init__(self, reason: str, message: str):

@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .errors import SoftdtaError
 from . import rxe_lab
 from .bpf import BpfObject, attach_xdp, ensure_bpffs
 from .collector.xdp_backend import pin_dir_for
@@ -52,7 +53,7 @@ GUEST_RUN_DIR = STATE_DIR / "guest"
 BRIDGE_IP = "10.77.1.254/16"  # the collector namespace's own address, beside the guest (rxe)
 
 
-class LabError(RuntimeError):
+class LabError(SoftdtaError, RuntimeError):
     """The lab cannot be built or used; the message names the problem and the fix."""
 
 

@@ -15,13 +15,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import SoftdtaError
+
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class NetnsError(RuntimeError):
+class NetnsError(SoftdtaError, RuntimeError):
     """An `ip` command or setns(2) failed."""
 
 

@@ -15,6 +15,7 @@ import queue
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from .errors import SoftdtaError
 from .p4info import parse_p4info
 from .codegen import P4_REPLICATION, p4_control_tables, p4_registers
 from .control_plane import (DEFAULT_FLUSH_IDLE_NS, Entry, Plan, Slots, address_fields, apply_plan, plan,
@@ -35,7 +36,7 @@ P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
 HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
 
 
-class P4RuntimeError(RuntimeError):
+class P4RuntimeError(SoftdtaError, RuntimeError):
     """The switch refused or could not be reached; the message says what to check."""
 
 

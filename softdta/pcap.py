@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
+from .errors import SoftdtaError
+
 LINKTYPE_ETHERNET = 1
 _MAGIC_USEC = 0xA1B2C3D4
 _MAGIC_NSEC = 0xA1B23C4D
 _PCAPNG_MAGIC = 0x0A0D0D0A
 
 
-class PcapError(ValueError):
+class PcapError(SoftdtaError, ValueError):
     pass
 
 

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import SoftdtaError
 from .netns import NETNS_DIR, Namespace, in_netns
 
 CACHE_DIR = Path("/var/cache/softdta/rxe-lab")
@@ -76,7 +77,7 @@ fail "control server"
 """
 
 
-class RxeLabError(RuntimeError):
+class RxeLabError(SoftdtaError, RuntimeError):
     """A step of building or booting the lab failed; the message names it and carries its output."""
 
 

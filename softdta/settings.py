@@ -9,10 +9,12 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from .errors import SoftdtaError
+
 _REQUIRED = object()
 
 
-class TableError(ValueError):
+class TableError(SoftdtaError, ValueError):
     """A configuration (translator tables, collector configuration) that cannot work; the message names the
     entry, the problem and the fix."""
 

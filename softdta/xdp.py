@@ -17,6 +17,7 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
+from .errors import SoftdtaError
 from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
                   possible_cpus, program_run_stats, xdp_md)
 from .maps import table
@@ -33,7 +34,7 @@ _FLUSH_TEMPLATE = bytes(64)
 _FLUSH_RUNS_PER_TICK = 512
 
 
-class EngineError(RuntimeError):
+class EngineError(SoftdtaError, RuntimeError):
     """The kernel engine cannot be built, loaded or driven; the message says what to do."""
 
 

@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 
+from .errors import SoftdtaError
 from .reporter import SLOT_SIZE, TX_DATA_OFFSET, RingReporter
 
 XDP_COPY, XDP_ZEROCOPY = 1 << 1, 1 << 2
@@ -30,7 +31,7 @@ MSG_DONTWAIT = 0x40
 BUSY_RETRIES = 40
 
 
-class XskError(OSError):
+class XskError(SoftdtaError, OSError):
     """AF_XDP cannot be used here; the message says why (the engine then falls back to AF_PACKET)."""
 
 

@@ -93,3 +93,14 @@ def test_taking_append_entries_without_the_token(flag):
                             timeout=60, env={key: value for key, value in os.environ.items()
                                              if key != "SOFTDTA_TOKEN"})
     assert "needs the collector's token: give --token or set SOFTDTA_TOKEN" in one_line_error(result)
+
+
+@pytest.mark.parametrize("command, words", [
+    (["collector", "up", "--config", str(ROOT / "examples" / "collector.toml"), "--netns", "sdta-missing"],
+     "network namespace 'sdta-missing' does not exist"),
+    (["translator", "up", "--tables", str(ROOT / "examples" / "tables.toml"), "-i", "sdta-missing0",
+      "--netns", "sdta-missing"], "network namespace 'sdta-missing' does not exist"),
+])
+def test_every_error_softdta_raises_on_purpose_is_one_line(command, words):
+    """One error hierarchy (softdta.errors.SoftdtaError), caught once by the command line."""
+    assert words in one_line_error(subprocess.run(SOFTDTA + command, capture_output=True, text=True, timeout=60))

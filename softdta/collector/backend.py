@@ -11,11 +11,12 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import SoftdtaError
 from ..responder import Completion
 from ..spec import Access, Transport
 
 
-class BackendError(RuntimeError):
+class BackendError(SoftdtaError, RuntimeError):
     """A backend cannot do what was asked; the message names the problem and the fix."""
 
 

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import SoftdtaError
 from ..frames import ip_bytes, ip_str, mac_bytes, mac_str
 from .backend import BackendError, Peer
 from ..tables import Tables
@@ -35,7 +36,7 @@ MAX_CONNECTIONS = 256  # open control connections, authenticated or not, so idle
 MAX_CONNECTIONS_PER_HOST = 16
 
 
-class ControlError(RuntimeError):
+class ControlError(SoftdtaError, RuntimeError):
     """The other side refused or broke the protocol; the message says what and why."""
 
 

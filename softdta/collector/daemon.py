@@ -7,6 +7,7 @@ import resource
 import sys
 import signal
 
+from ..errors import SoftdtaError
 from .. import service
 from ..frames import ip_str
 from .backend import Backend
@@ -33,7 +34,7 @@ def raise_descriptor_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-class StartError(RuntimeError):
+class StartError(SoftdtaError, RuntimeError):
     """The collector cannot start as configured; the message names the setting and the fix."""
 
 
