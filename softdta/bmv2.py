@@ -17,6 +17,7 @@ from pathlib import Path
 
 # .p4runtime first: it picks the protobuf runtime the p4runtime wheel needs
 from .p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info, p4runtime_pb2
+from .resources import P4_DIR
 from .spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS
 
 KEY_COPY = re.compile(r"\{ reversed_key, 8w(\d) \}")  # COPY_HASH(n) in p4/softdta_v1model.p4
@@ -75,7 +76,7 @@ def crc32_custom_commands(program: dict) -> list[str]:
     return commands
 
 
-PROGRAM = Path(__file__).resolve().parent.parent / "p4" / "softdta_v1model.p4"
+PROGRAM = P4_DIR / "softdta_v1model.p4"
 
 
 def tool(name: str, variable: str, what: str) -> str:

@@ -22,6 +22,7 @@ from .control_plane import (DEFAULT_FLUSH_IDLE_NS, Entry, Plan, Slots, address_f
                             table_spec)
 from .dta import Profile
 from .icrc_split import TAIL_CHUNK_BYTES, TAIL_CHUNKS_PER_PASS
+from .resources import P4_DIR
 from .spec import (P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH,
                    TNA_MAX_SKETCH_ROWS, TNA_POSTCARD_CACHE_ENTRIES, TNA_SKETCH_COLUMN_ENTRIES, Primitive, Raw)
 from .tables import QueuePair, TableError, Tables
@@ -31,7 +32,7 @@ from google.rpc import code_pb2  # noqa: E402
 from p4.config.v1 import p4info_pb2  # noqa: E402
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc  # noqa: E402
 
-P4INFO_FILE = Path(__file__).resolve().parent.parent / "p4" / "softdta.p4info.txtpb"
+P4INFO_FILE = P4_DIR / "softdta.p4info.txtpb"
 P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
 HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
 

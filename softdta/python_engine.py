@@ -23,7 +23,8 @@ from .spec import Counter, QpState
 from .tables import QueuePair, Tables
 from .translator import QpRuntime, Translator
 from .control_plane import DEFAULT_FLUSH_IDLE_NS
-from .xdp import BPF_DIR, EngineError, _rx_queues, build_object, pinned_stats
+from .resources import BPF_DIR
+from .xdp import EngineError, _rx_queues, build_object, pinned_stats
 from .xsk import PacketRing, XskError, XskSocket
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"

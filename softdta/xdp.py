@@ -6,27 +6,24 @@ The maps named after `spec.TRANSLATOR_TABLES` are the whole interface; `maps.tab
 
 from __future__ import annotations
 
-import os
 import queue
-import shutil
 import socket
-import subprocess
-import sysconfig
 import threading
 import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from .errors import SoftdtaError
+from . import bpf_build
 from .bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
                   possible_cpus, program_run_stats, xdp_md)
+from .errors import SoftdtaError
 from .maps import table
 from .control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
+from .resources import BPF_DIR, INSTALLED
 from .spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
 from .tables import QueuePair, Tables
 from .translator import Output
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCE = BPF_DIR / "translator.bpf.c"
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
@@ -39,24 +36,18 @@ class EngineError(SoftdtaError, RuntimeError):
 
 
 def build_object(source: Path = SOURCE, force: bool = False) -> Path:
-    """Compile a BPF program with clang against UAPI headers (no kernel headers needed); cached by mtime."""
-    target = BPF_DIR / "build" / source.name.replace(".c", ".o")
+    """The BPF object of `source`: as the wheel shipped it, or built (in a checkout) when missing or older than
+    its sources."""
+    if INSTALLED and source.parent == BPF_DIR and source.name in bpf_build.SHIPPED and not force:
+        return BPF_DIR / bpf_build.object_name(source)
+    target = source.parent / "build" / bpf_build.object_name(source)
     inputs = [source, SOURCE, *BPF_DIR.glob("*.h")]
     if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
         return target
-    clang = shutil.which("clang")
-    if clang is None:
-        raise EngineError("clang is not installed; run `make setup` (it installs clang and libbpf-dev)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
-    command = [clang, "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-I", str(BPF_DIR),
-               "-I", f"/usr/include/{multiarch}", "-c", str(source), "-o", str(partial)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode:
-        partial.unlink(missing_ok=True)
-        raise EngineError(f"clang failed to build {source.name}:\n{result.stderr.strip()}")
-    os.replace(partial, target)
+    try:
+        bpf_build.compile_bpf(source, target, BPF_DIR)
+    except bpf_build.BuildError as error:
+        raise EngineError(str(error)) from None
     return target
 
 

@@ -18,7 +18,8 @@ from .bpf import BpfError, BpfObject, Map, RingBuffer, attach_xdp, detach_xdp, x
 from .maps import table
 from .responder import Completion, ResponderOutput
 from .spec import ARENA_PAGE, RESPONDER_TABLES, Access, ResponderCounter, Transport
-from .xdp import BPF_DIR, XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
+from .resources import BPF_DIR
+from .xdp import XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
 
 SOURCE = BPF_DIR / "responder.bpf.c"
 DEFAULT_UDP_SPORT = 49153
