@@ -37,6 +37,7 @@ POSTCARD_SLOTS = 32768
 APPEND_LISTS = 256
 SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
 CHUNK = 128
+CATCH_UP = 2  # chunks a sender that fell behind may send at once: what the translator's rings hold
 DEFAULT_RATE = 100_000.0  # reports/s over all reporters
 # rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
 DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
@@ -156,7 +157,6 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     (bursts beyond what the translator's veth ring holds are dropped by the link), within `seconds`."""
     sent: Tally[DtaOpcode] = Tally()
-    started = time.perf_counter()
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
         address = state.reporter(index)
@@ -166,9 +166,12 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     offsets = [0] * len(frames_by_reporter)
     appended: dict[int, list[int]] = {}
     append_dropped = 0
-    last_poll = started
     senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], 2 * CHUNK)
                for i in range(1, len(frames_by_reporter) + 1)]
+    # The pace starts with the first report: counted from before the frames were built, the time spent building
+    # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
+    # cannot hold.
+    started = last_poll = paced_from = time.perf_counter()
     try:
         while any(offset < len(frames) for offset, frames in zip(offsets, frames_by_reporter)):
             if time.perf_counter() - started > seconds:
@@ -185,9 +188,11 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                 if time.perf_counter() - last_poll > APPEND_POLL_S:
                     append_dropped += _poll_append(appended, state.token)
                     last_poll = time.perf_counter()
-                ahead = sum(sent.values()) / rate - (time.perf_counter() - started)
+                ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
                 if ahead > 0:
                     time.sleep(ahead)
+                elif ahead < -CATCH_UP * CHUNK / rate:  # behind (a stall): go on at the rate, not in a burst
+                    paced_from -= ahead + CATCH_UP * CHUNK / rate
     finally:
         for sender in senders:
             sender.close()
