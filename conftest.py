@@ -21,15 +21,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def tables():
-    from softdta.tables import Tables
+    from softdta.core.tables import Tables
     from tests.common import EXAMPLE_TABLES
     return Tables.from_toml(EXAMPLE_TABLES)
 
 
 @pytest.fixture
 def reporter(tables):
-    from softdta.frames import ip_bytes, mac_bytes
-    from softdta.workload import ReporterAddress
+    from softdta.wire.frames import ip_bytes, mac_bytes
+    from softdta.core.workload import ReporterAddress
     from tests.common import COLLECTOR_IP
     return ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"), translator_mac=tables.mac,
                            collector_ip=COLLECTOR_IP)

@@ -1,4 +1,4 @@
-"""The wheel carries the BPF objects, built here with clang, and the P4 sources (softdta/resources.py): an
+"""The wheel carries the BPF objects, built here with clang, and the P4 sources (softdta/kernel/resources.py): an
 installed softdta loads its programs with no compiler present. Everything else is in pyproject.toml."""
 
 import importlib.util
@@ -9,7 +9,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("bpf_build", ROOT / "softdta" / "bpf_build.py")
+_spec = importlib.util.spec_from_file_location("bpf_build", ROOT / "softdta" / "kernel" / "bpf_build.py")
 bpf_build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bpf_build)
 

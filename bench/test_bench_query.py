@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from softdta.frames import ip_bytes, mac_bytes
-from softdta.query import AppendPoller, keywrite_query
-from softdta.regions import AppendRegion
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.core.query import AppendPoller, keywrite_query
+from softdta.core.regions import AppendRegion
 from softdta.spec import KeyHash
-from softdta.tables import AppendLists, QueuePair
+from softdta.core.tables import AppendLists, QueuePair
 
 # The DTA paper's collector answers Key-Write queries at 1.8 M queries/s per core (C++).
 PAPER_KEYWRITE_QUERIES_PER_S = 1.8e6

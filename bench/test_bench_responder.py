@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from softdta.benchmarks import (RESPONDER_BASE, RESPONDER_CASES, RESPONDER_COLLECTOR, RESPONDER_LENGTH,
+from softdta.lab.benchmarks import (RESPONDER_BASE, RESPONDER_CASES, RESPONDER_COLLECTOR, RESPONDER_LENGTH,
                                 RESPONDER_QPN, RESPONDER_RKEY, RESPONDER_TRANSLATOR, responder_harness,
                                 responder_request)
-from softdta.responder import MemoryRegion, Responder, ResponderQp
+from softdta.core.responder import MemoryRegion, Responder, ResponderQp
 from softdta.spec import ResponderCounter, RoceOpcode
 
 from conftest import benchmarks_disabled

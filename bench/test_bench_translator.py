@@ -4,11 +4,12 @@ import math
 
 import pytest
 
-from softdta import dta, workload
-from softdta.frames import UdpEndpoints, ip_bytes
-from softdta.roce import build_roce_frame, icrc, parse_roce, transport_payload
+from softdta.wire import dta
+from softdta.core import workload
+from softdta.wire.frames import UdpEndpoints, ip_bytes
+from softdta.wire.roce import build_roce_frame, icrc, parse_roce, transport_payload
 from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, Primitive, RoceOpcode
-from softdta.translator import Translator
+from softdta.core.translator import Translator
 from tests.common import COLLECTOR_IP
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from softdta import dta
-from softdta.benchmarks import HARNESS, load_reports
-from softdta.bpf import BpfObject
+from softdta.wire import dta
+from softdta.lab.benchmarks import HARNESS, load_reports
+from softdta.kernel.bpf import BpfObject
 from softdta.spec import Counter, Primitive
-from softdta.translator import Translator
-from softdta.xdp import XdpTranslator, build_object
+from softdta.core.translator import Translator
+from softdta.engines.xdp import XdpTranslator, build_object
 from tests.common import COLLECTOR_IP
 
 from conftest import benchmarks_disabled

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /* softdta's xdp collector backend: an XDP program that is the collector's RDMA NIC, byte for byte like
- * softdta.responder (the reference).
+ * softdta.core.responder (the reference).
  *
  * RoCEv2 frames (UDP 4791) to the collector's IP are checked as rdma_rxe checks them: iCRC, destination QP,
  * source GID, the PSN rules of RC and UC, R_Key, bounds and access rights. WRITEs land in `arena`, an
@@ -26,7 +26,7 @@
 #define PSN_MASK 0xffffff
 #define PSN_HALF (1 << 23)
 #define ARENA_MASK (ARENA_PAGE - 1)
-#define SYNDROME_ACK 0x1f	/* ACK with the largest credit count, as softdta.roce.ACK_SYNDROME */
+#define SYNDROME_ACK 0x1f	/* ACK with the largest credit count, as softdta.wire.roce.ACK_SYNDROME */
 #define SYNDROME_NAK(code) ((AETH_NAK << 5) | (code))
 
 _Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");

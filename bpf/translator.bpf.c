@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-/* softdta translator fast path: DTA reports in, RoCEv2 frames out, byte for byte like softdta.translator.
+/* softdta translator fast path: DTA reports in, RoCEv2 frames out, byte for byte like softdta.core.translator.
  *
  * softdta_xdp    translates reports and consumes collector ACK/NAKs (XDP, one frame out per frame in);
  * softdta_fanout sends the frames of a Key-Write or Key-Increment report: the packet XDP passed up with
@@ -178,7 +178,7 @@ static __always_inline void count(__u32 slot)
 
 
 /* ------------------------------------------------------------------------------------------------ */
-/* report decoding: the same checks in the same order as softdta.dta.decode */
+/* report decoding: the same checks in the same order as softdta.wire.dta.decode */
 
 static __always_inline __u32 decode_report_body(struct scratch *s, __u32 len, __u32 profile)
 {
@@ -357,7 +357,7 @@ __noinline __u32 decode_report(__u32 len, __u32 profile)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* hashes (softdta.hashing) */
+/* hashes (softdta.wire.hashing) */
 
 /* Raw CRC-32 state over the key bytes reversed, as Key-Write and Key-Increment hash them. */
 static __always_inline __u32 reversed_key_state(const struct report *r, const __u32 *table)

@@ -569,19 +569,19 @@ struct append_list_value_t {
     bit<32> state_index;
 }
 
-// icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
+// icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
 struct icrc_constant_key_t {
     bit<32> qp_index;
     bit<8> opcode;
     bit<16> ip_length;
 }
 
-// icrc_constant value: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
+// icrc_constant value: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
 struct icrc_constant_value_t {
     bit<32> constant; // iCRC of such a frame with its variable tail zeroed, read little-endian
 }
 
-// iCRC split (softdta/icrc_split.py): the variable tail starts this many bytes into the IP packet;
+// iCRC split (softdta/wire/icrc_split.py): the variable tail starts this many bytes into the IP packet;
 // v1model hashes it right-aligned in ICRC_TAIL_BYTES bytes, whose all-zero CRC-32 is ICRC_TAIL_ZEROS_CRC
 const bit<16> ICRC_VARIABLE_FROM = 36;
 const bit<16> ICRC_TAIL_BYTES = 280;

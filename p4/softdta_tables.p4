@@ -134,7 +134,7 @@ table append_list {
     size = 65536;
 }
 
-// TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)
+// TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
 @id(0x01000007) @name(".set_icrc_constant")
 action set_icrc_constant(bit<32> constant) {
     meta.tables.icrc_constant.constant = constant;

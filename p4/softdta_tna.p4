@@ -2,7 +2,7 @@
 // slots from the egress replication ID; Append batches in registers with the ring wrap; Postcarding with a
 // cache whose evicted path goes to the evicted key's own slot; Sketch-Merge merged in registers and collected
 // by recirculation; per-QP PSNs, AETH resync with a time-based grace, and the iCRC as a per-QP constant XOR a
-// CRC over the variable tail, chained over hash units (softdta/icrc_split.py). Layouts and control-plane
+// CRC over the variable tail, chained over hash units (softdta/wire/icrc_split.py). Layouts and control-plane
 // tables come from the generated softdta_spec.p4 and softdta_tables.p4; docs/p4.md says what is verified.
 //
 //   p4test --std p4-16 -I <tofino includes> -D__TARGET_TOFINO__=1 softdta_tna.p4     (or bf-p4c)
@@ -1040,7 +1040,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             }
         }
 
-        // The per-QP part of the iCRC for this frame's shape (control plane, softdta/icrc_split.py).
+        // The per-QP part of the iCRC for this frame's shape (control plane, softdta/wire/icrc_split.py).
         meta.tables.icrc_constant_key.qp_index = meta.tables.qp_key.qp_index;
         meta.tables.icrc_constant_key.opcode = hdr.bridge.roce_opcode;
         meta.tables.icrc_constant_key.ip_length = hdr.bridge.ip_length;
@@ -1223,7 +1223,7 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     KEY_HASH_UNIT(1)
     KEY_HASH_UNIT(2)
     KEY_HASH_UNIT(3)
-    // L(tail): the iCRC polynomial with initial value 0 and no final XOR (softdta/icrc_split.py).
+    // L(tail): the iCRC polynomial with initial value 0 and no final XOR (softdta/wire/icrc_split.py).
     CRCPolynomial<bit<32>>(KEY_HASH_POLYNOMIALS_0, true, false, false, 32w0, 32w0) tail_poly;
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) write_tail;
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, tail_poly) write_imm_tail;
@@ -1259,7 +1259,7 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     bit<32> offset;
     bit<32> psn;
     bit<1> ack_req;
-    bit<32> tail; // L over the iCRC tail so far (softdta/icrc_split.py)
+    bit<32> tail; // L over the iCRC tail so far (softdta/wire/icrc_split.py)
 
     RegisterAction<bit<32>, bit<32>, bit<32>>(qp_state_next_psn) take_psn = {
         void apply(inout bit<32> value, out bit<32> result) {

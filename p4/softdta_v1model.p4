@@ -1,5 +1,5 @@
 // softdta translator for v1model (bmv2 simple_switch): DTA reports in, RoCEv2 frames out, like the XDP
-// translator and softdta.translator (the oracle). Layouts, tables and registers come from the generated
+// translator and softdta.core.translator (the oracle). Layouts, tables and registers come from the generated
 // softdta_spec.p4, softdta_tables.p4 and softdta_registers.p4; docs/p4.md explains the pipeline.
 //
 //   p4c-bm2-ss --std p4-16 --p4runtime-files softdta.p4info.txtpb -o softdta.json softdta_v1model.p4
@@ -642,7 +642,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
             }
         }
 
-        // The per-QP part of the iCRC for this frame's shape (control plane, softdta/icrc_split.py).
+        // The per-QP part of the iCRC for this frame's shape (control plane, softdta/wire/icrc_split.py).
         meta.tables.icrc_constant_key.qp_index = meta.emitted.qp_index;
         meta.tables.icrc_constant_key.opcode = meta.emitted.roce_opcode;
         meta.tables.icrc_constant_key.ip_length = meta.emitted.ip_length;

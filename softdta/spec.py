@@ -1,6 +1,6 @@
 """The one declarative description of every wire header, opcode, counter and translator table.
 
-Python codecs (`softdta.codec`), the BPF C header (`bpf/softdta_spec.h`) and the P4 definitions
+Python codecs (`softdta.wire.codec`), the BPF C header (`bpf/softdta_spec.h`) and the P4 definitions
 (`p4/softdta_spec.p4`) are all derived from the objects in this module; nothing else spells out a layout.
 """
 
@@ -531,7 +531,7 @@ TNA_SKETCH_COLUMN_ENTRIES = 2 << P4_SKETCH_COLUMN_BITS  # two sketches of up to 
 P4_TABLES = (
     Table("icrc_constant", (Field("qp_index", 32), Field("opcode", 8), Field("ip_length", 16)), (
         Field("constant", 32, "iCRC of such a frame with its variable tail zeroed, read little-endian"),
-    ), 16384, "TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/icrc_split.py)"),
+    ), 16384, "TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)"),
     Table("multicast_group", (Field("group", 16, "port x MAX_REDUNDANCY + copies"),), (
         Field("port", 32), Field("copies", 8, "replicas, with replication IDs 0..copies-1"),
     ), 1024, "packet replication of Key-Write and Key-Increment reports (a P4Runtime multicast group)"),

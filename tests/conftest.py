@@ -3,9 +3,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def guest():
-    """One QEMU soft-RoCE guest for the whole session (tests marked interop; softdta/rxe_lab.py)."""
-    from softdta import rxe_lab
-    from softdta.netns import NETNS_DIR
+    """One QEMU soft-RoCE guest for the whole session (tests marked interop; softdta/lab/rxe.py)."""
+    from softdta.lab import rxe as rxe_lab
+    from softdta.kernel.netns import NETNS_DIR
     rxe_lab.cleanup()
     with rxe_lab.Guest().boot() as booted:
         yield booted

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from softdta.analysis import (
+from softdta.core.analysis import (
     keywrite_empty_return_bound,
     keywrite_wrong_output_bound,
     postcarding_empty_return_bound,

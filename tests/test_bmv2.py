@@ -1,8 +1,8 @@
 """The v1model program in bmv2, against the reference translator: every frame out of simple_switch_grpc equals,
-byte for byte, what `softdta.translator` emits for the same reports, and scapy checks every iCRC.
+byte for byte, what `softdta.core.translator` emits for the same reports, and scapy checks every iCRC.
 
 The switch gets its pipeline and tables over P4Runtime from the same planner that fills the XDP maps
-(`P4Translator`), and its registers and crc32_custom parameters over Thrift (`softdta.bmv2`). Its one port is
+(`P4Translator`), and its registers and crc32_custom parameters over Thrift (`softdta.targets.bmv2`). Its one port is
 a veth whose far end sits in a namespace this test creates, where an AF_PACKET socket sends the reports and
 reads what comes back (a translator has one arm: RoCE leaves where reports came in).
 """
@@ -21,16 +21,17 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from softdta import dta, workload
-from softdta.bmv2 import Bmv2, ThriftRegisters, compile_v1model
-from softdta.netns import Namespace, cleanup_prefix, in_netns
-from softdta.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
-from softdta.frames import UdpEndpoints, build_udp_frame
-from softdta.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
-from softdta.primitives import FlushRequest
+from softdta.wire import dta
+from softdta.core import workload
+from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model
+from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
+from softdta.targets.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
+from softdta.wire.frames import UdpEndpoints, build_udp_frame
+from softdta.wire.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
+from softdta.core.primitives import FlushRequest
 from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, FlushTarget, Primitive, RoceOpcode
-from softdta.tables import Tables
-from softdta.translator import Translator
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
 
 from common import EXAMPLE_TABLES, bmv2_tool, p4_tool
 
@@ -46,7 +47,7 @@ ETH_IP_UDP = 14 + 20 + 8
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory) -> Path:
-    """The v1model program compiled for bmv2, with P4C and BMV2 pointing at the tools (softdta.bmv2 reads them)."""
+    """The v1model program compiled for bmv2, with P4C and BMV2 pointing at the tools (softdta.targets.bmv2 reads them)."""
     saved = {name: os.environ.get(name) for name in ("P4C", "BMV2")}
     os.environ["P4C"] = str(Path(p4_tool("p4c-bm2-ss")).parent)
     os.environ["BMV2"] = str(Path(bmv2_tool("simple_switch_grpc")).parent)

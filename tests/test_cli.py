@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from softdta.pcap import Packet, read_pcap, write_pcap
-from softdta.roce import parse_roce
+from softdta.wire.pcap import Packet, read_pcap, write_pcap
+from softdta.wire.roce import parse_roce
 
 from common import EXAMPLE_TABLES
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from softdta import spec
-from softdta.codec import codec
-from softdta.codegen import GENERATED, headers, stale, wire_members
+from softdta.wire.codec import codec
+from softdta.codegen.generate import GENERATED, headers, stale, wire_members
 
 from common import p4_tool
 

@@ -18,25 +18,27 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from softdta import dta, service, workload
+from softdta.wire import dta
+from softdta.collector import service
+from softdta.core import workload
 from softdta.collector.backend import BackendError, Peer
 from softdta.collector.collector import RELEASE_GRACE_S, Collector, tables_document
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import (CollectorLinks, ControlError, ControlServer, cancel_tasks,
                                       fetch_advertisements, receive)
-from softdta.bpf import BpfObject, attach_xdp, ensure_bpffs
-from softdta.codec import WireError
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.wire.codec import WireError
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
-from softdta.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
-from softdta.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.python_engine import STEER_SOURCE
-from softdta.query import keyincrement_query, keywrite_query
-from softdta.roce import ACK_SYNDROME, build_roce_frame, parse_roce, transport_payload
+from softdta.wire.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.engines.python import STEER_SOURCE
+from softdta.core.query import keyincrement_query, keywrite_query
+from softdta.wire.roce import ACK_SYNDROME, build_roce_frame, parse_roce, transport_payload
 from softdta.spec import ROCE_PORT, KeyHash, Primitive, ResponderCounter, RoceOpcode
-from softdta.tables import TableError, Tables
-from softdta.translator import Translator
-from softdta.workload import ReporterAddress
-from softdta.xdp import build_object
+from softdta.core.tables import TableError, Tables
+from softdta.core.translator import Translator
+from softdta.core.workload import ReporterAddress
+from softdta.engines.xdp import build_object
 
 from common import ROOT
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from softdta.pcap import write_pcap
+from softdta.wire.pcap import write_pcap
 
 from common import ROOT
 

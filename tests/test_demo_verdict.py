@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from softdta.live_demo import verdict
+from softdta.lab.live_demo import verdict
 
 CLEAN = {
     "reports_sent": {"key-write": 100, "key-increment": 50},

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from softdta import hashing
-from softdta.codec import WireError
-from softdta.dta import (Nack, Profile, Report, append, decode, decode_nack, encode, encode_nack, key_increment,
+from softdta.wire import hashing
+from softdta.wire.codec import WireError
+from softdta.wire.dta import (Nack, Profile, Report, append, decode, decode_nack, encode, encode_nack, key_increment,
                          key_write, postcard, sketch_column)
 from softdta.spec import (APPEND_V1, DTA_BASE_EXT, DTA_BASE_V1_SEQ, DTA_BASE_V1_SHORT, KEY_HASH_POLYNOMIALS,
                           KEY_INCREMENT_V1, KEY_WRITE_V1, NACK_EXT, NACK_V1, POSTCARD_HOP_POLYNOMIALS, POSTCARD_V1,

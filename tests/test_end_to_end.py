@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from softdta import workload
-from softdta.hashing import keys_to_rows
-from softdta.offline import OfflineCollector
-from softdta.query import BLANK, keyincrement_query, keywrite_query, postcard_query
+from softdta.core import workload
+from softdta.wire.hashing import keys_to_rows
+from softdta.core.offline import OfflineCollector
+from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
 from softdta.spec import Counter, Primitive, Transport
-from softdta.translator import Translator
+from softdta.core.translator import Translator
 
 from common import COLLECTOR_IP, frames_of
 

@@ -1,14 +1,14 @@
-"""The split iCRC (per-QP constant XOR a CRC over the variable tail) equals the real iCRC of softdta.roce."""
+"""The split iCRC (per-QP constant XOR a CRC over the variable tail) equals the real iCRC of softdta.wire.roce."""
 
 import random
 import zlib
 
 import pytest
 
-from softdta.frames import UdpEndpoints, build_udp_frame
-from softdta.icrc_split import (TAIL_CHUNK_BYTES, VARIABLE_FROM, chained_tail_crc, combine, combine_padded,
+from softdta.wire.frames import UdpEndpoints, build_udp_frame
+from softdta.wire.icrc_split import (TAIL_CHUNK_BYTES, VARIABLE_FROM, chained_tail_crc, combine, combine_padded,
                                 constant, continue_crc, linear_crc)
-from softdta.roce import icrc, transport_payload
+from softdta.wire.roce import icrc, transport_payload
 from softdta.spec import BTH, ICRC_LEN, IMMDT, MAX_WRITE_PAYLOAD, RETH, ROCE_PORT, RoceOpcode
 
 ETHERNET = 14

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from softdta import lab, rxe_lab
+from softdta.lab import topology as lab, rxe as rxe_lab
 
 from common import ROOT
 

@@ -17,12 +17,12 @@ import urllib.request
 
 import pytest
 
-from softdta import dta
-from softdta.bpf import ensure_bpffs
+from softdta.wire import dta
+from softdta.kernel.bpf import ensure_bpffs
 from softdta.collector.xdp_backend import pin_dir_for
-from softdta.frames import ip_bytes, mac_bytes
-from softdta.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.workload import ReporterAddress
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.core.workload import ReporterAddress
 
 from common import ROOT
 
@@ -148,8 +148,8 @@ def test_forged_replies_lose_no_write_uncounted_and_a_failed_qp_comes_back(topol
     QPNs: on UC, and on RC outside and inside the outstanding window. Only the in-window ones may act; the fatal
     one fails the QP, which the translator reports over the control protocol; the collector re-creates its end
     and writes resume. Every write that did not land is counted by one side or the other."""
-    from softdta.frames import UdpEndpoints
-    from softdta.roce import NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, build_roce_frame, transport_payload
+    from softdta.wire.frames import UdpEndpoints
+    from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, build_roce_frame, transport_payload
     from softdta.spec import ROCE_PORT, RoceOpcode
 
     reporter_ns, translator_ns, collector_ns = topology

@@ -8,14 +8,14 @@ from concurrent import futures
 
 import pytest
 
-from softdta import p4info  # noqa: F401  (selects the protobuf runtime before grpc and the p4 protos load)
-from softdta.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
-from softdta.maps import table
-from softdta.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
+from softdta.targets import p4info  # noqa: F401  (selects the protobuf runtime before grpc and the p4 protos load)
+from softdta.core.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
+from softdta.kernel.maps import table
+from softdta.targets.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
                                decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
 from softdta.spec import MAX_WRITE_PAYLOAD, Primitive, QpState, RoceOpcode
-from softdta.tables import Tables
-from softdta.xdp import map_entry, map_logical
+from softdta.core.tables import Tables
+from softdta.engines.xdp import map_entry, map_logical
 
 import grpc
 from google.rpc import code_pb2
@@ -188,7 +188,7 @@ def test_tna_push_writes_the_xdp_plans_entries_for_every_primitive(switch):
 def test_tna_refuses_a_two_pass_sketch_on_a_shared_qp():
     """A Sketch-Merge write longer than one TNA egress pass chains takes its PSN before a second pass; only a
     QP of its own keeps its frames in PSN order."""
-    from softdta.p4runtime import tna_needs_two_passes, unsupported
+    from softdta.targets.p4runtime import tna_needs_two_passes, unsupported
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     sketch = next(s for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE)
@@ -210,7 +210,7 @@ def test_the_tna_build_refuses_tables_beyond_its_limits_naming_each():
     cache entries or sketches than it holds are refused, each problem naming its limit; v1model takes them."""
     import tomllib
 
-    from softdta.p4runtime import unsupported
+    from softdta.targets.p4runtime import unsupported
     from softdta.spec import (TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH, TNA_MAX_SKETCH_ROWS,
                               TNA_POSTCARD_CACHE_ENTRIES)
 
@@ -275,7 +275,7 @@ def test_unreachable_switch_is_an_error():
 def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
     """The same tables file through both back ends: the maps of a loaded XDP translator and the entries a
     P4Runtime switch holds are the same entries."""
-    from softdta.xdp import XdpTranslator, route_egress
+    from softdta.engines.xdp import XdpTranslator, route_egress
     servicer, address = switch
     tables = Tables.from_toml(EXAMPLE_TABLES)
     with XdpTranslator(tables) as xdp:
@@ -307,10 +307,10 @@ def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
 def test_icrc_constants_complete_every_frame_the_reference_translator_sends(reporter):
     """Each RoCE frame the oracle emits, for every primitive and with immediates, finds its per-QP constant,
     and the constant XOR the tail CRC is the frame's real iCRC."""
-    from softdta import workload
-    from softdta.icrc_split import combine
-    from softdta.roce import parse_roce
-    from softdta.translator import Translator
+    from softdta.core import workload
+    from softdta.wire.icrc_split import combine
+    from softdta.wire.roce import parse_roce
+    from softdta.core.translator import Translator
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
@@ -337,7 +337,7 @@ def test_icrc_constants_complete_every_frame_the_reference_translator_sends(repo
 
 def test_entries_command_prints_the_first_push(capsys):
     from google.protobuf import text_format
-    from softdta.cli import main
+    from softdta.cli.app import main
 
     assert main(["p4", "entries", "--tables", str(EXAMPLE_TABLES), "--port", "key-write@c1=4"]) == 0
     printed = [text_format.Parse(line, p4runtime_pb2.Update()) for line in capsys.readouterr().out.splitlines()]
@@ -349,7 +349,7 @@ def test_entries_command_prints_the_first_push(capsys):
 
 
 def test_push_command_reports_an_unreachable_switch(capsys):
-    from softdta.cli import main
+    from softdta.cli.app import main
 
     assert main(["p4", "push", "--tables", str(EXAMPLE_TABLES), "--p4runtime", "127.0.0.1:1", "--timeout", "1"]) == 2
     assert capsys.readouterr().err.startswith("softdta: error: P4Runtime at 127.0.0.1:1: UNAVAILABLE")
@@ -358,8 +358,8 @@ def test_push_command_reports_an_unreachable_switch(capsys):
 
 
 def test_tables_a_p4_program_cannot_take_are_refused(switch):
-    from softdta.p4runtime import unsupported
-    from softdta.tables import TableError
+    from softdta.targets.p4runtime import unsupported
+    from softdta.core.tables import TableError
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from softdta import icrc_split, spec
-from softdta.codegen import p4_control_tables, p4_registers
-from softdta.control_plane import CONFIG_TABLES
-from softdta.p4runtime import load_p4info
+from softdta.wire import icrc_split
+from softdta import spec
+from softdta.codegen.generate import p4_control_tables, p4_registers
+from softdta.core.control_plane import CONFIG_TABLES
+from softdta.targets.p4runtime import load_p4info
 
 from common import p4_tool
 
@@ -335,7 +336,7 @@ def test_v1model_program_compiles_and_its_p4info_agrees(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert not unjustified_warnings(result.stderr)
-    from softdta.p4info import parse_p4info
+    from softdta.targets.p4info import parse_p4info
     compiled = parse_p4info(p4info.read_text())
     ours = load_p4info()
     for kind in ("tables", "actions"):

@@ -4,15 +4,15 @@
 import numpy as np
 import pytest
 
-from softdta import primitives
-from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
-from softdta.hashing import key_checksum, key_slot
-from softdta.offline import OfflineCollector
+from softdta.core import primitives
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.wire.hashing import key_checksum, key_slot
+from softdta.core.offline import OfflineCollector
 from softdta.plugins.latency_sum import LatencySum
-from softdta.query import keywrite_query
-from softdta.roce import parse_roce
+from softdta.core.query import keywrite_query
+from softdta.wire.roce import parse_roce
 from softdta.spec import DTA_PORT, Counter, DtaOpcode, Primitive, RoceOpcode
-from softdta.translator import Translator
+from softdta.core.translator import Translator
 
 from common import COLLECTOR_IP
 

@@ -16,19 +16,19 @@ import time
 import numpy as np
 import pytest
 
-from softdta import workload
-from softdta.bpf import BpfObject, attach_xdp, ensure_bpffs
-from softdta.frames import ip_bytes, mac_bytes
-from softdta.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.offline import OfflineCollector
+from softdta.core import workload
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.core.offline import OfflineCollector
 from softdta.plugins.latency_sum import LatencySum
-from softdta.python_engine import PythonEngine, engine_stats
-from softdta.query import keywrite_query
+from softdta.engines.python import PythonEngine, engine_stats
+from softdta.core.query import keywrite_query
 from softdta.spec import ROCE_PORT, Counter, Primitive, QpState
-from softdta.tables import Tables
-from softdta.translator import Translator
-from softdta.xdp import XdpTranslator, build_object
-from softdta.xsk import XskSocket
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.engines.xdp import XdpTranslator, build_object
+from softdta.kernel.xsk import XskSocket
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 from test_primitives import hop_frames
@@ -183,7 +183,7 @@ def test_translator_up_names_the_problem_with_engine_options(request):
 
 def test_new_tables_keep_the_psns_of_queue_pairs_that_stay(tables):
     """What SIGHUP and collector re-advertisements do: a QP that stays keeps its PSN, a changed one restarts."""
-    from softdta import dta
+    from softdta.wire import dta
     reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
                                         COLLECTOR_IP)
     with PythonEngine(tables) as engine:
@@ -205,7 +205,7 @@ def test_new_tables_keep_the_psns_of_queue_pairs_that_stay(tables):
 
 def test_essential_reports_wait_out_the_grace_period_and_are_then_sent(wire, tables):
     """A QP in grace after a resync defers an essential report; the engine sends it once the QP may send."""
-    from softdta import dta
+    from softdta.wire import dta
     far, translator_ns, capture = wire
     tables.grace_ns = 300_000_000
     reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
@@ -238,7 +238,7 @@ def test_without_af_xdp_the_engine_falls_back_to_af_packet_and_says_why(wire, ta
 
 
 def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
-    from softdta import dta
+    from softdta.wire import dta
     pin = ensure_bpffs() / f"softdta-python-restart-{os.getpid()}"
     request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
     reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
@@ -257,8 +257,8 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
 
 def test_only_acks_from_collectors_reach_the_engine(wire, tables):
     """CM MADs and a collector's SENDs go up the stack to the control plane, as the XDP engine passes them."""
-    from softdta.frames import UdpEndpoints
-    from softdta.roce import build_roce_frame, transport_payload
+    from softdta.wire.frames import UdpEndpoints
+    from softdta.wire.roce import build_roce_frame, transport_payload
     from softdta.spec import RoceOpcode
     far, translator_ns, capture = wire
     qp = tables.qps[0]

@@ -7,10 +7,10 @@ docs/hashing.md), which these tests make visible: the independent scheme meets t
 import numpy as np
 import pytest
 
-from softdta.analysis import keywrite_empty_return_bound
-from softdta.hashing import key_hashes_rows, keys_to_rows
-from softdta.query import keywrite_query
-from softdta.regions import KeyWriteRegion
+from softdta.core.analysis import keywrite_empty_return_bound
+from softdta.wire.hashing import key_hashes_rows, keys_to_rows
+from softdta.core.query import keywrite_query
+from softdta.core.regions import KeyWriteRegion
 from softdta.spec import KeyHash
 
 SLOTS = 1 << 18

@@ -1,6 +1,6 @@
 """softdta as a drop-in for the Tofino translator: rdma_cm collectors written for the original DTA.
 
-In the QEMU guest, `softdta.dta_v1_collector` listens with the kernel's rdma_cm on rxe0, one port per structure,
+In the QEMU guest, `softdta.lab.dta_v1_collector` listens with the kernel's rdma_cm on rxe0, one port per structure,
 as the original collector.cpp does, and SENDs each region's 16-byte metadata once connected. On the host,
 `CmLinks` connects to every port with CM MADs built from fields, acknowledges the metadata and makes translator
 tables; the XDP program translates reports into the regions. The region files must equal the reference model's
@@ -18,18 +18,19 @@ import time
 
 import pytest
 
-from softdta import rxe_lab, workload
-from softdta.bpf import ensure_bpffs
-from softdta.cm import CmConnection, CmEndpoint, Metadata
-from softdta.cm_links import CmLinks, CmTarget
+from softdta.lab import rxe as rxe_lab
+from softdta.core import workload
+from softdta.kernel.bpf import ensure_bpffs
+from softdta.core.cm import CmConnection, CmEndpoint, Metadata
+from softdta.links.cm import CmLinks, CmTarget
 from softdta.collector.collector import tables_document
-from softdta.frames import ip_bytes, mac_bytes
-from softdta.netns import in_netns
-from softdta.offline import OfflineCollector
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.kernel.netns import in_netns
+from softdta.core.offline import OfflineCollector
 from softdta.spec import Counter, Primitive, QpState
-from softdta.tables import Tables
-from softdta.translator import Translator
-from softdta.xdp import XdpTranslator
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.engines.xdp import XdpTranslator
 
 from test_live_pipeline import wait_for_line
 from test_rxe_interop import Link
@@ -51,7 +52,7 @@ def targets(guest) -> list[CmTarget]:
 
 def start_collector(guest) -> int:
     listeners = " ".join(f"{port}:{length}" for port, length in LISTENERS.items())
-    status, output = guest.run(f"cd /tmp && python3 -m softdta.dta_v1_collector --ip {guest.guest_ip} "
+    status, output = guest.run(f"cd /tmp && python3 -m softdta.lab.dta_v1_collector --ip {guest.guest_ip} "
                                f"--data-dir {DATA_DIR} {listeners} > /tmp/dta_v1.log 2>&1 & echo $!")
     assert status == 0, output
     deadline = time.monotonic() + 30
@@ -156,8 +157,8 @@ def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(
 
 GUEST_REPORTER = """
 import socket, sys, time
-from softdta import workload
-from softdta.frames import ip_bytes, mac_bytes
+from softdta.core import workload
+from softdta.wire.frames import ip_bytes, mac_bytes
 reporter = workload.ReporterAddress(mac_bytes("{guest_mac}"), ip_bytes("{guest_ip}"), mac_bytes("{translator_mac}"),
                                     ip_bytes("{guest_ip}"))
 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)

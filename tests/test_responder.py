@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes
-from softdta.roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME,
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
+from softdta.wire.roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME,
                           NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload)
-from softdta.responder import Access, MemoryRegion, Responder, ResponderQp
+from softdta.core.responder import Access, MemoryRegion, Responder, ResponderQp
 from softdta.spec import ResponderCounter, RoceOpcode, Transport
 
 TRANSLATOR = (mac_bytes("02:00:00:00:00:01"), ip_bytes("10.9.0.1"))

@@ -31,9 +31,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 from scapy.utils import wrpcap
 
-from softdta.codec import WireError
-from softdta.frames import UdpEndpoints, build_udp_frame, mac_str
-from softdta.roce import build_roce_frame, parse_roce, transport_payload
+from softdta.wire.codec import WireError
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, mac_str
+from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
 from softdta.spec import ROCE_OPCODE_HEADERS, RoceOpcode
 
 # --------------------------------------------------------------------------------------------------

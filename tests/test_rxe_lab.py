@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from softdta import rxe_lab
+from softdta.lab import rxe as rxe_lab
 from softdta.collector.verbs import ipv4_mapped_gid
-from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes
-from softdta.netns import NETNS_DIR, Namespace
-from softdta.roce import build_roce_frame, transport_payload
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
+from softdta.kernel.netns import NETNS_DIR, Namespace
+from softdta.wire.roce import build_roce_frame, transport_payload
 from softdta.spec import ROCE_PORT, RoceOpcode
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]

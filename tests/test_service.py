@@ -16,15 +16,15 @@ import pytest
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from softdta import workload
-from softdta.frames import ip_bytes, mac_bytes
-from softdta.offline import OfflineCollector
-from softdta.query import BLANK, keyincrement_query, keywrite_query, postcard_query
-from softdta.service import OfflineSource, serve
+from softdta.core import workload
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.core.offline import OfflineCollector
+from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
+from softdta.collector.service import OfflineSource, serve
 from softdta.spec import Primitive
-from softdta.tables import Tables
-from softdta.translator import Translator
-from softdta.workload import ReporterAddress
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.core.workload import ReporterAddress
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 
@@ -456,7 +456,7 @@ def test_bad_requests_get_a_clear_json_error(service):
 def test_health_answers_while_a_query_runs(filled, start_service, monkeypatch):
     """Queries run on a worker thread: one that takes long (held here until /health has answered, or 10 s)
     never holds up the event loop."""
-    from softdta import service as service_module
+    from softdta.collector import service as service_module
     health_answered, order = threading.Event(), []
 
     def slow_query(*args):
@@ -497,7 +497,7 @@ async def _response(reader: asyncio.StreamReader, deadline: float = 10.0) -> byt
 
 
 def test_idle_and_slow_clients_are_cut_off(filled, start_service, monkeypatch):
-    from softdta import service as service_module
+    from softdta.collector import service as service_module
     monkeypatch.setattr(service_module, "IDLE_TIMEOUT_S", 0.5)
     monkeypatch.setattr(service_module, "BODY_TIMEOUT_S", 0.5)
     service = start_service(OfflineSource(filled.collector))
@@ -519,7 +519,7 @@ def test_idle_and_slow_clients_are_cut_off(filled, start_service, monkeypatch):
 
 
 def test_connections_beyond_the_limit_are_refused_and_the_service_goes_on(filled, start_service, monkeypatch):
-    from softdta import service as service_module
+    from softdta.collector import service as service_module
     monkeypatch.setattr(service_module, "MAX_CONNECTIONS", 4)
     service = start_service(OfflineSource(filled.collector))
     port = service.server.addresses[0][1]

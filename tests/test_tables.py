@@ -4,7 +4,7 @@ import tomllib
 
 import pytest
 
-from softdta.tables import TableError, Tables
+from softdta.core.tables import TableError, Tables
 
 from common import EXAMPLE_TABLES
 

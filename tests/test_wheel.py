@@ -1,6 +1,6 @@
 """A package that installs: the wheel, built as a user builds it, goes into a fresh virtual environment with no
 clang on PATH, and the XDP differential test runs from the installed package, which loads the BPF objects the
-wheel ships (softdta/resources.py)."""
+wheel ships (softdta/kernel/resources.py)."""
 
 import shutil
 import subprocess
@@ -36,7 +36,7 @@ def test_the_wheel_runs_the_xdp_translator_without_clang(tmp_path):
     shutil.copy(ROOT / "conftest.py", project / "conftest.py")
     shutil.copytree(ROOT / "examples", project / "examples")
     environment = {"PATH": str(venv / "bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    where = run([python, "-c", "import shutil, softdta.xdp as x; print(x.__file__, x.INSTALLED, shutil.which('clang'))"],
+    where = run([python, "-c", "import shutil, softdta.engines.xdp as x; print(x.__file__, x.INSTALLED, shutil.which('clang'))"],
                 env=environment, cwd=project).stdout.split()
     assert Path(where[0]).is_relative_to(venv) and where[1:] == ["True", "None"], where
     result = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_xdp_translator.py", "-k",

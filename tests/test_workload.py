@@ -4,7 +4,7 @@ reports with the same code and must agree with the host)."""
 import subprocess
 import sys
 
-PRINT_WORKLOAD = ("from softdta import workload; print([r.key.hex() + r.data.hex() for r in "
+PRINT_WORKLOAD = ("from softdta.core import workload; print([r.key.hex() + r.data.hex() for r in "
                   "workload.key_write(50, 3, 1) + workload.key_increment(20, 4, 1) + workload.postcards(5, 5, 5)])")
 
 

@@ -10,15 +10,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from softdta import workload
-from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
-from softdta.responder import MemoryRegion, Responder, ResponderQp
-from softdta.roce import build_roce_frame, parse_roce, transport_payload
+from softdta.core import workload
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.core.responder import MemoryRegion, Responder, ResponderQp
+from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
 from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, ResponderCounter, RoceOpcode, Transport
-from softdta.tables import Tables
-from softdta.translator import Translator
-from softdta.workload import ReporterAddress
-from softdta.xdp_responder import XdpResponder
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.core.workload import ReporterAddress
+from softdta.collector.xdp_responder import XdpResponder
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 

@@ -1,6 +1,6 @@
 """The XDP translator against the reference translator, frame for frame, through BPF_PROG_TEST_RUN.
 
-Every test loads the real object into the kernel; the reference model (softdta.translator) is the oracle.
+Every test loads the real object into the kernel; the reference model (softdta.core.translator) is the oracle.
 """
 
 import os
@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-from softdta import dta
-from softdta.dta import Profile
-from softdta.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
-from softdta.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome,
+from softdta.wire import dta
+from softdta.wire.dta import Profile
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.wire.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome,
                           build_roce_frame, parse_roce, transport_payload)
 from softdta.spec import (DTA_PORT, ROCE_PORT, AethKind, Counter, Primitive, QpState,
                           RoceOpcode)
-from softdta.tables import Tables
-from softdta.translator import Translator
-from softdta.workload import ReporterAddress
-from softdta.xdp import XdpTranslator
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.core.workload import ReporterAddress
+from softdta.engines.xdp import XdpTranslator
 
 from common import EXAMPLE_TABLES
 
@@ -370,7 +370,7 @@ def test_essential_reports_are_parked_for_userspace_while_the_qp_cannot_send(tab
 
 
 def test_pinned_maps_keep_psns_heads_and_caches_across_a_restart(tables, reporter):
-    from softdta.bpf import ensure_bpffs
+    from softdta.kernel.bpf import ensure_bpffs
     pin = ensure_bpffs() / f"softdta-test-{os.getpid()}"
     pin.mkdir(parents=True, exist_ok=True)
     try:

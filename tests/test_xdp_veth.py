@@ -14,16 +14,16 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from softdta import dta
-from softdta.bpf import BpfObject, attach_xdp, ensure_bpffs
-from softdta.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
-from softdta.netns import Namespace, cleanup_prefix, in_netns, veth_pair
-from softdta.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
+from softdta.wire import dta
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
+from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
+from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
 from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, Primitive, QpState, RoceOpcode
-from softdta.tables import Tables
-from softdta.translator import Translator
-from softdta.workload import ReporterAddress
-from softdta.xdp import EngineError, XdpTranslator, build_object
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.core.workload import ReporterAddress
+from softdta.engines.xdp import EngineError, XdpTranslator, build_object
 
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 

@@ -11,9 +11,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import SoftdtaError
-from ..responder import Completion
-from ..spec import Access, Transport
+from softdta.errors import SoftdtaError
+from softdta.core.responder import Completion
+from softdta.spec import Access, Transport
 
 
 class BackendError(SoftdtaError, RuntimeError):

@@ -6,13 +6,13 @@ import time
 
 import numpy as np
 
-from ..frames import ip_str, mac_str
-from ..regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
-from ..responder import CompletionLog
-from ..spec import Primitive
-from ..tables import AppendLists, Tables
-from .backend import Backend, BackendError, Peer, QpInfo, Region
-from .config import AppendSpec, CollectorConfig, StructureSpec
+from softdta.wire.frames import ip_str, mac_str
+from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core.responder import CompletionLog
+from softdta.spec import Primitive
+from softdta.core.tables import AppendLists, Tables
+from softdta.collector.backend import Backend, BackendError, Peer, QpInfo, Region
+from softdta.collector.config import AppendSpec, CollectorConfig, StructureSpec
 
 RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
 

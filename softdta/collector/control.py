@@ -21,11 +21,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import SoftdtaError
-from ..frames import ip_bytes, ip_str, mac_bytes, mac_str
-from .backend import BackendError, Peer
-from ..tables import Tables
-from .collector import Collector, tables_document
+from softdta.errors import SoftdtaError
+from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str
+from softdta.collector.backend import BackendError, Peer
+from softdta.core.tables import Tables
+from softdta.collector.collector import Collector, tables_document
 
 VERSION = 1
 KEEPALIVE_S = 5.0

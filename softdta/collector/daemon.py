@@ -7,14 +7,14 @@ import resource
 import sys
 import signal
 
-from ..errors import SoftdtaError
-from .. import service
-from ..frames import ip_str
-from .backend import Backend
-from .collector import Collector
-from .config import CollectorConfig
-from .control import ControlError, ControlServer, server_tls
-from .xdp_backend import XdpBackend, pin_dir_for
+from softdta.errors import SoftdtaError
+from softdta.collector import service
+from softdta.wire.frames import ip_str
+from softdta.collector.backend import Backend
+from softdta.collector.collector import Collector
+from softdta.collector.config import CollectorConfig
+from softdta.collector.control import ControlError, ControlServer, server_tls
+from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
 
 CHECKPOINT_S = 60.0
 COMPLETION_POLL_S = 0.002  # 1024 receives per verbs QP run out within 2 ms only above 500k immediates/s
@@ -22,7 +22,7 @@ COMPLETION_POLL_S = 0.002  # 1024 receives per verbs QP run out within 2 ms only
 
 def make_backend(config: CollectorConfig) -> Backend:
     if config.backend == "verbs":
-        from .verbs import VerbsBackend
+        from softdta.collector.verbs import VerbsBackend
         return VerbsBackend(data_dir=config.data_dir)
     return XdpBackend.for_config(config, pin_dir=pin_dir_for(config.name, config.ip))
 

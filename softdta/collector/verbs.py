@@ -26,9 +26,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..responder import Completion
-from ..spec import Access, Transport
-from .backend import BackendError, Peer, QpInfo, Region
+from softdta.core.responder import Completion
+from softdta.spec import Access, Transport
+from softdta.collector.backend import BackendError, Peer, QpInfo, Region
 
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"  # python3-pyverbs installs here, for the system python3
 PYVERBS_MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "pyverbs_error", "qp", "wr")

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bpf import BpfError, ensure_bpffs
-from ..responder import Completion
-from ..spec import ARENA_PAGE, Access, Transport
-from ..xdp import EngineError
-from ..xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
-from .backend import BackendError, Peer, QpInfo, Region
+from softdta.kernel.bpf import BpfError, ensure_bpffs
+from softdta.core.responder import Completion
+from softdta.spec import ARENA_PAGE, Access, Transport
+from softdta.engines.xdp import EngineError
+from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
+from softdta.collector.backend import BackendError, Peer, QpInfo, Region
 
 # Regions appear to translators at this address plus their arena offset: page-aligned (atomics need 8 bytes),
 # far from zero so that a stray small address never lands in a region.

@@ -1,1 +1,1 @@
-"""Primitives beyond the paper's, written against `softdta.primitives` (docs/primitives.md)."""
+"""Primitives beyond the paper's, written against `softdta.core.primitives` (docs/primitives.md)."""

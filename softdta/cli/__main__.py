@@ -1,0 +1,5 @@
+import sys
+
+from softdta.cli.app import main
+
+sys.exit(main())

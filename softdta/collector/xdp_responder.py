@@ -1,0 +1,222 @@
+"""The xdp collector backend: an XDP program (bpf/responder.bpf.c) is the collector's RDMA NIC.
+
+It checks and executes RoCEv2 requests exactly like the reference responder (`softdta.core.responder`). It writes
+into `arena`, an mmapable BPF array that this process maps as one buffer, so queries read the collector's
+memory directly and the collector's CPU does nothing per report.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter as Tally
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from softdta.kernel.bpf import BpfError, BpfObject, Map, RingBuffer, attach_xdp, detach_xdp, xdp_md
+from softdta.kernel.maps import table
+from softdta.core.responder import Completion, ResponderOutput
+from softdta.spec import ARENA_PAGE, RESPONDER_TABLES, Access, ResponderCounter, Transport
+from softdta.kernel.resources import BPF_DIR
+from softdta.engines.xdp import XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
+
+SOURCE = BPF_DIR / "responder.bpf.c"
+DEFAULT_UDP_SPORT = 49153
+RESPONDER_QP_CAPACITY = next(t.max_entries for t in RESPONDER_TABLES if t.name == "responder_qp")
+
+
+@dataclass(frozen=True)
+class ArenaRegion:
+    """A page-aligned slice of the arena: `view` is live memory that the XDP program writes."""
+
+    offset: int
+    view: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return self.view.size
+
+
+class XdpResponder:
+    """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions and
+    `qp_capacity` the size of its queue-pair table; `source` may name a program that includes
+    bpf/responder.bpf.c and adds to it (the benchmarks do).
+
+    With `pin_dir` (on a bpffs) every map is pinned there. Pinned maps outlive the process: after a kill -9 the
+    attached program keeps executing into them, and the next XdpResponder on the same `pin_dir` adopts them
+    (`adopted`), provided its `layout` (a hash of the regions, see XdpBackend) and sizes are the same.
+    """
+
+    def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, qp_capacity: int = RESPONDER_QP_CAPACITY,
+                 pin_dir: str | Path | None = None, layout: int = 0, udp_sport: int = DEFAULT_UDP_SPORT,
+                 source: Path = SOURCE):
+        if len(ip) != 4:
+            raise EngineError("the xdp responder serves RoCEv2 over IPv4; give the collector an IPv4 address")
+        sizes = {"arena": max(1, -(-arena_bytes // ARENA_PAGE)), "responder_qp": qp_capacity,
+                 "responder_qp_state": qp_capacity}
+        self.pin_dir = None if pin_dir is None else Path(pin_dir)
+        self.adopted = self.pin_dir is not None and (self.pin_dir / "arena").exists()
+        if self.adopted:
+            self._check_pinned(sizes, layout)
+        try:
+            self.object = BpfObject(build_object(source), pin_dir=pin_dir, map_sizes=sizes)
+        except BpfError as error:
+            raise EngineError(f"cannot load the xdp responder: {error}") from None
+        self.maps = self.object.maps
+        self.program = self.object.programs["softdta_responder"]
+        self.ring = RingBuffer(self.maps["completions"])
+        self._mapping = self.maps["arena"].mmap()
+        self.memory = np.frombuffer(self._mapping, dtype=np.uint8)
+        self._next_page = 0
+        self._rings_mapping = self.maps["ring_writes"].mmap()
+        self.ring_writes = np.frombuffer(self._rings_mapping, dtype=np.uint64)
+        self._next_ring = 0
+        self.attached: list[int] = []
+        self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"),
+                    layout=layout)
+
+    def _check_pinned(self, sizes: dict[str, int], layout: int) -> None:
+        """Refuse pinned maps of another configuration, before libbpf would with a page of log."""
+        differs = []
+        try:
+            for name, size in sizes.items():
+                with Map.from_pinned(self.pin_dir / name) as pinned:
+                    if pinned.max_entries != size:
+                        differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
+            with Map.from_pinned(self.pin_dir / "responder_config") as pinned:
+                config = table("responder_config").value.unpack(pinned.lookup(bytes(4)))
+            if config["layout"] != layout:
+                differs.append("its regions are laid out differently")
+        except BpfError as error:
+            differs.append(f"its pins are incomplete: {error}")
+        if differs:
+            raise EngineError(f"{self.pin_dir} holds the memory of a collector configured differently "
+                              f"({'; '.join(differs)}), left by one that was killed: start it with its old "
+                              f"configuration and stop it (the regions are then saved), or delete {self.pin_dir} "
+                              "to discard what it wrote since its last save")
+
+    def unpin(self) -> None:
+        """Remove the pins: the maps then end with this process (a clean stop, after saving the regions)."""
+        if self.pin_dir is None:
+            return
+        for name in self.maps:
+            if "." not in name:  # global-data maps are never pinned
+                (self.pin_dir / name).unlink(missing_ok=True)
+        try:
+            self.pin_dir.rmdir()
+        except OSError:
+            pass  # something else was pinned there: leave it
+
+    def close(self) -> None:
+        self.detach()
+        self.ring.close()
+        self.object.close()  # region views keep the arena mapped (and the map alive) for as long as they exist
+
+    def __enter__(self) -> XdpResponder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # regions and queue pairs
+
+    def allocate(self, length: int) -> ArenaRegion:
+        """A fresh page-aligned region of the arena."""
+        pages = max(1, -(-length // ARENA_PAGE))
+        offset = self._next_page * ARENA_PAGE
+        if offset + length > self.memory.size:
+            raise EngineError(f"the arena holds {self.memory.size} bytes; {length} more do not fit after "
+                              f"{offset}; give the responder a larger arena")
+        self._next_page += pages
+        return ArenaRegion(offset, self.memory[offset:offset + length])
+
+    def allocate_rings(self, count: int) -> int:
+        """`count` fresh counters of WRITEs per Append ring; returns the first one's index in `ring_writes`."""
+        if self._next_ring + count > self.ring_writes.size:
+            raise EngineError(f"the responder counts the writes of {self.ring_writes.size} Append lists; "
+                              f"{count} more do not fit after {self._next_ring}")
+        self._next_ring += count
+        return self._next_ring - count
+
+    def add_qp(self, qpn: int, transport: Transport, *, remote_ip: bytes, remote_mac: bytes, remote_qpn: int,
+               region: ArenaRegion, base_va: int, rkey: int, expected_psn: int = 0,
+               access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+               ring_bytes: int = 0, ring_index: int = 0) -> None:
+        """Bring a queue pair up (what a NIC's RTR transition does): it accepts requests from `remote_ip`.
+        `ring_bytes` marks an Append region of rings that long, counted from `ring_index` in `ring_writes`."""
+        if access & Access.REMOTE_ATOMIC and base_va % 8:
+            raise EngineError(f"QP {qpn:#x}: atomics need an 8-byte aligned region, base 0x{base_va:x} is not")
+        try:
+            self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn,
+                        remote_ip=int.from_bytes(remote_ip, "little"), remote_mac=remote_mac, transport=int(transport),
+                        access=int(access), rkey=rkey, base_va=base_va, length=region.length,
+                        arena_offset=region.offset, start_psn=expected_psn & 0xFFFFFF, ring_bytes=ring_bytes,
+                        ring_index=ring_index)
+            self.reset_qp(qpn, expected_psn)
+        except BpfError as error:
+            self.remove_qp(qpn)
+            raise EngineError(f"cannot add QP {qpn:#x}: {error}") from None
+
+    def remove_qp(self, qpn: int) -> None:
+        """Take a queue pair down: its requests are then dropped as unknown_qpn."""
+        key = table("responder_qp").key.pack(qpn=qpn)
+        self.maps["responder_qp"].delete(key)
+        self.maps["responder_qp_state"].delete(key)
+
+    def qp_entries(self) -> dict[int, dict]:
+        """The queue pairs in the table (those of an adopted table too), by QPN."""
+        layout = table("responder_qp")
+        return {layout.key.unpack(raw)["qpn"]: layout.value.unpack(value)
+                for raw, value in self.maps["responder_qp"].items()}
+
+    def reset_qp(self, qpn: int, expected_psn: int) -> None:
+        """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""
+        self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & 0xFFFFFF)
+
+    def qp_state(self, qpn: int) -> dict | None:
+        raw = self.maps["responder_qp_state"].lookup(table("responder_qp_state").key.pack(qpn=qpn))
+        return None if raw is None else table("responder_qp_state").value.unpack(raw)
+
+    def counters(self) -> Tally[ResponderCounter]:
+        tally: Tally[ResponderCounter] = Tally()
+        for counter in ResponderCounter:
+            values = self.maps["responder_counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
+            total = sum(int.from_bytes(v[:8], "little") for v in values)
+            if total:
+                tally[counter] = total
+        return tally
+
+    def completions(self) -> list[Completion]:
+        """WRITE with Immediate completions since the last call, oldest first."""
+        records = self.ring.consume()
+        return [Completion(*(int.from_bytes(r[i:i + 4], "little") for i in (0, 4, 8))) for r in records]
+
+    def _write(self, name: str, key: dict, **value) -> None:
+        layout = table(name)
+        self.maps[name].update(layout.key.pack(**key), layout.value.pack(**value))
+
+    # ----------------------------------------------------------------------------------------------
+    # frames
+
+    def process(self, frame: bytes) -> ResponderOutput:
+        """Run one frame through the XDP program (BPF_PROG_TEST_RUN): its reply and completions."""
+        run = self.program.test_run(frame, ctx=xdp_md())
+        if run.retval not in (XDP_DROP, XDP_PASS, XDP_TX):
+            raise EngineError(f"the xdp responder returned action {run.retval}")
+        return ResponderOutput(replies=[run.data] if run.retval == XDP_TX else [], completions=self.completions(),
+                               passed=run.retval == XDP_PASS)
+
+    def attach(self, interface: str, mode: str = "native") -> None:
+        try:
+            ifindex = socket.if_nametoindex(interface)
+        except OSError:
+            raise EngineError(f"interface {interface!r} does not exist in this network namespace; check `ip link`") \
+                from None
+        attach_xdp(ifindex, self.program.fd, mode=mode)
+        self.attached.append(ifindex)
+
+    def detach(self) -> None:
+        while self.attached:
+            detach_xdp(self.attached.pop())

@@ -1,0 +1,278 @@
+"""The translator control plane, computed once for every data plane (sans-IO).
+
+`plan()` is a pure function from `Tables` and the slot allocation already in force to the table entries a
+translator needs. `apply_plan()` writes them through a `Target`: the XDP maps (`softdta.engines.xdp`) or P4 tables and
+registers over P4Runtime (`softdta.targets.p4runtime`). Both receive the same entries through the same calls.
+
+Values are logical: integers for integer fields, and `bytes` for addresses. A field the spec stores "network
+order" (an IPv4 address in a 32-bit field) holds the address's four bytes, and each target encodes it as its
+data plane reads it (a __u32 in memory order for BPF, a big-endian bitstring for P4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from softdta.wire import icrc_split
+from softdta.wire.frames import UdpEndpoints, build_udp_frame
+from softdta.wire.roce import transport_payload
+from softdta.spec import (ETHERNET, ICRC_LEN, MAX_REDUNDANCY, P4_TABLES, ROCE_PORT, TRANSLATOR_TABLES, Field, Primitive,
+                   QpState, Raw, RoceOpcode, Transport)
+from softdta.core.tables import QueuePair, TableError, Tables
+
+# How long a partial Append batch or Postcarding path waits before it is written out, by default.
+DEFAULT_FLUSH_IDLE_NS = 1_000_000
+# Written by the control plane; the data plane only reads them.
+CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list")
+# Entries only the P4 data planes take (iCRC constants, packet replication groups); see spec.P4_TABLES.
+P4_ONLY_TABLES = tuple(t.name for t in P4_TABLES)
+# Entries that stop existing when the tables no longer name them (the qp array is zeroed instead, by the
+# `retire` entries of a plan, because its index is a slot that a later QP may reuse).
+PRUNED_TABLES = ("structure", "append_list", "qp_by_local_qpn", "collector") + P4_ONLY_TABLES
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One table entry: `value` empty means all zeros (a retired array slot, a reset state entry)."""
+
+    table: str
+    key: Mapping[str, int | bytes]
+    value: Mapping[str, int | bytes] = field(default_factory=dict)
+
+    def key_tuple(self) -> tuple:
+        return tuple(self.key[f.name] for f in table_spec(self.table).key)
+
+
+@dataclass
+class Slots:
+    """Indexes the control plane hands out; kept across table updates so live state stays put."""
+
+    qp: dict[int, int] = field(default_factory=dict)  # local QPN -> qp index
+    append: dict[int, int] = field(default_factory=dict)  # list id -> append_state index
+    postcard: dict[tuple[bytes, int], int] = field(default_factory=dict)  # (collector ip, entries) -> first slot
+    sketch: dict[bytes, int] = field(default_factory=dict)  # collector ip -> sketch state index
+
+
+@dataclass
+class Plan:
+    """What one application of the tables writes, in order: `state` (initial values for state that is new or
+    whose QP changed, before any entry leads traffic to it), then `entries`; then entries of `PRUNED_TABLES`
+    whose keys are not in `keep` are deleted, and last the QP slots in `retire` are freed, once nothing refers
+    to them. Traffic for what stays never sees a gap."""
+
+    entries: list[Entry]
+    state: list[Entry]
+    retire: list[Entry]
+    keep: dict[str, set[tuple]]
+    slots: Slots
+
+
+class Target(Protocol):
+    """A data plane the control plane writes to; it receives the entries of the tables it has."""
+
+    tables: frozenset[str]
+
+    def write(self, entry: Entry) -> None: ...
+
+    def delete(self, entry: Entry) -> None: ...
+
+    def installed(self, table: str) -> Iterable[Entry]:
+        """Entries of a pruned table that the data plane holds now (keys are enough)."""
+        ...
+
+
+def table_spec(name: str):
+    for table in TRANSLATOR_TABLES + P4_TABLES:
+        if table.name == name:
+            return table
+    raise KeyError(f"no translator table named {name!r} in spec.TRANSLATOR_TABLES or spec.P4_TABLES")
+
+
+def address_fields(name: str) -> frozenset[str]:
+    """Integer fields of a table that the spec stores in network order: the control plane passes them as bytes."""
+    table = table_spec(name)
+    return frozenset(f.name for f in table.key + table.value
+                     if isinstance(f, Field) and not isinstance(f, Raw) and f.doc.startswith("network order"))
+
+
+def capacity(name: str) -> int:
+    return table_spec(name).max_entries
+
+
+def _free_index(used: set[int], limit: int, what: str) -> int:
+    for index in range(limit):
+        if index not in used:
+            used.add(index)
+            return index
+    raise TableError(f"the translator holds at most {limit} {what}; split the tables over translators")
+
+
+def _free_range(ranges: list[tuple[int, int]], size: int, limit: int, what: str) -> int:
+    start = 0
+    for first, length in sorted(ranges):
+        if first - start >= size:
+            break
+        start = max(start, first + length)
+    if start + size > limit:
+        raise TableError(f"the translator holds at most {limit} {what} in total; lower cache_entries")
+    ranges.append((start, size))
+    return start
+
+
+def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[QueuePair], int],
+         installed_qps: Mapping[int, tuple[int, int]] = {}) -> Plan:
+    """The entries for `tables`, reusing the indexes of `slots` (not modified; the plan carries the new ones).
+
+    `egress` names the port towards a QP's collector (an ifindex for XDP, a device port for P4, 0 = the port
+    the report came in on). `installed_qps` maps qp index -> (remote QPN, start PSN) as the data plane holds
+    them: a QP whose index is new or whose peer changed gets its PSN state reset, others keep theirs.
+    """
+    tables.validate()
+    if len(tables.ip) != 4:
+        raise TableError("the translator data planes work over IPv4; give the translator an IPv4 address")
+    new = Slots(qp=dict(slots.qp), append=dict(slots.append), postcard=dict(slots.postcard),
+                sketch=dict(slots.sketch))
+    entries = [Entry("translator_config", {"index": 0}, {
+        "src_mac": tables.mac, "udp_sport": tables.udp_sport, "src_ip": tables.ip, "dscp": tables.dscp,
+        "ttl": tables.ttl, "profile": 0 if tables.profile.value == "dta-v1" else 1,
+        "ack_req_interval": tables.ack_request_interval, "grace_ns": tables.grace_ns,
+        "flush_idle_ns": flush_idle_ns})]
+    state: list[Entry] = []
+    restarted: set[int] = set()  # QP indexes whose PSN state starts over: a new peer, maybe a new region
+    used = set(slots.qp.values())
+    qp_index: dict[str, int] = {}
+    collectors: set[bytes] = set()
+    for qp in tables.qps:
+        index = slots.qp.get(qp.local_qpn)
+        if index is None:
+            index = _free_index(used, capacity("qp"), "queue pairs")
+        new.qp[qp.local_qpn] = qp_index[qp.name] = index
+        entries.append(Entry("qp", {"qp_index": index}, {
+            "remote_qpn": qp.remote_qpn, "local_qpn": qp.local_qpn, "rkey": qp.rkey,
+            "collector_ip": qp.collector_ip, "collector_mac": qp.collector_mac, "transport": int(qp.transport),
+            "start_psn": qp.start_psn, "ifindex": egress(qp), "base_va": qp.base_va, "length": qp.length}))
+        if installed_qps.get(index) != (qp.remote_qpn, qp.start_psn):
+            restarted.add(index)
+            state.append(Entry("qp_state", {"qp_index": index},
+                               {"next_psn": qp.start_psn, "unacked_psn": qp.start_psn,
+                                "state": int(QpState.ACTIVE)}))
+        entries.append(Entry("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, {"qp_index": index}))
+        if qp.collector_ip not in collectors:
+            collectors.add(qp.collector_ip)
+            entries.append(Entry("collector", {"ip": qp.collector_ip}, {"mac": qp.collector_mac}))
+    postcard_ranges = [(first, size) for (_, size), first in slots.postcard.items()]
+    sketch_used = set(slots.sketch.values())
+    for structure in tables.structures:
+        ip = structure.qp.collector_ip
+        state_index = 0
+        if structure.primitive is Primitive.POSTCARDING:
+            key = (ip, structure.cache_entries)
+            if key not in new.postcard:
+                new.postcard[key] = _free_range(postcard_ranges, structure.cache_entries,
+                                                capacity("postcard_cache"), "Postcarding cache entries")
+            state_index = new.postcard[key]
+        elif structure.primitive is Primitive.SKETCH_MERGE:
+            if ip not in new.sketch:
+                new.sketch[ip] = _free_index(sketch_used, capacity("sketch_column"), "sketches")
+            state_index = new.sketch[ip]
+        entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, {
+            "qp_index": qp_index[structure.qp.name], "slot_count": structure.slot_count,
+            "slot_size": structure.slot_size, "key_len": structure.key_len, "data_len": structure.data_len,
+            "hops": structure.hops, "merge": int(structure.merge), "key_hash": int(structure.key_hash),
+            "rows": structure.rows, "reporters": structure.reporters, "columns": structure.columns,
+            "cache_entries": structure.cache_entries, "batch": structure.batch, "state_index": state_index}))
+    list_ids = set()
+    append_used = set(slots.append.values())
+    for lists in tables.append_lists:
+        for offset in range(lists.lists):
+            list_id = lists.first_list + offset
+            list_ids.add(list_id)
+            if list_id not in new.append:
+                new.append[list_id] = _free_index(append_used, capacity("append_state"), "Append lists")
+                state.append(Entry("append_state", {"state_index": new.append[list_id]}))
+            elif qp_index[lists.qp.name] in restarted:
+                # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
+                state.append(Entry("append_state", {"state_index": new.append[list_id]}))
+            entries.append(Entry("append_list", {"list_id": list_id}, {
+                "qp_index": qp_index[lists.qp.name], "first_slot": offset * lists.entries,
+                "slot_count": lists.entries, "entry_size": lists.data_len, "batch": lists.batch,
+                "state_index": new.append[list_id]}))
+    live = {(s.qp.collector_ip, s.primitive, s.cache_entries) for s in tables.structures}
+    new.postcard = {key: first for key, first in new.postcard.items()
+                    if (key[0], Primitive.POSTCARDING, key[1]) in live}
+    sketches = {s.qp.collector_ip for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE}
+    new.sketch = {ip: index for ip, index in new.sketch.items() if ip in sketches}
+    new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
+    live_qpns = {qp.local_qpn for qp in tables.qps}
+    retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
+    entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
+    keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
+    return Plan(entries, state, retire, keep, new)
+
+
+def deletions(plan: Plan, installed: Mapping[str, Iterable[Entry]]) -> list[Entry]:
+    """Entries of the pruned tables that the data plane holds and the plan no longer names."""
+    return [Entry(name, entry.key) for name in PRUNED_TABLES for entry in installed.get(name, ())
+            if entry.key_tuple() not in plan.keep[name]]
+
+
+def apply_plan(target: Target, plan: Plan) -> None:
+    """Write a plan to a data plane: initial state, entries, deletions, then retired slots."""
+    for entry in plan.state + plan.entries:
+        if entry.table in target.tables:
+            target.write(entry)
+    pruned = [name for name in PRUNED_TABLES if name in target.tables]
+    for entry in deletions(plan, {name: list(target.installed(name)) for name in pruned}):
+        target.delete(entry)
+    for entry in plan.retire:
+        target.write(entry)
+
+
+def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:
+    """Every (opcode, payload length) each QP can send, by QP name."""
+    shapes: dict[str, set[tuple[RoceOpcode, int]]] = {qp.name: set() for qp in tables.qps}
+
+    def writes(qp: QueuePair, lengths) -> None:
+        rc = qp.transport is Transport.RC
+        for opcode in ((RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM) if rc
+                       else (RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM)):
+            shapes[qp.name].update((opcode, length) for length in lengths)
+
+    for structure in tables.structures:
+        if structure.primitive is Primitive.KEY_INCREMENT:
+            shapes[structure.qp.name].add((RoceOpcode.RC_FETCH_ADD, 0))
+        elif structure.primitive is Primitive.KEY_WRITE:
+            writes(structure.qp, [4 + structure.data_len])  # key checksum, then data
+        elif structure.primitive is Primitive.POSTCARDING:
+            writes(structure.qp, [4 * structure.hops])
+        else:
+            writes(structure.qp, [structure.batch * structure.slot_size])
+    for lists in tables.append_lists:
+        writes(lists.qp, [count * lists.data_len for count in range(1, lists.batch + 1)])  # idle flushes too
+    return shapes
+
+
+def icrc_constants(tables: Tables, qp_index: Mapping[str, int]) -> list[Entry]:
+    """The per-QP iCRC parts (`icrc_split.constant`) of every frame shape, from a frame with zeroed variables."""
+    entries, shapes = [], frame_shapes(tables)
+    for qp in tables.qps:
+        ends = UdpEndpoints(src_mac=tables.mac, dst_mac=qp.collector_mac, src_ip=tables.ip, dst_ip=qp.collector_ip,
+                            sport=tables.udp_sport, dport=ROCE_PORT, dscp=tables.dscp, ttl=tables.ttl)
+        for opcode, length in sorted(shapes[qp.name]):
+            headers = {"reth": {"rkey": qp.rkey, "dma_length": length}, "atomic_eth": {"rkey": qp.rkey}}
+            transport = transport_payload(opcode, qp.remote_qpn, 0, headers, bytes(length))
+            packet = build_udp_frame(ends, transport + bytes(ICRC_LEN))[ETHERNET.size:-ICRC_LEN]
+            entries.append(Entry("icrc_constant", {"qp_index": qp_index[qp.name], "opcode": int(opcode),
+                                                   "ip_length": len(packet) + ICRC_LEN},
+                                 {"constant": icrc_split.constant(packet)}))
+    return entries
+
+
+def multicast_groups(tables: Tables, egress: Callable[[QueuePair], int]) -> list[Entry]:
+    """Replication groups for Key-Write and Key-Increment: one per egress port and copy count 1..N."""
+    ports = sorted({egress(s.qp) for s in tables.structures
+                    if s.primitive in (Primitive.KEY_WRITE, Primitive.KEY_INCREMENT)})
+    return [Entry("multicast_group", {"group": port * MAX_REDUNDANCY + copies}, {"port": port, "copies": copies})
+            for port in ports for copies in range(1, MAX_REDUNDANCY + 1)]

@@ -1,0 +1,361 @@
+"""Translator tables: which collector structures exist, their queue pairs and regions (schema in docs/tables.md).
+
+Loaded from TOML or dicts and validated up front, so the data path never needs to guess: every QP has a
+non-zero remote QPN, every hashed structure has a power-of-two slot count, and every structure fits its region.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from softdta.wire.dta import Profile
+from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
+from softdta.core.settings import Settings, TableError, tables_of
+from softdta.spec import (DEFAULT_GRACE_NS, DTA_V1_POSTCARD_HOPS, KEY_CHECKSUM_LEN, MAX_APPEND_BATCH, MAX_DATA_LEN,
+                   MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_WRITE_PAYLOAD, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, KeyHash, Primitive,
+                   SketchMerge, Transport)
+
+PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.KEY_INCREMENT,
+                   "postcarding": Primitive.POSTCARDING,
+                   "sketch-merge": Primitive.SKETCH_MERGE}
+
+
+KEY_HASH_NAMES = {"dta-v1": KeyHash.DTA_V1, "independent": KeyHash.INDEPENDENT}
+
+
+def _power_of_two_at_least(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def slot_size_of(primitive: Primitive, *, data_len: int = 4, hops: int = DTA_V1_POSTCARD_HOPS, rows: int = 0) -> int:
+    """Bytes per slot of a structure: per key (Key-Write, Key-Increment, Postcarding) or per sketch column."""
+    if primitive is Primitive.KEY_WRITE:
+        return _power_of_two_at_least(KEY_CHECKSUM_LEN + data_len)
+    if primitive is Primitive.KEY_INCREMENT:
+        return 8
+    if primitive is Primitive.POSTCARDING:
+        return _power_of_two_at_least(4 * hops)
+    return 4 * rows
+
+
+@dataclass
+class QueuePair:
+    """The translator's end of one RDMA queue pair, and the memory region it writes."""
+
+    name: str
+    collector_ip: bytes
+    collector_mac: bytes
+    remote_qpn: int
+    local_qpn: int
+    rkey: int
+    base_va: int
+    length: int
+    start_psn: int = 0
+    transport: Transport = Transport.UC
+    interface: str = ""  # egress interface of the XDP engine; "" = the one the reports arrive on
+    index: int = 0
+
+    def validate(self) -> None:
+        where = f"qp {self.name!r}"
+        if self.remote_qpn in (0, 1) or not 0 < self.remote_qpn < 1 << 24:
+            raise TableError(f"{where}: remote_qpn {self.remote_qpn} is reserved or out of range; use the QPN "
+                             "the collector advertised (2..2^24-1)")
+        if not 0 < self.local_qpn < 1 << 24:
+            raise TableError(f"{where}: local_qpn {self.local_qpn} must be in 1..2^24-1")
+        if not 0 <= self.start_psn < 1 << 24:
+            raise TableError(f"{where}: start_psn {self.start_psn} must be a 24-bit PSN")
+        if not 0 <= self.rkey < 1 << 32:
+            raise TableError(f"{where}: rkey {self.rkey} must be a 32-bit key")
+        if self.length <= 0 or self.base_va < 0 or self.base_va + self.length > 1 << 64:
+            raise TableError(f"{where}: region base 0x{self.base_va:x} length {self.length} is empty or "
+                             "beyond 64-bit addresses")
+
+
+@dataclass
+class Structure:
+    """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area on one collector."""
+
+    primitive: Primitive
+    qp: QueuePair
+    key_len: int = 4
+    data_len: int = 4
+    hops: int = DTA_V1_POSTCARD_HOPS
+    cache_entries: int = POSTCARD_CACHE_ENTRIES
+    columns: int = 0
+    rows: int = 0
+    reporters: int = 1
+    merge: SketchMerge = SketchMerge.SUM
+    batch: int = 1
+    key_hash: KeyHash = KeyHash.DTA_V1
+    slot_size: int = 0
+    slot_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.slot_size = slot_size_of(self.primitive, data_len=self.data_len, hops=self.hops, rows=self.rows)
+        self.slot_count = self.qp.length // self.slot_size if self.slot_size else 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.primitive.name.lower()}@{ip_str(self.qp.collector_ip)}"
+
+    def validate(self) -> None:
+        where = f"structure {self.name}"
+        if not 1 <= self.key_len <= MAX_KEY_LEN:
+            raise TableError(f"{where}: key_len {self.key_len} must be 1..{MAX_KEY_LEN}")
+        if not 1 <= self.data_len <= MAX_DATA_LEN:
+            raise TableError(f"{where}: data_len {self.data_len} must be 1..{MAX_DATA_LEN}")
+        if self.primitive is Primitive.KEY_INCREMENT:
+            if self.qp.transport is not Transport.RC:
+                raise TableError(f"{where}: Key-Increment uses Fetch&Add, which needs an RC queue pair "
+                                 "(set transport = \"rc\")")
+            if self.qp.base_va % 8:
+                raise TableError(f"{where}: atomics need an 8-byte aligned region; base 0x{self.qp.base_va:x}")
+        if self.primitive is Primitive.SKETCH_MERGE:
+            if not 1 <= self.rows <= MAX_SKETCH_ROWS or self.columns <= 0:
+                raise TableError(f"{where}: needs 1..{MAX_SKETCH_ROWS} rows and at least one column")
+            if self.columns % self.batch:
+                raise TableError(f"{where}: batch {self.batch} must divide the column count {self.columns}")
+            if self.batch * self.slot_size > MAX_WRITE_PAYLOAD:
+                raise TableError(f"{where}: a write of {self.batch} columns x {self.rows} rows x 4 B exceeds "
+                                 f"{MAX_WRITE_PAYLOAD} B; lower batch or rows")
+            if self.columns * self.slot_size > self.qp.length:
+                raise TableError(f"{where}: {self.columns} columns x {self.rows} rows x 4 B need "
+                                 f"{self.columns * self.slot_size} B, the region has {self.qp.length}")
+            if self.reporters <= 0 or self.reporters >= 1 << 16:
+                raise TableError(f"{where}: reporters must be 1..65535")
+            return
+        if self.primitive is Primitive.POSTCARDING:
+            if not 1 <= self.hops <= MAX_POSTCARD_HOPS:
+                raise TableError(f"{where}: hops {self.hops} must be 1..{MAX_POSTCARD_HOPS}")
+            if not _is_power_of_two(self.cache_entries):
+                raise TableError(f"{where}: cache_entries {self.cache_entries} must be a power of two")
+        if not _is_power_of_two(self.slot_count) or self.slot_count < 2 or self.slot_count > 1 << 31:
+            raise TableError(f"{where}: region length {self.qp.length} gives {self.slot_count} slots of "
+                             f"{self.slot_size} B; the hash needs a power of two between 2 and 2^31 "
+                             f"(e.g. length {_power_of_two_at_least(max(2, self.slot_count)) * self.slot_size})")
+
+
+@dataclass
+class AppendLists:
+    """A range of Append lists sharing one region: list `first_list + i` is ring i of `entries` entries."""
+
+    qp: QueuePair
+    first_list: int
+    lists: int
+    entries: int
+    data_len: int = 4
+    batch: int = 4
+
+    def validate(self) -> None:
+        where = f"append lists {self.first_list}..{self.first_list + self.lists - 1}"
+        if not 1 <= self.batch <= MAX_APPEND_BATCH:
+            raise TableError(f"{where}: batch {self.batch} must be 1..{MAX_APPEND_BATCH}")
+        if self.entries <= 0 or self.entries % self.batch:
+            raise TableError(f"{where}: entries per list ({self.entries}) must be a positive multiple of the "
+                             f"batch ({self.batch}) so that batches never straddle the ring's end")
+        if self.lists <= 0 or self.first_list < 0 or self.first_list + self.lists > 1 << 32:
+            raise TableError(f"{where}: list ids must be 32-bit")
+        if not 1 <= self.data_len <= MAX_DATA_LEN:
+            raise TableError(f"{where}: data_len {self.data_len} must be 1..{MAX_DATA_LEN}")
+        if self.batch * self.data_len > MAX_WRITE_PAYLOAD:
+            raise TableError(f"{where}: a batch of {self.batch} x {self.data_len} B exceeds {MAX_WRITE_PAYLOAD} B; "
+                             "lower batch or data_len")
+        needed = self.lists * self.entries * self.data_len
+        if needed > self.qp.length:
+            raise TableError(f"{where}: {self.lists} lists x {self.entries} entries x {self.data_len} B need "
+                             f"{needed} B, the region of qp {self.qp.name!r} has {self.qp.length}")
+
+    def ring_offset(self, list_id: int) -> int:
+        return (list_id - self.first_list) * self.entries * self.data_len
+
+
+@dataclass
+class Tables:
+    """Everything the translator needs: its own addresses, QPs, structures and Append lists."""
+
+    mac: bytes
+    ip: bytes
+    profile: Profile = Profile.DTA_V1
+    udp_sport: int = 49152
+    dscp: int = 0
+    ttl: int = 64
+    grace_ns: int = DEFAULT_GRACE_NS
+    ack_request_interval: int = 0
+    qps: list[QueuePair] = field(default_factory=list)
+    structures: list[Structure] = field(default_factory=list)
+    append_lists: list[AppendLists] = field(default_factory=list)
+    # Lookup indexes, rebuilt by validate() so that per-report lookups are dictionary hits.
+    _structure_index: dict = field(default_factory=dict, init=False, repr=False)
+    _local_qpn_index: dict = field(default_factory=dict, init=False, repr=False)
+    collector_ips: frozenset = field(default=frozenset(), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not 0 <= self.dscp < 64:
+            raise TableError(f"translator: dscp {self.dscp} must be 0..63")
+        if not 1 <= self.ttl <= 255:
+            raise TableError(f"translator: ttl {self.ttl} must be 1..255")
+        if self.grace_ns < 0:
+            raise TableError("translator: grace_ms must not be negative")
+        if not 0 < self.udp_sport < 1 << 16:
+            raise TableError(f"translator: udp_sport {self.udp_sport} must be 1..65535")
+        local_qpns: dict[int, str] = {}
+        for index, qp in enumerate(self.qps):
+            qp.index = index
+            qp.validate()
+            if qp.local_qpn in local_qpns:
+                raise TableError(f"qp {qp.name!r}: local_qpn {qp.local_qpn} is already used by qp "
+                                 f"{local_qpns[qp.local_qpn]!r}; replies could not be told apart")
+            local_qpns[qp.local_qpn] = qp.name
+        remote_qpns: dict[tuple[bytes, int], str] = {}
+        for qp in self.qps:
+            other = remote_qpns.setdefault((qp.collector_ip, qp.remote_qpn), qp.name)
+            if other != qp.name:
+                raise TableError(f"qp {qp.name!r}: remote_qpn {qp.remote_qpn:#x} is already qp {other!r}'s at "
+                                 f"{ip_str(qp.collector_ip)}; each structure has its own queue pair at the collector")
+        # one memory region is one R_Key at one collector; other regions may reuse its addresses (other processes)
+        by_region = sorted(self.qps, key=lambda qp: (qp.collector_ip, qp.rkey, qp.base_va))
+        for first, second in zip(by_region, by_region[1:]):
+            if (first.collector_ip, first.rkey) == (second.collector_ip, second.rkey) and \
+                    second.base_va < first.base_va + first.length:
+                raise TableError(f"qp {second.name!r}: its region (base {second.base_va:#x}) overlaps qp "
+                                 f"{first.name!r}'s (base {first.base_va:#x}, length {first.length}); give each "
+                                 "structure its own memory")
+        seen: set[tuple[bytes, Primitive]] = set()
+        for structure in self.structures:
+            structure.validate()
+            key = (structure.qp.collector_ip, structure.primitive)
+            if key in seen:
+                raise TableError(f"structure {structure.name}: a collector IP has at most one structure per "
+                                 "primitive; give the second one its own collector IP")
+            seen.add(key)
+        self._structure_index = {(s.qp.collector_ip, s.primitive): s for s in self.structures}
+        self._local_qpn_index = {qp.local_qpn: qp for qp in self.qps}
+        self.collector_ips = frozenset(qp.collector_ip for qp in self.qps)
+        ranges = sorted((lists.first_list, lists.first_list + lists.lists) for lists in self.append_lists)
+        for lists in self.append_lists:
+            lists.validate()
+        for (_, end), (start, _) in zip(ranges, ranges[1:]):
+            if start < end:
+                raise TableError(f"append lists overlap at list id {start}; each list id belongs to one range")
+
+    def structure(self, collector_ip: bytes, primitive: Primitive) -> Structure | None:
+        return self._structure_index.get((collector_ip, primitive))
+
+    def append_range(self, list_id: int) -> AppendLists | None:
+        for lists in self.append_lists:
+            if lists.first_list <= list_id < lists.first_list + lists.lists:
+                return lists
+        return None
+
+    def qp_by_local_qpn(self, local_qpn: int) -> QueuePair | None:
+        return self._local_qpn_index.get(local_qpn)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "Tables":
+        try:
+            with open(path, "rb") as handle:
+                document = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as error:
+            raise TableError(f"{path}: not valid TOML: {error}") from None
+        return cls.from_dict(document, source=str(path))
+
+    @classmethod
+    def from_dict(cls, document: dict, source: str = "tables") -> "Tables":
+        try:
+            return _from_dict(document)
+        except KeyError as error:
+            raise TableError(f"{source}: missing required setting {error}; see docs/tables.md") from None
+        except (TypeError, ValueError) as error:
+            if isinstance(error, TableError):
+                raise
+            raise TableError(f"{source}: {error}; see docs/tables.md") from None
+
+
+TRANSLATOR_KEYS = ("profile", "mac", "ip", "udp_sport", "dscp", "ttl", "grace_ms", "ack_request_interval")
+COLLECTOR_KEYS = ("name", "ip", "mac", "interface")
+QP_KEYS = ("remote_qpn", "local_qpn", "rkey", "base", "length", "start_psn", "transport", "name")
+STRUCTURE_KEYS = ("primitive", "collector", "qp", "hash", "key_len", "data_len", "hops", "cache_entries", "columns",
+                  "rows", "reporters", "merge", "batch")
+APPEND_KEYS = ("collector", "qp", "first_list", "lists", "entries", "data_len", "batch")
+
+
+def _address(settings: Settings, key: str, parse) -> bytes:
+    value = settings.text(key)
+    try:
+        return parse(value)
+    except (OSError, ValueError):
+        raise TableError(f"{settings.where}: {key} = {value!r} is not a valid address") from None
+
+
+def _qp_from(entry: Settings, collector: Settings, default_name: str, default_transport: Transport) -> QueuePair:
+    qp = entry.table("qp", QP_KEYS)
+    name = qp.text("name", default_name)
+    qp.where = f"qp {name!r}"
+    transport = qp.text("transport", default_transport.name.lower(), ("rc", "uc"))
+    return QueuePair(name=name, collector_ip=_address(collector, "ip", ip_bytes),
+                     collector_mac=_address(collector, "mac", mac_bytes),
+                     remote_qpn=qp.integer("remote_qpn"), local_qpn=qp.integer("local_qpn"),
+                     rkey=qp.integer("rkey"), base_va=qp.integer("base"), length=qp.integer("length"),
+                     start_psn=qp.integer("start_psn", 0), transport=Transport[transport.upper()],
+                     interface=collector.text("interface", ""))
+
+
+def _from_dict(document: dict) -> Tables:
+    Settings("the tables", document, ("translator", "collectors", "structures", "append"))
+    translator = Settings("[translator]", document.get("translator"), TRANSLATOR_KEYS)
+    collectors = {c.text("name"): c for c in tables_of(document, "collectors", COLLECTOR_KEYS, "[[collectors]]")}
+    qps: list[QueuePair] = []
+    structures: list[Structure] = []
+    append_lists: list[AppendLists] = []
+
+    def collector_of(entry: Settings, what: str) -> Settings:
+        name = entry.text("collector")
+        if name not in collectors:
+            raise TableError(f"{what}: collector {name!r} is not defined under [[collectors]]")
+        return collectors[name]
+
+    for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
+        kind = entry.text("primitive")
+        if kind not in PRIMITIVE_NAMES:
+            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)} "
+                             "(Append lists are declared under [[append]])")
+        primitive = PRIMITIVE_NAMES[kind]
+        entry.where = f"{kind} structure"
+        collector = collector_of(entry, f"{kind} structure")
+        default_transport = Transport.RC if primitive is Primitive.KEY_INCREMENT else Transport.UC
+        qp = _qp_from(entry, collector, f"{kind}@{collector.text('name')}", default_transport)
+        qps.append(qp)
+        key_hash = entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES))
+        merge = entry.text("merge", "sum", ("sum", "max"))
+        structures.append(Structure(
+            primitive=primitive, qp=qp, key_len=entry.integer("key_len", 4), data_len=entry.integer("data_len", 4),
+            hops=entry.integer("hops", DTA_V1_POSTCARD_HOPS),
+            cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES),
+            columns=entry.integer("columns", 0), rows=entry.integer("rows", 0),
+            reporters=entry.integer("reporters", 1), merge=SketchMerge[merge.upper()],
+            batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash]))
+    for entry in tables_of(document, "append", APPEND_KEYS, "[[append]]"):
+        collector = collector_of(entry, "append lists")
+        first = entry.integer("first_list", 0, 0)
+        entry.where = f"append lists from {first}"
+        qp = _qp_from(entry, collector, f"append{first}@{collector.text('name')}", Transport.UC)
+        qps.append(qp)
+        append_lists.append(AppendLists(qp=qp, first_list=first, lists=entry.integer("lists", 1, 1),
+                                        entries=entry.integer("entries", minimum=1),
+                                        data_len=entry.integer("data_len", 4), batch=entry.integer("batch", 4, 1)))
+    profile = translator.text("profile", Profile.DTA_V1.value, tuple(p.value for p in Profile))
+    return Tables(mac=_address(translator, "mac", mac_bytes), ip=_address(translator, "ip", ip_bytes),
+                  profile=Profile(profile), udp_sport=translator.integer("udp_sport", 49152),
+                  dscp=translator.integer("dscp", 0), ttl=translator.integer("ttl", 64),
+                  grace_ns=int(translator.number("grace_ms", DEFAULT_GRACE_NS / 1e6) * 1_000_000),
+                  ack_request_interval=translator.integer("ack_request_interval", 0, 0),
+                  qps=qps, structures=structures, append_lists=append_lists)

@@ -1,0 +1,322 @@
+"""The reference translator: DTA report frames in, RoCEv2 frames out (sans-IO; the oracle for every engine).
+
+`Translator.process(frame, now_ns)` takes one Ethernet frame and returns an `Output`: RoCEv2 frames for
+collectors, NACK frames for reporters, a drop reason, whether the report was deferred to userspace (essential
+reports while their QP cannot send), or that the frame is not ours and passes up the stack. Time is an
+argument, never read from a clock, so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections import deque
+from dataclasses import dataclass
+
+from softdta.wire.codec import WireError, codec
+from softdta.wire.dta import Nack, Report, decode, encode_nack
+from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
+from softdta.core.primitives import BUILT_IN, AppendRuntime, Output, PluginReport, PostcardEntry, Primitive, SketchRuntime
+from softdta.wire.roce import aeth_kind, build_roce_frame, parse_roce, transport_payload
+from softdta.spec import (DTA_BASE_EXT, DTA_NACK_PORT, DTA_PORT, EXTENDED_MARKER, ROCE_PORT, AethKind, Counter,
+                   DtaOpcode, NackKind, NakCode, QpState, RoceOpcode, Transport)
+from softdta.spec import Primitive as StructureKind
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
+
+__all__ = ["Output", "AppendRuntime", "PostcardEntry", "SketchRuntime", "QpRuntime", "Translator"]
+
+PSN_MASK = 0xFFFFFF
+_BUILT_IN_OPCODES = frozenset(int(opcode) for opcode in DtaOpcode)
+_BASE_EXT = codec(DTA_BASE_EXT)
+_SEQ_WINDOW = 128
+
+
+@dataclass
+class QpRuntime:
+    next_psn: int
+    state: QpState = QpState.ACTIVE
+    grace_until_ns: int = 0
+    frames_sent: int = 0
+    flush_mark: int = 0  # frames_sent when the flusher last found the QP busy
+    flush_mark_ns: int = 0
+    unacked_psn: int | None = None  # oldest PSN not yet acknowledged; None: next_psn (nothing outstanding)
+
+    def __post_init__(self) -> None:
+        if self.unacked_psn is None:
+            self.unacked_psn = self.next_psn
+
+    def outstanding(self, psn: int) -> bool:
+        """Whether `psn` is in [unacked_psn, next_psn), modulo 2^24: the only PSNs an RC requester takes a reply
+        for (IBTA 9.7.5.1). Anything else is stale or forged."""
+        return (psn - self.unacked_psn) & PSN_MASK < (self.next_psn - self.unacked_psn) & PSN_MASK
+
+
+class Translator:
+    """`plugins` are extra `primitives.Primitive` classes, each with an opcode no other primitive has."""
+
+    def __init__(self, tables: Tables, plugins: tuple[type[Primitive], ...] | list[type[Primitive]] = ()):
+        self.tables = tables
+        self.counters: Tally[Counter] = Tally()
+        self.qp_state = {qp.index: QpRuntime(qp.start_psn) for qp in tables.qps}
+        self.reporter_seqnum: dict[bytes, int] = {}
+        self.flush_queue: deque[tuple[int, int, int, object]] = deque()  # (token, first ns, list id | index, structure)
+        self._tokens = 0
+        self.primitives: dict[int, Primitive] = {}
+        for cls in (*BUILT_IN, *plugins):
+            if cls.opcode in self.primitives:
+                raise ValueError(f"primitive {cls.__name__} takes opcode {cls.opcode}, which "
+                                 f"{type(self.primitives[cls.opcode]).__name__} already has")
+            self.primitives[cls.opcode] = cls(self)
+
+    @property
+    def append_state(self) -> dict[int, AppendRuntime]:
+        return self.primitives[DtaOpcode.APPEND].state
+
+    @property
+    def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]:
+        return self.primitives[DtaOpcode.POSTCARDING].state
+
+    @property
+    def sketch_state(self) -> dict[int, SketchRuntime]:
+        return self.primitives[DtaOpcode.SKETCH_MERGE].state
+
+    # ----------------------------------------------------------------------------------------------
+    # entry points
+
+    def process(self, frame: bytes, now_ns: int = 0) -> Output:
+        try:
+            udp = parse_udp_frame(frame)
+        except WireError:
+            return Output(passed=True)
+        if udp.is_ipv6:
+            return Output(passed=True)
+        dport = udp.udp["dport"]
+        if dport == DTA_PORT:
+            return self._report(udp, now_ns)
+        if dport == ROCE_PORT and udp.src_ip in self.tables.collector_ips:
+            return self._reply(frame, udp, now_ns)
+        return Output(passed=True)
+
+    def flush_idle(self, now_ns: int, idle_ns: int = 0) -> list[bytes]:
+        """Write out Append batches and Postcarding paths that have waited at least `idle_ns`, oldest first.
+
+        This models the kernel's flush queue exactly. Entries whose batch filled or whose path completed are
+        dropped; the oldest entry that is not yet due ends the pass; an entry whose QP is not idle goes to the back,
+        and meeting it a second time without a write in between ends the pass.
+        A QP is idle once the data path has not emitted on it for `idle_ns`, as seen by earlier flush passes: the
+        kernel flushes from another CPU than the one translating, and this keeps the two from interleaving PSNs.
+        """
+        frames: list[bytes] = []
+        pushed_back: Tally[int] = Tally()  # since the last write; the second time round ends the pass
+        while self.flush_queue:
+            token, first_ns, index, structure = self.flush_queue[0]
+            pending = self._pending_entry(token, index, structure)
+            if pending is None:
+                self.flush_queue.popleft()
+                continue
+            if now_ns - first_ns < idle_ns or pushed_back[token] >= 2:
+                break
+            self.flush_queue.popleft()
+            qp = structure.qp if structure else self.tables.append_range(index).qp
+            if not self._qp_flushable(qp, now_ns, idle_ns):
+                self.flush_queue.append((token, first_ns, index, structure))
+                pushed_back[token] += 1
+                continue
+            if structure is None:
+                frames += self.flush_batch(self.tables.append_range(index), index, pending)
+            else:
+                frames += self.flush_path(structure, index, pending)
+            runtime = self.qp_state[qp.index]
+            runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
+            pushed_back.clear()
+        return frames
+
+    def flush_batch(self, lists: AppendLists, list_id: int, runtime: AppendRuntime) -> list[bytes]:
+        """A partial Append batch, padded with zero entries, written where the full batch would go."""
+        runtime.pending += [bytes(lists.data_len)] * (lists.batch - len(runtime.pending))
+        self.counters[Counter.APPEND_FLUSHES] += 1
+        return self.primitives[DtaOpcode.APPEND].write_batch(lists, list_id, runtime, None)
+
+    def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]:
+        """A cached Postcarding path, written with the hops it has, and its cache entry freed."""
+        del self.postcard_cache[structure.qp.index][index]
+        self.counters[Counter.POSTCARD_FLUSHES] += 1
+        return self.primitives[DtaOpcode.POSTCARDING].write_path(structure, entry, None)
+
+    def _pending_entry(self, token: int, index: int, structure: Structure | None):
+        """The batch or cache entry a flush-queue entry names, if it is still waiting."""
+        if structure is None:
+            runtime = self.append_state.get(index)
+            return runtime if runtime and runtime.pending and runtime.token == token else None
+        entry = self.postcard_cache.get(structure.qp.index, {}).get(index)
+        return entry if entry and entry.token == token else None
+
+    def _qp_flushable(self, qp: QueuePair, now_ns: int, idle_ns: int) -> bool:
+        runtime = self.qp_state[qp.index]
+        if not self._qp_ready(qp, now_ns):
+            return False
+        if runtime.frames_sent != runtime.flush_mark:  # the data path emitted since the last look
+            runtime.flush_mark, runtime.flush_mark_ns = runtime.frames_sent, now_ns
+            return False
+        return now_ns - runtime.flush_mark_ns >= idle_ns
+
+    def resync(self, qp: QueuePair, psn: int, now_ns: int) -> None:
+        """Set a QP's next PSN (control plane, or a sequence-error NAK) and start its grace period."""
+        runtime = self.qp_state[qp.index]
+        runtime.next_psn = runtime.unacked_psn = psn & PSN_MASK
+        runtime.state = QpState.GRACE
+        runtime.grace_until_ns = now_ns + self.tables.grace_ns
+
+    def revive(self, qp: QueuePair, psn: int) -> None:
+        """Bring a failed QP back after the collector re-created its end (control plane)."""
+        self.qp_state[qp.index] = QpRuntime(psn & PSN_MASK)
+
+    # ----------------------------------------------------------------------------------------------
+    # reports
+
+    def _report(self, udp: UdpFrame, now_ns: int) -> Output:
+        self.counters[Counter.RX_REPORTS] += 1
+        try:
+            report = self._decode(udp.payload)
+        except WireError as error:
+            return self.drop(Counter[f"DROP_{error.reason}"])
+        if report.opcode in _BUILT_IN_OPCODES:
+            self.counters[Counter(Counter.RX_KEY_WRITE + report.opcode - 1)] += 1
+        if report.retransmit:
+            verdict = self._check_sequence(udp, report)
+            if verdict is not None:
+                return verdict
+        out = self.primitives[report.opcode].translate(udp, report, now_ns)
+        self.counters[Counter.TX_FRAMES] += len(out.frames)
+        self.counters[Counter.TX_NACKS] += len(out.to_reporter)
+        return out
+
+    def _decode(self, payload: bytes) -> Report | PluginReport:
+        """Built-in reports through `dta.decode`; extended reports with a plug-in's opcode through the plug-in."""
+        if len(payload) >= _BASE_EXT.size and payload[0] & EXTENDED_MARKER:
+            base, offset = _BASE_EXT.unpack(payload)
+            primitive = self.primitives.get(base["opcode"])
+            if primitive is not None and base["opcode"] not in _BUILT_IN_OPCODES:
+                return primitive.decode(base, payload, offset)
+        return decode(payload, self.tables.profile)
+
+    def drop(self, reason: Counter) -> Output:
+        self.counters[reason] += 1
+        return Output(drop=reason)
+
+    def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None:
+        """None if the QP may send now; otherwise the drop (or deferral of an essential report)."""
+        if self._qp_ready(qp, now_ns):
+            return None
+        if report.essential:
+            self.counters[Counter.ESSENTIAL_DEFERRED] += 1
+            return Output(deferred=True)
+        state = self.qp_state[qp.index].state
+        return self.drop(Counter.DROP_QP_FAILED if state is QpState.FAILED else Counter.DROP_GRACE)
+
+    def _qp_ready(self, qp: QueuePair, now_ns: int) -> bool:
+        runtime = self.qp_state[qp.index]
+        if runtime.state is QpState.GRACE and now_ns >= runtime.grace_until_ns:
+            runtime.state = QpState.ACTIVE
+        return runtime.state is QpState.ACTIVE
+
+    def _check_sequence(self, udp: UdpFrame, report: Report | PluginReport) -> Output | None:
+        """Go-back-N tracking per reporter IP: accept the next seqnum, NACK a gap, drop a duplicate."""
+        last = self.reporter_seqnum.get(udp.src_ip)
+        if last is None or report.seqnum == (last + 1) & 0xFF:
+            self.reporter_seqnum[udp.src_ip] = report.seqnum
+            return None
+        if (last - report.seqnum) & 0xFF < _SEQ_WINDOW:
+            return self.drop(Counter.DROP_DUPLICATE)
+        out = self.drop(Counter.DROP_SEQUENCE_GAP)
+        out.to_reporter.append(self.nack_frame(udp, Nack(NackKind.SEQUENCE, last, extended=report.extended)))
+        self.counters[Counter.TX_NACKS] += 1
+        return out
+
+    def nack_frame(self, udp: UdpFrame, nack: Nack) -> bytes:
+        ends = UdpEndpoints(src_mac=self.tables.mac, dst_mac=udp.eth["src"], src_ip=udp.dst_ip,
+                            dst_ip=udp.src_ip, sport=DTA_PORT, dport=DTA_NACK_PORT, dscp=self.tables.dscp,
+                            ttl=self.tables.ttl)
+        return build_udp_frame(ends, encode_nack(nack))
+
+    def structure(self, udp: UdpFrame, kind: StructureKind, report: Report | PluginReport,
+                  key: bytes | None = None) -> Structure | Output:
+        """The collector structure of `kind` at the report's destination, or the drop when there is none or the
+        key (`report.key` unless given) or Key-Write data does not fit it."""
+        structure = self.tables.structure(udp.dst_ip, kind)
+        if structure is None:
+            return self.drop(Counter.DROP_UNKNOWN_COLLECTOR)
+        key = report.key if key is None else key
+        if len(key) != structure.key_len or \
+                (kind is StructureKind.KEY_WRITE and isinstance(report, Report)
+                 and len(report.data) != structure.data_len):
+            return self.drop(Counter.DROP_BAD_LENGTH)
+        return structure
+
+    def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
+        self._tokens += 1
+        self.flush_queue.append((self._tokens, now_ns, index, structure))
+        return self._tokens
+
+    # ----------------------------------------------------------------------------------------------
+    # frames
+
+    def write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | PluginReport | None,
+              tag: int) -> bytes:
+        immediate = report is not None and report.immediate
+        if qp.transport is Transport.RC:
+            opcode = RoceOpcode.RC_WRITE_ONLY_IMM if immediate else RoceOpcode.RC_WRITE_ONLY
+        else:
+            opcode = RoceOpcode.UC_WRITE_ONLY_IMM if immediate else RoceOpcode.UC_WRITE_ONLY
+        if offset + len(payload) > qp.length:
+            raise AssertionError(f"write of {len(payload)} B at offset {offset} leaves region of qp {qp.name}")
+        headers = {"reth": {"va": qp.base_va + offset, "rkey": qp.rkey, "dma_length": len(payload)},
+                   "immdt": {"immediate": tag & 0xFFFFFFFF}}
+        return self.emit(qp, opcode, headers, payload)
+
+    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes:
+        runtime = self.qp_state[qp.index]
+        interval = self.tables.ack_request_interval
+        runtime.frames_sent += 1
+        ack_req = qp.transport is Transport.RC and interval > 0 and runtime.frames_sent % interval == 0
+        transport = transport_payload(opcode, qp.remote_qpn, runtime.next_psn, headers, payload, ack_req=ack_req)
+        runtime.next_psn = (runtime.next_psn + 1) & PSN_MASK
+        ends = UdpEndpoints(src_mac=self.tables.mac, dst_mac=qp.collector_mac, src_ip=self.tables.ip,
+                            dst_ip=qp.collector_ip, sport=self.tables.udp_sport, dport=ROCE_PORT,
+                            dscp=self.tables.dscp, ttl=self.tables.ttl)
+        return build_roce_frame(ends, transport)
+
+    # ----------------------------------------------------------------------------------------------
+    # RoCE replies
+
+    def _reply(self, frame: bytes, udp: UdpFrame, now_ns: int) -> Output:
+        try:
+            reply = parse_roce(frame, udp)
+        except WireError as error:
+            return self.drop(Counter[f"DROP_{error.reason}"])
+        if reply.opcode not in (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK):
+            return Output(passed=True)  # a CM MAD or a collector's SEND: for the control plane (softdta.core.cm)
+        if not reply.icrc_ok:
+            return self.drop(Counter.DROP_BAD_ICRC)
+        qp = self.tables.qp_by_local_qpn(reply.bth["dest_qp"])
+        aeth = reply.headers["aeth"]
+        if qp is None or qp.collector_ip != udp.src_ip:
+            return self.drop(Counter.DROP_UNKNOWN_QP)
+        if qp.transport is Transport.UC:
+            return self.drop(Counter.DROP_REPLY_ON_UC)
+        runtime, psn = self.qp_state[qp.index], reply.bth["psn"]
+        if not runtime.outstanding(psn):
+            return self.drop(Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW)
+        kind, code = aeth_kind(aeth["syndrome"])
+        if kind == AethKind.ACK:
+            self.counters[Counter.RX_ACKS] += 1
+            runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn (coalesced ACKs)
+        elif kind == AethKind.RNR_NAK:
+            self.counters[Counter.RX_RNR_NAKS] += 1
+        elif kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
+            self.counters[Counter.RX_NAK_SEQUENCE] += 1
+            self.resync(qp, psn, now_ns)
+        else:
+            self.counters[Counter.RX_NAK_FATAL] += 1
+            self.qp_state[qp.index].state = QpState.FAILED
+        return Output()
+

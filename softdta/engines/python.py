@@ -1,0 +1,269 @@
+"""The python engine: the reference translator (the oracle itself, with any plug-in primitives) on the wire.
+
+A tiny XDP program (bpf/xsk_steer.bpf.c) steers DTA reports and collectors' ACKs into an AF_XDP socket; the
+engine takes them a batch at a time, runs each through `Translator.process`, and transmits what comes out,
+a batch per call. Without AF_XDP it falls back to an AF_PACKET TPACKET_V3 ring. Tables come from the same TOML
+or collector control links as the XDP engine's, and the counters and QP state go into maps with the XDP
+engine's layouts, pinned in the same place, so `softdta translator stats` and `softdta lab status` read both.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
+from softdta.kernel.maps import table
+from softdta.core.primitives import Primitive
+from softdta.spec import Counter, QpState
+from softdta.core.tables import QueuePair, Tables
+from softdta.core.translator import QpRuntime, Translator
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
+from softdta.kernel.resources import BPF_DIR
+from softdta.engines.xdp import EngineError, _rx_queues, build_object, pinned_stats
+from softdta.kernel.xsk import PacketRing, XskError, XskSocket
+
+STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
+IO_CHOICES = ("auto", "af_xdp", "af_packet")
+IO_CODES = {"AF_XDP copy": 1, "AF_XDP zero-copy": 2, "AF_PACKET TPACKET_V3": 3}
+BATCH = 64  # reports per step: their frames (N copies each) must fit the peer veth's 256-frame ring
+PUBLISH_INTERVAL_NS = 100_000_000
+MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) this often
+
+
+class PythonEngine:
+    """One python translator: `attach` opens the packet I/O on an interface, `serve` runs until stopped."""
+
+    def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, plugins: Iterable[type[Primitive]] = (),
+                 io: str = "auto"):
+        if io not in IO_CHOICES:
+            raise EngineError(f"--io {io}: choose one of {', '.join(IO_CHOICES)}")
+        self.translator = Translator(tables, tuple(plugins))
+        self.flush_idle_ns, self.io_choice = flush_idle_ns, io
+        try:
+            self.object = BpfObject(build_object(STEER_SOURCE), pin_dir=pin_dir)
+        except BpfError as error:
+            raise EngineError(f"cannot load the AF_XDP steering program: {error}") from None
+        self.maps: dict[str, Map] = self.object.maps
+        self.io: XskSocket | PacketRing | None = None
+        self.io_name = ""
+        self.attached: list[int] = []
+        self.deferred: list[bytes] = []  # essential reports waiting for their QP
+        self.run_time_ns = self.runs = 0
+        self.fallback_reason = ""  # why AF_XDP was not used, when it was not
+        self._published_ns = 0
+        self._qp_indices: set[int] = set()
+        self._restore_qp_state(tables)
+        self.apply(tables)
+
+    def close(self) -> None:
+        self.publish()
+        self.detach()
+        self.object.close()
+
+    def __enter__(self) -> PythonEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def tables(self) -> Tables:
+        return self.translator.tables
+
+    def apply(self, tables: Tables) -> None:
+        """New tables, live: a QP that stays (same local and remote QPN) keeps its PSN and state, unless it failed
+        (its collector re-created its end): it starts over at its start_psn."""
+        old = {(qp.local_qpn, qp.remote_qpn): self.translator.qp_state[qp.index]
+               for qp in self.translator.tables.qps
+               if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
+        self.translator.qp_state = {qp.index: old.get((qp.local_qpn, qp.remote_qpn)) or QpRuntime(qp.start_psn)
+                                    for qp in tables.qps}
+        self.translator.tables = tables
+        collectors, layout = self.maps["collector"], table("collector")
+        wanted = {layout.key.pack(ip=int.from_bytes(qp.collector_ip, "little")): layout.value.pack(mac=qp.collector_mac)
+                  for qp in tables.qps}
+        for raw in set(collectors.keys()) - set(wanted):
+            collectors.delete(raw)
+        for key, value in wanted.items():
+            collectors.update(key, value)
+        layout = table("qp")
+        for index in self._qp_indices - {qp.index for qp in tables.qps}:
+            self.maps["qp"].update(layout.key.pack(qp_index=index), bytes(layout.value.size))
+        for qp in tables.qps:
+            self.maps["qp"].update(layout.key.pack(qp_index=qp.index), layout.value.pack(
+                remote_qpn=qp.remote_qpn, local_qpn=qp.local_qpn, rkey=qp.rkey,
+                collector_ip=int.from_bytes(qp.collector_ip, "little"), collector_mac=qp.collector_mac,
+                transport=int(qp.transport), start_psn=qp.start_psn, base_va=qp.base_va, length=qp.length))
+        self._qp_indices = {qp.index for qp in tables.qps}
+        self.publish()
+
+    def qp_state(self, qp: QueuePair) -> dict:
+        """A QP's PSN and state, in the fields `XdpTranslator.qp_state` reads from its map."""
+        # another thread (rdma_cm links) may ask while `apply` swaps the tables: a QP not yet in the state
+        # is one being added, at its start
+        runtime = self.translator.qp_state.get(qp.index) or QpRuntime(qp.start_psn)
+        return {"next_psn": runtime.next_psn, "state": int(runtime.state), "grace_until_ns": runtime.grace_until_ns,
+                "frames_sent": runtime.frames_sent}
+
+    def _restore_qp_state(self, tables: Tables) -> None:
+        """PSNs and QP states a previous run left in the pinned maps, for QPs that are still the same ones."""
+        qp_layout, state_layout = table("qp"), table("qp_state")
+        for qp in tables.qps:
+            key = qp_layout.key.pack(qp_index=qp.index)
+            pinned_qp, pinned_state = self.maps["qp"].lookup(key), self.maps["qp_state"].lookup(key)
+            if pinned_qp is None or pinned_state is None:
+                continue
+            entry, state = qp_layout.value.unpack(pinned_qp), state_layout.value.unpack(pinned_state)
+            if (entry["local_qpn"], entry["remote_qpn"]) == (qp.local_qpn, qp.remote_qpn):
+                self.translator.qp_state[qp.index] = QpRuntime(
+                    state["next_psn"], QpState(state["state"]), state["grace_until_ns"], state["frames_sent"],
+                    state["flush_mark"], state["flush_mark_ns"], state["unacked_psn"])
+
+    # ----------------------------------------------------------------------------------------------
+    # packet I/O
+
+    def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None:
+        """AF_XDP on the interface's one RX queue (the steering program attached in `mode`), else AF_PACKET."""
+        if len(interfaces) != 1:
+            raise EngineError("the python engine translates on one interface (reports in, RoCEv2 out); give one -i")
+        name = interfaces[0]
+        try:
+            ifindex = socket.if_nametoindex(name)
+        except OSError:
+            raise EngineError(f"interface {name!r} does not exist in this network namespace; check `ip link`") \
+                from None
+        queues = _rx_queues(ifindex)
+        if queues > 1 and not allow_multiqueue:
+            raise EngineError(f"{name} has {queues} RX queues; the python engine reads queue 0 only. Steer DTA to "
+                              f"it (ethtool -N {name} flow-type udp4 dst-port 40040 action 0) and pass "
+                              "--allow-multiqueue")
+        failure = ""
+        if self.io_choice in ("auto", "af_xdp"):
+            try:
+                self.io = XskSocket(name)
+                self.maps["xsks"].update(bytes(4), self.io.fd.to_bytes(4, "little"))  # before any redirect
+                attach_xdp(ifindex, self.object.programs["softdta_xsk"].fd, mode=mode)
+                self.attached.append(ifindex)
+                self.io_name = f"AF_XDP {self.io.mode}"
+            except (XskError, BpfError) as error:
+                self.detach()
+                failure = str(error)
+                if self.io_choice == "af_xdp":
+                    raise EngineError(f"AF_XDP is unavailable on {name}: {error}; try --io af_packet") from None
+        if self.io is None:
+            try:
+                self.io = PacketRing(name)
+            except (XskError, PermissionError) as error:
+                raise EngineError(f"cannot open an AF_PACKET ring on {name}: {error}") from None
+            self.io_name = "AF_PACKET TPACKET_V3"
+        self.fallback_reason = failure
+        self.publish()
+
+    def detach(self) -> None:
+        while self.attached:
+            detach_xdp(self.attached.pop())
+        if self.io is not None:
+            if isinstance(self.io, XskSocket):  # the map holds the socket: the queue is free only without it
+                self.maps["xsks"].delete(bytes(4))
+            self.io.close()
+            self.io = None
+
+    # ----------------------------------------------------------------------------------------------
+    # the loop
+
+    def step(self, limit: int = BATCH) -> int:
+        """Translate one batch from the ring and transmit what it produced; returns the frames taken."""
+        started = time.thread_time_ns()
+        frames = self.io.receive(limit)
+        if not frames:
+            return 0
+        now = time.monotonic_ns()
+        out_frames: list[bytes] = []
+        process = self.translator.process
+        for frame in frames:
+            out = process(frame, now)
+            if out.deferred:
+                self.deferred.append(frame)
+            out_frames += out.frames
+            out_frames += out.to_reporter
+        self.io.send(out_frames)
+        self.run_time_ns += time.thread_time_ns() - started
+        self.runs += len(frames)
+        return len(frames)
+
+    def tick(self, now: int | None = None) -> None:
+        """Flush idle Append batches and Postcarding paths, retry deferred essential reports, publish stats."""
+        now = time.monotonic_ns() if now is None else now
+        started = time.thread_time_ns()
+        frames = self.translator.flush_idle(now, self.flush_idle_ns)
+        waiting, self.deferred = self.deferred, []
+        for frame in waiting:
+            out = self.translator.process(frame, now)
+            if out.deferred:
+                self.deferred.append(frame)
+            frames += out.frames + out.to_reporter
+        if frames:
+            self.io.send(frames)
+        self.run_time_ns += time.thread_time_ns() - started
+        if now - self._published_ns >= PUBLISH_INTERVAL_NS:
+            self.publish()
+            self._published_ns = now
+
+    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None:
+        """Translate until `stop` is set; when the ring is empty, ticks at half the idle-flush time (at least
+        100 µs) and applies new tables from `updates`; sees `stop` within 100 ms."""
+        interval = max(self.flush_idle_ns // 2, 100_000)
+        next_tick = time.monotonic_ns() + interval
+        while not stop.is_set():
+            if self.io.wait(min(max(1, interval // 1_000_000), 100)):
+                # Drain the ring before flushing: a path's last hops may be waiting in it, and the idle flush
+                # must judge idleness by what has been translated, not by the clock alone.
+                deadline = time.monotonic_ns() + MAX_DRAIN_NS
+                while self.step() and time.monotonic_ns() < deadline:
+                    pass
+            now = time.monotonic_ns()
+            if now >= next_tick:
+                while updates is not None and not updates.empty():
+                    self.apply(updates.get_nowait())
+                self.tick(now)
+                next_tick = now + interval
+
+    # ----------------------------------------------------------------------------------------------
+    # stats, in the XDP engine's maps
+
+    def publish(self) -> None:
+        """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""
+        counters, tally = self.maps["counters"], self.translator.counters
+        for counter in Counter:  # every slot: a reused pin directory may hold another engine's counts
+            counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
+        layout = table("qp_state")
+        for index, runtime in self.translator.qp_state.items():
+            self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
+                next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
+                flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
+                flush_mark=runtime.flush_mark & 0xFFFFFFFF, unacked_psn=runtime.unacked_psn))
+        record = (self.run_time_ns.to_bytes(8, "little") + self.runs.to_bytes(8, "little")
+                  + IO_CODES.get(self.io_name, 0).to_bytes(4, "little") + bytes(4))  # struct python_engine_value
+        self.maps["python_engine"].update(bytes(4), record)
+
+
+def engine_stats(pin_dir: Path) -> dict:
+    """`pinned_stats` for either engine: the python engine adds its CPU time and which packet I/O it used."""
+    stats = pinned_stats(pin_dir)
+    path = pin_dir / "python_engine"
+    if path.exists():
+        with Map.from_pinned(path) as engine:
+            raw = engine.lookup(bytes(4))
+        run_time_ns, runs, io = (int.from_bytes(raw[a:b], "little") for a, b in ((0, 8), (8, 16), (16, 20)))
+        names = {code: name for name, code in IO_CODES.items()}
+        stats["engine"] = {"name": "python", "io": names.get(io, "not attached")}
+        stats["cpu"] = {"python_engine": {"run_time_ns": run_time_ns, "runs": runs}}
+    else:
+        stats["engine"] = {"name": "xdp"}
+    return stats

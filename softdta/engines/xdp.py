@@ -1,0 +1,407 @@
+"""The kernel translator engine: builds bpf/translator.bpf.c, loads it through libbpf, fills its maps from the
+translator tables, runs frames through it, attaches it to interfaces and reads its state.
+
+The maps named after `spec.TRANSLATOR_TABLES` are the whole interface; `maps.table()` gives their layouts.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections import Counter as Tally
+from pathlib import Path
+
+from softdta.kernel import bpf_build
+from softdta.kernel.bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
+                  possible_cpus, program_run_stats, xdp_md)
+from softdta.errors import SoftdtaError
+from softdta.kernel.maps import table
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
+from softdta.kernel.resources import BPF_DIR, INSTALLED
+from softdta.spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
+from softdta.core.tables import QueuePair, Tables
+from softdta.core.translator import Output
+
+SOURCE = BPF_DIR / "translator.bpf.c"
+DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
+XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
+_FLUSH_TEMPLATE = bytes(64)
+_FLUSH_RUNS_PER_TICK = 512
+
+
+class EngineError(SoftdtaError, RuntimeError):
+    """The kernel engine cannot be built, loaded or driven; the message says what to do."""
+
+
+def build_object(source: Path = SOURCE, force: bool = False) -> Path:
+    """The BPF object of `source`: as the wheel shipped it, or built (in a checkout) when missing or older than
+    its sources."""
+    if INSTALLED and source.parent == BPF_DIR and source.name in bpf_build.SHIPPED and not force:
+        return BPF_DIR / bpf_build.object_name(source)
+    target = source.parent / "build" / bpf_build.object_name(source)
+    inputs = [source, SOURCE, *BPF_DIR.glob("*.h")]
+    if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
+        return target
+    try:
+        bpf_build.compile_bpf(source, target, BPF_DIR)
+    except bpf_build.BuildError as error:
+        raise EngineError(str(error)) from None
+    return target
+
+
+def _capacity(name: str) -> int:
+    return next(t.max_entries for t in TRANSLATOR_TABLES if t.name == name)
+
+
+class MapTarget:
+    """The XDP maps as a control-plane target: entries packed as the BPF structs in bpf/softdta_spec.h."""
+
+    def __init__(self, maps: dict[str, Map]):
+        self.maps = maps
+        self.tables = frozenset(maps)
+
+    def write(self, entry: Entry) -> None:
+        key, value = map_entry(entry)
+        self.maps[entry.table].update(key, value)
+
+    def delete(self, entry: Entry) -> None:
+        self.maps[entry.table].delete(map_entry(entry)[0])
+
+    def installed(self, name: str) -> list[Entry]:
+        return [Entry(name, map_logical(name, table(name).key.unpack(raw))) for raw in self.maps[name].keys()]
+
+
+def map_entry(entry: Entry) -> tuple[bytes, bytes]:
+    """A control-plane entry as the (key, value) bytes of its BPF map."""
+    layout, addresses = table(entry.table), address_fields(entry.table)
+    return (layout.key.pack(**_in_memory(entry.key, addresses)),
+            layout.value.pack(**_in_memory(entry.value, addresses)))
+
+
+def _in_memory(values, addresses: frozenset[str]) -> dict:
+    """Addresses in integer fields as the kernel stores them: network order in memory, read as a host __u32."""
+    return {name: int.from_bytes(v, "little") if name in addresses else v for name, v in values.items()}
+
+
+def map_logical(name: str, values: dict) -> dict:
+    """Unpacked map fields of table `name` as control-plane values (the inverse of `map_entry`)."""
+    addresses = address_fields(name)
+    return {field: v.to_bytes(4, "little") if field in addresses else v for field, v in values.items()}
+
+
+class XdpTranslator:
+    """One loaded instance of the kernel translator.
+
+    `pin_dir` pins every map there (under a bpffs), so a restarted translator finds its PSNs, Append heads and
+    caches again. Without it, the maps live as long as this object. `source` may name a program that includes
+    bpf/translator.bpf.c and adds to it (the benchmarks do).
+    """
+
+    def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, source: Path = SOURCE):
+        self.flush_idle_ns = flush_idle_ns
+        try:
+            self.object = BpfObject(build_object(source), pin_dir=pin_dir,
+                                    map_sizes={"fanout": _capacity("fanout") * possible_cpus()})
+        except BpfError as error:
+            raise EngineError(f"cannot load the kernel translator: {error}") from None
+        self.maps: dict[str, Map] = self.object.maps
+        self.xdp = self.object.programs["softdta_xdp"]
+        self.flusher = self.object.programs["softdta_flush"]
+        self.fanout = self.object.programs["softdta_fanout"]
+        if pin_dir is not None:
+            for program in (self.xdp, self.fanout):  # so stats can read their run time from outside
+                pin(program.fd, Path(pin_dir) / f"prog_{program.name}")
+        self.ring = RingBuffer(self.maps["deferred"])
+        self.slots = self._slots_in_maps()
+        self.tables = tables
+        self.attached: list[int] = []
+        self.reinjected = 0
+        self._backlog: dict[int, list[tuple[int, bytes]]] = {}
+        self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
+        self.apply(tables)
+
+    def close(self) -> None:
+        self.detach()
+        self.ring.close()
+        self.object.close()
+
+    def __enter__(self) -> XdpTranslator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # tables
+
+    def apply(self, tables: Tables) -> None:
+        """Write `tables` into the maps through the shared control plane (`control_plane.plan`). Entries that
+        stay keep their state (PSNs, heads, caches); new QPs, and failed ones (their collector re-created its
+        end), start at their start_psn; removed entries are deleted last, so traffic for the rest never sees a
+        gap."""
+        installed = {}
+        for local_qpn, index in self.slots.qp.items():
+            current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
+            if current is not None and (state is None or state["state"] != QpState.FAILED):
+                installed[index] = (current["remote_qpn"], current["start_psn"])
+        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=route_egress,
+                       installed_qps=installed)
+        apply_plan(MapTarget(self.maps), planned)
+        self.slots = planned.slots
+        self.tables = tables
+
+    def _slots_in_maps(self) -> Slots:
+        """Rebuild the index assignment from (pinned) maps, so a restarted translator keeps its state."""
+        slots = Slots()
+        for raw, value in self.maps["qp"].items():
+            entry = table("qp").value.unpack(value)
+            if entry["remote_qpn"]:
+                slots.qp[entry["local_qpn"]] = table("qp").key.unpack(raw)["qp_index"]
+        for raw, value in self.maps["append_list"].items():
+            slots.append[table("append_list").key.unpack(raw)["list_id"]] = \
+                table("append_list").value.unpack(value)["state_index"]
+        for raw, value in self.maps["structure"].items():
+            key, entry = table("structure").key.unpack(raw), table("structure").value.unpack(value)
+            ip = key["collector_ip"].to_bytes(4, "little")
+            if key["primitive"] == Primitive.POSTCARDING:
+                slots.postcard[(ip, entry["cache_entries"])] = entry["state_index"]
+            elif key["primitive"] == Primitive.SKETCH_MERGE:
+                slots.sketch[ip] = entry["state_index"]
+        return slots
+
+    # ----------------------------------------------------------------------------------------------
+    # state
+
+    def read(self, name: str, **key) -> dict | None:
+        layout = table(name)
+        raw = self.maps[name].lookup(layout.key.pack(**key))
+        return None if raw is None else layout.value.unpack(raw)
+
+    def counters(self) -> Tally[Counter]:
+        tally: Tally[Counter] = Tally()
+        for counter in Counter:
+            values = self.maps["counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
+            total = sum(int.from_bytes(v[:8], "little") for v in values)
+            if total:
+                tally[counter] = total
+        return tally
+
+    def qp_state(self, qp: QueuePair) -> dict:
+        return self.read("qp_state", qp_index=self.slots.qp[qp.local_qpn])
+
+    def resync(self, qp: QueuePair, psn: int, now_ns: int | None = None) -> None:
+        """Set a QP's next PSN and start its grace period (what a sequence-error NAK does)."""
+        state = self.qp_state(qp)
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        self._write_qp_state(qp, state, next_psn=psn & 0xFFFFFF, unacked_psn=psn & 0xFFFFFF,
+                             state=int(QpState.GRACE), grace_until_ns=now_ns + self.tables.grace_ns)
+
+    def revive(self, qp: QueuePair, psn: int) -> None:
+        """Bring a failed QP back once the collector re-created its end."""
+        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & 0xFFFFFF, unacked_psn=psn & 0xFFFFFF,
+                             state=int(QpState.ACTIVE), grace_until_ns=0)
+
+    def _write_qp_state(self, qp: QueuePair, current: dict, **changes) -> None:
+        layout = table("qp_state")
+        self.maps["qp_state"].update(layout.key.pack(qp_index=self.slots.qp[qp.local_qpn]),
+                                     layout.value.pack(**{**current, **changes}))
+
+    # ----------------------------------------------------------------------------------------------
+    # frames through the program (BPF_PROG_TEST_RUN)
+
+    def process(self, frame: bytes, ingress_ifindex: int = 0) -> Output:
+        """Run one frame through the XDP program and return what it would put on the wire."""
+        run = self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ingress_ifindex))
+        out = _output(run.retval, run.data)
+        if run.retval == XDP_PASS and run.meta[:4] == FANOUT_META_MAGIC.to_bytes(4, "little"):
+            out = Output(frames=[run.data] + self._parked_frames(run.meta))
+        out.deferred = bool(self.ring.consume())
+        return out
+
+    def _parked_frames(self, meta: bytes) -> list[bytes]:
+        """Frames 2..N of a redundant report, which the tc stage would send after the packet itself."""
+        cpu, sequence = int.from_bytes(meta[4:8], "little"), int.from_bytes(meta[8:12], "little")
+        capacity = _capacity("fanout")
+        entry = self.read("fanout", slot=cpu * capacity + sequence % capacity)
+        if entry is None or entry["sequence"] != sequence:
+            raise EngineError(f"no parked frames for fan-out sequence {sequence} on CPU {cpu}")
+        length = entry["frame_len"]
+        return [entry["frames"][i * length:(i + 1) * length] for i in range(entry["count"] - 1)]
+
+    def flush(self) -> list[bytes]:
+        """Run the idle flush until nothing more is due: the frames it writes out, oldest first."""
+        frames: list[bytes] = []
+        visits: Tally[bytes] = Tally()  # of each queue head since the last write, as the reference counts them
+        queue = self.maps["flush_queue"]
+        while (head := queue.lookup(b"")) is not None and visits[head] < 2:
+            run = self.flusher.test_run(_FLUSH_TEMPLATE)
+            if run.retval in (XDP_TX, XDP_REDIRECT):
+                frames.append(run.data)
+                visits.clear()
+            else:
+                visits[head] += 1
+        return frames
+
+    def take_deferred(self) -> list[tuple[int, int, bytes]]:
+        """Essential reports parked while their QP could not send: (qp index, ingress ifindex, frame)."""
+        records = []
+        for record in self.ring.consume():
+            qp_index, length, ifindex = (int.from_bytes(record[i:i + 4], "little") for i in (0, 4, 8))
+            records.append((qp_index, ifindex, record[16:16 + length]))
+        return records
+
+    # ----------------------------------------------------------------------------------------------
+    # live operation
+
+    def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None:
+        """XDP on every interface (reports in, collector replies in), tc fan-out on their ingress.
+
+        Per-QP PSN order rests on one NAPI context per interface (docs/translator.md), so an interface with
+        several RX queues is refused unless the caller has steered all DTA traffic to one of them.
+        """
+        for name in interfaces:
+            queues = _rx_queues(_ifindex(name))
+            if queues > 1 and not allow_multiqueue:
+                raise EngineError(
+                    f"{name} has {queues} RX queues; PSNs stay in order only if one queue translates. Steer DTA "
+                    f"to one queue (ethtool -N {name} flow-type udp4 dst-port 40040 action 0; the same for UDP "
+                    "4791 replies) and pass --allow-multiqueue")
+        for name in interfaces:
+            ifindex = _ifindex(name)
+            attach_xdp(ifindex, self.xdp.fd, mode=mode)
+            attach_tc_ingress(ifindex, self.fanout.fd)
+            self.attached.append(ifindex)
+
+    def detach(self) -> None:
+        while self.attached:
+            ifindex = self.attached.pop()
+            detach_tc(ifindex)
+            detach_xdp(ifindex)
+
+    def tick(self) -> None:
+        """One control-plane step: flush what is idle, re-inject parked essential reports whose QP is back."""
+        if not self.attached:
+            return
+        self._flush_live()
+        for qp_index, ifindex, frame in self.take_deferred():
+            self._backlog.setdefault(qp_index, []).append((ifindex, frame))
+        now = time.monotonic_ns()
+        for qp_index, frames in list(self._backlog.items()):
+            if self._idle(qp_index, now):
+                for ifindex, frame in frames:
+                    self.xdp.test_run_live(frame, ifindex=ifindex or self.attached[0])
+                self.reinjected += len(frames)
+                del self._backlog[qp_index]
+                self._quiet_since.pop(qp_index, None)
+
+    def _flush_live(self) -> None:
+        """Run the flusher once per queue entry it can make progress on, transmitting what it writes out.
+
+        One run per call: live mode costs far more per repetition when a run transmits nothing, and most runs
+        don't. The pass ends at an empty queue, or at an entry met twice (not due yet, or its QP is busy).
+        """
+        queue, visits = self.maps["flush_queue"], Tally()
+        for _ in range(_FLUSH_RUNS_PER_TICK):
+            head = queue.lookup(b"")
+            if head is None or visits[head] >= 2:
+                return
+            visits[head] += 1
+            self.flusher.test_run_live(_FLUSH_TEMPLATE, ifindex=self.attached[0])
+
+    def _idle(self, qp_index: int, now: int) -> bool:
+        """Whether a QP can send and the data path has not used it for the idle time (as the flusher judges)."""
+        state = self.read("qp_state", qp_index=qp_index)
+        ready = state["state"] == QpState.ACTIVE or (state["state"] == QpState.GRACE and now >= state["grace_until_ns"])
+        frames_sent, since = self._quiet_since.get(qp_index, (None, now))
+        if frames_sent != state["frames_sent"]:
+            self._quiet_since[qp_index] = (state["frames_sent"], now)
+            return False
+        return ready and now - since >= self.flush_idle_ns
+
+
+    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None:
+        """Run the control-plane loop until `stop` is set: ticks at half the idle-flush time (at least 100 µs),
+        and applies new tables from `updates` (collector re-advertisements) between ticks."""
+        interval = max(self.flush_idle_ns / 2e9, 1e-4)
+        while not stop.wait(interval):
+            while updates is not None and not updates.empty():
+                self.apply(updates.get_nowait())
+            self.tick()
+
+
+def pinned_stats(pin_dir: Path) -> dict:
+    """Counters and QP state from a translator's pinned maps, without loading the program."""
+    def pinned(name: str) -> Map:
+        try:
+            return Map.from_pinned(pin_dir / name)
+        except BpfError:
+            raise EngineError(f"no translator state pinned in {pin_dir}; start one with `softdta translator up` "
+                              "or pass --pin") from None
+
+    counters, qps = {}, []
+    with pinned("counters") as counter_map, pinned("qp") as qp_map, pinned("qp_state") as state_map:
+        for counter in Counter:
+            total = sum(int.from_bytes(v[:8], "little")
+                        for v in counter_map.lookup_percpu(int(counter).to_bytes(4, "little")) or [])
+            if total:
+                counters[counter.name.lower()] = total
+        for raw, value in qp_map.items():
+            entry = table("qp").value.unpack(value)
+            if not entry["remote_qpn"]:
+                continue
+            state = table("qp_state").value.unpack(state_map.lookup(raw))
+            qps.append({"local_qpn": entry["local_qpn"], "remote_qpn": entry["remote_qpn"],
+                        "collector": socket.inet_ntoa(entry["collector_ip"].to_bytes(4, "little")),
+                        "transport": "RC" if entry["transport"] == 0 else "UC", "next_psn": state["next_psn"],
+                        "unacked_psn": state["unacked_psn"], "state": QpState(state["state"]).name.lower(),
+                        "frames_sent": state["frames_sent"]})
+    cpu = {}
+    for program in ("softdta_xdp", "softdta_fanout"):
+        if (pin_dir / f"prog_{program}").exists():
+            run_time_ns, runs = program_run_stats(pin_dir / f"prog_{program}")
+            cpu[program] = {"run_time_ns": run_time_ns, "runs": runs}
+    return {"counters": counters, "qps": qps, "cpu": cpu}
+
+
+def _output(action: int, data: bytes) -> Output:
+    if action == XDP_ABORTED:
+        raise EngineError("the XDP program aborted; check `softdta translator stats` and the kernel log")
+    if action in (XDP_TX, XDP_REDIRECT):
+        udp_dport = int.from_bytes(data[36:38], "big") if data[12:14] == ETH_P_IP.to_bytes(2, "big") else 0
+        return Output(to_reporter=[data]) if udp_dport == DTA_NACK_PORT else Output(frames=[data])
+    if action == XDP_PASS:
+        return Output(passed=True)
+    return Output()
+
+
+def route_egress(qp: QueuePair) -> int:
+    """The interface towards a QP's collector: the configured one, else the route to the collector's IP, else
+    0 (send back out of the interface the report came in on)."""
+    if qp.interface:
+        return _ifindex(qp.interface)
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+    try:
+        with IPRoute() as ipr:
+            return ipr.route("get", dst=socket.inet_ntoa(qp.collector_ip))[0].get_attr("RTA_OIF") or 0
+    except NetlinkError:
+        return 0
+
+
+def _rx_queues(ifindex: int) -> int:
+    """RX queues of an interface, from netlink (sysfs shows the namespace it was mounted in, not ours)."""
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        return ipr.link("get", index=ifindex)[0].get_attr("IFLA_NUM_RX_QUEUES") or 1
+
+
+def _ifindex(name: str) -> int:
+    if not name:
+        return 0
+    try:
+        return socket.if_nametoindex(name)
+    except OSError:
+        raise EngineError(f"interface {name!r} does not exist in this network namespace; check `ip link`") from None

@@ -1,0 +1,62 @@
+"""Byte layouts of the tables shared with BPF programs (map keys and values), derived from `spec.TABLES`.
+
+The C structs in bpf/softdta_spec.h come from the same `codegen.host_members`, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import struct
+from functools import cache
+
+from softdta.codegen.generate import host_members
+from softdta.spec import TABLES, Field, Raw, Table
+
+_INT_FORMATS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q"}
+
+
+class Layout:
+    """Pack and unpack one table key or value (host byte order, explicit padding)."""
+
+    def __init__(self, fields: tuple[Field | Raw, ...]):
+        members, size = host_members(fields)
+        formats, self.names = ["="], []
+        for member in members:
+            if member.name.startswith("_pad"):
+                formats.append(f"{member.length}x")
+            elif member.length:
+                formats.append(f"{member.length}s")
+                self.names.append(member.name)
+            elif member.ctype == "struct bpf_spin_lock":
+                formats.append("4x")  # the kernel owns it: never written from userspace
+            else:
+                formats.append(_INT_FORMATS[member.ctype])
+                self.names.append(member.name)
+        self.struct = struct.Struct("".join(formats))
+        if self.struct.size != size:
+            raise AssertionError(f"layout of {[f.name for f in fields]} is {self.struct.size} B, C says {size}")
+        self.size = size
+        self._defaults = dict(zip(self.names, self.struct.unpack(bytes(size))))
+
+    def pack(self, **values) -> bytes:
+        unknown = set(values) - set(self.names)
+        if unknown:
+            raise KeyError(f"unknown fields {sorted(unknown)}; known: {self.names}")
+        return self.struct.pack(*(values.get(name, default) for name, default in self._defaults.items()))
+
+    def unpack(self, data: bytes) -> dict:
+        return dict(zip(self.names, self.struct.unpack(data)))
+
+
+class TableLayout:
+    def __init__(self, table: Table):
+        self.table = table
+        self.key = Layout(table.key)
+        self.value = Layout(table.value)
+
+
+@cache
+def table(name: str) -> TableLayout:
+    for entry in TABLES:
+        if entry.name == name:
+            return TableLayout(entry)
+    raise KeyError(f"no table named {name!r} in spec.TABLES")

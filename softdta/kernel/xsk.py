@@ -1,0 +1,307 @@
+"""Packet I/O for the python engine: AF_XDP through libxdp's `xsk_*` API (ctypes), or an AF_PACKET TPACKET_V3
+receive ring when AF_XDP is unavailable. Both move frames in batches: one call returns every frame the kernel
+has placed in the ring, and one call transmits a list of frames.
+
+libxdp creates the UMEM and the socket and maps the four rings; its ring accessors are inline functions in
+<xdp/xsk.h>, so this module does their work on the mapped memory itself (on x86 the kernel's acquire/release
+pairs need no extra fences for a single producer and consumer).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import select
+import socket
+import struct
+import time
+
+from softdta.errors import SoftdtaError
+from softdta.kernel.tx_ring import SLOT_SIZE, TX_DATA_OFFSET, RingReporter
+
+XDP_COPY, XDP_ZEROCOPY = 1 << 1, 1 << 2
+XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD = 1
+FRAME_SIZE = 2048
+_DESC = struct.Struct("<QI")  # struct xdp_desc: addr, len (options unused)
+_ADDR = struct.Struct("<Q")
+MSG_DONTWAIT = 0x40
+BUSY_RETRIES = 40
+
+
+class XskError(SoftdtaError, OSError):
+    """AF_XDP cannot be used here; the message says why (the engine then falls back to AF_PACKET)."""
+
+
+class _Ring(ctypes.Structure):
+    _fields_ = [("cached_prod", ctypes.c_uint32), ("cached_cons", ctypes.c_uint32), ("mask", ctypes.c_uint32),
+                ("size", ctypes.c_uint32), ("producer", ctypes.c_void_p), ("consumer", ctypes.c_void_p),
+                ("ring", ctypes.c_void_p), ("flags", ctypes.c_void_p)]
+
+
+class _UmemConfig(ctypes.Structure):
+    _fields_ = [("fill_size", ctypes.c_uint32), ("comp_size", ctypes.c_uint32), ("frame_size", ctypes.c_uint32),
+                ("frame_headroom", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class _SocketConfig(ctypes.Structure):
+    _fields_ = [("rx_size", ctypes.c_uint32), ("tx_size", ctypes.c_uint32), ("libxdp_flags", ctypes.c_uint32),
+                ("xdp_flags", ctypes.c_uint32), ("bind_flags", ctypes.c_uint16)]
+
+
+def _libxdp() -> ctypes.CDLL:
+    name = ctypes.util.find_library("xdp") or "libxdp.so.1"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError:
+        raise XskError(errno.ENOENT, "libxdp is not installed (apt-get install libxdp1 libxdp-dev; make setup)") \
+            from None
+    lib.xsk_umem__create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint64,
+                                     ctypes.POINTER(_Ring), ctypes.POINTER(_Ring), ctypes.POINTER(_UmemConfig)]
+    lib.xsk_socket__create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_uint32,
+                                       ctypes.c_void_p, ctypes.POINTER(_Ring), ctypes.POINTER(_Ring),
+                                       ctypes.POINTER(_SocketConfig)]
+    lib.xsk_socket__fd.argtypes = [ctypes.c_void_p]
+    lib.xsk_socket__delete.argtypes = [ctypes.c_void_p]
+    lib.xsk_socket__delete.restype = None
+    lib.xsk_umem__delete.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+class _Cursor:
+    """One side of an AF_XDP ring: the kernel's producer and consumer indices and the entries, in mapped memory."""
+
+    def __init__(self, ring: _Ring, entry_size: int):
+        self.producer = ctypes.c_uint32.from_address(ring.producer)
+        self.consumer = ctypes.c_uint32.from_address(ring.consumer)
+        self.mask, self.size, self.entry_size = ring.mask, ring.size, entry_size
+        self.entries = (ctypes.c_char * (ring.size * entry_size)).from_address(ring.ring)
+
+    def available(self) -> int:
+        return (self.producer.value - self.consumer.value) & 0xFFFFFFFF
+
+    def free(self) -> int:
+        return self.size - self.available()
+
+    def offset(self, index: int) -> int:
+        return (index & self.mask) * self.entry_size
+
+
+class XskSocket:
+    """An AF_XDP socket on one RX queue of an interface, with its own UMEM: half of the frames keep the fill ring
+    stocked for receiving, the other half carry transmitted frames. Zero-copy when the driver supports it,
+    else copy mode (veth). An XDP program must redirect into an XSKMAP entry for `fd` (see bpf/xsk_steer.bpf.c).
+    """
+
+    def __init__(self, interface: str, queue: int = 0, frames: int = 4096, ring_size: int = 2048):
+        self.lib = _libxdp()
+        self.umem_area = mmap.mmap(-1, frames * FRAME_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._area = ctypes.c_char.from_buffer(self.umem_area)
+        self.fill, self.comp, self.rx, self.tx = _Ring(), _Ring(), _Ring(), _Ring()
+        self.umem, self.xsk = ctypes.c_void_p(), ctypes.c_void_p()
+        config = _UmemConfig(ring_size, ring_size, FRAME_SIZE, 0, 0)
+        ret = self.lib.xsk_umem__create(ctypes.byref(self.umem), ctypes.addressof(self._area), frames * FRAME_SIZE,
+                                        ctypes.byref(self.fill), ctypes.byref(self.comp), ctypes.byref(config))
+        if ret:
+            self._release()
+            raise XskError(-ret, f"AF_XDP UMEM on {interface}: {os.strerror(-ret)}")
+        self.mode = ""
+        for mode, bind in (("zero-copy", XDP_ZEROCOPY), ("copy", XDP_COPY)):
+            socket_config = _SocketConfig(ring_size, ring_size, XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD, 0, bind)
+            for _ in range(BUSY_RETRIES):  # a socket closed just before frees its queue asynchronously
+                ret = self.lib.xsk_socket__create(ctypes.byref(self.xsk), interface.encode(), queue, self.umem,
+                                                  ctypes.byref(self.rx), ctypes.byref(self.tx),
+                                                  ctypes.byref(socket_config))
+                if ret != -errno.EBUSY:
+                    break
+                time.sleep(0.05)
+            if ret == 0:
+                self.mode = mode
+                break
+        if not self.mode:
+            self._release()
+            raise XskError(-ret, f"AF_XDP socket on {interface} queue {queue}: {os.strerror(-ret)}")
+        self.fd = self.lib.xsk_socket__fd(self.xsk)
+        self.fill_ring, self.comp_ring = _Cursor(self.fill, 8), _Cursor(self.comp, 8)
+        self.rx_ring, self.tx_ring = _Cursor(self.rx, 16), _Cursor(self.tx, 16)
+        self.umem_view = memoryview(self.umem_area)
+        half = frames // 2
+        self.tx_free = [i * FRAME_SIZE for i in range(half, frames)]
+        self._refill([i * FRAME_SIZE for i in range(min(half, self.fill_ring.size))])
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
+
+    def _release(self) -> None:
+        if self.xsk:
+            self.lib.xsk_socket__delete(self.xsk)
+            self.xsk = ctypes.c_void_p()
+        if self.umem:
+            self.lib.xsk_umem__delete(self.umem)
+            self.umem = ctypes.c_void_p()
+        del self._area
+        self.umem_area.close()
+
+    def close(self) -> None:
+        if hasattr(self, "_area"):
+            self.umem_view.release()
+            self._release()
+
+    def _refill(self, addrs: list[int]) -> None:
+        ring, index = self.fill_ring, self.fill_ring.producer.value
+        for addr in addrs:
+            _ADDR.pack_into(ring.entries, ring.offset(index), addr)
+            index += 1
+        ring.producer.value = index & 0xFFFFFFFF
+
+    def wait(self, timeout_ms: int) -> bool:
+        """Block until frames are waiting or `timeout_ms` passes."""
+        return self.rx_ring.available() > 0 or bool(self.poller.poll(timeout_ms))
+
+    def receive(self, limit: int = 256) -> list[bytes]:
+        """Every frame waiting in the RX ring (at most `limit`), copied out; their UMEM frames go back to fill."""
+        ring = self.rx_ring
+        count = min(ring.available(), limit)
+        if not count:
+            return []
+        start, entries, view = ring.consumer.value, ring.entries, self.umem_view
+        frames, addrs = [], []
+        for index in range(start, start + count):
+            addr, length = _DESC.unpack_from(entries, ring.offset(index))
+            frames.append(bytes(view[addr:addr + length]))
+            addrs.append(addr)
+        ring.consumer.value = (start + count) & 0xFFFFFFFF
+        self._refill(addrs)
+        return frames
+
+    def _reclaim(self) -> None:
+        ring = self.comp_ring
+        count = ring.available()
+        start = ring.consumer.value
+        self.tx_free += [_ADDR.unpack_from(ring.entries, ring.offset(i))[0] for i in range(start, start + count)]
+        ring.consumer.value = (start + count) & 0xFFFFFFFF
+
+    def send(self, frames: list[bytes]) -> None:
+        """Queue every frame on the TX ring and kick the kernel once per ring-full."""
+        ring, view = self.tx_ring, self.umem_view
+        pending = 0
+        for frame in frames:
+            while not self.tx_free or ring.free() == 0:
+                self._kick()
+                self._reclaim()
+            addr = self.tx_free.pop()
+            view[addr:addr + len(frame)] = frame
+            index = ring.producer.value
+            _DESC.pack_into(ring.entries, ring.offset(index), addr, len(frame))
+            ring.producer.value = (index + 1) & 0xFFFFFFFF
+            pending += 1
+        if pending:
+            self._drain()
+        self._reclaim()
+
+    def _drain(self, attempts: int = 64) -> None:
+        """Kick until the kernel has taken every queued descriptor: copy mode sends at most 32 per kick."""
+        for _ in range(attempts):
+            self._kick()
+            if self.tx_ring.available() == 0:
+                return
+
+    def statistics(self) -> dict[str, int]:
+        """The kernel's XDP_STATISTICS for this socket: frames dropped because a ring was full or empty."""
+        raw = ctypes.create_string_buffer(_XDP_STATISTICS.size)
+        size = ctypes.c_uint32(_XDP_STATISTICS.size)
+        if _libc.getsockopt(self.fd, SOL_XDP, XDP_STATISTICS, raw, ctypes.byref(size)) < 0:
+            error = ctypes.get_errno()
+            raise XskError(error, f"AF_XDP statistics: {os.strerror(error)}")
+        names = ("rx_dropped", "rx_invalid_descs", "tx_invalid_descs", "rx_ring_full", "rx_fill_ring_empty_descs",
+                 "tx_ring_empty_descs")
+        return dict(zip(names, _XDP_STATISTICS.unpack(raw.raw)))
+
+    def _kick(self) -> None:
+        """sendto() makes the kernel transmit what the TX ring holds (copy mode needs it on every batch)."""
+        if _libc.sendto(self.fd, None, 0, MSG_DONTWAIT, None, 0) < 0:
+            error = ctypes.get_errno()
+            if error not in (errno.EAGAIN, errno.EBUSY, errno.ENOBUFS, errno.ENETDOWN):
+                raise XskError(error, f"AF_XDP transmit: {os.strerror(error)}")
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.sendto.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                         ctypes.c_uint32]
+_libc.sendto.restype = ctypes.c_ssize_t
+SOL_XDP, XDP_STATISTICS = 283, 7
+_XDP_STATISTICS = struct.Struct("<6Q")
+
+# --------------------------------------------------------------------------------------------------------------
+# AF_PACKET TPACKET_V3: the fallback
+
+SOL_PACKET, PACKET_RX_RING, PACKET_VERSION, PACKET_IGNORE_OUTGOING, TPACKET_V3 = 263, 5, 10, 23, 2
+ETH_P_ALL = 0x0003
+TP_STATUS_KERNEL, TP_STATUS_USER = 0, 1
+_BLOCK_SIZE, _BLOCKS = 1 << 16, 64
+_BLOCK_HEADER = struct.Struct("<III")  # block_status, num_pkts, offset_to_first_pkt (after version, priv offset)
+TX_SLOT_PAYLOAD = SLOT_SIZE - TX_DATA_OFFSET
+_PACKET_HEADER = struct.Struct("<IIIIIIHH")  # next_offset, sec, nsec, snaplen, len, status, mac, net
+
+
+class PacketRing:
+    """AF_PACKET fallback: a TPACKET_V3 mmap ring receives (a block of frames per look), a TPACKET_V2 TX ring
+    sends. Unlike AF_XDP it taps frames rather than taking them, so the stack sees the reports too (and drops
+    them: they are addressed to the collector)."""
+
+    mode = "TPACKET_V3"
+
+    def __init__(self, interface: str):
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        try:
+            self.sock.bind((interface, ETH_P_ALL))
+        except OSError:
+            self.sock.close()
+            raise XskError(errno.ENODEV, f"interface {interface!r} does not exist; check `ip link`") from None
+        self.sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
+        self.sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        self.sock.setsockopt(SOL_PACKET, PACKET_RX_RING, struct.pack(
+            "IIIIIII", _BLOCK_SIZE, _BLOCKS, FRAME_SIZE, _BLOCK_SIZE * _BLOCKS // FRAME_SIZE, 1, 0, 0))
+        self.ring = mmap.mmap(self.sock.fileno(), _BLOCK_SIZE * _BLOCKS)
+        self.block = 0
+        self.poller = select.poll()
+        self.poller.register(self.sock.fileno(), select.POLLIN)
+        self.sender = RingReporter(interface, capacity=1024)
+        self.fd = self.sock.fileno()
+
+    def close(self) -> None:
+        self.sender.close()
+        self.ring.close()
+        self.sock.close()
+
+    def _ready(self) -> bool:
+        return _BLOCK_HEADER.unpack_from(self.ring, self.block * _BLOCK_SIZE + 8)[0] & TP_STATUS_USER
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self._ready() or self.poller.poll(timeout_ms))
+
+    def receive(self, limit: int = 256) -> list[bytes]:
+        """The frames of every block the kernel has retired (it retires a block when full or after 1 ms)."""
+        frames: list[bytes] = []
+        ring = self.ring
+        while len(frames) < limit and self._ready():
+            base = self.block * _BLOCK_SIZE
+            _, count, offset = _BLOCK_HEADER.unpack_from(ring, base + 8)
+            packet = base + offset
+            for _ in range(count):
+                next_offset, _, _, snaplen, _, _, mac, _ = _PACKET_HEADER.unpack_from(ring, packet)
+                frames.append(ring[packet + mac:packet + mac + snaplen])
+                packet += next_offset
+            struct.pack_into("<I", ring, base + 8, TP_STATUS_KERNEL)
+            self.block = (self.block + 1) % _BLOCKS
+        return frames
+
+    def send(self, frames: list[bytes]) -> None:
+        if any(len(frame) > TX_SLOT_PAYLOAD for frame in frames):  # rare (long Append batches): keep the order
+            for frame in frames:
+                self.sock.send(frame)
+            return
+        capacity = self.sender.capacity
+        for first in range(0, len(frames), capacity):
+            self.sender.send(frames[first:first + capacity])

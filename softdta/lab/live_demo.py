@@ -1,0 +1,473 @@
+"""`softdta demo`: the lab up, a mixed telemetry workload through the XDP translator into the collector, the
+collector queried against the truth, and an honest summary. Exit status 1 if anything was lost anywhere
+(`verdict`: per hop and frame kind, counted or not), or a query came back below its truth or bound.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import tomllib
+import urllib.request
+from collections import Counter as Tally
+from dataclasses import dataclass
+
+import numpy as np
+
+from softdta.lab import topology as lab
+from softdta.core import workload
+from softdta.core.analysis import keywrite_empty_return_bound, postcarding_empty_return_bound
+from softdta.kernel.bpf import enable_run_stats
+from softdta.wire.dta import DtaOpcode, Report
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.kernel.netns import in_netns
+from softdta.collector.collector import tables_document
+from softdta.collector.config import CollectorConfig
+from softdta.core.offline import OfflineCollector
+from softdta.engines.python import engine_stats
+from softdta.kernel.tx_ring import RingReporter
+from softdta.collector.service import OfflineSource, QueryService, key_rows
+from softdta.spec import Primitive, ResponderCounter
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+
+SWITCH_IDS = list(range(1, 4097))
+KEYWRITE_SLOTS = 65536
+POSTCARD_SLOTS = 32768
+APPEND_LISTS = 256
+SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
+CHUNK = 128
+CATCH_UP = 2  # chunks a sender that fell behind may send at once: what the translator's rings hold
+DEFAULT_RATE = 100_000.0  # reports/s over all reporters
+# rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
+DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
+# the python engine translates some ten thousand reports/s on one core (docs/benchmarks.md)
+PYTHON_ENGINE_RATE = 3000.0
+# responder counters of frames not executed: the XDP responder's reasons, and rxe's RNR NAKs (its other
+# counters, rcvd_pkts and such, count traffic)
+RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"executed", "replies_sent", "completions"} \
+    | {"send_rnr_err"}
+# translator counters of the RC replies it consumed, by what it made of them
+REPLY_COUNTERS = ("rx_acks", "rx_nak_sequence", "rx_nak_fatal", "rx_rnr_naks", "drop_reply_psn_outside_window",
+                  "drop_reply_on_uc")
+APPEND_POLL_S = 0.2
+NAMES = {DtaOpcode.KEY_WRITE: "key-write", DtaOpcode.KEY_INCREMENT: "key-increment", DtaOpcode.APPEND: "append",
+         DtaOpcode.POSTCARDING: "postcarding", DtaOpcode.SKETCH_MERGE: "sketch-merge"}
+
+
+@dataclass
+class Workload:
+    per_primitive: dict[DtaOpcode, list[Report]]
+    per_reporter: list[list[Report]]  # what each reporter sends, in order
+
+
+def build_workload(reporters: int, seed: int, scale: float = 1.0) -> Workload:
+    """INT path tracing, postcards, congestion events, per-flow counters and sketches, split over reporters.
+
+    Append lists and sketch columns keep their order: a list belongs to one reporter, and reporter r sends
+    sketch r's columns in order. Key-Write and Postcarding come from reporter 1 alone (the sink of every traced
+    flow): reports to one slot then reach the translator in the order sent, so the collector's memory is
+    predictable exactly (`predicted_service`); Key-Increment and Sketch-Merge sums do not depend on order."""
+    per_primitive = {
+        DtaOpcode.KEY_WRITE: workload.key_write(int(6000 * scale), seed, 2, key_len=13, data_len=20),
+        DtaOpcode.KEY_INCREMENT: workload.key_increment(int(20000 * scale), seed, 2, flows=1000),
+        DtaOpcode.APPEND: workload.append(int(APPEND_LISTS * 200 * scale), seed, APPEND_LISTS),
+        DtaOpcode.POSTCARDING: workload.postcards(int(4000 * scale), seed, 5, SWITCH_IDS),
+        DtaOpcode.SKETCH_MERGE: workload.sketch_epoch(reporters, SKETCH_COLUMNS, SKETCH_ROWS, seed),
+    }
+    streams: list[list[list[list[Report]]]] = [[] for _ in range(reporters)]
+    for opcode, reports in per_primitive.items():
+        split: list[list[list[Report]]] = [[] for _ in range(reporters)]
+        for index, unit in enumerate(_units(opcode, reports)):
+            owner = {DtaOpcode.APPEND: unit[0].list_id, DtaOpcode.SKETCH_MERGE: unit[0].reporter,
+                     DtaOpcode.KEY_WRITE: 0, DtaOpcode.POSTCARDING: 0}.get(opcode, index)
+            split[owner % reporters].append(unit)
+        for reporter, part in enumerate(split):
+            streams[reporter].append(list(reversed(part)))
+    rng = random.Random(seed)
+    per_reporter = []
+    for own in streams:  # interleave the primitives, each keeping its order
+        order = [i for i, stream in enumerate(own) for _ in stream]
+        rng.shuffle(order)
+        per_reporter.append([report for i in order for report in own[i].pop()])
+    return Workload(per_primitive, per_reporter)
+
+
+def _units(opcode: DtaOpcode, reports: list[Report]) -> list[list[Report]]:
+    """What must travel together: a flow's postcards leave its hops microseconds apart, well within the
+    translator's idle flush time; every other report stands alone."""
+    if opcode is not DtaOpcode.POSTCARDING:
+        return [[report] for report in reports]
+    flows: dict[bytes, list[Report]] = {}
+    for report in reports:
+        flows.setdefault(report.key, []).append(report)
+    return list(flows.values())
+
+
+def _http(path: str, body: dict | None = None, token: str | None = None) -> dict:
+    """A query; with the collector's token, a POST that takes (Append entries)."""
+    with in_netns(lab.PREFIX + "c"):
+        request = urllib.request.Request(f"http://{lab.COLLECTOR_IP}:{lab.QUERY_PORT}{path}",
+                                         data=json.dumps(body).encode() if body else None,
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {token}"} if token else {})},
+                                         method="POST" if body or token else "GET")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+
+def _link_drops() -> dict[str, int]:
+    """Packets the lab's veth links dropped (full rings), which no BPF counter sees."""
+    from pyroute2 import IPRoute
+    drops: dict[str, int] = {}
+    for namespace in lab.status()["namespaces"]:
+        with in_netns(namespace), IPRoute() as ipr:
+            for link in ipr.get_links():
+                stats = link.get_attr("IFLA_STATS64") or {}
+                lost = stats.get("rx_dropped", 0) + stats.get("tx_dropped", 0)
+                if lost and link.get_attr("IFLA_IFNAME") != "lo":
+                    drops[f"{namespace}/{link.get_attr('IFLA_IFNAME')}"] = lost
+    return drops
+
+
+def _poll_append(appended: dict[int, list[int]], token: str) -> int:
+    """Take the Append entries through the query service, as a consumer does while reports keep coming: a
+    ring that is not drained wraps and overwrites (DTA's Append has no backpressure). Returns the entries the
+    service says were lost before they could be taken (a lap)."""
+    dropped = 0
+    for list_id, entry in _http("/append/append0@10.77.1.1", token=token)["lists"].items():
+        appended.setdefault(int(list_id), []).extend(entry["entries"])
+        dropped += entry["dropped"]
+    return dropped
+
+
+def _chunk_end(frames: list[tuple[Report, bytes]], start: int) -> int:
+    """CHUNK reports on, or a few more so that no flow's postcards straddle two chunks: a path's hops leave
+    their switches microseconds apart, while the paced sender's chunks are milliseconds apart, more than the
+    translator's idle flush waits for the rest of a path."""
+    end = min(start + CHUNK, len(frames))
+    while 0 < end < len(frames) and frames[end][0].opcode is DtaOpcode.POSTCARDING \
+            and frames[end - 1][0].opcode is DtaOpcode.POSTCARDING and frames[end][0].key == frames[end - 1][0].key:
+        end += 1
+    return end
+
+
+def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
+           rate: float = DEFAULT_RATE) -> dict:
+    """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
+    (bursts beyond what the translator's veth ring holds are dropped by the link), within `seconds`."""
+    sent: Tally[DtaOpcode] = Tally()
+    frames_by_reporter = []
+    for index, reports in enumerate(load.per_reporter, 1):
+        address = state.reporter(index)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        frames_by_reporter.append([(report, sender.frame(report)) for report in reports])
+    offsets = [0] * len(frames_by_reporter)
+    appended: dict[int, list[int]] = {}
+    append_dropped = 0
+    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], 2 * CHUNK)
+               for i in range(1, len(frames_by_reporter) + 1)]
+    # The pace starts with the first report: counted from before the frames were built, the time spent building
+    # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
+    # cannot hold.
+    started = last_poll = paced_from = time.perf_counter()
+    try:
+        while any(offset < len(frames) for offset, frames in zip(offsets, frames_by_reporter)):
+            if time.perf_counter() - started > seconds:
+                break
+            for index, frames in enumerate(frames_by_reporter):
+                chunk = frames[offsets[index]:_chunk_end(frames, offsets[index])]
+                if not chunk:
+                    continue
+                senders[index].send([frame for _, frame in chunk])
+                offsets[index] += len(chunk)
+                sent.update(report.opcode for report, _ in chunk)
+                if progress:
+                    progress(len(chunk))
+                if time.perf_counter() - last_poll > APPEND_POLL_S:
+                    append_dropped += _poll_append(appended, state.token)
+                    last_poll = time.perf_counter()
+                ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
+                if ahead > 0:
+                    time.sleep(ahead)
+                elif ahead < -CATCH_UP * CHUNK / rate:  # behind (a stall): go on at the rate, not in a burst
+                    paced_from -= ahead + CATCH_UP * CHUNK / rate
+    finally:
+        for sender in senders:
+            sender.close()
+    elapsed = time.perf_counter() - started
+    return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
+            "rate": sum(sent.values()) / elapsed if elapsed else 0,
+            "appended": appended, "append_dropped": append_dropped,
+            "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
+
+
+def predicted_service(state: lab.LabState, load: Workload, sent_per_reporter: list[int]) -> QueryService:
+    """The query service over what the collector must hold: the reports each reporter sent, replayed in its
+    order through the reference translator into an offline collector laid out as the lab's (the same
+    [translator] settings and structures; addresses and QP numbers do not reach memory). The idle flush runs
+    once at the end: Append's answers do not depend on when a partial batch left, and a Postcarding path
+    flushed before its last hop is a shortfall the comparison must show."""
+    config_path = lab.STATE_DIR / "prediction-collector.toml"
+    config_path.write_text(lab.collector_config(state))
+    config = CollectorConfig.from_toml(config_path)
+    adverts = [{"structure": region.name, **region.advertised(),
+                "qp": {"remote_qpn": 0x10 + index, "local_qpn": 0x10 + index, "rkey": 1 + index,
+                       "base": (1 + index) << 40, "length": region.length,
+                       "transport": region.transport.name.lower()}}
+               for index, region in enumerate(config.regions())]
+    translator = tomllib.loads(lab.translator_settings(state.collector))["translator"]
+    tables = Tables.from_dict(tables_document(translator, {"name": config.name, "ip": lab.COLLECTOR_IP,
+                                                           "mac": lab.COLLECTOR_MAC}, adverts))
+    reference, offline = Translator(tables), OfflineCollector(tables)
+    for index, (reports, count) in enumerate(zip(load.per_reporter, sent_per_reporter), 1):
+        address = state.reporter(index)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        for report in reports[:count]:
+            for frame in reference.process(sender.frame(report), 0).frames:
+                offline.deliver(frame)
+    for frame in reference.flush_idle(now_ns=1 << 62, idle_ns=0):
+        offline.deliver(frame)
+    return QueryService(OfflineSource(offline))
+
+
+def _differences(live: list, predicted: dict) -> int:
+    """Rows of a live answer that differ from the predicted one, as the service would have sent it."""
+    predicted_rows = json.loads(json.dumps(predicted["results"]))
+    return sum(a != b for a, b in zip(live, predicted_rows)) + abs(len(live) - len(predicted_rows))
+
+
+def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
+    """Query the collector and compare with the truth; returns the summary and the problems found."""
+    stats = engine_stats(lab.PIN_DIR)
+    counters = stats["counters"]
+    drops = {name: value for name, value in counters.items() if name.startswith("drop_")}
+    collector_stats = _http("/stats")
+    responder = collector_stats.get("responder", {})
+    responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
+    links = _link_drops()
+    summary: dict = {
+        "reports_sent": {NAMES[op]: n for op, n in sent.items()},
+        "reports_per_second": round(streamed["rate"]),
+        "translator": {"received": {NAMES[op]: counters.get(f"rx_{NAMES[op].replace('-', '_')}", 0) for op in sent},
+                       "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
+                       "acks_from_collector": counters.get("rx_acks", 0), "drops": drops,
+                       "engine": stats["engine"]},
+        "collector": {"executed" if "executed" in responder else "rxe_rcvd_pkts":
+                      responder.get("executed", responder.get("rcvd_pkts", 0)), "drops": responder_drops,
+                      "fill": {s["name"].split("@")[0]: round(s["fill"], 4) for s in collector_stats["structures"]}},
+        "link_drops": links,
+    }
+    cpu = stats.get("cpu", {})
+    run_time = sum(program["run_time_ns"] for program in cpu.values())
+    received = counters.get("rx_reports", 0)
+    summary["translator"]["cpu_ns_per_report"] = round(run_time / received, 1) if received and run_time else None
+    summary["collector"]["replies_sent"] = responder.get("replies_sent", responder.get("sent_pkts", 0))
+    summary["translator"]["replies"] = {name: counters.get(name, 0) for name in REPLY_COUNTERS}
+    queries = summary["queries"] = {}
+    prediction = predicted_service(state, load, streamed["sent_per_reporter"])
+    collector_ip = ip_bytes(lab.COLLECTOR_IP)
+    predicted = {primitive: prediction.source.tables.structure(collector_ip, primitive)
+                 for primitive in Primitive}
+
+    keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
+    if keywrite:
+        answer = _http("/keywrite/key-write@10.77.1.1", {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
+        right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
+        later = np.arange(len(keywrite) - 1, -1, -1) / KEYWRITE_SLOTS
+        bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 2) for alpha in later]))
+        structure = predicted[Primitive.KEY_WRITE]
+        expected = prediction.keywrite_answer("", structure, key_rows([r.key.hex() for r in keywrite], structure, ""),
+                                               2, 1)
+        queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
+                                "bound": round(bound, 4), "load": round(len(keywrite) / KEYWRITE_SLOTS, 4),
+                                "differ_from_prediction": _differences(answer["results"], expected)}
+
+    truth: dict[bytes, int] = {}
+    for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
+        truth[report.key] = truth.get(report.key, 0) + report.counter
+    if truth:
+        answer = _http("/keyincrement/key-increment@10.77.1.1", {"keys": [k.hex() for k in truth], "redundancy": 2})
+        counts = [row["count"] for row in answer["results"]]
+        under = sum(count < expected for count, expected in zip(counts, truth.values()))
+        exact = sum(count == expected for count, expected in zip(counts, truth.values()))
+        structure = predicted[Primitive.KEY_INCREMENT]
+        expected = prediction.keyincrement_answer("", structure, key_rows([k.hex() for k in truth], structure, ""),
+                                                   2)
+        queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under,
+                                    "differ_from_prediction": _differences(answer["results"], expected)}
+
+    per_list: dict[int, list[int]] = {}
+    append_sent = 0
+    for reports in load.per_reporter:
+        for report in reports:
+            if report.opcode is DtaOpcode.APPEND:
+                per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
+    append_sent = sum(len(v) for v in per_list.values())
+    appended = streamed["appended"]
+    dropped = streamed["append_dropped"] + _poll_append(appended, state.token)
+    recovered = sum(len(entries) for entries in appended.values())
+    in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
+    expected_lists = {list_id: entries.tolist()
+                      for list_id, entries in prediction.source.collector.append_pollers[0].poll().items()}
+    queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
+                         "lists_in_exact_order": in_order, "entries_overwritten": dropped,
+                         "lists_differ_from_prediction": sum(appended.get(list_id, []) != entries
+                                                             for list_id, entries in expected_lists.items())
+                         + len(set(appended) - set(expected_lists))}
+
+    paths: dict[bytes, list[int]] = {}
+    for report in load.per_primitive[DtaOpcode.POSTCARDING]:
+        paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
+    answer = _http("/postcarding/postcarding@10.77.1.1", {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
+    decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
+    later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
+    bound = 1 - float(np.mean([postcarding_empty_return_bound(alpha, 1, 5, len(SWITCH_IDS)) for alpha in later]))
+    structure = predicted[Primitive.POSTCARDING]
+    expected = prediction.postcarding_answer("", structure, key_rows([k.hex() for k in paths], structure, ""),
+                                              SWITCH_IDS)
+    queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "bound": round(bound, 4),
+                              "differ_from_prediction": _differences(answer["results"], expected)}
+
+    expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
+    for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
+        expected[report.column] += np.array(report.counters, dtype=np.uint64)
+    merged = np.array(_http("/sketch/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
+    match = merged.shape == expected.shape and bool((merged == expected).all())
+    expected_matrix = prediction.region(predicted[Primitive.SKETCH_MERGE]).by_column.tolist()
+    queries["sketch_merge"] = {"matches_sum_of_reporters": match,
+                               "matches_prediction": merged.tolist() == expected_matrix}
+    summary["complete"] = streamed["complete"]
+    problems = summary["problems"] = verdict(summary)
+    return summary, problems
+
+
+def verdict(summary: dict) -> list[str]:
+    """Every shortfall, hop by hop and frame kind by frame kind, and every query below its truth or bound.
+
+    Strict: a drop anywhere never excuses a shortfall somewhere else, and any loss at all is a problem (the lab
+    runs below the rate where anything should be lost)."""
+    problems: list[str] = []
+    translator, collector = summary["translator"], summary["collector"]
+    sent, received = sum(summary["reports_sent"].values()), sum(translator["received"].values())
+    if sent != received:
+        problems.append(f"reports: {sent:,} sent, {received:,} reached the translator"
+                        f"{'; link drops ' + str(summary['link_drops']) if summary['link_drops'] else ''}")
+    if translator["drops"]:
+        problems.append(f"the translator dropped reports or replies: {translator['drops']}")
+    if collector["drops"]:
+        problems.append(f"the collector refused requests: {collector['drops']}")
+    replies_taken = sum(translator["replies"].values())
+    if collector["replies_sent"] != replies_taken:
+        problems.append(f"RC replies: the collector sent {collector['replies_sent']:,}, the translator took "
+                        f"{replies_taken:,}")
+    queries = summary["queries"]
+    if "key_write" in queries and queries["key_write"]["success"] < queries["key_write"]["bound"] - 0.01:
+        kw = queries["key_write"]
+        problems.append(f"Key-Write answered {kw['success']:.2%} correctly, below the bound {kw['bound']:.2%}")
+    if queries.get("key_increment", {}).get("under_counted"):
+        problems.append(f"{queries['key_increment']['under_counted']} Key-Increment counters are below the truth")
+    append = queries["append"]
+    if summary["complete"] and (append["entries_recovered"] != append["entries_sent"]
+                                or append["lists_in_exact_order"] != append["lists"]):
+        problems.append(f"Append: {append['entries_recovered']:,} of {append['entries_sent']:,} entries recovered, "
+                        f"{append['lists_in_exact_order']} of {append['lists']} lists in order"
+                        f"{'; laps overwrote ' + format(append['entries_overwritten'], ',') if append.get('entries_overwritten') else ''}")
+    postcarding = queries["postcarding"]
+    if postcarding["decoded_exactly"] / postcarding["paths"] < postcarding["bound"] - 0.01:
+        problems.append(f"Postcarding decoded {postcarding['decoded_exactly'] / postcarding['paths']:.2%} of paths, "
+                        f"below the bound {postcarding['bound']:.2%}")
+    if summary["complete"] and not queries["sketch_merge"]["matches_sum_of_reporters"]:
+        problems.append("Sketch-Merge: the merged sketch differs from the sum of the reporters' sketches")
+    # Exact: the collector's answers against those from the memory the reference predicts for what was sent.
+    differing = {name: queries[name].get("differ_from_prediction", queries[name].get("lists_differ_from_prediction"))
+                 for name in ("key_write", "key_increment", "append", "postcarding") if name in queries}
+    for name, count in differing.items():
+        if count:
+            unit = "lists" if name == "append" else "answers"
+            problems.append(f"{name.replace('_', '-')}: {count:,} {unit} differ from the memory the reference "
+                            f"translator predicts from the reports sent")
+    if not queries["sketch_merge"].get("matches_prediction", True):
+        problems.append("sketch-merge: the merged sketch differs from the memory the reference predicts")
+    return problems
+
+
+def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 60.0, keep: bool = False,
+        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp", engine: str = "xdp") -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    console = Console(stderr=as_json)
+    kind = "XDP responder" if collector == "xdp" else "soft-RoCE in a QEMU guest"
+    translator = "XDP translator" if engine == "xdp" else "python translator on AF_XDP"
+    with console.status(f"bringing the lab up (namespaces, {translator}, {kind} collector)"):
+        state = lab.up(reporters, collector, engine)
+    try:
+        load = build_workload(reporters, seed, scale)
+        total = sum(len(r) for r in load.per_reporter)
+        stats_fd = enable_run_stats()
+        try:
+            with Progress(console=console, transient=as_json) as progress:
+                task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
+                streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
+            time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)  # the idle flush writes out partial batches and paths
+        finally:
+            import os
+            os.close(stats_fd)
+        summary, problems = summarize(state, load, streamed["sent"], streamed)
+    finally:
+        if not keep:
+            lab.down()
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print(console, summary, Table)
+    return 1 if problems else 0
+
+
+def _print(console, summary: dict, Table) -> None:
+    reports = Table(title="reports", show_edge=False)
+    for column in ("primitive", "sent", "translated"):
+        reports.add_column(column, justify="right" if column != "primitive" else "left")
+    for name, sent in summary["reports_sent"].items():
+        reports.add_row(name, f"{sent:,}", f"{summary['translator']['received'][name]:,}")
+    console.print(reports)
+    translator, collector = summary["translator"], summary["collector"]
+    console.print(f"sent at {summary['reports_per_second']:,} reports/s (AF_PACKET TX rings, paced); translator emitted "
+                  f"{translator['frames_emitted']:,} RoCEv2 frames, consumed {translator['acks_from_collector']:,} "
+                  f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of "
+                  f"{'XDP+tc' if translator['engine']['name'] == 'xdp' else 'python engine'} CPU per report")
+    console.print(f"drops: translator {translator['drops'] or 'none'}, collector {collector['drops'] or 'none'}, "
+                  f"links {summary['link_drops'] or 'none'}")
+    received = (f"executed {collector['executed']:,} requests" if "executed" in collector else
+                f"(rxe) received {collector['rxe_rcvd_pkts']:,} packets")
+    console.print(f"collector {received}; fill {collector['fill']}")
+    queries = Table(title="queries against the truth", show_edge=False)
+    queries.add_column("structure")
+    queries.add_column("result")
+    q = summary["queries"]
+    if "key_write" in q:
+        kw = q["key_write"]
+        queries.add_row("key-write", f"{kw['success']:.2%} of {kw['keys']:,} keys correct at load {kw['load']} "
+                                     f"(N=2); analytical bound {kw['bound']:.2%}")
+    if "key_increment" in q:
+        ki = q["key_increment"]
+        queries.add_row("key-increment", f"{ki['exact']:,} / {ki['flows']:,} flow counters exact, "
+                                         f"{ki['under_counted']} under the truth")
+    ap = q["append"]
+    queries.add_row("append", f"{ap['entries_recovered']:,} / {ap['entries_sent']:,} entries recovered, "
+                              f"{ap['lists_in_exact_order']} / {ap['lists']} lists in exact order")
+    pc = q["postcarding"]
+    queries.add_row("postcarding", f"{pc['decoded_exactly']:,} / {pc['paths']:,} paths decoded exactly; "
+                                   f"analytical bound {pc['bound']:.2%}")
+    queries.add_row("sketch-merge", "merged sketch matches the sum of the reporters'"
+                    if q["sketch_merge"]["matches_sum_of_reporters"] else "merged sketch DIFFERS")
+    console.print(queries)
+    if summary["problems"]:
+        console.print("[bold red]problems:[/] " + "; ".join(summary["problems"]))
+    else:
+        console.print("[bold green]everything sent is accounted for, and every query matches the truth or its bound")

@@ -1,0 +1,129 @@
+"""Hashes of the DTA primitives, scalar (zlib) and vectorized (numpy), exactly as dta-v1 computes them.
+
+Key-Write and Key-Increment hash the key bytes *reversed* (for a 32-bit key: its little-endian form, which is
+what dta-v1's P4 byte-swap produces), followed by one byte holding the copy index n. Extended keys of any
+length follow the same rule: all key bytes reversed. Postcarding hashes the key in wire order.
+
+Two slot-hash schemes exist (`spec.KeyHash`): dta-v1's CRC32(k || n), whose copies are correlated, and
+INDEPENDENT, which gives copy n its own CRC polynomial.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import cache
+
+import numpy as np
+
+from softdta.spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS, KeyHash
+
+_MASK32 = 0xFFFFFFFF
+
+
+def crc32(data: bytes) -> int:
+    """CRC-32 with zlib/Ethernet parameters (Tofino HashAlgorithm_t.CRC32, boost::crc_32_type)."""
+    return zlib.crc32(data)
+
+
+def _reflect32(value: int) -> int:
+    return int(f"{value:032b}"[::-1], 2)
+
+
+@cache
+def crc_table(polynomial: int = 0x04C11DB7) -> tuple[int, ...]:
+    """Byte table of the reflected CRC-32 with `polynomial` in normal notation."""
+    reflected = _reflect32(polynomial)
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (reflected if crc & 1 else 0)
+        table.append(crc)
+    return tuple(table)
+
+
+def crc32_poly(polynomial: int, data: bytes) -> int:
+    """Reflected CRC-32 with a custom polynomial, init and xorout 0xFFFFFFFF (Tofino CRCPolynomial)."""
+    table = crc_table(polynomial)
+    crc = _MASK32
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ _MASK32
+
+
+def key_checksum(key: bytes) -> int:
+    """The 32-bit checksum stored beside Key-Write data: CRC32 of the reversed key."""
+    return zlib.crc32(key[::-1])
+
+
+def key_slot_hash(key: bytes, copy: int, scheme: KeyHash = KeyHash.DTA_V1) -> int:
+    """Unbounded 32-bit slot hash of copy `copy` (0-based) over reversed key ‖ copy."""
+    if scheme is KeyHash.DTA_V1:
+        return zlib.crc32(bytes([copy]), zlib.crc32(key[::-1]))
+    return crc32_poly(KEY_HASH_POLYNOMIALS[copy], key[::-1] + bytes([copy]))
+
+
+def key_slot(key: bytes, copy: int, slot_count: int, scheme: KeyHash = KeyHash.DTA_V1) -> int:
+    """Slot of copy `copy` in a store of `slot_count` (a power of two) slots."""
+    return key_slot_hash(key, copy, scheme) & (slot_count - 1)
+
+
+def postcard_hop_hash(key: bytes, hop: int) -> int:
+    """H_hop(key) for 1-based `hop`: the value XORed onto that hop's postcard data."""
+    return crc32_poly(POSTCARD_HOP_POLYNOMIALS[hop - 1], key)
+
+
+def postcard_slot_hash(key: bytes) -> int:
+    """Postcarding cache index and collector slot hash: CRC32 of the key in wire order."""
+    return zlib.crc32(key)
+
+
+# --------------------------------------------------------------------------------------------------
+# Vectorized forms, for queries over millions of keys.
+
+@cache
+def _np_table(polynomial: int = 0x04C11DB7) -> np.ndarray:
+    return np.array(crc_table(polynomial), dtype=np.uint32)
+
+
+def crc32_update_rows(state: np.ndarray, rows: np.ndarray, polynomial: int = 0x04C11DB7) -> np.ndarray:
+    """Advance raw CRC states (before xorout) over each row of a (count, width) uint8 array."""
+    table = _np_table(polynomial)
+    state = state.astype(np.uint32, copy=True)
+    for column in range(rows.shape[1]):
+        index = (state ^ rows[:, column]) & 0xFF
+        state = table[index] ^ (state >> np.uint32(8))
+    return state
+
+
+def crc32_rows(rows: np.ndarray, polynomial: int = 0x04C11DB7) -> np.ndarray:
+    """CRC-32 of every row of a (count, width) uint8 array."""
+    start = np.full(rows.shape[0], _MASK32, dtype=np.uint32)
+    return crc32_update_rows(start, rows, polynomial) ^ np.uint32(_MASK32)
+
+
+def keys_to_rows(keys: np.ndarray | list, key_len: int = 4) -> np.ndarray:
+    """Integer keys (big-endian on the wire) to a (count, key_len) uint8 array of wire bytes."""
+    values = np.asarray(keys, dtype=np.uint64)
+    shifts = np.arange(key_len - 1, -1, -1, dtype=np.uint64) * np.uint64(8)
+    return ((values[:, None] >> shifts) & np.uint64(0xFF)).astype(np.uint8)
+
+
+def key_hashes_rows(key_rows: np.ndarray, copies: int,
+                    scheme: KeyHash = KeyHash.DTA_V1) -> tuple[np.ndarray, np.ndarray]:
+    """Checksums (count,) and unbounded slot hashes (copies, count) for wire-order key rows."""
+    reversed_rows = np.ascontiguousarray(key_rows[:, ::-1])
+    start = np.full(key_rows.shape[0], _MASK32, dtype=np.uint32)
+    state = crc32_update_rows(start, reversed_rows)
+    checksums = state ^ np.uint32(_MASK32)
+    slot_hashes = np.empty((copies, key_rows.shape[0]), dtype=np.uint32)
+    table = _np_table()
+    for copy in range(copies):
+        if scheme is KeyHash.DTA_V1:
+            # dta-v1 copies share the key's CRC state; one more byte (the copy index) finishes each.
+            index = (state ^ np.uint32(copy)) & 0xFF
+            slot_hashes[copy] = (table[index] ^ (state >> np.uint32(8))) ^ np.uint32(_MASK32)
+        else:
+            copy_column = np.full((key_rows.shape[0], 1), copy, dtype=np.uint8)
+            slot_hashes[copy] = crc32_rows(np.hstack([reversed_rows, copy_column]), KEY_HASH_POLYNOMIALS[copy])
+    return checksums, slot_hashes
