@@ -24,8 +24,8 @@ from softdta.core import workload
 from softdta.collector.backend import BackendError, Peer
 from softdta.collector.collector import RELEASE_GRACE_S, Collector, tables_document
 from softdta.collector.config import CollectorConfig
-from softdta.collector.control import (CollectorLinks, ControlError, ControlServer, cancel_tasks,
-                                      fetch_advertisements, receive)
+from softdta.collector.control import ControlError, ControlServer, cancel_tasks, fetch_advertisements, receive
+from softdta.links.control import CollectorLinks
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.wire.codec import WireError
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for

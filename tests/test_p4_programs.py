@@ -17,7 +17,7 @@ import pytest
 
 from softdta.wire import icrc_split
 from softdta import spec
-from softdta.codegen.generate import p4_control_tables, p4_registers
+from softdta.targets.p4names import p4_control_tables, p4_registers
 from softdta.core.control_plane import CONFIG_TABLES
 from softdta.targets.p4runtime import load_p4info
 

@@ -241,8 +241,8 @@ def test_a_failed_qp_is_disconnected_and_connected_again(guest):
         tables = links.start(timeout=60)
     rig = Rig(guest, tables)
     try:
-        links.failed_qpns = lambda: {qp.local_qpn for qp in rig.kernel.tables.qps
-                                     if rig.kernel.qp_state(qp)["state"] == QpState.FAILED}
+        links.report_failures(lambda: {qp.local_qpn for qp in rig.kernel.tables.qps
+                                       if rig.kernel.qp_state(qp)["state"] == QpState.FAILED})
         document = links.document()
         document["structures"][0]["qp"]["rkey"] ^= 0x5A5A
         rig.kernel.apply(Tables.from_dict(document))

@@ -20,7 +20,7 @@ import pytest
 from softdta.wire import dta
 from softdta.lab import rxe as rxe_lab
 from softdta.core import workload
-from softdta.collector.control import CollectorLinks
+from softdta.links.control import CollectorLinks
 from softdta.wire.frames import ip_bytes, mac_bytes
 from softdta.kernel.netns import in_netns
 from softdta.core.offline import OfflineCollector

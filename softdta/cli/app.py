@@ -19,6 +19,8 @@ from softdta.spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, QpState, RoceOpcode
 from softdta.core.tables import TableError, Tables
 from softdta.core.translator import Translator
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
+from softdta.engines.engine import Engine
+from softdta.links.source import TableSource, TablesFile
 from softdta.engines.xdp import DEFAULT_PIN_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -241,30 +243,19 @@ def _parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------------------------------------
 
-class _KernelEngine:
-    """The XDP fast path behind the reference translator's interface (frames through BPF_PROG_TEST_RUN)."""
-
-    def __init__(self, tables: Tables):
-        from softdta.engines.xdp import EngineError, XdpTranslator
-        try:
-            self.kernel = XdpTranslator(tables, flush_idle_ns=0)
-        except EngineError as error:
-            raise CliError(f"{error}; --engine xdp needs root and clang (run `make setup`)") from None
-
-    def process(self, frame: bytes, now_ns: int):
-        return self.kernel.process(frame)
-
-    def flush_idle(self, now_ns: int) -> list[bytes]:
-        return self.kernel.flush()
-
-    @property
-    def counters(self):
-        return self.kernel.counters()
+def _offline_engine(args, tables: Tables) -> Engine:
+    if args.engine == "reference":
+        return Translator(tables)
+    from softdta.engines.xdp import EngineError, XdpTranslator
+    try:
+        return XdpTranslator(tables, flush_idle_ns=0)
+    except EngineError as error:
+        raise CliError(f"{error}; --engine xdp needs root and clang (run `make setup`)") from None
 
 
 def _translate(args) -> int:
     tables = Tables.from_toml(args.tables)
-    translator = _KernelEngine(tables) if args.engine == "xdp" else Translator(tables)
+    translator = _offline_engine(args, tables)
     collector = _offline_collector(tables) if args.with_collector else None
     written: list[Packet] = []
     deferred = 0
@@ -287,7 +278,7 @@ def _translate(args) -> int:
                 collector.deliver(frame)
     write_pcap(args.out, written)
     summary = {"engine": args.engine,
-               "counters": {c.name.lower(): n for c, n in sorted(translator.counters.items()) if n},
+               "counters": {c.name.lower(): n for c, n in sorted(translator.counts().items()) if n},
                "frames_written": len(written), "deferred_to_userspace": deferred}
     if collector:
         summary["collector"] = collector.counters()
@@ -488,44 +479,36 @@ def _translator_up(args) -> int:
 
 
 def _run_translator(args) -> int:
-    import queue
     import signal
     import threading
 
     from softdta.kernel.bpf import BpfError, ensure_bpffs
     from softdta.engines.xdp import EngineError
-    links = None
     if args.collector and args.collector_cm:
         raise CliError("give either --collector (softdta collectors) or --collector-cm (rdma_cm collectors)")
-    if args.collector:
-        links, tables = _collector_links(args)
-    elif args.collector_cm:
-        links, tables = _cm_links(args)
-    else:
-        tables = Tables.from_toml(args.tables)
+    source, tables = _table_source(args)
     try:
         ensure_bpffs()
         pin = Path(args.pin)
         pin.mkdir(parents=True, exist_ok=True)
-        kernel = _translator_engine(args, tables, pin)
+        engine = _translator_engine(args, tables, pin)
     except (EngineError, BpfError, PermissionError) as error:
-        if links:
-            links.close()
+        source.close()
         raise CliError(f"{error}; `softdta translator up` needs root") from None
-    if links:  # failed QPs go back to the collectors, which re-create their ends
-        links.failed_qpns = lambda: {qp.local_qpn for qp in kernel.tables.qps
-                                     if kernel.qp_state(qp)["state"] == QpState.FAILED}
+    # failed QPs go back to the collectors, which re-create their ends
+    source.report_failures(lambda: {qp.local_qpn for qp in engine.tables.qps
+                                    if engine.qp_state(qp)["state"] == QpState.FAILED})
     stop = threading.Event()
-    updates = links.updates if links else queue.Queue()
 
     def reload(*_) -> None:
         try:
-            new_tables = links.tables() if links else Tables.from_toml(args.tables)
+            new_tables = source.tables()
             if args.engine == "python":  # it takes new tables between batches, never in the middle of one
-                updates.put(new_tables)
+                source.updates.put(new_tables)
             else:
-                kernel.apply(new_tables)
-            print(f"softdta: tables reloaded from {'the collectors' if links else args.tables}", flush=True)
+                engine.apply(new_tables)
+            print(f"softdta: tables reloaded from {args.tables if isinstance(source, TablesFile) else 'the collectors'}",
+                  flush=True)
         except TableError as error:
             print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
 
@@ -533,19 +516,18 @@ def _run_translator(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        kernel.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
-        engine = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {kernel.io_name}" + \
-            (f" because AF_XDP failed: {kernel.fallback_reason}" if kernel.fallback_reason else "")
-        print(f"softdta translator up on {', '.join(args.interface)} ({engine}), maps pinned in {pin}; "
+        engine.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
+        mode = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {engine.io_name}" + \
+            (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "")
+        print(f"softdta translator up on {', '.join(args.interface)} ({mode}), maps pinned in {pin}; "
               f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
               f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
-        kernel.serve(stop, updates)
+        engine.serve(stop, source.updates)
     except (EngineError, BpfError) as error:
         raise CliError(str(error)) from None
     finally:
-        kernel.close()
-        if links:
-            links.close()
+        engine.close()
+        source.close()
     print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
     return 0
 
@@ -575,7 +557,17 @@ def _translator_section(path: str) -> dict:
         raise CliError(f"{path}: needs a valid [translator] section ({error})") from None
 
 
-def _cm_links(args) -> tuple:
+def _table_source(args) -> tuple[TableSource, Tables]:
+    """Where the translator's tables come from (--tables, --collector or --collector-cm), and the first tables."""
+    if args.collector:
+        return _collector_links(args)
+    if args.collector_cm:
+        return _cm_links(args)
+    source = TablesFile(args.tables)
+    return source, source.start()
+
+
+def _cm_links(args) -> tuple[TableSource, Tables]:
     """rdma_cm connections to original-DTA collectors, and the first tables their regions make."""
     from softdta.links.cm import CmError, CmLinks, CmTarget
     if len(args.interface) != 1:
@@ -588,9 +580,10 @@ def _cm_links(args) -> tuple:
         raise CliError(str(error)) from None
 
 
-def _collector_links(args) -> tuple:
+def _collector_links(args) -> tuple[TableSource, Tables]:
     """Control links to the collectors and the first tables they advertise."""
-    from softdta.collector.control import CollectorLinks, ControlError, client_tls
+    from softdta.collector.control import ControlError, client_tls
+    from softdta.links.control import CollectorLinks
     translator = _translator_section(args.tables)
     addresses = []
     for address in args.collector:

@@ -24,7 +24,7 @@ import numpy as np
 from softdta.kernel.bpf import BpfError, ensure_bpffs
 from softdta.core.responder import Completion
 from softdta.spec import ARENA_PAGE, Access, Transport
-from softdta.engines.xdp import EngineError
+from softdta.kernel.programs import EngineError
 from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from softdta.collector.backend import BackendError, Peer, QpInfo, Region
 

@@ -19,7 +19,7 @@ from softdta.kernel.maps import table
 from softdta.core.responder import Completion, ResponderOutput
 from softdta.spec import ARENA_PAGE, RESPONDER_TABLES, Access, ResponderCounter, Transport
 from softdta.kernel.resources import BPF_DIR
-from softdta.engines.xdp import XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
+from softdta.kernel.programs import XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
 
 SOURCE = BPF_DIR / "responder.bpf.c"
 DEFAULT_UDP_SPORT = 49153

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections import Counter as Tally
+from typing import Any, Protocol
 
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report
@@ -25,10 +26,8 @@ from softdta.spec import (APPEND_EXT, DTA_BASE_EXT, EXTENDED_FIRST_BYTE, FLUSH_E
                    RoceOpcode)
 from softdta.spec import SketchMerge as MergeKind
 from softdta.spec import Primitive as StructureKind
-from softdta.core.tables import AppendLists, Structure
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 
-if TYPE_CHECKING:
-    from softdta.core.translator import Translator
 
 
 @dataclass
@@ -53,6 +52,39 @@ class PluginReport:
     extended: bool = True
 
 
+class TranslatorContext(Protocol):
+    """What a primitive may use of the translator that runs it (the reference `Translator`)."""
+
+    tables: Tables
+    counters: Tally[Counter]
+
+    @property
+    def append_state(self) -> dict[int, AppendRuntime]: ...
+
+    @property
+    def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]: ...
+
+    def drop(self, reason: Counter) -> Output: ...
+
+    def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None: ...
+
+    def structure(self, udp: UdpFrame, kind: StructureKind, report: Report | PluginReport,
+                  key: bytes | None = None) -> Structure | Output: ...
+
+    def write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | PluginReport | None,
+              tag: int) -> bytes: ...
+
+    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes: ...
+
+    def nack_frame(self, udp: UdpFrame, nack: Nack) -> bytes: ...
+
+    def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int: ...
+
+    def flush_batch(self, lists: AppendLists, list_id: int, runtime: AppendRuntime) -> list[bytes]: ...
+
+    def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]: ...
+
+
 class Primitive(abc.ABC):
     """One DTA primitive. Subclasses set `opcode`, `name` and `subheader`, and implement `translate`.
 
@@ -65,7 +97,7 @@ class Primitive(abc.ABC):
     name: str
     subheader: Header
 
-    def __init__(self, translator: Translator):
+    def __init__(self, translator: TranslatorContext):
         self.translator = translator
         self.state = self.new_state()
 
@@ -110,7 +142,7 @@ class KeyWrite(Primitive):
         return Output(frames=write_key(t, structure, report.key, report.data, report.redundancy, report))
 
 
-def write_key(t: Translator, structure: Structure, key: bytes, data: bytes, redundancy: int,
+def write_key(t: TranslatorContext, structure: Structure, key: bytes, data: bytes, redundancy: int,
               report: Report | PluginReport | None) -> list[bytes]:
     """Key-Write's frames: checksum ‖ data into each of the key's `redundancy` slots."""
     payload = key_checksum(key).to_bytes(4, "little") + data

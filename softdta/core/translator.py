@@ -96,7 +96,10 @@ class Translator:
             return self._reply(frame, udp, now_ns)
         return Output(passed=True)
 
-    def flush_idle(self, now_ns: int, idle_ns: int = 0) -> list[bytes]:
+    def counts(self) -> Tally[Counter]:
+        return Tally(self.counters)
+
+    def flush_idle(self, now_ns: int = 0, idle_ns: int = 0) -> list[bytes]:
         """Write out Append batches and Postcarding paths that have waited at least `idle_ns`, oldest first.
 
         This models the kernel's flush queue exactly. Entries whose batch filled or whose path completed are

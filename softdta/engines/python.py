@@ -13,12 +13,13 @@ import queue
 import socket
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Iterable
 from pathlib import Path
 
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import table
-from softdta.core.primitives import Primitive
+from softdta.core.primitives import Output, Primitive
 from softdta.spec import Counter, QpState
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
@@ -75,6 +76,16 @@ class PythonEngine:
     @property
     def tables(self) -> Tables:
         return self.translator.tables
+
+    def process(self, frame: bytes, now_ns: int = 0) -> Output:
+        """One frame through the engine's translator, off the wire."""
+        return self.translator.process(frame, now_ns)
+
+    def flush_idle(self, now_ns: int = 0) -> list[bytes]:
+        return self.translator.flush_idle(now_ns)
+
+    def counts(self) -> Tally[Counter]:
+        return self.translator.counts()
 
     def apply(self, tables: Tables) -> None:
         """New tables, live: a QP that stays (same local and remote QPN) keeps its PSN and state, unless it failed

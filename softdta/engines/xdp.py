@@ -13,42 +13,19 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from softdta.kernel import bpf_build
 from softdta.kernel.bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
                   possible_cpus, program_run_stats, xdp_md)
-from softdta.errors import SoftdtaError
 from softdta.kernel.maps import table
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
-from softdta.kernel.resources import BPF_DIR, INSTALLED
+from softdta.kernel.programs import (TRANSLATOR_SOURCE, XDP_ABORTED, XDP_PASS, XDP_REDIRECT, XDP_TX, EngineError,
+                                     build_object)
 from softdta.spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
 
-SOURCE = BPF_DIR / "translator.bpf.c"
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
-XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 _FLUSH_TEMPLATE = bytes(64)
 _FLUSH_RUNS_PER_TICK = 512
-
-
-class EngineError(SoftdtaError, RuntimeError):
-    """The kernel engine cannot be built, loaded or driven; the message says what to do."""
-
-
-def build_object(source: Path = SOURCE, force: bool = False) -> Path:
-    """The BPF object of `source`: as the wheel shipped it, or built (in a checkout) when missing or older than
-    its sources."""
-    if INSTALLED and source.parent == BPF_DIR and source.name in bpf_build.SHIPPED and not force:
-        return BPF_DIR / bpf_build.object_name(source)
-    target = source.parent / "build" / bpf_build.object_name(source)
-    inputs = [source, SOURCE, *BPF_DIR.glob("*.h")]
-    if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
-        return target
-    try:
-        bpf_build.compile_bpf(source, target, BPF_DIR)
-    except bpf_build.BuildError as error:
-        raise EngineError(str(error)) from None
-    return target
 
 
 def _capacity(name: str) -> int:
@@ -100,7 +77,7 @@ class XdpTranslator:
     """
 
     def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
-                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, source: Path = SOURCE):
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, source: Path = TRANSLATOR_SOURCE):
         self.flush_idle_ns = flush_idle_ns
         try:
             self.object = BpfObject(build_object(source), pin_dir=pin_dir,
@@ -189,6 +166,9 @@ class XdpTranslator:
                 tally[counter] = total
         return tally
 
+    def counts(self) -> Tally[Counter]:
+        return self.counters()
+
     def qp_state(self, qp: QueuePair) -> dict:
         return self.read("qp_state", qp_index=self.slots.qp[qp.local_qpn])
 
@@ -212,9 +192,10 @@ class XdpTranslator:
     # ----------------------------------------------------------------------------------------------
     # frames through the program (BPF_PROG_TEST_RUN)
 
-    def process(self, frame: bytes, ingress_ifindex: int = 0) -> Output:
-        """Run one frame through the XDP program and return what it would put on the wire."""
-        run = self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ingress_ifindex))
+    def process(self, frame: bytes, now_ns: int = 0) -> Output:
+        """Run one frame through the XDP program and return what it would put on the wire (the program reads the
+        kernel's clock, not `now_ns`)."""
+        run = self.xdp.test_run(frame, ctx=xdp_md())
         out = _output(run.retval, run.data)
         if run.retval == XDP_PASS and run.meta[:4] == FANOUT_META_MAGIC.to_bytes(4, "little"):
             out = Output(frames=[run.data] + self._parked_frames(run.meta))
@@ -230,6 +211,10 @@ class XdpTranslator:
             raise EngineError(f"no parked frames for fan-out sequence {sequence} on CPU {cpu}")
         length = entry["frame_len"]
         return [entry["frames"][i * length:(i + 1) * length] for i in range(entry["count"] - 1)]
+
+    def flush_idle(self, now_ns: int = 0) -> list[bytes]:
+        """What `flush` writes out: the program's idle flush runs on the kernel's clock, not on `now_ns`."""
+        return self.flush()
 
     def flush(self) -> list[bytes]:
         """Run the idle flush until nothing more is due: the frames it writes out, oldest first."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from functools import cache
 
-from softdta.codegen.generate import host_members
+from softdta.wire.host_layout import host_members
 from softdta.spec import TABLES, Field, Raw, Table
 
 _INT_FORMATS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q"}

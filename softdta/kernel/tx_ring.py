@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from softdta.kernel.netns import in_netns
-from softdta.engines.xdp import EngineError
+from softdta.kernel.programs import EngineError
 
 SOL_PACKET, PACKET_VERSION, PACKET_TX_RING, TPACKET_V2 = 263, 10, 13, 1
 TP_STATUS_AVAILABLE, TP_STATUS_SEND_REQUEST = 0, 1

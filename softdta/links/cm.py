@@ -99,15 +99,16 @@ class CmLinks:
     that restarted, a QP that failed) go on `updates`, which the translator applies between ticks.
 
     Create it in the translator's network namespace: its socket and neighbour lookups are made there.
-    `failed_qpns` tells it which of the translator's QPs (local QPNs) are in ERROR, so it can start them over.
+    `report_failures` tells it how to find the translator's QPs (local QPNs) in ERROR, so it can start them over.
     """
 
     def __init__(self, translator: dict, targets: list[CmTarget], interface: str, first_qpn: int = 0x2000,
-                 failed_qpns: Callable[[], set[int]] = set, log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print):
         if not targets:
             raise CmError("no rdma_cm collectors given")
         self.translator, self.targets, self.interface = translator, targets, interface
-        self.failed_qpns, self.log = failed_qpns, log
+        self.failed_qpns: Callable[[], set[int]] = set
+        self.log = log
         self.updates: queue.Queue[Tables] = queue.Queue()
         mac, ip = mac_bytes(translator["mac"]), ip_bytes(translator["ip"])
         rng = random.SystemRandom()
@@ -142,6 +143,9 @@ class CmLinks:
             raise CmError(f"no rdma_cm connection to {', '.join(waiting)} within {timeout:.0f} s; is the collector "
                           "listening on that port, with a RoCE device on that address?")
         return self.tables()
+
+    def report_failures(self, failed_qpns: Callable[[], set[int]]) -> None:
+        self.failed_qpns = failed_qpns
 
     def close(self) -> None:
         self._stop.set()

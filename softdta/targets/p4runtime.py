@@ -17,7 +17,7 @@ from pathlib import Path
 
 from softdta.errors import SoftdtaError
 from softdta.targets.p4info import parse_p4info
-from softdta.codegen.generate import P4_REPLICATION, p4_control_tables, p4_registers
+from softdta.targets.p4names import P4_REPLICATION, p4_control_tables, p4_registers
 from softdta.core.control_plane import (DEFAULT_FLUSH_IDLE_NS, Entry, Plan, Slots, address_fields, apply_plan, plan,
                             table_spec)
 from softdta.wire.dta import Profile

@@ -1,0 +1,41 @@
+"""What every translator engine offers: the reference translator (softdta.core.translator), the XDP fast path
+(engines/xdp.py) and the python engine on AF_XDP (engines/python.py) all implement `Engine`; the two that run on
+interfaces implement `LiveEngine` as well."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import Counter as Tally
+from typing import Protocol
+
+from softdta.core.primitives import Output
+from softdta.core.tables import QueuePair, Tables
+from softdta.spec import Counter
+
+
+class Engine(Protocol):
+    """Frames in, frames out. `now_ns` is the caller's clock; an engine in the kernel reads the kernel's."""
+
+    def process(self, frame: bytes, now_ns: int = 0) -> Output: ...
+
+    def flush_idle(self, now_ns: int = 0) -> list[bytes]: ...
+
+    def counts(self) -> Tally[Counter]: ...
+
+
+class LiveEngine(Engine, Protocol):
+    """An engine on interfaces: tables applied live, attached, served until `stop`, then closed."""
+
+    @property
+    def tables(self) -> Tables: ...
+
+    def apply(self, tables: Tables) -> None: ...
+
+    def qp_state(self, qp: QueuePair) -> dict: ...
+
+    def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None: ...
+
+    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None: ...
+
+    def close(self) -> None: ...

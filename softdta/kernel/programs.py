@@ -1,0 +1,33 @@
+"""The BPF programs as objects to load: found as the wheel shipped them or built in a checkout, the XDP verdicts they
+return, and the error every program driver raises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from softdta.errors import SoftdtaError
+from softdta.kernel import bpf_build
+from softdta.kernel.resources import BPF_DIR, INSTALLED
+
+TRANSLATOR_SOURCE = BPF_DIR / "translator.bpf.c"
+XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
+
+
+class EngineError(SoftdtaError, RuntimeError):
+    """The kernel engine cannot be built, loaded or driven; the message says what to do."""
+
+
+def build_object(source: Path = TRANSLATOR_SOURCE, force: bool = False) -> Path:
+    """The BPF object of `source`: as the wheel shipped it, or built (in a checkout) when missing or older than
+    its sources."""
+    if INSTALLED and source.parent == BPF_DIR and source.name in bpf_build.SHIPPED and not force:
+        return BPF_DIR / bpf_build.object_name(source)
+    target = source.parent / "build" / bpf_build.object_name(source)
+    inputs = [source, TRANSLATOR_SOURCE, *BPF_DIR.glob("*.h")]
+    if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
+        return target
+    try:
+        bpf_build.compile_bpf(source, target, BPF_DIR)
+    except bpf_build.BuildError as error:
+        raise EngineError(str(error)) from None
+    return target

@@ -1,0 +1,130 @@
+"""The translator's side of the control protocol (docs/control.md): a connection to each softdta collector."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import ssl
+import threading
+from collections.abc import Callable
+
+from softdta.collector.control import (FAILURE_POLL_S, KEEPALIVE_S, ControlError, cancel_tasks, fetch_advertisements,
+                                       receive, send)
+from softdta.collector.collector import tables_document
+from softdta.core.tables import Tables
+
+
+class CollectorLinks:
+    """The translator's side: a control connection to each collector, kept open and re-established, whose
+    advertisements become translator tables.
+
+    `start()` connects to every collector and returns the first tables; later tables (a re-created queue pair, a
+    collector that came back) are put on `updates`, which the translator applies between control-loop ticks.
+    `report_failures` tells it how to find the translator's failed QPs (local QPNs): it reports each to its
+    collector, which re-creates its end and advertises it again.
+    """
+
+    def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
+                 keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None):
+        self.translator, self.collectors, self.token, self.tls = translator, collectors, token, tls
+        self.first_qpn, self.keepalive_s = first_qpn, keepalive_s
+        self.failed_qpns: Callable[[], set[int]] = set
+        self.updates: queue.Queue[Tables] = queue.Queue()
+        self._state: dict[tuple[str, int], tuple[dict, dict[str, dict]]] = {}  # address -> (collector, adverts)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="softdta-control", daemon=True)
+        self._first = threading.Event()
+
+    def start(self, timeout: float = 3 * KEEPALIVE_S) -> Tables:
+        self._thread.start()
+        for index, address in enumerate(self.collectors):
+            future = asyncio.run_coroutine_threadsafe(self._connect(index, address), self._loop)
+            try:
+                future.result(timeout)
+            except ssl.SSLError as error:
+                raise ControlError(f"TLS with collector {address[0]}:{address[1]} failed: "
+                                   f"{error.reason or error}; its certificate must be signed by the CA given "
+                                   "(--collector-ca) and name the address dialled") from None
+            except (OSError, asyncio.TimeoutError, TimeoutError) as error:
+                raise ControlError(f"cannot reach collector {address[0]}:{address[1]}: {error or 'timed out'}; "
+                                   "is `softdta collector up` running there?") from None
+        return self.tables()
+
+    def report_failures(self, failed_qpns: Callable[[], set[int]]) -> None:
+        self.failed_qpns = failed_qpns
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(cancel_tasks(), self._loop).result(5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._loop.close()
+
+    def tables(self) -> Tables:
+        return Tables.from_dict(self.document(), "collector advertisements")
+
+    def document(self) -> dict:
+        """The translator tables (docs/tables.md) the collectors' current advertisements make, as a dict."""
+        document = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
+        for collector, adverts in self._state.values():
+            part = tables_document(self.translator, collector, list(adverts.values()))
+            for key in ("collectors", "structures", "append"):
+                document[key] += part[key]
+        return document
+
+    def _local_qpn(self, collector_index: int, position: int) -> int:
+        return self.first_qpn + 0x100 * collector_index + position
+
+    async def _connect(self, index: int, address: tuple[str, int]) -> None:
+        collector, adverts, reader, writer = await fetch_advertisements(
+            *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls)
+        self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
+        self._loop.create_task(self._follow(index, address, reader, writer))
+
+    async def _report_failures(self, address: tuple[str, int], writer: asyncio.StreamWriter) -> None:
+        """Tell the collector about each failed QP once per advertisement; its new advertisement revives it."""
+        reported: set[tuple[str, int]] = set()
+        while True:
+            await asyncio.sleep(FAILURE_POLL_S)
+            failed = self.failed_qpns()
+            for structure, advert in self._state[address][1].items():
+                qp = advert["qp"]
+                if qp["local_qpn"] in failed and (structure, qp["remote_qpn"], qp["start_psn"]) not in reported:
+                    reported.add((structure, qp["remote_qpn"], qp["start_psn"]))
+                    print(f"softdta: QP {qp['local_qpn']:#x} into {structure} at {address[0]} failed; "
+                          "asking the collector to re-create it", flush=True)
+                    await send(writer, {"type": "failed", "structure": structure})
+
+    async def _follow(self, index: int, address: tuple[str, int], reader, writer) -> None:
+        """Apply re-advertisements; keep the connection alive; report failed QPs; reconnect (with backoff) when it
+        drops."""
+        while True:
+            watch = self._loop.create_task(self._report_failures(address, writer))
+            try:
+                while True:
+                    ping = self._loop.call_later(self.keepalive_s, lambda: self._loop.create_task(
+                        send(writer, {"type": "ping"})))
+                    message = await receive(reader, 3 * self.keepalive_s)
+                    ping.cancel()
+                    if message["type"] == "advertise":
+                        collector, adverts = self._state[address]
+                        adverts[message["structure"]] = {k: v for k, v in message.items() if k != "type"}
+                        self.updates.put(self.tables())
+                    elif message["type"] == "error":
+                        print(f"softdta: collector {address[0]}:{address[1]}: {message.get('error')}", flush=True)
+            except (ControlError, OSError):
+                writer.close()
+            finally:
+                watch.cancel()
+            delay = 0.5
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    collector, adverts, reader, writer = await fetch_advertisements(
+                        *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls)
+                except (ControlError, OSError, asyncio.TimeoutError):
+                    delay = min(delay * 2, 10.0)
+                    continue
+                self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
+                self.updates.put(self.tables())
+                break
