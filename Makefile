@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (the main job) and `make test`. Both set up a fresh machine first.
 PYTHON ?= python3
 
-.PHONY: setup demo test bench codegen
+.PHONY: setup demo lint test bench codegen
 
 setup:
 	bash scripts/setup.sh
@@ -9,7 +9,13 @@ setup:
 demo: setup
 	softdta demo
 
-test: setup
+# the dependency rule between layers (docs/architecture.md), style, and strict types on spec, wire and core
+lint: setup
+	$(PYTHON) -m ruff check softdta tests bench setup.py conftest.py
+	lint-imports
+	$(PYTHON) -m mypy
+
+test: lint
 	$(PYTHON) -m pytest -q tests bench --benchmark-disable
 
 bench: setup

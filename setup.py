@@ -21,10 +21,13 @@ class BuildWithData(build_py):
             return  # an editable install is a checkout: it reads bpf/ and p4/ where they are
         data = Path(self.build_lib) / "softdta" / "_data"
         for folder, patterns in (("bpf", ("*.c", "*.h")), ("p4", ("*.p4", "*.txtpb"))):
-            (data / folder).mkdir(parents=True, exist_ok=True)
             for pattern in patterns:
-                for path in (ROOT / folder).glob(pattern):
-                    shutil.copy2(path, data / folder / path.name)
+                for path in (ROOT / folder).rglob(pattern):
+                    if "build" in path.relative_to(ROOT / folder).parts:
+                        continue
+                    copy = data / folder / path.relative_to(ROOT / folder)
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, copy)
         for name in bpf_build.SHIPPED:
             source = ROOT / "bpf" / name
             bpf_build.compile_bpf(source, data / "bpf" / bpf_build.object_name(source), ROOT / "bpf")

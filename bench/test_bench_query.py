@@ -3,17 +3,18 @@
 import numpy as np
 import pytest
 
-from softdta.wire.frames import ip_bytes, mac_bytes
 from softdta.core.query import AppendPoller, keywrite_query
 from softdta.core.regions import AppendRegion
-from softdta.spec import KeyHash
 from softdta.core.tables import AppendLists, QueuePair
+from softdta.spec import KeyHash
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 # The DTA paper's collector answers Key-Write queries at 1.8 M queries/s per core (C++).
 PAPER_KEYWRITE_QUERIES_PER_S = 1.8e6
 
 # Least fraction of written keys found at load 0.1 (keys per slot). Measured (seeded, 2^24 slots): N=1 0.952,
-# N=2 0.989, N=4 0.997, dta-v1 N=2 0.907 -- dta-v1 copies collide together, so its second copy helps far less than an independent one.
+# N=2 0.989, N=4 0.997, dta-v1 N=2 0.907 -- dta-v1 copies collide together, so its second copy helps far less than
+# an independent one.
 KEYWRITE_CASES = [
     pytest.param(1, KeyHash.INDEPENDENT, 0.92, id="N1-independent"),
     pytest.param(2, KeyHash.INDEPENDENT, 0.97, id="N2-independent"),
@@ -44,8 +45,9 @@ def test_keywrite_query(benchmark, keywrite_store, record_rate, redundancy, sche
 
 
 def _append_region(lists: int, entries: int, batch: int) -> AppendRegion:
-    qp = QueuePair(name="bench-append", collector_ip=ip_bytes("10.77.1.1"), collector_mac=mac_bytes("02:00:00:00:01:01"),
-                   remote_qpn=0x105, local_qpn=0x205, rkey=0x1005, base_va=0x7F0040000000, length=lists * entries * 4)
+    qp = QueuePair(name="bench-append", collector_ip=ip_bytes("10.77.1.1"),
+                   collector_mac=mac_bytes("02:00:00:00:01:01"), remote_qpn=0x105, local_qpn=0x205, rkey=0x1005,
+                   base_va=0x7F0040000000, length=lists * entries * 4)
     qp.validate()
     append_lists = AppendLists(qp=qp, first_list=0, lists=lists, entries=entries, data_len=4, batch=batch)
     append_lists.validate()

@@ -9,13 +9,20 @@ import time
 
 import pytest
 
-from softdta.lab.benchmarks import (RESPONDER_BASE, RESPONDER_CASES, RESPONDER_COLLECTOR, RESPONDER_LENGTH,
-                                RESPONDER_QPN, RESPONDER_RKEY, RESPONDER_TRANSLATOR, responder_harness,
-                                responder_request)
-from softdta.core.responder import MemoryRegion, Responder, ResponderQp
-from softdta.spec import ResponderCounter, RoceOpcode
-
 from conftest import benchmarks_disabled
+from softdta.core.responder import MemoryRegion, Responder, ResponderQp
+from softdta.lab.benchmarks import (
+    RESPONDER_BASE,
+    RESPONDER_CASES,
+    RESPONDER_COLLECTOR,
+    RESPONDER_LENGTH,
+    RESPONDER_QPN,
+    RESPONDER_RKEY,
+    RESPONDER_TRANSLATOR,
+    responder_harness,
+    responder_request,
+)
+from softdta.spec import ResponderCounter, RoceOpcode
 
 pytestmark = pytest.mark.privileged
 
@@ -49,6 +56,7 @@ def test_xdp_responder_ns_per_frame(benchmark, pytestconfig, case):
     reference_ns = (time.perf_counter_ns() - start) / len(frames)
     kernel_ns = statistics.median(durations) - restore_ns
     benchmark.extra_info.update(kernel_ns_per_frame=kernel_ns, restore_ns=restore_ns, repeat=repeat,
-                                reference_ns_per_frame=reference_ns, reference_over_kernel=reference_ns / max(kernel_ns, 1))
+                                reference_ns_per_frame=reference_ns,
+                                reference_over_kernel=reference_ns / max(kernel_ns, 1))
     print(f"\n{case}: kernel {kernel_ns:.0f} ns/frame (restore {restore_ns:.0f} subtracted), reference "
           f"{reference_ns:.0f} ns, ratio {reference_ns / max(kernel_ns, 1):.0f}x")

@@ -7,11 +7,11 @@ import aiohttp
 import pytest
 import uvloop
 
+from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.collector.service import OfflineSource, serve
-from softdta.spec import Primitive
 from softdta.core.translator import Translator
+from softdta.spec import Primitive
 from tests.common import COLLECTOR_IP
 
 KEYWRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py

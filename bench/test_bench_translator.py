@@ -4,14 +4,13 @@ import math
 
 import pytest
 
-from softdta.wire import dta
 from softdta.core import workload
+from softdta.core.translator import Translator
+from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, Primitive, RoceOpcode
+from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes
 from softdta.wire.roce import build_roce_frame, icrc, parse_roce, transport_payload
-from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, Primitive, RoceOpcode
-from softdta.core.translator import Translator
 from tests.common import COLLECTOR_IP
-
 
 
 def _key_write(tables, count):

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from softdta.wire import dta
-from softdta.lab.benchmarks import HARNESS, load_reports
-from softdta.kernel.bpf import BpfObject
-from softdta.spec import Counter, Primitive
+from conftest import benchmarks_disabled
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
+from softdta.kernel.bpf import BpfObject
+from softdta.lab.benchmarks import HARNESS, load_reports
+from softdta.spec import Counter, Primitive
+from softdta.wire import dta
 from tests.common import COLLECTOR_IP
-
-from conftest import benchmarks_disabled
 
 pytestmark = pytest.mark.privileged
 

@@ -15,32 +15,24 @@
 
 #include "softdta_spec.h"
 #include "crc.h"
-#include "wire.h"
+#include "maps.h"
+#include "parsing.h"
+#include "roce.h"
 
 #define BUF_SIZE 2048		/* the frame being checked, then the reply; a power of two for index masks */
 #define BUF_MASK (BUF_SIZE - 1)
 #define IP_AT 16		/* where the IP packet sits: after 8 bytes that stand for the LRH in the iCRC,
 				 * which a reply's Ethernet header then overwrites */
-#define LRH_AT (IP_AT - 8)
+#define LRH_AT (IP_AT - LRH_STAND_IN_LEN)
 #define IP_LIMIT RESPONDER_IP_LIMIT
-#define PSN_MASK 0xffffff
-#define PSN_HALF (1 << 23)
 #define ARENA_MASK (ARENA_PAGE - 1)
-#define SYNDROME_ACK 0x1f	/* ACK with the largest credit count, as softdta.wire.roce.ACK_SYNDROME */
-#define SYNDROME_NAK(code) ((AETH_NAK << 5) | (code))
+#define SYNDROME_NAK(code) ((AETH_NAK << AETH_KIND_SHIFT) | (code))
 
 _Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");
 
 struct scratch {
 	__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT + BUF_SIZE:
 					 * a request of up to BUF_SIZE bytes loads at IP_AT */
-};
-
-struct completion {
-	__u32 qpn;
-	__u32 immediate;
-	__u32 byte_len;
-	__u32 pad;
 };
 
 TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
@@ -67,10 +59,7 @@ struct {
 	__uint(max_entries, RING_WRITES_MAX_ENTRIES);
 } ring_writes SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 18);
-} completions SEC(".maps");
+RING(completions, 1 << 18);	/* struct completion records */
 
 /* What one frame asks for, as parsed. */
 struct request {
@@ -156,30 +145,29 @@ static __noinline __u32 build_reply(struct scratch *s, const struct responder_co
 	__u8 *aeth = bth + BTH_SIZE;
 
 	ipv4_header(ip, ip_len, cfg->ip, qp->remote_ip);
-	put16(udp, cfg->udp_sport);
-	put16(udp + 2, ROCE_PORT);
-	put16(udp + 4, ip_len - IPV4_SIZE);
-	bth[0] = r->atomic ? ROCE_OP_RC_ATOMIC_ACK : ROCE_OP_RC_ACK;
-	bth[1] = 1 << 6;	/* MigReq */
-	put16(bth + 2, DEFAULT_PKEY);
-	put32(bth + 4, qp->remote_qpn & PSN_MASK);
-	put32(bth + 8, r->psn & PSN_MASK);
-	put32(aeth, r->syndrome << 24 | (r->msn & PSN_MASK));
+	udp_set_sport(udp, cfg->udp_sport);
+	udp_set_dport(udp, ROCE_PORT);
+	udp_set_length(udp, ip_len - IPV4_SIZE);
+	bth_set_opcode(bth, r->atomic ? ROCE_OP_RC_ATOMIC_ACK : ROCE_OP_RC_ACK);
+	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK);	/* MigReq set, no padding */
+	bth_set_pkey(bth, DEFAULT_PKEY);
+	bth_set_dest_qp(bth, qp->remote_qpn);
+	put8(bth + BTH_ACK_REQ_OFF, 0);
+	bth_set_psn(bth, r->psn);
+	aeth_set_syndrome(aeth, r->syndrome);
+	aeth_set_msn(aeth, r->msn);
 	if (r->atomic)
-		put64(aeth + AETH_SIZE, r->original);
-	icrc_mask(s->buf + LRH_AT, ip, IPV4_SIZE);
-	crc = buf_crc(8 + ip_len - ICRC_LEN);
-	udp[6] = 0;
-	udp[7] = 0;
-	bth[4] = 0;
-	ipv4_finish(ip, 0, 64);
-	for (int i = 0; i < 4; i++)
+		atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
+	icrc_mask(s->buf + LRH_AT, ip, udp, bth);
+	crc = buf_crc(LRH_STAND_IN_LEN + ip_len - ICRC_LEN);
+	icrc_unmask(udp, bth);
+	ipv4_finish(ip, 0, REPLY_TTL);
+	for (int i = 0; i < ICRC_LEN; i++)
 		s->buf[(IP_AT + ip_len - ICRC_LEN + i) & BUF_MASK] = crc >> (8 * i);
 	/* The Ethernet header goes last: it overlaps the LRH stand-in the iCRC needed. */
-	__builtin_memcpy(f, qp->remote_mac, 6);
-	__builtin_memcpy(f + 6, cfg->mac, 6);
-	f[12] = ETH_P_IP >> 8;
-	f[13] = ETH_P_IP & 0xff;
+	__builtin_memcpy(f + ETHERNET_DST_OFF, qp->remote_mac, ETHERNET_DST_LEN);
+	__builtin_memcpy(f + ETHERNET_SRC_OFF, cfg->mac, ETHERNET_SRC_LEN);
+	ethernet_set_ethertype(f, ETH_P_IP);
 	count(RCNT_REPLIES_SENT);
 	return ETHERNET_SIZE + ip_len;
 }
@@ -195,7 +183,7 @@ static __always_inline __u32 ack(struct scratch *s, const struct responder_confi
 static __always_inline __u32 atomic_ack(struct scratch *s, const struct responder_config_value *cfg,
 					const struct responder_qp_value *qp, __u32 psn, __u32 msn, __u64 original)
 {
-	struct reply r = { .original = original, .psn = psn, .syndrome = SYNDROME_ACK, .msn = msn, .atomic = 1 };
+	struct reply r = { .original = original, .psn = psn, .syndrome = ACK_SYNDROME, .msn = msn, .atomic = 1 };
 
 	return build_reply(s, cfg, qp, &r);
 }
@@ -254,31 +242,31 @@ static __always_inline __u32 write_payload(struct scratch *s, const struct respo
 /* Parses the RoCE frame now in buf; returns 0 or a responder counter for a malformed frame. */
 static __always_inline __u32 parse_request(struct scratch *s, __u32 ip_header_len, __u64 ip_len, struct request *rq)
 {
-	__u8 *body = s->buf + IP_AT + ((ip_header_len + UDP_SIZE) & 127), *eh;
+	__u8 *body = s->buf + IP_AT + ((ip_header_len + UDP_SIZE) & 127), *eh = body + BTH_SIZE;
 	__u64 body_len = ip_len - ip_header_len - UDP_SIZE, end;
 	int ext;
 
 	if (body_len < BTH_SIZE + ICRC_LEN)
 		return RCNT_MALFORMED;
-	rq->opcode = body[0];
+	rq->opcode = bth_get_opcode(body);
 	ext = roce_ext_len(rq->opcode);
 	if (ext < 0 || body_len - ICRC_LEN < BTH_SIZE + (__u64)ext)
 		return RCNT_MALFORMED;
-	end = body_len - ICRC_LEN - ((body[1] >> 4) & 3);
+	end = body_len - ICRC_LEN - bth_get_pad_count(body);
 	if (end < BTH_SIZE + (__u64)ext)
 		return RCNT_MALFORMED;
-	rq->qpn = (__u32)body[5] << 16 | (__u32)body[6] << 8 | body[7];
-	rq->ack_req = body[8] >> 7;
-	rq->psn = (__u32)body[9] << 16 | (__u32)body[10] << 8 | body[11];
-	eh = body + BTH_SIZE;
-	rq->va = (__u64)get32(eh) << 32 | get32(eh + 4);
-	rq->rkey = get32(eh + 8);
+	rq->qpn = bth_get_dest_qp(body);
+	rq->ack_req = bth_get_ack_req(body);
+	rq->psn = bth_get_psn(body);
+	/* RETH and AtomicETH start alike: the address, then the R_Key */
+	rq->va = reth_get_va(eh);
+	rq->rkey = reth_get_rkey(eh);
 	if (ext == ROCE_EXT_LEN_RC_FETCH_ADD) {
-		rq->add = (__u64)get32(eh + 12) << 32 | get32(eh + 16);
+		rq->add = atomic_eth_get_swap_add(eh);
 	} else if (ext >= RETH_SIZE) {
-		rq->dma_len = get32(eh + 12);
+		rq->dma_len = reth_get_dma_length(eh);
 		if (ext == RETH_SIZE + IMMDT_SIZE)
-			rq->immediate = get32(eh + 16);
+			rq->immediate = immdt_get_immediate(eh + RETH_SIZE);
 	}
 	rq->payload_at = IP_AT + ip_header_len + UDP_SIZE + BTH_SIZE + ext;
 	rq->payload_len = end - BTH_SIZE - ext;
@@ -309,7 +297,7 @@ static __noinline __u32 serve_rc(struct scratch *s, const struct responder_confi
 {
 	__u32 distance = (rq->psn - qs->expected_psn) & PSN_MASK;
 
-	if (distance && distance < PSN_HALF) {
+	if (distance && distance < PSN_WINDOW) {
 		count(RCNT_OUT_OF_SEQ_REQUEST);
 		if (qs->nak_sent) {
 			count(RCNT_OUT_OF_SEQUENCE_AFTER_NAK);
@@ -322,7 +310,7 @@ static __noinline __u32 serve_rc(struct scratch *s, const struct responder_confi
 		count(RCNT_DUPLICATE_REQUEST);
 		if (rq->opcode == ROCE_OP_RC_FETCH_ADD && qs->atomic_valid && qs->atomic_psn == rq->psn)
 			return atomic_ack(s, cfg, qp, rq->psn, qs->msn, qs->atomic_original);
-		return ack(s, cfg, qp, qs->expected_psn - 1, SYNDROME_ACK, qs->msn);
+		return ack(s, cfg, qp, qs->expected_psn - 1, ACK_SYNDROME, qs->msn);
 	}
 	qs->nak_sent = 0;
 	if (rq->opcode == ROCE_OP_RC_FETCH_ADD) {
@@ -349,7 +337,7 @@ static __noinline __u32 serve_rc(struct scratch *s, const struct responder_confi
 	if (!write_payload(s, qp, rq))
 		return fatal(s, cfg, qp, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
 	advance(qs);
-	return rq->ack_req ? ack(s, cfg, qp, rq->psn, SYNDROME_ACK, qs->msn) : 0;
+	return rq->ack_req ? ack(s, cfg, qp, rq->psn, ACK_SYNDROME, qs->msn) : 0;
 }
 
 static __always_inline int respond(struct xdp_md *ctx)
@@ -360,33 +348,24 @@ static __always_inline int respond(struct xdp_md *ctx)
 	struct responder_qp_value *qp;
 	struct request rq = {};
 	__u32 zero = 0, ihl, crc, reason, reply = 0, src, dst;
-	__u64 ip_total, udp_len;
+	__u64 ip_total;
 	struct scratch *s;
+	struct udp4 d;
 	__u8 *ip, *udp;
 
-	ip = data + ETHERNET_SIZE;
-	if ((void *)(ip + IPV4_SIZE) > data_end || ((__u8 *)data)[12] != 0x08 || ((__u8 *)data)[13] != 0x00 ||
-	    ip[0] >> 4 != 4 || (ip[0] & 0xf) < 5 || ip[9] != IPPROTO_UDP || (ip[6] & 0x3f) || ip[7])
+	if (parse_udp4(data, data_end, &d) || d.dport != ROCE_PORT)
 		return XDP_PASS;
-	ihl = (ip[0] & 0xf) * 4;
-	ip_total = (__u32)ip[2] << 8 | ip[3];
-	udp = ip + ihl;
-	if ((void *)(udp + UDP_SIZE) > data_end || ETHERNET_SIZE + ip_total > (__u64)(data_end - data) ||
-	    ip_total < ihl + UDP_SIZE)
-		return XDP_PASS;
-	udp_len = (__u32)udp[4] << 8 | udp[5];
-	if (udp_len < UDP_SIZE || ihl + udp_len > ip_total || ((__u32)udp[2] << 8 | udp[3]) != ROCE_PORT)
-		return XDP_PASS;
+	ihl = d.ihl;
 
 	/* A RoCEv2 frame: from here every outcome is counted. */
 	cfg = bpf_map_lookup_elem(&responder_config, &zero);
 	s = scratch_get();
 	if (!cfg || !s)
 		return XDP_PASS;
-	__builtin_memcpy(&src, ip + 12, 4);
-	__builtin_memcpy(&dst, ip + 16, 4);
+	__builtin_memcpy(&src, d.ip + IPV4_SRC_OFF, IPV4_SRC_LEN);
+	__builtin_memcpy(&dst, d.ip + IPV4_DST_OFF, IPV4_DST_LEN);
 	/* The RoCE payload ends where UDP says; bytes after it (Ethernet padding) are not part of it. */
-	ip_total = ihl + udp_len;
+	ip_total = ihl + d.udp_len;
 	/* ip_total is in [1, IP_LIMIT] here, so the mask keeps it whole and shows the verifier it fits. */
 	if (ip_total > IP_LIMIT ||
 	    bpf_xdp_load_bytes(ctx, ETHERNET_SIZE, s->buf + IP_AT, ((ip_total - 1) & BUF_MASK) + 1)) {
@@ -397,9 +376,11 @@ static __always_inline int respond(struct xdp_md *ctx)
 	if (!reason && dst != cfg->ip)
 		reason = RCNT_NOT_FOR_THIS_PORT;
 	if (!reason) {
-		icrc_mask(s->buf + LRH_AT, s->buf + IP_AT, ihl);
-		crc = buf_crc(8 + ip_total - ICRC_LEN);
-		for (int i = 0; i < 4; i++)
+		ip = s->buf + IP_AT;
+		udp = ip + (ihl & IPV4_MAX_HEADER_LEN);
+		icrc_mask(s->buf + LRH_AT, ip, udp, udp + UDP_SIZE);
+		crc = buf_crc(LRH_STAND_IN_LEN + ip_total - ICRC_LEN);
+		for (int i = 0; i < ICRC_LEN; i++)
 			if (s->buf[(IP_AT + ip_total - ICRC_LEN + i) & BUF_MASK] != ((crc >> (8 * i)) & 0xff))
 				reason = RCNT_ICRC_ERRORS;
 	}

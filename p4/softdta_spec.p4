@@ -12,6 +12,15 @@ const bit<16> ETH_P_IP = 2048;
 const bit<16> ETH_P_IPV6 = 34525;
 const bit<8> IPPROTO_UDP = 17;
 const bit<16> DEFAULT_PKEY = 65535;
+const bit<8> IPV4_VERSION_NUMBER = 4;
+const bit<8> IPV4_MAX_HEADER_LEN = 60;
+const bit<8> IPV4_FLAG_MORE_FRAGMENTS = 1;
+const bit<8> IPV4_FLAG_DONT_FRAGMENT = 2;
+const bit<8> REPLY_TTL = 64;
+const bit<8> LRH_STAND_IN_LEN = 8;
+const bit<32> PSN_MASK = 16777215;
+const bit<32> PSN_WINDOW = 8388608;
+const bit<8> SEQ_WINDOW = 128;
 const bit<8> EXTENDED_MARKER = 128;
 const bit<8> EXTENDED_VERSION = 1;
 const bit<8> EXTENDED_FIRST_BYTE = 129;
@@ -27,6 +36,9 @@ const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
 const bit<8> FLUSH_OPCODE = 127;
+const bit<8> AETH_KIND_SHIFT = 5;
+const bit<8> AETH_VALUE_MASK = 31;
+const bit<8> ACK_SYNDROME = 31;
 const bit<8> COUNTER_SLOTS = 48;
 const bit<8> RESPONDER_COUNTER_SLOTS = 32;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
@@ -34,6 +46,7 @@ const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
 const bit<16> ARENA_PAGE = 4096;
 const bit<16> RESPONDER_IP_LIMIT = 1280;
+const bit<16> DEFERRED_FRAME_MAX = 256;
 const bit<8> P4_APPEND_BATCH_BITS = 4;
 const bit<8> P4_POSTCARD_WORD_BITS = 3;
 const bit<8> P4_SKETCH_ROW_BITS = 4;
@@ -581,8 +594,9 @@ struct icrc_constant_value_t {
     bit<32> constant; // iCRC of such a frame with its variable tail zeroed, read little-endian
 }
 
-// iCRC split (softdta/wire/icrc_split.py): the variable tail starts this many bytes into the IP packet;
-// v1model hashes it right-aligned in ICRC_TAIL_BYTES bytes, whose all-zero CRC-32 is ICRC_TAIL_ZEROS_CRC
+// iCRC split (softdta/wire/icrc_split.py): the variable tail starts this many bytes into the IP
+// packet; v1model hashes it right-aligned in ICRC_TAIL_BYTES bytes, whose all-zero CRC-32 is
+// ICRC_TAIL_ZEROS_CRC
 const bit<16> ICRC_VARIABLE_FROM = 36;
 const bit<16> ICRC_TAIL_BYTES = 280;
 const bit<32> ICRC_TAIL_ZEROS_CRC = 0x84fad56c;

@@ -18,4 +18,4 @@ if ((${#missing[@]})); then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v -e "Running pip as the 'root' user" -e "is ignored: it is neither" || true
-python3 -c "import softdta, scapy, numpy" || { echo "setup: python packages failed to install" >&2; exit 1; }
+python3 -c "import softdta, scapy, numpy, importlinter, mypy, ruff" || { echo "setup: python packages failed to install" >&2; exit 1; }

@@ -1,6 +1,6 @@
 """The one declarative description of every wire header, opcode, counter and translator table.
 
-Python codecs (`softdta.wire.codec`), the BPF C header (`bpf/softdta_spec.h`) and the P4 definitions
+Python codecs (`softdta.wire.codec`), the BPF C header (`bpf/include/softdta_spec.h`) and the P4 definitions
 (`p4/softdta_spec.p4`) are all derived from the objects in this module; nothing else spells out a layout.
 """
 
@@ -12,11 +12,13 @@ from enum import IntEnum, IntFlag
 
 @dataclass(frozen=True)
 class Field:
-    """An unsigned big-endian integer field of `bits` bits (bit fields are packed MSB first)."""
+    """An unsigned big-endian integer field of `bits` bits (bit fields are packed MSB first). An `icrc_variant`
+    field may change in flight, so the RoCEv2 iCRC covers it as all ones (IBTA Annex A17)."""
 
     name: str
     bits: int
     doc: str = ""
+    icrc_variant: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,18 @@ ETH_P_IP = 0x0800
 ETH_P_IPV6 = 0x86DD
 IPPROTO_UDP = 17
 DEFAULT_PKEY = 0xFFFF
+IPV4_VERSION_NUMBER = 4
+IPV4_MAX_HEADER_LEN = 60
+IPV4_FLAG_MORE_FRAGMENTS = 1  # in the ipv4 `flags` field
+IPV4_FLAG_DONT_FRAGMENT = 2
+REPLY_TTL = 64  # of the collector's ACKs and NAKs
+# The iCRC starts with eight 0xff bytes that stand for the InfiniBand LRH a RoCEv2 packet does not carry.
+LRH_STAND_IN_LEN = 8
+PSN_MASK = 0xFFFFFF
+# A PSN ahead of the expected one by less than this is out of sequence; the other half of the space is behind it.
+PSN_WINDOW = 1 << 23
+# A retransmit-flagged report's seqnum up to this far behind the last one is a duplicate; further is a gap.
+SEQ_WINDOW = 128
 
 # The extended base header starts with this byte. dta-v1 opcodes are 1..4, so a set top bit can never be a
 # dta-v1 report, and a dta-v1-only parser rejects it as an unknown opcode instead of misreading it.
@@ -171,6 +185,11 @@ class AethKind(IntEnum):
     ACK = 0
     RNR_NAK = 1
     NAK = 3
+
+
+AETH_KIND_SHIFT = 5  # the syndrome is the kind, then five bits of credits, timer or NAK code
+AETH_VALUE_MASK = 0x1F
+ACK_SYNDROME = AethKind.ACK << AETH_KIND_SHIFT | AETH_VALUE_MASK  # an ACK with the most credits, as rxe sends
 
 
 class NakCode(IntEnum):
@@ -297,15 +316,18 @@ RESPONDER_COUNTER_SLOTS = 32
 
 ETHERNET = Header("ethernet", (Raw("dst", 6), Raw("src", 6), Field("ethertype", 16)), "Ethernet II")
 IPV4 = Header("ipv4", (
-    Field("version", 4), Field("ihl", 4), Field("dscp", 6), Field("ecn", 2), Field("total_length", 16),
-    Field("identification", 16), Field("flags", 3), Field("fragment_offset", 13), Field("ttl", 8),
-    Field("protocol", 8), Field("checksum", 16), Raw("src", 4), Raw("dst", 4),
+    Field("version", 4), Field("ihl", 4), Field("dscp", 6, icrc_variant=True), Field("ecn", 2, icrc_variant=True),
+    Field("total_length", 16), Field("identification", 16), Field("flags", 3), Field("fragment_offset", 13),
+    Field("ttl", 8, icrc_variant=True), Field("protocol", 8), Field("checksum", 16, icrc_variant=True),
+    Raw("src", 4), Raw("dst", 4),
 ), "IPv4 without options")
 IPV6 = Header("ipv6", (
-    Field("version", 4), Field("traffic_class", 8), Field("flow_label", 20), Field("payload_length", 16),
-    Field("next_header", 8), Field("hop_limit", 8), Raw("src", 16), Raw("dst", 16),
+    Field("version", 4), Field("traffic_class", 8, icrc_variant=True), Field("flow_label", 20, icrc_variant=True),
+    Field("payload_length", 16), Field("next_header", 8), Field("hop_limit", 8, icrc_variant=True),
+    Raw("src", 16), Raw("dst", 16),
 ), "IPv6 fixed header")
-UDP = Header("udp", (Field("sport", 16), Field("dport", 16), Field("length", 16), Field("checksum", 16)), "UDP")
+UDP = Header("udp", (Field("sport", 16), Field("dport", 16), Field("length", 16),
+                     Field("checksum", 16, icrc_variant=True)), "UDP")
 
 # --------------------------------------------------------------------------------------------------
 # DTA base headers
@@ -373,7 +395,8 @@ DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, K
 
 BTH = Header("bth", (
     Field("opcode", 8), Field("solicited", 1), Field("migreq", 1), Field("pad_count", 2), Field("tver", 4),
-    Field("pkey", 16), Field("fecn", 1), Field("becn", 1), Field("reserved6", 6), Field("dest_qp", 24),
+    Field("pkey", 16), Field("fecn", 1, icrc_variant=True), Field("becn", 1, icrc_variant=True),
+    Field("reserved6", 6, icrc_variant=True), Field("dest_qp", 24),
     Field("ack_req", 1), Field("reserved7", 7), Field("psn", 24),
 ), "Base Transport Header")
 RETH = Header("reth", (Field("va", 64), Field("rkey", 32), Field("dma_length", 32)), "RDMA Extended Transport Header")
@@ -383,7 +406,8 @@ ATOMIC_ETH = Header("atomic_eth", (
 IMMDT = Header("immdt", (Field("immediate", 32),), "Immediate Data")
 AETH = Header("aeth", (Field("syndrome", 8), Field("msn", 24)), "ACK Extended Transport Header")
 ATOMIC_ACK_ETH = Header("atomic_ack_eth", (Field("original", 64),), "Atomic ACK Extended Transport Header")
-DETH = Header("deth", (Field("qkey", 32), Field("reserved", 8), Field("src_qp", 24)), "Datagram Extended Transport Header")
+DETH = Header("deth", (Field("qkey", 32), Field("reserved", 8), Field("src_qp", 24)),
+              "Datagram Extended Transport Header")
 ICRC_LEN = 4
 
 ROCE_HEADERS = (BTH, RETH, ATOMIC_ETH, IMMDT, AETH, ATOMIC_ACK_ETH, DETH)
@@ -418,7 +442,8 @@ class Table:
 TRANSLATOR_TABLES = (
     Table("translator_config", (Field("index", 32),), (
         Raw("src_mac", 6), Field("udp_sport", 16), Field("src_ip", 32, "network order"),
-        Field("dscp", 8), Field("ttl", 8), Field("profile", 8, "0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted"),
+        Field("dscp", 8), Field("ttl", 8),
+        Field("profile", 8, "0 dta-v1 (3-byte base), 1 dta-v1-short; extended reports are always accepted"),
         Field("ack_req_interval", 8, "set AckReq on every n-th frame of an RC QP, 0 = never"),
         Field("grace_ns", 64), Field("flush_idle_ns", 64, "idle time before a partial batch is flushed"),
     ), 1, "global translator settings"),
@@ -459,7 +484,8 @@ TRANSLATOR_TABLES = (
         Field("first_pending_ns", 64), Raw("data", MAX_WRITE_PAYLOAD, "the batch being filled"),
     ), 65536, "per-list Append batch and ring head"),
     Table("postcard_cache", (Field("slot", 32, "structure state_index + cache index"),), (
-        SpinLock("lock"), Field("first_ns", 64), Raw("values", 4 * MAX_POSTCARD_HOPS, "encoded hop values, big-endian as written"),
+        SpinLock("lock"), Field("first_ns", 64),
+        Raw("values", 4 * MAX_POSTCARD_HOPS, "encoded hop values, big-endian as written"),
         Raw("key", MAX_KEY_LEN), Field("key_len", 8), Field("path_length", 8), Field("hop_mask", 8),
         Field("valid", 8),
     ), 131072, "Postcarding translator cache (all structures share it, each from its state_index)"),
@@ -509,6 +535,36 @@ RESPONDER_TABLES = (
 )
 
 TABLES = TRANSLATOR_TABLES + RESPONDER_TABLES  # every BPF map layout the control planes share with the kernel
+
+# --------------------------------------------------------------------------------------------------
+# Records a BPF program and userspace exchange outside the tables: ring-buffer entries, XDP metadata, and a map
+# value only userspace writes. Each becomes a C struct in host order and a Python layout (softdta.kernel.maps).
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    fields: tuple[Field | Raw, ...]
+    doc: str
+
+
+DEFERRED_FRAME_MAX = 256  # the longest essential report frame the XDP translator parks for userspace
+
+RECORDS = (
+    Record("deferred_report", (
+        Field("qp_index", 32), Field("len", 32), Field("ingress_ifindex", 32), Field("pad", 32),
+        Raw("frame", DEFERRED_FRAME_MAX),
+    ), "an essential report parked while its QP cannot send (ring buffer `deferred`); userspace re-injects it"),
+    Record("completion", (
+        Field("qpn", 32), Field("immediate", 32), Field("byte_len", 32), Field("pad", 32),
+    ), "a WRITE with Immediate the XDP responder executed (ring buffer `completions`)"),
+    Record("fanout_meta", (Field("magic", 32), Field("cpu", 32), Field("sequence", 32)),
+           "XDP metadata of the first frame of a redundant report: where the tc stage finds the others"),
+    Record("python_engine_value", (
+        Field("run_time_ns", 64), Field("runs", 64), Field("io", 32, "1 AF_XDP copy, 2 zero-copy, 3 AF_PACKET"),
+        Field("pad", 32),
+    ), "the python engine's CPU time and frames, and its packet I/O (map `python_engine`, written by userspace)"),
+)
 
 # --------------------------------------------------------------------------------------------------
 # Control-plane entries only the P4 data planes take (p4/, docs/p4.md).

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from softdta.core.workload import ReporterAddress
 from softdta.wire.dta import Profile, Report
 from softdta.wire.frames import ip_bytes
-from softdta.core.workload import ReporterAddress
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TABLES = ROOT / "examples" / "tables.toml"

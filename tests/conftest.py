@@ -4,8 +4,8 @@ import pytest
 @pytest.fixture(scope="session")
 def guest():
     """One QEMU soft-RoCE guest for the whole session (tests marked interop; softdta/lab/rxe.py)."""
-    from softdta.lab import rxe as rxe_lab
     from softdta.kernel.netns import NETNS_DIR
+    from softdta.lab import rxe as rxe_lab
     rxe_lab.cleanup()
     with rxe_lab.Guest().boot() as booted:
         yield booted

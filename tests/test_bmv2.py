@@ -18,22 +18,31 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from common import EXAMPLE_TABLES, bmv2_tool, p4_tool
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from softdta.wire import dta
 from softdta.core import workload
-from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model
-from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
-from softdta.targets.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
-from softdta.wire.frames import UdpEndpoints, build_udp_frame
-from softdta.wire.roce import ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
 from softdta.core.primitives import FlushRequest
-from softdta.spec import DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, FlushTarget, Primitive, RoceOpcode
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
-
-from common import EXAMPLE_TABLES, bmv2_tool, p4_tool
+from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
+from softdta.spec import (
+    ACK_SYNDROME,
+    DTA_PORT,
+    ROCE_PORT,
+    AethKind,
+    Counter,
+    DtaOpcode,
+    FlushTarget,
+    Primitive,
+    RoceOpcode,
+)
+from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model
+from softdta.targets.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
+from softdta.wire import dta
+from softdta.wire.frames import UdpEndpoints, build_udp_frame
+from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
 
 pytestmark = [pytest.mark.privileged, pytest.mark.interop]
 
@@ -47,7 +56,8 @@ ETH_IP_UDP = 14 + 20 + 8
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory) -> Path:
-    """The v1model program compiled for bmv2, with P4C and BMV2 pointing at the tools (softdta.targets.bmv2 reads them)."""
+    """The v1model program compiled for bmv2, with P4C and BMV2 pointing at the tools (softdta.targets.bmv2 reads
+    them)."""
     saved = {name: os.environ.get(name) for name in ("P4C", "BMV2")}
     os.environ["P4C"] = str(Path(p4_tool("p4c-bm2-ss")).parent)
     os.environ["BMV2"] = str(Path(bmv2_tool("simple_switch_grpc")).parent)

@@ -12,8 +12,19 @@ from pathlib import Path
 import pytest
 
 from softdta.kernel import netns
-from softdta.kernel.bpf import (BPF_MAP_TYPE_ARRAY, BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp,
-                         detach_tc, detach_xdp, ensure_bpffs, xdp_md)
+from softdta.kernel.bpf import (
+    BPF_MAP_TYPE_ARRAY,
+    BpfError,
+    BpfObject,
+    Map,
+    RingBuffer,
+    attach_tc_ingress,
+    attach_xdp,
+    detach_tc,
+    detach_xdp,
+    ensure_bpffs,
+    xdp_md,
+)
 
 pytestmark = pytest.mark.privileged
 

@@ -5,17 +5,31 @@ tests/test_rdma_cm_interop.py."""
 import os
 
 import pytest
+from test_roce_wire import needs_tshark, num, run_tshark
 
-from softdta.core.cm import (BODIES, CM_REP, CM_REQ, GSI_QKEY, GSI_QP, MAD_HEADER, MAD_SIZE, QPN_STRIDE,
-                        RDMA_PS_TCP_SERVICE, CmAttribute, CmConnection, CmEndpoint, CmState, Metadata, decode_mad,
-                        encode_mad)
+from softdta.core.cm import (
+    BODIES,
+    CM_REP,
+    CM_REQ,
+    GSI_QKEY,
+    GSI_QP,
+    MAD_HEADER,
+    MAD_SIZE,
+    QPN_STRIDE,
+    RDMA_PS_TCP_SERVICE,
+    CmAttribute,
+    CmConnection,
+    CmEndpoint,
+    CmState,
+    Metadata,
+    decode_mad,
+    encode_mad,
+)
 from softdta.links.cm import CmError, CmTarget
+from softdta.spec import ROCE_PORT, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
-from softdta.spec import ROCE_PORT, RoceOpcode
-
-from test_roce_wire import needs_tshark, num, run_tshark
 
 TRANSLATOR_MAC, TRANSLATOR_IP = mac_bytes("02:00:00:00:00:01"), ip_bytes("10.77.2.1")
 COLLECTOR_MAC, COLLECTOR_IP = mac_bytes("52:54:00:12:34:56"), ip_bytes("10.77.2.2")
@@ -248,8 +262,8 @@ def test_bad_targets_name_the_problem_and_show_an_example(text, problem):
 @pytest.mark.privileged
 def test_a_failing_connection_thread_is_said_at_start_not_hidden_behind_a_timeout(monkeypatch):
     """Whatever stops the rdma_cm thread (here a bug, raised on purpose) is what `start` reports."""
-    from softdta.links.cm import CmLinks
     from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, neighbour, veth_pair
+    from softdta.links.cm import CmLinks
 
     prefix = f"sdta-cm{os.getpid() % 10000}-"
     cleanup_prefix(prefix)

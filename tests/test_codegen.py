@@ -5,15 +5,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from softdta import spec
-from softdta.wire.codec import codec
-from softdta.codegen.generate import GENERATED, headers, stale, wire_members
-
 from common import p4_tool
 
+from softdta import spec
+from softdta.codegen.generate import GENERATED, headers, stale, wire_members
+from softdta.wire.codec import codec
+
 ROOT = Path(__file__).resolve().parents[1]
-C_HEADER = ROOT / "bpf" / "softdta_spec.h"
+C_HEADER = ROOT / "bpf" / "include" / "softdta_spec.h"
 P4_FILE = ROOT / "p4" / "softdta_spec.p4"
 
 # Included after the generated header to prove it does not collide with the UAPI headers a BPF program uses.

@@ -14,13 +14,38 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from softdta.spec import (
+    APPEND_V1,
+    DTA_BASE_EXT,
+    DTA_BASE_V1_SEQ,
+    DTA_BASE_V1_SHORT,
+    KEY_HASH_POLYNOMIALS,
+    KEY_INCREMENT_V1,
+    KEY_WRITE_V1,
+    NACK_EXT,
+    NACK_V1,
+    POSTCARD_HOP_POLYNOMIALS,
+    POSTCARD_V1,
+    DtaOpcode,
+    KeyHash,
+    NackKind,
+)
 from softdta.wire import hashing
 from softdta.wire.codec import WireError
-from softdta.wire.dta import (Nack, Profile, Report, append, decode, decode_nack, encode, encode_nack, key_increment,
-                         key_write, postcard, sketch_column)
-from softdta.spec import (APPEND_V1, DTA_BASE_EXT, DTA_BASE_V1_SEQ, DTA_BASE_V1_SHORT, KEY_HASH_POLYNOMIALS,
-                          KEY_INCREMENT_V1, KEY_WRITE_V1, NACK_EXT, NACK_V1, POSTCARD_HOP_POLYNOMIALS, POSTCARD_V1,
-                          DtaOpcode, KeyHash, NackKind)
+from softdta.wire.dta import (
+    Nack,
+    Profile,
+    Report,
+    append,
+    decode,
+    decode_nack,
+    encode,
+    encode_nack,
+    key_increment,
+    key_write,
+    postcard,
+    sketch_column,
+)
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEY1 = bytes.fromhex("00000001")
@@ -91,7 +116,8 @@ def test_extended_byte_layout():
            bytes.fromhex("81 01 40 00 01 04 01 00000001 AA")
     assert encode(sketch_column(0x0102, 0x0304, [1, 0xFFFFFFFF], seqnum=3)) == \
            bytes.fromhex("81 05 00 03 0102 0304 02 00000001 FFFFFFFF")
-    assert encode(append(7, b"xyz", extended=True, retransmit=True)) == bytes.fromhex("81 02 20 00 00000007 03") + b"xyz"
+    assert encode(append(7, b"xyz", extended=True, retransmit=True)) == \
+           bytes.fromhex("81 02 20 00 00000007 03") + b"xyz"
     assert encode(key_increment(b"abc", 5, redundancy=4, extended=True)) == \
            bytes.fromhex("81 03 00 00 04 03 0000000000000005") + b"abc"
     assert encode(postcard(b"k" * 13, 2, 0x01020304, path_length=3, extended=True)) == \
@@ -167,7 +193,8 @@ def test_vectorized_hashes_match_scalar(key_len):
         key = rows[i].tobytes()
         assert int(checksums[i]) == hashing.key_checksum(key) == zlib.crc32(key[::-1])
         for copy in range(copies):
-            assert int(slot_hashes[copy, i]) == hashing.key_slot_hash(key, copy) == zlib.crc32(key[::-1] + bytes([copy]))
+            assert int(slot_hashes[copy, i]) == hashing.key_slot_hash(key, copy) == \
+                   zlib.crc32(key[::-1] + bytes([copy]))
         assert int(plain[i]) == zlib.crc32(key)
     if key_len == 4:
         assert [int(slot_hashes[c, 2]) for c in range(4)] == [0xFB42DEAD, 0x8C45EE3B, 0x154CBF81, 0x624B8F17]

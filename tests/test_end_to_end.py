@@ -1,15 +1,14 @@
 """Reporter -> reference translator -> reference responder -> queries, for every primitive."""
 
 import numpy as np
+from common import COLLECTOR_IP, frames_of
 
 from softdta.core import workload
-from softdta.wire.hashing import keys_to_rows
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
-from softdta.spec import Counter, Primitive, Transport
 from softdta.core.translator import Translator
-
-from common import COLLECTOR_IP, frames_of
+from softdta.spec import Counter, Primitive, Transport
+from softdta.wire.hashing import keys_to_rows
 
 
 def run(tables, frames, now_ns=0):
@@ -54,7 +53,8 @@ def test_key_increment_counts_match_the_truth(tables, reporter):
         truth[report.key] = truth.get(report.key, 0) + report.counter
     keys = list(truth)
     ki = tables.structure(COLLECTOR_IP, Primitive.KEY_INCREMENT)
-    estimate = keyincrement_query(collector.structure_region(Primitive.KEY_INCREMENT, COLLECTOR_IP), keys, 2, ki.key_hash)
+    region = collector.structure_region(Primitive.KEY_INCREMENT, COLLECTOR_IP)
+    estimate = keyincrement_query(region, keys, 2, ki.key_hash)
     assert list(estimate) == [truth[k] for k in keys]  # 50 flows in 65536 counters: no collisions
     assert collector.counters()["executed"] == 6000
 

@@ -5,11 +5,19 @@ import zlib
 
 import pytest
 
-from softdta.wire.frames import UdpEndpoints, build_udp_frame
-from softdta.wire.icrc_split import (TAIL_CHUNK_BYTES, VARIABLE_FROM, chained_tail_crc, combine, combine_padded,
-                                constant, continue_crc, linear_crc)
-from softdta.wire.roce import icrc, transport_payload
 from softdta.spec import BTH, ICRC_LEN, IMMDT, MAX_WRITE_PAYLOAD, RETH, ROCE_PORT, RoceOpcode
+from softdta.wire.frames import UdpEndpoints, build_udp_frame
+from softdta.wire.icrc_split import (
+    TAIL_CHUNK_BYTES,
+    VARIABLE_FROM,
+    chained_tail_crc,
+    combine,
+    combine_padded,
+    constant,
+    continue_crc,
+    linear_crc,
+)
+from softdta.wire.roce import icrc, transport_payload
 
 ETHERNET = 14
 

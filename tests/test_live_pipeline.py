@@ -16,15 +16,14 @@ import time
 import urllib.request
 
 import pytest
-
-from softdta.wire import dta
-from softdta.kernel.bpf import ensure_bpffs
-from softdta.collector.xdp_backend import pin_dir_for
-from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.core.workload import ReporterAddress
-
 from common import ROOT
+
+from softdta.collector.xdp_backend import pin_dir_for
+from softdta.core.workload import ReporterAddress
+from softdta.kernel.bpf import ensure_bpffs
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.wire import dta
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 pytestmark = pytest.mark.privileged
 
@@ -47,7 +46,8 @@ def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 20.0) -
 
 def http(namespace: str, path: str, body: dict | None = None) -> dict:
     with in_netns(namespace):
-        request = urllib.request.Request(f"http://10.77.1.1:8040{path}", data=json.dumps(body).encode() if body else None,
+        request = urllib.request.Request(f"http://10.77.1.1:8040{path}",
+                                         data=json.dumps(body).encode() if body else None,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
@@ -148,9 +148,9 @@ def test_forged_replies_lose_no_write_uncounted_and_a_failed_qp_comes_back(topol
     QPNs: on UC, and on RC outside and inside the outstanding window. Only the in-window ones may act; the fatal
     one fails the QP, which the translator reports over the control protocol; the collector re-creates its end
     and writes resume. Every write that did not land is counted by one side or the other."""
+    from softdta.spec import ROCE_PORT, RoceOpcode
     from softdta.wire.frames import UdpEndpoints
     from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, build_roce_frame, transport_payload
-    from softdta.spec import ROCE_PORT, RoceOpcode
 
     reporter_ns, translator_ns, collector_ns = topology
     config = (ROOT / "examples" / "collector.toml").read_text()
@@ -190,7 +190,8 @@ def test_forged_replies_lose_no_write_uncounted_and_a_failed_qp_comes_back(topol
             forger.send(build_roce_frame(ends, transport_payload(RoceOpcode.RC_ACK, qp["local_qpn"], psn & 0xFFFFFF,
                                                                  {"aeth": {"syndrome": syndrome, "msn": 1}})))
 
-        structures = {int(qpn, 16): entry["structure"] for qpn, entry in http(collector_ns.name, "/health")["qps"].items()}
+        health = http(collector_ns.name, "/health")
+        structures = {int(qpn, 16): entry["structure"] for qpn, entry in health["qps"].items()}
 
         def qp_of(structure: str) -> dict:
             return next(qp for qp in translator_stats(pin)["qps"] if structures.get(qp["remote_qpn"]) == structure)

@@ -9,19 +9,30 @@ from concurrent import futures
 import pytest
 
 from softdta.targets import p4info  # noqa: F401  (selects the protobuf runtime before grpc and the p4 protos load)
-from softdta.core.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
-from softdta.kernel.maps import table
-from softdta.targets.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, decode_multicast_group,
-                               decode_table_entry, encode_value, load_p4info, planned_updates, table_entry)
-from softdta.spec import MAX_WRITE_PAYLOAD, Primitive, QpState, RoceOpcode
-from softdta.core.tables import Tables
-from softdta.engines.xdp import map_entry, map_logical
 
+# isort: split
 import grpc
+from common import EXAMPLE_TABLES
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from common import EXAMPLE_TABLES
+from softdta.core.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
+from softdta.core.tables import Tables
+from softdta.engines.xdp import map_entry, map_logical
+from softdta.kernel.maps import table
+from softdta.spec import MAX_WRITE_PAYLOAD, Primitive, QpState, RoceOpcode
+from softdta.targets.p4runtime import (
+    P4Names,
+    P4RuntimeClient,
+    P4RuntimeError,
+    P4Translator,
+    decode_multicast_group,
+    decode_table_entry,
+    encode_value,
+    load_p4info,
+    planned_updates,
+    table_entry,
+)
 
 NAMES = P4Names(load_p4info())
 
@@ -210,9 +221,13 @@ def test_the_tna_build_refuses_tables_beyond_its_limits_naming_each():
     cache entries or sketches than it holds are refused, each problem naming its limit; v1model takes them."""
     import tomllib
 
+    from softdta.spec import (
+        TNA_APPEND_STATE_ENTRIES,
+        TNA_MAX_APPEND_BATCH,
+        TNA_MAX_SKETCH_ROWS,
+        TNA_POSTCARD_CACHE_ENTRIES,
+    )
     from softdta.targets.p4runtime import unsupported
-    from softdta.spec import (TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH, TNA_MAX_SKETCH_ROWS,
-                              TNA_POSTCARD_CACHE_ENTRIES)
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     assert unsupported(tables, plan(tables, Slots(), flush_idle_ns=0, egress=egress), "tna") == []
@@ -308,9 +323,9 @@ def test_icrc_constants_complete_every_frame_the_reference_translator_sends(repo
     """Each RoCE frame the oracle emits, for every primitive and with immediates, finds its per-QP constant,
     and the constant XOR the tail CRC is the frame's real iCRC."""
     from softdta.core import workload
+    from softdta.core.translator import Translator
     from softdta.wire.icrc_split import combine
     from softdta.wire.roce import parse_roce
-    from softdta.core.translator import Translator
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
@@ -337,6 +352,7 @@ def test_icrc_constants_complete_every_frame_the_reference_translator_sends(repo
 
 def test_entries_command_prints_the_first_push(capsys):
     from google.protobuf import text_format
+
     from softdta.cli.app import main
 
     assert main(["p4", "entries", "--tables", str(EXAMPLE_TABLES), "--port", "key-write@c1=4"]) == 0
@@ -358,8 +374,8 @@ def test_push_command_reports_an_unreachable_switch(capsys):
 
 
 def test_tables_a_p4_program_cannot_take_are_refused(switch):
-    from softdta.targets.p4runtime import unsupported
     from softdta.core.tables import TableError
+    from softdta.targets.p4runtime import unsupported
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)

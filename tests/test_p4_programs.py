@@ -14,14 +14,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from softdta.wire import icrc_split
-from softdta import spec
-from softdta.targets.p4names import p4_control_tables, p4_registers
-from softdta.core.control_plane import CONFIG_TABLES
-from softdta.targets.p4runtime import load_p4info
-
 from common import p4_tool
+
+from softdta import spec
+from softdta.core.control_plane import CONFIG_TABLES
+from softdta.targets.p4names import p4_control_tables, p4_registers
+from softdta.targets.p4runtime import load_p4info
+from softdta.wire import icrc_split
 
 ROOT = Path(__file__).resolve().parents[1]
 P4 = ROOT / "p4"
@@ -152,7 +151,8 @@ def test_program_matches_the_generated_definitions(architecture):
     (lambda p: p.replace("qp_state_next_psn.read(", "qp_next_psn.read(", 1), "register qp_next_psn"),
     (lambda p: p.replace("CNT_DROP_GRACE", "CNT_DROP_GRACE_PERIOD", 1), "constant CNT_DROP_GRACE_PERIOD"),
     (lambda p: p.replace("apply {", "apply {{", 1), "unbalanced {}"),
-    (lambda p: p.replace("V1Switch(", "struct broken_t {\n    missing_t m;\n}\nV1Switch(", 1), "missing_t, which is not"),
+    (lambda p: p.replace("V1Switch(", "struct broken_t {\n    missing_t m;\n}\nV1Switch(", 1),
+     "missing_t, which is not"),
 ])
 def test_structural_check_finds_mistakes(mutation, expected):
     program = PROGRAMS["v1model"].read_text()
@@ -169,7 +169,8 @@ def test_structural_check_finds_mistakes(mutation, expected):
     (lambda p: p.replace("append_slot_##i.execute(", "append_slots_##i.execute(", 1), "register action append_slots_7"),
     (lambda p: p.replace("(append_word_##i) append_slot_##i", "(append_words_##i) append_slot_##i", 1),
      "register append_words_3"),
-    (lambda p: p.replace("postcard_value_##i.execute(", "postcard_val_##i.execute(", 1), "register action postcard_val_5"),
+    (lambda p: p.replace("postcard_value_##i.execute(", "postcard_val_##i.execute(", 1),
+     "register action postcard_val_5"),
     (lambda p: p.replace("claim_entry.execute(", "claim.execute(", 1), "register action claim"),
     (lambda p: p.replace("sketch_take_##i.execute(", "sketch_take_9##i.execute(", 1), "register action sketch_take_90"),
     (lambda p: p.replace("SOFTDTA_EACH_POSTCARD_WORD(HOP_HASH_UNIT)", "SOFTDTA_EACH_HOP(HOP_HASH_UNIT)", 1),
@@ -331,8 +332,9 @@ def unjustified_warnings(stderr: str, justified=JUSTIFIED_WARNINGS) -> list[str]
 @pytest.mark.interop
 def test_v1model_program_compiles_and_its_p4info_agrees(tmp_path):
     p4info = tmp_path / "softdta.p4info.txtpb"
-    result = subprocess.run([p4_tool("p4c-bm2-ss"), "--std", "p4-16", "-I", str(P4), "-o", str(tmp_path / "softdta.json"),
-                             "--p4runtime-files", str(p4info), str(PROGRAMS["v1model"])],
+    result = subprocess.run([p4_tool("p4c-bm2-ss"), "--std", "p4-16", "-I", str(P4),
+                             "-o", str(tmp_path / "softdta.json"), "--p4runtime-files", str(p4info),
+                             str(PROGRAMS["v1model"])],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert not unjustified_warnings(result.stderr)
@@ -353,7 +355,7 @@ def test_programs_pass_p4test():
     includes = tofino_includes()
     if includes is None:
         pytest.skip("tna.p4 not found: set SOFTDTA_TOFINO_INCLUDE to the Tofino p4include directory")
-    result = subprocess.run([p4_tool("p4test"), "--std", "p4-16", "-I", str(includes), "-I", str(P4), "-D__TARGET_TOFINO__=1",
-                             str(PROGRAMS["tna"])], capture_output=True, text=True)
+    result = subprocess.run([p4_tool("p4test"), "--std", "p4-16", "-I", str(includes), "-I", str(P4),
+                             "-D__TARGET_TOFINO__=1", str(PROGRAMS["tna"])], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert not unjustified_warnings(result.stderr, JUSTIFIED_TNA_WARNINGS)

@@ -3,18 +3,17 @@
 
 import numpy as np
 import pytest
+from common import COLLECTOR_IP
 
 from softdta.core import primitives
+from softdta.core.offline import OfflineCollector
+from softdta.core.query import keywrite_query
+from softdta.core.translator import Translator
+from softdta.plugins.latency_sum import LatencySum
+from softdta.spec import DTA_PORT, Counter, DtaOpcode, Primitive, RoceOpcode
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.hashing import key_checksum, key_slot
-from softdta.core.offline import OfflineCollector
-from softdta.plugins.latency_sum import LatencySum
-from softdta.core.query import keywrite_query
 from softdta.wire.roce import parse_roce
-from softdta.spec import DTA_PORT, Counter, DtaOpcode, Primitive, RoceOpcode
-from softdta.core.translator import Translator
-
-from common import COLLECTOR_IP
 
 ENDS = UdpEndpoints(src_mac=mac_bytes("02:5d:7a:00:09:01"), dst_mac=mac_bytes("02:5d:7a:00:00:01"),
                     src_ip=ip_bytes("10.77.9.1"), dst_ip=COLLECTOR_IP, sport=40041, dport=DTA_PORT)

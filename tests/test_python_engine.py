@@ -15,23 +15,23 @@ import time
 
 import numpy as np
 import pytest
-
-from softdta.core import workload
-from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
-from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.core.offline import OfflineCollector
-from softdta.plugins.latency_sum import LatencySum
-from softdta.engines.python import PythonEngine, engine_stats
-from softdta.core.query import keywrite_query
-from softdta.spec import ROCE_PORT, Counter, Primitive, QpState
-from softdta.core.tables import Tables
-from softdta.core.translator import Translator
-from softdta.engines.xdp import XdpTranslator, build_object
-from softdta.kernel.xsk import XskSocket
-
 from common import COLLECTOR_IP, EXAMPLE_TABLES
 from test_primitives import hop_frames
+
+from softdta.core import workload
+from softdta.core.offline import OfflineCollector
+from softdta.core.query import keywrite_query
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.engines.python import PythonEngine, engine_stats
+from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+from softdta.kernel.xsk import XskSocket
+from softdta.plugins.latency_sum import LatencySum
+from softdta.spec import ROCE_PORT, Counter, Primitive, QpState
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 pytestmark = pytest.mark.privileged
 
@@ -47,7 +47,8 @@ def wire():
     far, translator = Namespace.create(PREFIX + "r"), Namespace.create(PREFIX + "t")
     veth_pair(far, "r0", translator, "t0", mac_b="02:5d:7a:00:00:01")
     address(translator, "t0", "10.77.0.1/16")
-    with BpfObject(build_object()) as passer, in_netns(far.name):  # XDP_TX'd frames enter r0 only if it runs XDP
+    # XDP_TX'd frames enter r0 only if it runs XDP
+    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(far.name):
         attach_xdp(socket.if_nametoindex("r0"), passer.programs["softdta_pass"].fd)
     with in_netns(far.name):
         capture = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
@@ -257,9 +258,9 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
 
 def test_only_acks_from_collectors_reach_the_engine(wire, tables):
     """CM MADs and a collector's SENDs go up the stack to the control plane, as the XDP engine passes them."""
+    from softdta.spec import RoceOpcode
     from softdta.wire.frames import UdpEndpoints
     from softdta.wire.roce import build_roce_frame, transport_payload
-    from softdta.spec import RoceOpcode
     far, translator_ns, capture = wire
     qp = tables.qps[0]
     ends = UdpEndpoints(src_mac=qp.collector_mac, dst_mac=tables.mac, src_ip=COLLECTOR_IP, dst_ip=tables.ip,

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from softdta.core.analysis import keywrite_empty_return_bound
-from softdta.wire.hashing import key_hashes_rows, keys_to_rows
 from softdta.core.query import keywrite_query
 from softdta.core.regions import KeyWriteRegion
 from softdta.spec import KeyHash
+from softdta.wire.hashing import key_hashes_rows, keys_to_rows
 
 SLOTS = 1 << 18
 QUERIED = 20000

@@ -17,23 +17,22 @@ import sys
 import time
 
 import pytest
+from test_live_pipeline import wait_for_line
+from test_rxe_interop import Link
 
-from softdta.lab import rxe as rxe_lab
-from softdta.core import workload
-from softdta.kernel.bpf import ensure_bpffs
-from softdta.core.cm import CmConnection, CmEndpoint, Metadata
-from softdta.links.cm import CmLinks, CmTarget
 from softdta.collector.collector import tables_document
-from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.kernel.netns import in_netns
+from softdta.core import workload
+from softdta.core.cm import CmConnection, CmEndpoint, Metadata
 from softdta.core.offline import OfflineCollector
-from softdta.spec import Counter, Primitive, QpState
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator
-
-from test_live_pipeline import wait_for_line
-from test_rxe_interop import Link
+from softdta.kernel.bpf import ensure_bpffs
+from softdta.kernel.netns import in_netns
+from softdta.lab import rxe as rxe_lab
+from softdta.links.cm import CmLinks, CmTarget
+from softdta.spec import Counter, Primitive, QpState
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
 

@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 
-from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
-from softdta.wire.roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME,
-                          NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload)
 from softdta.core.responder import Access, MemoryRegion, Responder, ResponderQp
-from softdta.spec import ResponderCounter, RoceOpcode, Transport
+from softdta.spec import ACK_SYNDROME, ResponderCounter, RoceOpcode, Transport
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
+from softdta.wire.roce import (
+    NAK_INVALID_REQUEST_SYNDROME,
+    NAK_REMOTE_ACCESS_SYNDROME,
+    NAK_SEQUENCE_SYNDROME,
+    build_roce_frame,
+    parse_roce,
+    transport_payload,
+)
 
 TRANSLATOR = (mac_bytes("02:00:00:00:00:01"), ip_bytes("10.9.0.1"))
 COLLECTOR = (mac_bytes("02:00:00:00:00:02"), ip_bytes("10.9.0.2"))

@@ -31,10 +31,10 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 from scapy.utils import wrpcap
 
+from softdta.spec import ROCE_OPCODE_HEADERS, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, mac_str
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
-from softdta.spec import ROCE_OPCODE_HEADERS, RoceOpcode
 
 # --------------------------------------------------------------------------------------------------
 # Independent definitions (rocev2.md "Extended headers"), as scapy layers.
@@ -559,8 +559,8 @@ def run_tshark(frames: list[bytes], tmp_path, *options: str) -> list[dict]:
     wrpcap(str(path), packets, linktype=1)
     # Payload heuristics (RPC-over-RDMA, NVMe-oF, ...) would claim the opaque SEND/WRITE payloads.
     heuristics = [arg for proto in PAYLOAD_HEURISTICS for arg in ("--disable-protocol", proto)]
-    out = subprocess.run([TSHARK, "-n", "-r", str(path), *heuristics, *options, "-T", "json"], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run([TSHARK, "-n", "-r", str(path), *heuristics, *options, "-T", "json"], capture_output=True,
+                         text=True, timeout=60, check=True)
     return [p["_source"]["layers"] for p in json.loads(out.stdout)]
 
 

@@ -17,19 +17,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from softdta.wire import dta
-from softdta.lab import rxe as rxe_lab
 from softdta.core import workload
-from softdta.links.control import CollectorLinks
-from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.kernel.netns import in_netns
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import AppendPoller, keyincrement_query, keywrite_query, postcard_query
 from softdta.core.regions import AppendRegion
-from softdta.spec import Counter, DtaOpcode, Primitive, Transport
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.netns import in_netns
+from softdta.lab import rxe as rxe_lab
+from softdta.links.control import CollectorLinks
+from softdta.spec import Counter, DtaOpcode, Primitive, Transport
+from softdta.wire import dta
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
 

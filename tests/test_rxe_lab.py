@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from softdta.lab import rxe as rxe_lab
 from softdta.collector.verbs import ipv4_mapped_gid
-from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.kernel.netns import NETNS_DIR, Namespace
-from softdta.wire.roce import build_roce_frame, transport_payload
+from softdta.lab import rxe as rxe_lab
 from softdta.spec import ROCE_PORT, RoceOpcode
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
+from softdta.wire.roce import build_roce_frame, transport_payload
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
 

@@ -14,19 +14,18 @@ import aiohttp
 import numpy as np
 import pytest
 import uvloop
+from common import COLLECTOR_IP, EXAMPLE_TABLES
 from prometheus_client.parser import text_string_to_metric_families
 
+from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
-from softdta.wire.frames import ip_bytes, mac_bytes
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
-from softdta.collector.service import OfflineSource, serve
-from softdta.spec import Primitive
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
-
-from common import COLLECTOR_IP, EXAMPLE_TABLES
+from softdta.spec import Primitive
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 KEY_WRITE = "key-write@10.77.1.1"
 KEY_INCREMENT = "key-increment@10.77.1.1"

@@ -3,20 +3,34 @@
 import dataclasses
 
 import pytest
+from common import COLLECTOR_IP, EXAMPLE_TABLES
 
+from softdta.core.primitives import FlushRequest
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.spec import (
+    ACK_SYNDROME,
+    DTA_NACK_PORT,
+    DTA_PORT,
+    Counter,
+    FlushTarget,
+    NackKind,
+    Primitive,
+    QpState,
+    RoceOpcode,
+    Transport,
+)
 from softdta.wire import dta
 from softdta.wire.dta import Profile, decode_nack
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, parse_udp_frame
 from softdta.wire.hashing import key_checksum, key_slot, postcard_hop_hash, postcard_slot_hash
-from softdta.wire.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, build_roce_frame,
-                          parse_roce, transport_payload)
-from softdta.core.primitives import FlushRequest
-from softdta.spec import (DTA_NACK_PORT, DTA_PORT, Counter, FlushTarget, NackKind, Primitive, QpState, RoceOpcode,
-                          Transport)
-from softdta.core.tables import Tables
-from softdta.core.translator import Translator
-
-from common import COLLECTOR_IP, EXAMPLE_TABLES
+from softdta.wire.roce import (
+    NAK_REMOTE_ACCESS_SYNDROME,
+    NAK_SEQUENCE_SYNDROME,
+    build_roce_frame,
+    parse_roce,
+    transport_payload,
+)
 
 
 def structure(tables, primitive):

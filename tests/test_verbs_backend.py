@@ -7,13 +7,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from common import ROOT
 
 from softdta.collector.backend import BackendError, Peer
-from softdta.collector.verbs import (DEBIAN_DIST_PACKAGES, HOP_LIMIT, NO_DEVICE, RegionFiles, VerbsBackend,
-                                     import_pyverbs, ipv4_mapped_gid, qp_attr, read_hw_counters, roce_v2_ipv4_gid)
+from softdta.collector.verbs import (
+    DEBIAN_DIST_PACKAGES,
+    HOP_LIMIT,
+    NO_DEVICE,
+    RegionFiles,
+    VerbsBackend,
+    import_pyverbs,
+    ipv4_mapped_gid,
+    qp_attr,
+    read_hw_counters,
+    roce_v2_ipv4_gid,
+)
 from softdta.spec import Access, Transport
-
-from common import ROOT
 
 HAS_RDMA_DEVICE = Path("/sys/class/infiniband").is_dir() and any(Path("/sys/class/infiniband").iterdir())
 PAGE = mmap.PAGESIZE

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from common import ROOT
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
@@ -36,7 +35,8 @@ def test_the_wheel_runs_the_xdp_translator_without_clang(tmp_path):
     shutil.copy(ROOT / "conftest.py", project / "conftest.py")
     shutil.copytree(ROOT / "examples", project / "examples")
     environment = {"PATH": str(venv / "bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    where = run([python, "-c", "import shutil, softdta.engines.xdp as x; print(x.__file__, x.INSTALLED, shutil.which('clang'))"],
+    where = run([python, "-c", "import shutil, softdta.kernel.programs as x; "
+                                "print(x.__file__, x.INSTALLED, shutil.which('clang'))"],
                 env=environment, cwd=project).stdout.split()
     assert Path(where[0]).is_relative_to(venv) and where[1:] == ["True", "None"], where
     result = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_xdp_translator.py", "-k",

@@ -9,18 +9,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from common import COLLECTOR_IP, EXAMPLE_TABLES
 
+from softdta.collector.xdp_responder import XdpResponder
 from softdta.core import workload
-from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.core.responder import MemoryRegion, Responder, ResponderQp
-from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
-from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, ResponderCounter, RoceOpcode, Transport
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
-from softdta.collector.xdp_responder import XdpResponder
-
-from common import COLLECTOR_IP, EXAMPLE_TABLES
+from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, ResponderCounter, RoceOpcode, Transport
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
 
 pytestmark = pytest.mark.privileged
 
@@ -163,7 +162,8 @@ def test_access_violations_and_strangers_are_refused_like_the_reference():
             request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn + 5),  # gap: one NAK
             request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn + 6),  # gap again: silently dropped
             request(tables, ki, RoceOpcode.RC_FETCH_ADD, ki.start_psn + 1, rkey=7),  # wrong key: fatal
-            request(tables, tables.qps[2], RoceOpcode.RC_FETCH_ADD, tables.qps[2].start_psn, va=tables.qps[2].base_va + 4),
+            request(tables, tables.qps[2], RoceOpcode.RC_FETCH_ADD, tables.qps[2].start_psn,
+                    va=tables.qps[2].base_va + 4),
             request(tables, tables.qps[3], RoceOpcode.RC_WRITE_ONLY, tables.qps[3].start_psn, payload=b"ab",
                     src_ip=ip_bytes("10.77.0.99")),
             request(tables, tables.qps[3], RoceOpcode.UC_WRITE_ONLY, tables.qps[3].start_psn, payload=b"ab"),

@@ -9,20 +9,24 @@ import shutil
 import time
 
 import pytest
+from common import EXAMPLE_TABLES
 
-from softdta.wire import dta
-from softdta.wire.dta import Profile
-from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
-from softdta.wire.roce import (ACK_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME, aeth_syndrome,
-                          build_roce_frame, parse_roce, transport_payload)
-from softdta.spec import (DTA_PORT, ROCE_PORT, AethKind, Counter, Primitive, QpState,
-                          RoceOpcode)
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
-
-from common import EXAMPLE_TABLES
+from softdta.spec import ACK_SYNDROME, DTA_PORT, ROCE_PORT, AethKind, Counter, Primitive, QpState, RoceOpcode
+from softdta.wire import dta
+from softdta.wire.dta import Profile
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.wire.roce import (
+    NAK_REMOTE_ACCESS_SYNDROME,
+    NAK_SEQUENCE_SYNDROME,
+    aeth_syndrome,
+    build_roce_frame,
+    parse_roce,
+    transport_payload,
+)
 
 pytestmark = pytest.mark.privileged
 
@@ -174,7 +178,8 @@ def run_differential(seed: int, profile: str, reports: int) -> tuple[Translator,
     for index in range(reports):
         frame = reporters.frame()
         expected = reference.process(frame, time.monotonic_ns())
-        assert_same(expected, kernel.process(frame), f"seed {seed} report {index}: {parse_udp_frame(frame).payload.hex()}")
+        assert_same(expected, kernel.process(frame),
+                    f"seed {seed} report {index}: {parse_udp_frame(frame).payload.hex()}")
     return reference, kernel
 
 

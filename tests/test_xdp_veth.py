@@ -11,21 +11,21 @@ import time
 from collections import defaultdict
 
 import pytest
+from common import COLLECTOR_IP, EXAMPLE_TABLES
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from softdta.wire import dta
-from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
-from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
-from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
-from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
-from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, Primitive, QpState, RoceOpcode
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
-from softdta.engines.xdp import EngineError, XdpTranslator, build_object
-
-from common import COLLECTOR_IP, EXAMPLE_TABLES
+from softdta.engines.xdp import EngineError, XdpTranslator
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
+from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, Primitive, QpState, RoceOpcode
+from softdta.wire import dta
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
+from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
 
 pytestmark = pytest.mark.privileged
 
@@ -58,9 +58,10 @@ class Lab:
         with in_netns(self.translator.name):
             kernel = XdpTranslator(self.tables, pin_dir=pin_dir, **options)
             kernel.attach(["t0", "t1"])
-        for namespace, ifname in ((self.reporter, "r0"), (self.collector, "c0")):
-            with in_netns(namespace.name):
-                attach_xdp(socket.if_nametoindex(ifname), kernel.object.programs["softdta_pass"].fd)
+        with BpfObject(build_object(VETH_PEER_SOURCE)) as peer:
+            for namespace, ifname in ((self.reporter, "r0"), (self.collector, "c0")):
+                with in_netns(namespace.name):
+                    attach_xdp(socket.if_nametoindex(ifname), peer.programs["softdta_pass"].fd)
         return kernel
 
     def close(self) -> None:
@@ -245,7 +246,8 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
     import sys
 
     tables_file = tmp_path / "tables.toml"
-    text = EXAMPLE_TABLES.read_text().replace('mac = "02:5d:7a:00:01:01"', 'mac = "02:5d:7a:00:01:01"\ninterface = "t1"')
+    text = EXAMPLE_TABLES.read_text().replace('mac = "02:5d:7a:00:01:01"',
+                                              'mac = "02:5d:7a:00:01:01"\ninterface = "t1"')
     tables_file.write_text(text)
     pin = ensure_bpffs() / f"softdta-cli-{os.getpid()}"
     softdta = [sys.executable, "-m", "softdta.cli"]
@@ -254,7 +256,7 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "translator up on t0, t1" in process.stdout.readline()
-        with in_netns(lab.collector.name), BpfObject(build_object()) as peer:
+        with in_netns(lab.collector.name), BpfObject(build_object(VETH_PEER_SOURCE)) as peer:
             attach_xdp(socket.if_nametoindex("c0"), peer.programs["softdta_pass"].fd)
         capture = lab.socket(lab.collector, "c0")
         sender = lab.socket(lab.reporter, "r0")

@@ -9,19 +9,19 @@ import sys
 from pathlib import Path
 
 from softdta.core import workload
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
+from softdta.core.tables import TableError, Tables
+from softdta.core.translator import Translator
+from softdta.engines.engine import Engine
+from softdta.engines.xdp import DEFAULT_PIN_DIR
+from softdta.errors import SoftdtaError
+from softdta.links.source import TablesFile, TableSource
+from softdta.spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, QpState, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.dta import Profile, decode, decode_nack
-from softdta.errors import SoftdtaError
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 from softdta.wire.pcap import Packet, read_pcap, write_pcap
 from softdta.wire.roce import describe_aeth, parse_roce
-from softdta.spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, QpState, RoceOpcode
-from softdta.core.tables import TableError, Tables
-from softdta.core.translator import Translator
-from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
-from softdta.engines.engine import Engine
-from softdta.links.source import TableSource, TablesFile
-from softdta.engines.xdp import DEFAULT_PIN_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -405,8 +405,8 @@ def _report(args) -> int:
 def _send_reports(frames: list[bytes], args) -> int:
     import time
 
-    from softdta.kernel.tx_ring import RingReporter
     from softdta.engines.xdp import EngineError
+    from softdta.kernel.tx_ring import RingReporter
     batch = 256
     try:
         with RingReporter(args.interface, args.netns, batch) as ring:
@@ -425,8 +425,8 @@ def _send_reports(frames: list[bytes], args) -> int:
 
 
 def _bench(args) -> int:
-    from softdta.lab.benchmarks import run
     from softdta.engines.xdp import EngineError
+    from softdta.lab.benchmarks import run
     try:
         results = run(quick=args.quick, out=Path(args.out))
     except EngineError as error:
@@ -482,8 +482,8 @@ def _run_translator(args) -> int:
     import signal
     import threading
 
-    from softdta.kernel.bpf import BpfError, ensure_bpffs
     from softdta.engines.xdp import EngineError
+    from softdta.kernel.bpf import BpfError, ensure_bpffs
     if args.collector and args.collector_cm:
         raise CliError("give either --collector (softdta collectors) or --collector-cm (rdma_cm collectors)")
     source, tables = _table_source(args)
@@ -507,8 +507,8 @@ def _run_translator(args) -> int:
                 source.updates.put(new_tables)
             else:
                 engine.apply(new_tables)
-            print(f"softdta: tables reloaded from {args.tables if isinstance(source, TablesFile) else 'the collectors'}",
-                  flush=True)
+            origin = args.tables if isinstance(source, TablesFile) else "the collectors"
+            print(f"softdta: tables reloaded from {origin}", flush=True)
         except TableError as error:
             print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
 
@@ -592,7 +592,8 @@ def _collector_links(args) -> tuple[TableSource, Tables]:
             raise CliError(f"--collector {address!r}: give HOST:PORT, for example 10.77.1.1:40050")
         addresses.append((host, int(port)))
     if (args.collector_cert or args.collector_key) and not args.collector_ca:
-        raise CliError("--collector-cert and --collector-key need --collector-ca, the CA of the collectors' certificates")
+        raise CliError("--collector-cert and --collector-key need --collector-ca, "
+                       "the CA of the collectors' certificates")
     try:
         tls = client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
     except ControlError as error:
@@ -663,8 +664,8 @@ def _query(args) -> int:
                 sys.stdout.write(line.decode())
                 sys.stdout.flush()
     except urllib.error.HTTPError as error:
-        raise CliError(f"{args.url}{path}: {error.code} {json.loads(error.read() or b'{}').get('error', error.reason)}") \
-            from None
+        reason = json.loads(error.read() or b"{}").get("error", error.reason)
+        raise CliError(f"{args.url}{path}: {error.code} {reason}") from None
     except urllib.error.URLError as error:
         raise CliError(f"{args.url}: {error.reason}; is `softdta collector up` running, and is --url right?") from None
     except KeyboardInterrupt:
@@ -676,11 +677,21 @@ def _p4(args) -> int:
     import signal
     import tempfile
     import threading
-    from softdta.targets.p4runtime import (P4Names, P4RuntimeClient, P4RuntimeError, P4Translator,
-                            egress_ports, load_p4info, planned_updates, require_supported)
+
     from google.protobuf import text_format  # after .p4runtime, which picks protobuf's runtime
-    from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model, tool
+
     from softdta.core.control_plane import Slots, plan
+    from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model, tool
+    from softdta.targets.p4runtime import (
+        P4Names,
+        P4RuntimeClient,
+        P4RuntimeError,
+        P4Translator,
+        egress_ports,
+        load_p4info,
+        planned_updates,
+        require_supported,
+    )
 
     try:
         if args.action == "build":
@@ -779,7 +790,8 @@ def _demo(args) -> int:
         from softdta.lab.demo import run_offline_demo
         print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
         return 0
-    from softdta.lab import topology as lab, live_demo
+    from softdta.lab import live_demo
+    from softdta.lab import topology as lab
     try:
         defaults = live_demo.DEFAULTS[args.collector]
         rate = min(defaults["rate"], live_demo.PYTHON_ENGINE_RATE) if args.engine == "python" else defaults["rate"]
@@ -796,7 +808,8 @@ def _lab(args) -> int:
             state = lab.up(args.reporters, args.collector, args.engine)
             namespaces = ", ".join(state.reporter(i)["netns"] for i in range(1, state.reporters + 1))
             collector = "soft-RoCE guest" if state.collector == "rxe" else "XDP responder"
-            print(f"lab up: {state.reporters} reporters ({namespaces}) -> {lab.PREFIX}t -> {lab.PREFIX}c ({collector}); "
+            print(f"lab up: {state.reporters} reporters ({namespaces}) -> {lab.PREFIX}t -> {lab.PREFIX}c "
+                  f"({collector}); "
                   f"queries at {state.query_url} (inside the lab namespaces); "
                   f"logs in {lab.STATE_DIR}")
         elif args.action == "down":
@@ -807,14 +820,16 @@ def _lab(args) -> int:
             if args.json:
                 print(json.dumps(report, indent=2))
             elif not report["up"]:
-                print("no lab is up" + (f" (stray namespaces: {', '.join(report['namespaces'])}; `softdta lab down` removes them)"
+                stray = ", ".join(report["namespaces"])
+                print("no lab is up" + (f" (stray namespaces: {stray}; `softdta lab down` removes them)"
                                         if report["namespaces"] else ""))
             else:
                 engine = report["translator"]["engine"]
                 print(f"lab up: {', '.join(report['namespaces'])}; translator ({engine['name']}"
                       f"{', ' + engine['io'] if 'io' in engine else ''}) "
                       f"{'running' if report['translator']['running'] else 'NOT running'}, collector "
-                      f"({report['collector']['kind']}) {'running' if report['collector']['running'] else 'NOT running'}")
+                      f"({report['collector']['kind']}) "
+                      f"{'running' if report['collector']['running'] else 'NOT running'}")
                 for name, value in report["translator"].get("counters", {}).items():
                     print(f"  {name:28} {value}")
     except lab.LabError as error:

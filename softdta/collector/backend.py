@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from softdta.errors import SoftdtaError
 from softdta.core.responder import Completion
+from softdta.errors import SoftdtaError
 from softdta.spec import Access, Transport
 
 

@@ -6,13 +6,13 @@ import time
 
 import numpy as np
 
-from softdta.wire.frames import ip_str, mac_str
-from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
-from softdta.core.responder import CompletionLog
-from softdta.spec import Primitive
-from softdta.core.tables import AppendLists, Tables
 from softdta.collector.backend import Backend, BackendError, Peer, QpInfo, Region
 from softdta.collector.config import AppendSpec, CollectorConfig, StructureSpec
+from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core.responder import CompletionLog
+from softdta.core.tables import AppendLists, Tables
+from softdta.spec import Primitive
+from softdta.wire.frames import ip_str, mac_str
 
 RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
 

@@ -10,10 +10,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.spec import DTA_V1_POSTCARD_HOPS, POSTCARD_CACHE_ENTRIES, Access, Primitive, Transport
 from softdta.core.settings import Settings, tables_of
 from softdta.core.tables import KEY_HASH_NAMES, PRIMITIVE_NAMES, TableError, slot_size_of
+from softdta.spec import DTA_V1_POSTCARD_HOPS, POSTCARD_CACHE_ENTRIES, Access, Primitive, Transport
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 DEFAULT_CONTROL_PORT = 40050
 DEFAULT_QUERY_PORT = 8040

@@ -18,10 +18,10 @@ import ssl
 import sys
 from dataclasses import dataclass, field
 
-from softdta.errors import SoftdtaError
-from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str
 from softdta.collector.backend import BackendError, Peer
 from softdta.collector.collector import Collector
+from softdta.errors import SoftdtaError
+from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str
 
 VERSION = 1
 KEEPALIVE_S = 5.0
@@ -154,8 +154,9 @@ class ControlServer:
             peer_ip, peer_mac = ip_bytes(translator["ip"]), mac_bytes(translator["mac"])
             self.sessions[peer_ip] = writer
             config = self.collector.config
+            identity = {"name": config.name, "ip": ip_str(config.ip), "mac": mac_str(config.mac)}
             await send(writer, {"type": "welcome", "version": VERSION, "structures": sorted(self.collector.specs),
-                                "collector": {"name": config.name, "ip": ip_str(config.ip), "mac": mac_str(config.mac)}})
+                                "collector": identity})
             while True:
                 message = await receive(reader, 3 * self.keepalive_s)
                 if message["type"] == "ping":

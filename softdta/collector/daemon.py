@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import resource
-import sys
 import signal
+import sys
 
-from softdta.errors import SoftdtaError
 from softdta.collector import service
-from softdta.wire.frames import ip_str
 from softdta.collector.backend import Backend
 from softdta.collector.collector import Collector
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
+from softdta.errors import SoftdtaError
+from softdta.wire.frames import ip_str
 
 CHECKPOINT_S = 60.0
 COMPLETION_POLL_S = 0.002  # 1024 receives per verbs QP run out within 2 ms only above 500k immediates/s

@@ -42,14 +42,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from softdta.wire.frames import ip_str
-from softdta.wire.hashing import key_hashes_rows
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import BLANK, AppendPoller, keyincrement_query, keywrite_query, postcard_query
 from softdta.core.regions import AppendRegion
 from softdta.core.responder import CompletionLog
-from softdta.spec import MAX_REDUNDANCY, Primitive
 from softdta.core.tables import PRIMITIVE_NAMES, AppendLists, Structure, Tables
+from softdta.spec import MAX_REDUNDANCY, Primitive
+from softdta.wire.frames import ip_str
+from softdta.wire.hashing import key_hashes_rows
 
 PRIMITIVE_SLUGS = {primitive: slug for slug, primitive in PRIMITIVE_NAMES.items()}
 HASHED = (Primitive.KEY_WRITE, Primitive.KEY_INCREMENT, Primitive.POSTCARDING)

@@ -26,9 +26,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from softdta.core.responder import Completion
-from softdta.spec import Access, Transport
 from softdta.collector.backend import BackendError, Peer, QpInfo, Region
+from softdta.core.responder import Completion
+from softdta.spec import PSN_MASK, Access, Transport
 
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"  # python3-pyverbs installs here, for the system python3
 PYVERBS_MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "pyverbs_error", "qp", "wr")
@@ -143,7 +143,7 @@ def qp_attr(pv: SimpleNamespace, *, access: Access, transport: Transport, peer: 
     # a UC responder executes only WRITEs; READ and atomics are RC operations
     attr.qp_access_flags = int(access & (Access.REMOTE_WRITE if transport == Transport.UC else REMOTE_ACCESS))
     attr.dest_qp_num = peer.qpn
-    attr.rq_psn = peer.psn & 0xFFFFFF
+    attr.rq_psn = peer.psn & PSN_MASK
     route = pv.addr.GlobalRoute(dgid=pv.addr.GID(ipv4_mapped_gid(peer.ip)), sgid_index=sgid_index,
                                 hop_limit=HOP_LIMIT)
     attr.ah_attr = pv.addr.AHAttr(is_global=1, port_num=PORT, gr=route)
@@ -307,7 +307,8 @@ class VerbsBackend:
                     continue  # flushed by a QP in ERROR; reconnect() replaces it with fresh receives
                 connection.qp.post_recv(connection.recv)
                 if wc.opcode == enums.IBV_WC_RECV_RDMA_WITH_IMM:
-                    completions.append(Completion(wc.qp_num, socket.ntohl(wc.imm_data), wc.byte_len))  # imm_data is big-endian
+                    # imm_data is big-endian
+                    completions.append(Completion(wc.qp_num, socket.ntohl(wc.imm_data), wc.byte_len))
         return completions
 
     def counters(self) -> dict[str, int]:

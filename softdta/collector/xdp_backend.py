@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from softdta.kernel.bpf import BpfError, ensure_bpffs
-from softdta.core.responder import Completion
-from softdta.spec import ARENA_PAGE, Access, Transport
-from softdta.kernel.programs import EngineError
-from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from softdta.collector.backend import BackendError, Peer, QpInfo, Region
+from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
+from softdta.core.responder import Completion
+from softdta.kernel.bpf import BpfError, ensure_bpffs
+from softdta.kernel.programs import EngineError
+from softdta.spec import ARENA_PAGE, Access, Transport
 
 # Regions appear to translators at this address plus their arena offset: page-aligned (atomics need 8 bytes),
 # far from zero so that a stray small address never lands in a region.

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from softdta.kernel.bpf import BpfError, BpfObject, Map, RingBuffer, attach_xdp, detach_xdp, xdp_md
-from softdta.kernel.maps import table
 from softdta.core.responder import Completion, ResponderOutput
-from softdta.spec import ARENA_PAGE, RESPONDER_TABLES, Access, ResponderCounter, Transport
-from softdta.kernel.resources import BPF_DIR
+from softdta.kernel.bpf import BpfError, BpfObject, Map, RingBuffer, attach_xdp, detach_xdp, xdp_md
+from softdta.kernel.maps import record, table
 from softdta.kernel.programs import XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
+from softdta.kernel.resources import BPF_DIR
+from softdta.spec import ARENA_PAGE, PSN_MASK, RESPONDER_TABLES, Access, ResponderCounter, Transport
 
 SOURCE = BPF_DIR / "responder.bpf.c"
 DEFAULT_UDP_SPORT = 49153
@@ -152,7 +152,7 @@ class XdpResponder:
             self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn,
                         remote_ip=int.from_bytes(remote_ip, "little"), remote_mac=remote_mac, transport=int(transport),
                         access=int(access), rkey=rkey, base_va=base_va, length=region.length,
-                        arena_offset=region.offset, start_psn=expected_psn & 0xFFFFFF, ring_bytes=ring_bytes,
+                        arena_offset=region.offset, start_psn=expected_psn & PSN_MASK, ring_bytes=ring_bytes,
                         ring_index=ring_index)
             self.reset_qp(qpn, expected_psn)
         except BpfError as error:
@@ -173,7 +173,7 @@ class XdpResponder:
 
     def reset_qp(self, qpn: int, expected_psn: int) -> None:
         """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""
-        self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & 0xFFFFFF)
+        self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & PSN_MASK)
 
     def qp_state(self, qpn: int) -> dict | None:
         raw = self.maps["responder_qp_state"].lookup(table("responder_qp_state").key.pack(qpn=qpn))
@@ -190,8 +190,9 @@ class XdpResponder:
 
     def completions(self) -> list[Completion]:
         """WRITE with Immediate completions since the last call, oldest first."""
-        records = self.ring.consume()
-        return [Completion(*(int.from_bytes(r[i:i + 4], "little") for i in (0, 4, 8))) for r in records]
+        layout = record("completion")
+        done = [layout.unpack(raw[:layout.size]) for raw in self.ring.consume()]
+        return [Completion(d["qpn"], d["immediate"], d["byte_len"]) for d in done]
 
     def _write(self, name: str, key: dict, **value) -> None:
         layout = table(name)

@@ -7,6 +7,7 @@ All bounds use the Poisson approximation 1 - e^(-alpha*N) for "a given copy was 
 The Monte-Carlo simulation checks the Key-Write bounds against an explicit store.
 """
 
+from collections.abc import Iterable, Sequence
 from math import comb, exp, expm1, log1p
 
 import numpy as np
@@ -110,7 +111,7 @@ def simulate_keywrite(
     queries: int = 20000,
     consensus: int = 1,
     seed: int = 0,
-) -> dict:
+) -> dict[str, float]:
     """Monte-Carlo estimate of Key-Write query outcomes.
 
     Model (one run simulates `queries` independent queried keys at once):
@@ -177,12 +178,12 @@ def simulate_keywrite(
 
 def simulate_query_success_curve(
     slots: int,
-    alphas,
-    ns,
+    alphas: Sequence[float],
+    ns: Iterable[int],
     b: int = 32,
     queries: int = 20000,
     seed: int = 0,
-) -> list[dict]:
+) -> list[dict[str, float]]:
     """Rows for a Figure-12 style plot: query success against load for each redundancy N.
 
     The x axis is alpha, the number of keys written after the queried one per slot: the

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any, cast
 
+from softdta.spec import ACK_SYNDROME, ROCE_PORT, Field, Header, Raw, RoceOpcode
 from softdta.wire.codec import WireError, codec
 from softdta.wire.frames import UdpEndpoints
-from softdta.wire.roce import ACK_SYNDROME, build_roce_frame, parse_roce, transport_payload
-from softdta.spec import ROCE_PORT, Field, Header, Raw, RoceOpcode
+from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
 
 MAD_SIZE = 256
 GSI_QP = 1
@@ -114,10 +115,10 @@ REJECT_REASONS = {1: "no QP", 3: "no resources", 8: "invalid service ID (nothing
 class CmMessage:
     attribute: CmAttribute
     transaction_id: int
-    fields: dict
+    fields: dict[str, Any]
 
 
-def encode_mad(attribute: CmAttribute, transaction_id: int, **fields) -> bytes:
+def encode_mad(attribute: CmAttribute, transaction_id: int, **fields: Any) -> bytes:
     header = codec(MAD_HEADER).pack(base_version=1, mgmt_class=MGMT_CLASS_CM, class_version=CM_CLASS_VERSION,
                                     method=METHOD_SEND, transaction_id=transaction_id, attribute_id=int(attribute))
     return header + codec(BODIES[attribute]).pack(**fields)
@@ -146,7 +147,7 @@ def cma_private_data(src_ip: bytes, dst_ip: bytes, src_port: int) -> bytes:
     """rdma_cm's REQ private data: its header (IPv4 addresses in the last 4 bytes of each 16), zero-padded."""
     header = codec(CMA_HEADER).pack(cma_version=CMA_VERSION, ip_version=4, port=src_port,
                                     src_addr=bytes(12) + src_ip, dst_addr=bytes(12) + dst_ip)
-    return header + bytes(CM_REQ.fields[-1].size - len(header))
+    return header + bytes(cast(Raw, CM_REQ.fields[-1]).size - len(header))  # the private data, REQ's last field
 
 
 @dataclass(frozen=True)
@@ -323,7 +324,7 @@ class CmConnection:
         self.metadata = None
         self.local.qpn = max((self.local.qpn + QPN_STRIDE) & 0xFFFFFF, GSI_QP + 1)
 
-    def _mad(self, attribute: CmAttribute, **fields) -> bytes:
+    def _mad(self, attribute: CmAttribute, **fields: Any) -> bytes:
         self._gsi_psn = (self._gsi_psn + 1) & 0xFFFFFF
         payload = encode_mad(attribute, self.transaction_id, **fields)
         return build_roce_frame(self._ends(), transport_payload(RoceOpcode.UD_SEND_ONLY, GSI_QP, self._gsi_psn, {

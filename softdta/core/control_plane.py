@@ -15,12 +15,26 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from softdta.core.settings import TableError
+from softdta.core.tables import QueuePair, Tables
+from softdta.spec import (
+    ETHERNET,
+    ICRC_LEN,
+    MAX_REDUNDANCY,
+    P4_TABLES,
+    ROCE_PORT,
+    TRANSLATOR_TABLES,
+    Field,
+    Primitive,
+    QpState,
+    Raw,
+    RoceOpcode,
+    Table,
+    Transport,
+)
 from softdta.wire import icrc_split
 from softdta.wire.frames import UdpEndpoints, build_udp_frame
 from softdta.wire.roce import transport_payload
-from softdta.spec import (ETHERNET, ICRC_LEN, MAX_REDUNDANCY, P4_TABLES, ROCE_PORT, TRANSLATOR_TABLES, Field, Primitive,
-                   QpState, Raw, RoceOpcode, Transport)
-from softdta.core.tables import QueuePair, TableError, Tables
 
 # How long a partial Append batch or Postcarding path waits before it is written out, by default.
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
@@ -41,7 +55,7 @@ class Entry:
     key: Mapping[str, int | bytes]
     value: Mapping[str, int | bytes] = field(default_factory=dict)
 
-    def key_tuple(self) -> tuple:
+    def key_tuple(self) -> tuple[int | bytes, ...]:
         return tuple(self.key[f.name] for f in table_spec(self.table).key)
 
 
@@ -65,7 +79,7 @@ class Plan:
     entries: list[Entry]
     state: list[Entry]
     retire: list[Entry]
-    keep: dict[str, set[tuple]]
+    keep: dict[str, set[tuple[int | bytes, ...]]]
     slots: Slots
 
 
@@ -83,7 +97,7 @@ class Target(Protocol):
         ...
 
 
-def table_spec(name: str):
+def table_spec(name: str) -> Table:
     for table in TRANSLATOR_TABLES + P4_TABLES:
         if table.name == name:
             return table
@@ -234,7 +248,7 @@ def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:
     """Every (opcode, payload length) each QP can send, by QP name."""
     shapes: dict[str, set[tuple[RoceOpcode, int]]] = {qp.name: set() for qp in tables.qps}
 
-    def writes(qp: QueuePair, lengths) -> None:
+    def writes(qp: QueuePair, lengths: Iterable[int]) -> None:
         rc = qp.transport is Transport.RC
         for opcode in ((RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM) if rc
                        else (RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM)):

@@ -6,15 +6,21 @@ responder in tests, the demo and `softdta translate --collector`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeAlias
+
 import numpy as np
 
-from softdta.wire.codec import WireError
-from softdta.wire.frames import parse_udp_frame
 from softdta.core.query import AppendPoller
 from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from softdta.core.responder import CompletionLog, MemoryRegion, Responder, ResponderQp
-from softdta.spec import Primitive
 from softdta.core.tables import AppendLists, QueuePair, Tables
+from softdta.spec import Primitive
+from softdta.wire.codec import WireError
+from softdta.wire.frames import parse_udp_frame
+
+# The memory of one collector structure, as `OfflineCollector.structure_region` views it.
+StructureRegion: TypeAlias = KeyWriteRegion | CounterRegion | PostcardRegion | SketchRegion
 
 
 class OfflineCollector:
@@ -60,15 +66,17 @@ class OfflineCollector:
         """WRITEs the reference responder executed into each of the range's rings."""
         return self.ring_writes[lists.qp.index]
 
-    def structure_region(self, primitive: Primitive, collector_ip: bytes):
+    def structure_region(self, primitive: Primitive, collector_ip: bytes) -> StructureRegion:
         structure = self.tables.structure(collector_ip, primitive)
         if structure is None:
             raise KeyError(f"no {primitive.name} structure for that collector")
         buffer = self.memory[structure.qp.index]
-        return {Primitive.KEY_WRITE: lambda: KeyWriteRegion.for_structure(buffer, structure),
-                Primitive.KEY_INCREMENT: lambda: CounterRegion(buffer),
-                Primitive.POSTCARDING: lambda: PostcardRegion.for_structure(buffer, structure),
-                Primitive.SKETCH_MERGE: lambda: SketchRegion.for_structure(buffer, structure)}[primitive]()
+        regions: dict[Primitive, Callable[[], StructureRegion]] = {
+            Primitive.KEY_WRITE: lambda: KeyWriteRegion.for_structure(buffer, structure),
+            Primitive.KEY_INCREMENT: lambda: CounterRegion(buffer),
+            Primitive.POSTCARDING: lambda: PostcardRegion.for_structure(buffer, structure),
+            Primitive.SKETCH_MERGE: lambda: SketchRegion.for_structure(buffer, structure)}
+        return regions[primitive]()
 
     def counters(self) -> dict[str, int]:
         total: dict[str, int] = {}

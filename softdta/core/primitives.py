@@ -13,21 +13,34 @@ uses the extended format only: base header `spec.DTA_BASE_EXT` with its own opco
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
 from collections import Counter as Tally
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
+from softdta.spec import (
+    APPEND_EXT,
+    DTA_BASE_EXT,
+    EXTENDED_FIRST_BYTE,
+    FLUSH_EXT,
+    FLUSH_OPCODE,
+    KEY_INCREMENT_EXT,
+    KEY_WRITE_EXT,
+    POSTCARD_EXT,
+    SKETCH_MERGE_EXT,
+    Counter,
+    DtaOpcode,
+    FlushTarget,
+    Header,
+    NackKind,
+    RoceOpcode,
+)
+from softdta.spec import Primitive as StructureKind
+from softdta.spec import SketchMerge as MergeKind
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report
 from softdta.wire.frames import UdpFrame
 from softdta.wire.hashing import key_checksum, key_slot, postcard_hop_hash, postcard_slot_hash
-from softdta.spec import (APPEND_EXT, DTA_BASE_EXT, EXTENDED_FIRST_BYTE, FLUSH_EXT, FLUSH_OPCODE, KEY_INCREMENT_EXT,
-                   KEY_WRITE_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT, Counter, DtaOpcode, FlushTarget, Header, NackKind,
-                   RoceOpcode)
-from softdta.spec import SketchMerge as MergeKind
-from softdta.spec import Primitive as StructureKind
-from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
-
 
 
 @dataclass
@@ -74,7 +87,7 @@ class TranslatorContext(Protocol):
     def write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | PluginReport | None,
               tag: int) -> bytes: ...
 
-    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes: ...
+    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict[str, dict[str, Any]], payload: bytes) -> bytes: ...
 
     def nack_frame(self, udp: UdpFrame, nack: Nack) -> bytes: ...
 
@@ -104,7 +117,7 @@ class Primitive(abc.ABC):
     def new_state(self) -> Any:
         return None
 
-    def decode(self, base: dict, payload: bytes, offset: int) -> PluginReport:
+    def decode(self, base: dict[str, Any], payload: bytes, offset: int) -> PluginReport:
         """The report after the extended base header `base`; raises WireError for malformed input."""
         fields, end = codec(self.subheader).unpack(payload, offset)
         if end != len(payload):
@@ -113,7 +126,7 @@ class Primitive(abc.ABC):
                             essential=bool(base["essential"]), retransmit=bool(base["retransmit"]))
 
     @classmethod
-    def encode(cls, fields: dict, *, seqnum: int = 0, immediate: bool = False, essential: bool = False,
+    def encode(cls, fields: dict[str, Any], *, seqnum: int = 0, immediate: bool = False, essential: bool = False,
                retransmit: bool = False) -> bytes:
         """The UDP payload of a report of this primitive (what a reporter sends)."""
         base = codec(DTA_BASE_EXT).pack(marker=EXTENDED_FIRST_BYTE, opcode=cls.opcode, immediate=int(immediate),
@@ -121,7 +134,7 @@ class Primitive(abc.ABC):
         return base + codec(cls.subheader).pack(fields)
 
     @abc.abstractmethod
-    def translate(self, udp: UdpFrame, report, now_ns: int) -> Output:
+    def translate(self, udp: UdpFrame, report: Any, now_ns: int) -> Output:  # a Report, or a plug-in's PluginReport
         """The frames for one report (or the drop, deferral or NACK that replaces them)."""
 
 

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias, cast
 
 import numpy as np
+import numpy.typing as npt
 
-from softdta.wire.hashing import crc32_rows, key_hashes_rows, keys_to_rows
 from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion
 from softdta.spec import MAX_REDUNDANCY, POSTCARD_HOP_POLYNOMIALS, KeyHash
+from softdta.wire.hashing import crc32_rows, key_hashes_rows, keys_to_rows
 
 BLANK = -1
 
+# Keys as the queries take them: (count, key_len) uint8 rows, integers, or byte strings.
+Keys: TypeAlias = np.ndarray | Sequence[int] | Sequence[bytes]
 
-def as_key_rows(keys, key_len: int = 4) -> np.ndarray:
+
+def as_key_rows(keys: Keys, key_len: int = 4) -> np.ndarray:
     """Keys as a (count, key_len) uint8 array: accepts such an array, integers, or a list of bytes."""
     if isinstance(keys, np.ndarray) and keys.ndim == 2 and keys.dtype == np.uint8:
         return keys
     if len(keys) and isinstance(keys[0], (bytes, bytearray)):
-        return np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), key_len)
+        return np.frombuffer(b"".join(cast(Sequence[bytes], keys)), dtype=np.uint8).reshape(len(keys), key_len)
     return keys_to_rows(keys, key_len)
 
 
@@ -37,7 +43,7 @@ def _data_words(region: KeyWriteRegion) -> np.ndarray:
     return region.data.view(dtype).reshape(region.slot_count)
 
 
-def keywrite_query(region: KeyWriteRegion, keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1,
+def keywrite_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1,
                    key_hash: KeyHash = KeyHash.DTA_V1) -> KeyWriteAnswer:
     """Look keys up over `redundancy` copies; the plurality value wins if it has at least `consensus` votes.
 
@@ -68,11 +74,12 @@ def keywrite_query(region: KeyWriteRegion, keys, redundancy: int = MAX_REDUNDANC
     return KeyWriteAnswer(found, best_words, np.where(found, best_votes, 0))
 
 
-def keyincrement_query(region: CounterRegion, keys, redundancy: int,
+def keyincrement_query(region: CounterRegion, keys: Keys, redundancy: int,
                        key_hash: KeyHash = KeyHash.DTA_V1) -> np.ndarray:
     """Count-Min estimate: the minimum of the key's `redundancy` counters (u64)."""
     _, hashes = key_hashes_rows(as_key_rows(keys), redundancy, key_hash)
-    return region.counters[hashes & np.uint32(region.slot_count - 1)].min(axis=0)
+    estimate: np.ndarray = region.counters[hashes & np.uint32(region.slot_count - 1)].min(axis=0)
+    return estimate
 
 
 @dataclass
@@ -83,7 +90,7 @@ class PostcardAnswer:
     complete: np.ndarray
 
 
-def postcard_query(region: PostcardRegion, keys, value_set) -> PostcardAnswer:
+def postcard_query(region: PostcardRegion, keys: Keys, value_set: npt.ArrayLike) -> PostcardAnswer:
     """Decode paths: slot value XOR the hop's checksum must land in `value_set` (a lookup table), else BLANK."""
     key_rows = as_key_rows(keys)
     table = np.unique(np.asarray(value_set, dtype=np.uint32))
@@ -119,7 +126,8 @@ class AppendPoller:
         self.tails = np.zeros(region.lists.lists, dtype=np.int64)
         self.writes = writes
         # WRITEs accounted for per ring: taken, or counted as overwritten; the batches in the rings now are not
-        self.accounted = None if writes is None else writes.astype(np.int64) - self._runs(self.tails)[1]
+        self.accounted: np.ndarray | None = None if writes is None else \
+            writes.astype(np.int64) - self._runs(self.tails)[1]
 
     def poll(self) -> dict[int, np.ndarray]:
         """New entries of every list (oldest first), keyed by list id; lists with nothing new are left out.
@@ -138,7 +146,7 @@ class AppendPoller:
         ring = self.batches_per_ring
         tails, overwritten = self.tails.copy(), np.zeros_like(self.tails)
         if self.writes is not None:
-            unread = self.writes.astype(np.int64) - self.accounted
+            unread = self.writes.astype(np.int64) - cast(np.ndarray, self.accounted)  # set whenever writes is
             lapped = unread > ring
             overwritten[lapped] = unread[lapped] - ring
             tails[lapped] = (tails[lapped] + unread[lapped]) % ring  # the writer's position: the oldest batch
@@ -162,7 +170,8 @@ class AppendPoller:
     def _runs(self, tails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per list, the ring's batch positions from its tail on, and how many of them in a row are written."""
         ring = self.batches_per_ring
-        written = self._batches.reshape(self._batches.shape[0], ring, -1).any(axis=2)
+        # any() over an axis is an array (numpy's stubs also allow a scalar)
+        written = cast(np.ndarray, self._batches.reshape(self._batches.shape[0], ring, -1).any(axis=2))
         order = (tails[:, None] + np.arange(ring)) % ring
         run = np.cumprod(written[np.arange(written.shape[0])[:, None], order], axis=1).sum(axis=1)
         return order, run

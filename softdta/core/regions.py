@@ -10,21 +10,27 @@ The layouts are what the translator writes (see docs/protocol.md):
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
-from softdta.spec import KEY_CHECKSUM_LEN
 from softdta.core.tables import AppendLists, Structure
+from softdta.spec import KEY_CHECKSUM_LEN
+
+# Collector memory as `np.frombuffer` takes it.
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap | np.ndarray
 
 
-def byte_view(buffer) -> np.ndarray:
+def byte_view(buffer: Buffer) -> npt.NDArray[np.uint8]:
     return np.frombuffer(buffer, dtype=np.uint8)
 
 
 @dataclass
 class KeyWriteRegion:
-    buffer: object
+    buffer: Buffer
     slot_size: int
     data_len: int = 4
 
@@ -36,7 +42,7 @@ class KeyWriteRegion:
         self.data = slots[:, KEY_CHECKSUM_LEN:KEY_CHECKSUM_LEN + self.data_len]
 
     @classmethod
-    def for_structure(cls, buffer, structure: Structure) -> "KeyWriteRegion":
+    def for_structure(cls, buffer: Buffer, structure: Structure) -> "KeyWriteRegion":
         return cls(buffer, structure.slot_size, structure.data_len)
 
 
@@ -44,7 +50,7 @@ class KeyWriteRegion:
 class CounterRegion:
     """Key-Increment counters."""
 
-    buffer: object
+    buffer: Buffer
 
     def __post_init__(self) -> None:
         raw = byte_view(self.buffer)
@@ -54,7 +60,7 @@ class CounterRegion:
 
 @dataclass
 class PostcardRegion:
-    buffer: object
+    buffer: Buffer
     slot_size: int
     hops: int
 
@@ -65,7 +71,7 @@ class PostcardRegion:
         self.values = slots[:, :4 * self.hops].view(">u4")
 
     @classmethod
-    def for_structure(cls, buffer, structure: Structure) -> "PostcardRegion":
+    def for_structure(cls, buffer: Buffer, structure: Structure) -> "PostcardRegion":
         return cls(buffer, structure.slot_size, structure.hops)
 
 
@@ -73,7 +79,7 @@ class PostcardRegion:
 class AppendRegion:
     """All rings of one `AppendLists` range; `ring(list_id)` is one list's (entries,) or (entries, size) view."""
 
-    buffer: object
+    buffer: Buffer
     lists: AppendLists
 
     def __post_init__(self) -> None:
@@ -84,12 +90,13 @@ class AppendRegion:
         self.rings = entries.view(dtype).reshape(self.lists.lists, self.lists.entries) if dtype else entries
 
     def ring(self, list_id: int) -> np.ndarray:
-        return self.rings[list_id - self.lists.first_list]
+        ring: np.ndarray = self.rings[list_id - self.lists.first_list]
+        return ring
 
 
 @dataclass
 class SketchRegion:
-    buffer: object
+    buffer: Buffer
     columns: int
     rows: int
 
@@ -98,7 +105,7 @@ class SketchRegion:
         self.by_column = raw[:self.columns * self.rows * 4].view("<u4").reshape(self.columns, self.rows)
 
     @classmethod
-    def for_structure(cls, buffer, structure: Structure) -> "SketchRegion":
+    def for_structure(cls, buffer: Buffer, structure: Structure) -> "SketchRegion":
         return cls(buffer, structure.columns, structure.rows)
 
     def matrix(self) -> np.ndarray:

@@ -13,13 +13,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from softdta.spec import (
+    ACK_SYNDROME,
+    PSN_MASK,
+    PSN_WINDOW,
+    RESPONDER_IP_LIMIT,
+    ROCE_PORT,
+    Access,
+    ResponderCounter,
+    RoceOpcode,
+    Transport,
+)
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, parse_udp_frame
-from softdta.wire.roce import (ACK_SYNDROME, NAK_INVALID_REQUEST_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME, NAK_SEQUENCE_SYNDROME,
-                   build_roce_frame, parse_roce, transport_payload)
-from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, Access, ResponderCounter, RoceOpcode, Transport
+from softdta.wire.roce import (
+    NAK_INVALID_REQUEST_SYNDROME,
+    NAK_REMOTE_ACCESS_SYNDROME,
+    NAK_SEQUENCE_SYNDROME,
+    RoceFrame,
+    build_roce_frame,
+    parse_roce,
+    transport_payload,
+)
 
-PSN_MASK = 0xFFFFFF
 _RC_OPCODES = {RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_WRITE_ONLY_IMM, RoceOpcode.RC_FETCH_ADD}
 _UC_OPCODES = {RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM}
 
@@ -151,7 +167,7 @@ class Responder:
         self.counters[reason] += 1
         return ResponderOutput(dropped=reason)
 
-    def _uc(self, qp: ResponderQp, packet, opcode: RoceOpcode) -> ResponderOutput:
+    def _uc(self, qp: ResponderQp, packet: RoceFrame, opcode: RoceOpcode) -> ResponderOutput:
         # UC has no ACKs: a single-packet WRITE Only executes whatever its PSN, and a bad one is just dropped.
         qp.expected_psn = (packet.bth["psn"] + 1) & PSN_MASK
         out = ResponderOutput()
@@ -159,11 +175,11 @@ class Responder:
             return self._drop(ResponderCounter.UC_ACCESS_ERROR)
         return out
 
-    def _rc(self, qp: ResponderQp, packet, opcode: RoceOpcode) -> ResponderOutput:
+    def _rc(self, qp: ResponderQp, packet: RoceFrame, opcode: RoceOpcode) -> ResponderOutput:
         psn = packet.bth["psn"]
         distance = (psn - qp.expected_psn) & PSN_MASK
         out = ResponderOutput()
-        if distance and distance < 1 << 23:
+        if distance and distance < PSN_WINDOW:
             self.counters[ResponderCounter.OUT_OF_SEQ_REQUEST] += 1
             if not qp.nak_sent:
                 qp.nak_sent = True
@@ -217,7 +233,7 @@ class Responder:
         out.dropped = reason
         return out
 
-    def _write(self, qp: ResponderQp, packet, opcode: RoceOpcode, out: ResponderOutput) -> bool:
+    def _write(self, qp: ResponderQp, packet: RoceFrame, opcode: RoceOpcode, out: ResponderOutput) -> bool:
         reth = packet.headers["reth"]
         payload = packet.payload
         if reth["dma_length"] != len(payload) or reth["rkey"] != qp.region.rkey \

@@ -73,7 +73,7 @@ class Settings:
         return Settings(where or f"{self.where} {key}", self._get(key, _REQUIRED), known)
 
 
-def tables_of(document: dict, key: str, known: tuple[str, ...], what: str) -> list[Settings]:
+def tables_of(document: dict[str, Any], key: str, known: tuple[str, ...], what: str) -> list[Settings]:
     """An array of tables (`[[key]]`), each checked against `known`."""
     entries = document.get(key, [])
     if not isinstance(entries, list):

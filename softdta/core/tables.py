@@ -7,15 +7,30 @@ non-zero remote QPN, every hashed structure has a power-of-two slot count, and e
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from softdta.core.settings import Settings, TableError, tables_of
+from softdta.spec import (
+    DEFAULT_GRACE_NS,
+    DTA_V1_POSTCARD_HOPS,
+    KEY_CHECKSUM_LEN,
+    MAX_APPEND_BATCH,
+    MAX_DATA_LEN,
+    MAX_KEY_LEN,
+    MAX_POSTCARD_HOPS,
+    MAX_SKETCH_ROWS,
+    MAX_WRITE_PAYLOAD,
+    POSTCARD_CACHE_ENTRIES,
+    KeyHash,
+    Primitive,
+    SketchMerge,
+    Transport,
+)
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
-from softdta.core.settings import Settings, TableError, tables_of
-from softdta.spec import (DEFAULT_GRACE_NS, DTA_V1_POSTCARD_HOPS, KEY_CHECKSUM_LEN, MAX_APPEND_BATCH, MAX_DATA_LEN,
-                   MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_WRITE_PAYLOAD, MAX_SKETCH_ROWS, POSTCARD_CACHE_ENTRIES, KeyHash, Primitive,
-                   SketchMerge, Transport)
 
 PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.KEY_INCREMENT,
                    "postcarding": Primitive.POSTCARDING,
@@ -191,9 +206,9 @@ class Tables:
     structures: list[Structure] = field(default_factory=list)
     append_lists: list[AppendLists] = field(default_factory=list)
     # Lookup indexes, rebuilt by validate() so that per-report lookups are dictionary hits.
-    _structure_index: dict = field(default_factory=dict, init=False, repr=False)
-    _local_qpn_index: dict = field(default_factory=dict, init=False, repr=False)
-    collector_ips: frozenset = field(default=frozenset(), init=False, repr=False)
+    _structure_index: dict[tuple[bytes, Primitive], Structure] = field(default_factory=dict, init=False, repr=False)
+    _local_qpn_index: dict[int, QueuePair] = field(default_factory=dict, init=False, repr=False)
+    collector_ips: frozenset[bytes] = field(default=frozenset(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -269,7 +284,7 @@ class Tables:
         return cls.from_dict(document, source=str(path))
 
     @classmethod
-    def from_dict(cls, document: dict, source: str = "tables") -> "Tables":
+    def from_dict(cls, document: dict[str, Any], source: str = "tables") -> "Tables":
         try:
             return _from_dict(document)
         except KeyError as error:
@@ -288,7 +303,7 @@ STRUCTURE_KEYS = ("primitive", "collector", "qp", "hash", "key_len", "data_len",
 APPEND_KEYS = ("collector", "qp", "first_list", "lists", "entries", "data_len", "batch")
 
 
-def _address(settings: Settings, key: str, parse) -> bytes:
+def _address(settings: Settings, key: str, parse: Callable[[str], bytes]) -> bytes:
     value = settings.text(key)
     try:
         return parse(value)
@@ -309,7 +324,7 @@ def _qp_from(entry: Settings, collector: Settings, default_name: str, default_tr
                      interface=collector.text("interface", ""))
 
 
-def _from_dict(document: dict) -> Tables:
+def _from_dict(document: dict[str, Any]) -> Tables:
     Settings("the tables", document, ("translator", "collectors", "structures", "append"))
     translator = Settings("[translator]", document.get("translator"), TRANSLATOR_KEYS)
     collectors = {c.text("name"): c for c in tables_of(document, "collectors", COLLECTOR_KEYS, "[[collectors]]")}

@@ -11,23 +11,47 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections import deque
 from dataclasses import dataclass
+from typing import Any, cast
 
+from softdta.core.primitives import (
+    BUILT_IN,
+    Append,
+    AppendRuntime,
+    Output,
+    PluginReport,
+    PostcardEntry,
+    Postcarding,
+    Primitive,
+    SketchRuntime,
+)
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
+from softdta.spec import (
+    DTA_BASE_EXT,
+    DTA_NACK_PORT,
+    DTA_PORT,
+    EXTENDED_MARKER,
+    PSN_MASK,
+    ROCE_PORT,
+    SEQ_WINDOW,
+    AethKind,
+    Counter,
+    DtaOpcode,
+    NackKind,
+    NakCode,
+    QpState,
+    RoceOpcode,
+    Transport,
+)
+from softdta.spec import Primitive as StructureKind
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report, decode, encode_nack
 from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
-from softdta.core.primitives import BUILT_IN, AppendRuntime, Output, PluginReport, PostcardEntry, Primitive, SketchRuntime
 from softdta.wire.roce import aeth_kind, build_roce_frame, parse_roce, transport_payload
-from softdta.spec import (DTA_BASE_EXT, DTA_NACK_PORT, DTA_PORT, EXTENDED_MARKER, ROCE_PORT, AethKind, Counter,
-                   DtaOpcode, NackKind, NakCode, QpState, RoceOpcode, Transport)
-from softdta.spec import Primitive as StructureKind
-from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 
 __all__ = ["Output", "AppendRuntime", "PostcardEntry", "SketchRuntime", "QpRuntime", "Translator"]
 
-PSN_MASK = 0xFFFFFF
 _BUILT_IN_OPCODES = frozenset(int(opcode) for opcode in DtaOpcode)
 _BASE_EXT = codec(DTA_BASE_EXT)
-_SEQ_WINDOW = 128
 
 
 @dataclass
@@ -47,7 +71,8 @@ class QpRuntime:
     def outstanding(self, psn: int) -> bool:
         """Whether `psn` is in [unacked_psn, next_psn), modulo 2^24: the only PSNs an RC requester takes a reply
         for (IBTA 9.7.5.1). Anything else is stale or forged."""
-        return (psn - self.unacked_psn) & PSN_MASK < (self.next_psn - self.unacked_psn) & PSN_MASK
+        unacked = cast(int, self.unacked_psn)  # set by __post_init__
+        return (psn - unacked) & PSN_MASK < (self.next_psn - unacked) & PSN_MASK
 
 
 class Translator:
@@ -58,7 +83,8 @@ class Translator:
         self.counters: Tally[Counter] = Tally()
         self.qp_state = {qp.index: QpRuntime(qp.start_psn) for qp in tables.qps}
         self.reporter_seqnum: dict[bytes, int] = {}
-        self.flush_queue: deque[tuple[int, int, int, object]] = deque()  # (token, first ns, list id | index, structure)
+        # (token, first ns, list id | index, structure)
+        self.flush_queue: deque[tuple[int, int, int, Structure | None]] = deque()
         self._tokens = 0
         self.primitives: dict[int, Primitive] = {}
         for cls in (*BUILT_IN, *plugins):
@@ -69,15 +95,18 @@ class Translator:
 
     @property
     def append_state(self) -> dict[int, AppendRuntime]:
-        return self.primitives[DtaOpcode.APPEND].state
+        state: dict[int, AppendRuntime] = self.primitives[DtaOpcode.APPEND].state
+        return state
 
     @property
     def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]:
-        return self.primitives[DtaOpcode.POSTCARDING].state
+        state: dict[int, dict[int, PostcardEntry]] = self.primitives[DtaOpcode.POSTCARDING].state
+        return state
 
     @property
     def sketch_state(self) -> dict[int, SketchRuntime]:
-        return self.primitives[DtaOpcode.SKETCH_MERGE].state
+        state: dict[int, SketchRuntime] = self.primitives[DtaOpcode.SKETCH_MERGE].state
+        return state
 
     # ----------------------------------------------------------------------------------------------
     # entry points
@@ -119,15 +148,17 @@ class Translator:
             if now_ns - first_ns < idle_ns or pushed_back[token] >= 2:
                 break
             self.flush_queue.popleft()
-            qp = structure.qp if structure else self.tables.append_range(index).qp
+            # an entry without a structure is an Append batch (`pending` an AppendRuntime) of a list in a range
+            qp = structure.qp if structure else cast(AppendLists, self.tables.append_range(index)).qp
             if not self._qp_flushable(qp, now_ns, idle_ns):
                 self.flush_queue.append((token, first_ns, index, structure))
                 pushed_back[token] += 1
                 continue
             if structure is None:
-                frames += self.flush_batch(self.tables.append_range(index), index, pending)
+                frames += self.flush_batch(cast(AppendLists, self.tables.append_range(index)), index,
+                                           cast(AppendRuntime, pending))
             else:
-                frames += self.flush_path(structure, index, pending)
+                frames += self.flush_path(structure, index, cast(PostcardEntry, pending))
             runtime = self.qp_state[qp.index]
             runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
             pushed_back.clear()
@@ -137,15 +168,16 @@ class Translator:
         """A partial Append batch, padded with zero entries, written where the full batch would go."""
         runtime.pending += [bytes(lists.data_len)] * (lists.batch - len(runtime.pending))
         self.counters[Counter.APPEND_FLUSHES] += 1
-        return self.primitives[DtaOpcode.APPEND].write_batch(lists, list_id, runtime, None)
+        return cast(Append, self.primitives[DtaOpcode.APPEND]).write_batch(lists, list_id, runtime, None)
 
     def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]:
         """A cached Postcarding path, written with the hops it has, and its cache entry freed."""
         del self.postcard_cache[structure.qp.index][index]
         self.counters[Counter.POSTCARD_FLUSHES] += 1
-        return self.primitives[DtaOpcode.POSTCARDING].write_path(structure, entry, None)
+        return cast(Postcarding, self.primitives[DtaOpcode.POSTCARDING]).write_path(structure, entry, None)
 
-    def _pending_entry(self, token: int, index: int, structure: Structure | None):
+    def _pending_entry(self, token: int, index: int,
+                       structure: Structure | None) -> AppendRuntime | PostcardEntry | None:
         """The batch or cache entry a flush-queue entry names, if it is still waiting."""
         if structure is None:
             runtime = self.append_state.get(index)
@@ -228,7 +260,7 @@ class Translator:
         if last is None or report.seqnum == (last + 1) & 0xFF:
             self.reporter_seqnum[udp.src_ip] = report.seqnum
             return None
-        if (last - report.seqnum) & 0xFF < _SEQ_WINDOW:
+        if (last - report.seqnum) & 0xFF < SEQ_WINDOW:
             return self.drop(Counter.DROP_DUPLICATE)
         out = self.drop(Counter.DROP_SEQUENCE_GAP)
         out.to_reporter.append(self.nack_frame(udp, Nack(NackKind.SEQUENCE, last, extended=report.extended)))
@@ -248,7 +280,7 @@ class Translator:
         structure = self.tables.structure(udp.dst_ip, kind)
         if structure is None:
             return self.drop(Counter.DROP_UNKNOWN_COLLECTOR)
-        key = report.key if key is None else key
+        key = cast(Report, report).key if key is None else key  # plug-ins pass their key
         if len(key) != structure.key_len or \
                 (kind is StructureKind.KEY_WRITE and isinstance(report, Report)
                  and len(report.data) != structure.data_len):
@@ -276,7 +308,7 @@ class Translator:
                    "immdt": {"immediate": tag & 0xFFFFFFFF}}
         return self.emit(qp, opcode, headers, payload)
 
-    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict, payload: bytes) -> bytes:
+    def emit(self, qp: QueuePair, opcode: RoceOpcode, headers: dict[str, dict[str, Any]], payload: bytes) -> bytes:
         runtime = self.qp_state[qp.index]
         interval = self.tables.ack_request_interval
         runtime.frames_sent += 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from softdta.spec import DTA_PORT, DtaOpcode
 from softdta.wire import dta
 from softdta.wire.dta import Profile, Report
 from softdta.wire.frames import UdpEndpoints, build_udp_frame
-from softdta.spec import DTA_PORT
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def key_write(count: int, seed: int = 0, redundancy: int = 2, key_len: int = 4, 
     rng = random.Random(seed)
     extended = key_len != 4 or data_len != 4
     keys = _distinct_keys(rng, count, key_len)
-    return [Report(dta.DtaOpcode.KEY_WRITE, key=key, data=rng.randbytes(data_len), redundancy=redundancy,
+    return [Report(DtaOpcode.KEY_WRITE, key=key, data=rng.randbytes(data_len), redundancy=redundancy,
                    extended=extended) for key in keys]
 
 
@@ -53,7 +53,7 @@ def postcards(flows: int, seed: int = 0, hops: int = 5, switch_ids: list[int] | 
     """INT postcards: every flow crosses `hops` switches, one postcard per hop, flows interleaved."""
     rng = random.Random(seed)
     switch_ids = switch_ids or list(range(1, 1025))
-    reports = []
+    reports: list[Report] = []
     for key in _distinct_keys(rng, flows, 4):
         path = rng.sample(switch_ids, hops)
         reports.extend(dta.postcard(key, hop + 1, path[hop]) for hop in range(hops))

@@ -17,16 +17,16 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 from pathlib import Path
 
-from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
-from softdta.kernel.maps import table
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.primitives import Output, Primitive
-from softdta.spec import Counter, QpState
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
-from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
-from softdta.kernel.resources import BPF_DIR
 from softdta.engines.xdp import EngineError, _rx_queues, build_object, pinned_stats
+from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
+from softdta.kernel.maps import record, table
+from softdta.kernel.resources import BPF_DIR
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
+from softdta.spec import Counter, QpState
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
@@ -259,9 +259,9 @@ class PythonEngine:
                 next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
                 flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
                 flush_mark=runtime.flush_mark & 0xFFFFFFFF, unacked_psn=runtime.unacked_psn))
-        record = (self.run_time_ns.to_bytes(8, "little") + self.runs.to_bytes(8, "little")
-                  + IO_CODES.get(self.io_name, 0).to_bytes(4, "little") + bytes(4))  # struct python_engine_value
-        self.maps["python_engine"].update(bytes(4), record)
+        value = record("python_engine_value").pack(run_time_ns=self.run_time_ns, runs=self.runs,
+                                                   io=IO_CODES.get(self.io_name, 0))
+        self.maps["python_engine"].update(bytes(4), value)
 
 
 def engine_stats(pin_dir: Path) -> dict:
@@ -271,10 +271,10 @@ def engine_stats(pin_dir: Path) -> dict:
     if path.exists():
         with Map.from_pinned(path) as engine:
             raw = engine.lookup(bytes(4))
-        run_time_ns, runs, io = (int.from_bytes(raw[a:b], "little") for a, b in ((0, 8), (8, 16), (16, 20)))
+        value = record("python_engine_value").unpack(raw)
         names = {code: name for name, code in IO_CODES.items()}
-        stats["engine"] = {"name": "python", "io": names.get(io, "not attached")}
-        stats["cpu"] = {"python_engine": {"run_time_ns": run_time_ns, "runs": runs}}
+        stats["engine"] = {"name": "python", "io": names.get(value["io"], "not attached")}
+        stats["cpu"] = {"python_engine": {"run_time_ns": value["run_time_ns"], "runs": value["runs"]}}
     else:
         stats["engine"] = {"name": "xdp"}
     return stats

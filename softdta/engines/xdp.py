@@ -13,17 +13,47 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from softdta.kernel.bpf import (BpfError, BpfObject, Map, RingBuffer, attach_tc_ingress, attach_xdp, detach_tc, detach_xdp, pin,
-                  possible_cpus, program_run_stats, xdp_md)
-from softdta.kernel.maps import table
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
-from softdta.kernel.programs import (TRANSLATOR_SOURCE, XDP_ABORTED, XDP_PASS, XDP_REDIRECT, XDP_TX, EngineError,
-                                     build_object)
-from softdta.spec import DTA_NACK_PORT, ETH_P_IP, FANOUT_META_MAGIC, TRANSLATOR_TABLES, Counter, Primitive, QpState
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
+from softdta.kernel.bpf import (
+    BpfError,
+    BpfObject,
+    Map,
+    RingBuffer,
+    attach_tc_ingress,
+    attach_xdp,
+    detach_tc,
+    detach_xdp,
+    pin,
+    possible_cpus,
+    program_run_stats,
+    xdp_md,
+)
+from softdta.kernel.maps import record, table
+from softdta.kernel.programs import (
+    TRANSLATOR_SOURCE,
+    XDP_ABORTED,
+    XDP_PASS,
+    XDP_REDIRECT,
+    XDP_TX,
+    EngineError,
+    build_object,
+)
+from softdta.spec import (
+    DTA_NACK_PORT,
+    FANOUT_META_MAGIC,
+    PSN_MASK,
+    TRANSLATOR_TABLES,
+    Counter,
+    Primitive,
+    QpState,
+)
+from softdta.wire.frames import parse_udp_frame
 
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
+_FANOUT_META = record("fanout_meta")
+_DEFERRED_REPORT = record("deferred_report")
 _FLUSH_TEMPLATE = bytes(64)
 _FLUSH_RUNS_PER_TICK = 512
 
@@ -33,7 +63,7 @@ def _capacity(name: str) -> int:
 
 
 class MapTarget:
-    """The XDP maps as a control-plane target: entries packed as the BPF structs in bpf/softdta_spec.h."""
+    """The XDP maps as a control-plane target: entries packed as the BPF structs in bpf/include/softdta_spec.h."""
 
     def __init__(self, maps: dict[str, Map]):
         self.maps = maps
@@ -176,12 +206,12 @@ class XdpTranslator:
         """Set a QP's next PSN and start its grace period (what a sequence-error NAK does)."""
         state = self.qp_state(qp)
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
-        self._write_qp_state(qp, state, next_psn=psn & 0xFFFFFF, unacked_psn=psn & 0xFFFFFF,
+        self._write_qp_state(qp, state, next_psn=psn & PSN_MASK, unacked_psn=psn & PSN_MASK,
                              state=int(QpState.GRACE), grace_until_ns=now_ns + self.tables.grace_ns)
 
     def revive(self, qp: QueuePair, psn: int) -> None:
         """Bring a failed QP back once the collector re-created its end."""
-        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & 0xFFFFFF, unacked_psn=psn & 0xFFFFFF,
+        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & PSN_MASK, unacked_psn=psn & PSN_MASK,
                              state=int(QpState.ACTIVE), grace_until_ns=0)
 
     def _write_qp_state(self, qp: QueuePair, current: dict, **changes) -> None:
@@ -197,14 +227,14 @@ class XdpTranslator:
         kernel's clock, not `now_ns`)."""
         run = self.xdp.test_run(frame, ctx=xdp_md())
         out = _output(run.retval, run.data)
-        if run.retval == XDP_PASS and run.meta[:4] == FANOUT_META_MAGIC.to_bytes(4, "little"):
-            out = Output(frames=[run.data] + self._parked_frames(run.meta))
+        fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
+        if run.retval == XDP_PASS and fanout and fanout["magic"] == FANOUT_META_MAGIC:
+            out = Output(frames=[run.data] + self._parked_frames(fanout["cpu"], fanout["sequence"]))
         out.deferred = bool(self.ring.consume())
         return out
 
-    def _parked_frames(self, meta: bytes) -> list[bytes]:
+    def _parked_frames(self, cpu: int, sequence: int) -> list[bytes]:
         """Frames 2..N of a redundant report, which the tc stage would send after the packet itself."""
-        cpu, sequence = int.from_bytes(meta[4:8], "little"), int.from_bytes(meta[8:12], "little")
         capacity = _capacity("fanout")
         entry = self.read("fanout", slot=cpu * capacity + sequence % capacity)
         if entry is None or entry["sequence"] != sequence:
@@ -233,9 +263,9 @@ class XdpTranslator:
     def take_deferred(self) -> list[tuple[int, int, bytes]]:
         """Essential reports parked while their QP could not send: (qp index, ingress ifindex, frame)."""
         records = []
-        for record in self.ring.consume():
-            qp_index, length, ifindex = (int.from_bytes(record[i:i + 4], "little") for i in (0, 4, 8))
-            records.append((qp_index, ifindex, record[16:16 + length]))
+        for raw in self.ring.consume():
+            parked = _DEFERRED_REPORT.unpack(raw[:_DEFERRED_REPORT.size])
+            records.append((parked["qp_index"], parked["ingress_ifindex"], parked["frame"][:parked["len"]]))
         return records
 
     # ----------------------------------------------------------------------------------------------
@@ -355,8 +385,8 @@ def _output(action: int, data: bytes) -> Output:
     if action == XDP_ABORTED:
         raise EngineError("the XDP program aborted; check `softdta translator stats` and the kernel log")
     if action in (XDP_TX, XDP_REDIRECT):
-        udp_dport = int.from_bytes(data[36:38], "big") if data[12:14] == ETH_P_IP.to_bytes(2, "big") else 0
-        return Output(to_reporter=[data]) if udp_dport == DTA_NACK_PORT else Output(frames=[data])
+        to_reporter = parse_udp_frame(data).udp["dport"] == DTA_NACK_PORT  # the program sends only well-formed UDP
+        return Output(to_reporter=[data]) if to_reporter else Output(frames=[data])
     if action == XDP_PASS:
         return Output(passed=True)
     return Output()

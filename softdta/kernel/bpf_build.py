@@ -11,7 +11,7 @@ import sysconfig
 from pathlib import Path
 
 # The programs the product loads; a wheel ships them built.
-SHIPPED = ("translator.bpf.c", "responder.bpf.c", "xsk_steer.bpf.c")
+SHIPPED = ("translator.bpf.c", "responder.bpf.c", "xsk_steer.bpf.c", "veth_peer.bpf.c")
 
 
 class BuildError(Exception):
@@ -32,6 +32,7 @@ def compile_bpf(source: Path, target: Path, include_dir: Path) -> None:
     partial = target.with_suffix(f".{os.getpid()}.tmp")
     multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
     command = [clang, "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-I", str(include_dir),
+               "-I", str(include_dir / "include"),
                "-I", f"/usr/include/{multiarch}", "-c", str(source), "-o", str(partial)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:

@@ -1,6 +1,7 @@
-"""Byte layouts of the tables shared with BPF programs (map keys and values), derived from `spec.TABLES`.
+"""Byte layouts of the tables shared with BPF programs (map keys and values) and of the records they exchange,
+derived from `spec.TABLES` and `spec.RECORDS`.
 
-The C structs in bpf/softdta_spec.h come from the same `codegen.host_members`, so the two cannot drift.
+The C structs in bpf/include/softdta_spec.h come from the same `codegen.host_members`, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import struct
 from functools import cache
 
+from softdta.spec import RECORDS, TABLES, Field, Raw, Table
 from softdta.wire.host_layout import host_members
-from softdta.spec import TABLES, Field, Raw, Table
 
 _INT_FORMATS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q"}
 
@@ -60,3 +61,11 @@ def table(name: str) -> TableLayout:
         if entry.name == name:
             return TableLayout(entry)
     raise KeyError(f"no table named {name!r} in spec.TABLES")
+
+
+@cache
+def record(name: str) -> Layout:
+    for entry in RECORDS:
+        if entry.name == name:
+            return Layout(entry.fields)
+    raise KeyError(f"no record named {name!r} in spec.RECORDS")

@@ -10,6 +10,7 @@ from softdta.kernel import bpf_build
 from softdta.kernel.resources import BPF_DIR, INSTALLED
 
 TRANSLATOR_SOURCE = BPF_DIR / "translator.bpf.c"
+VETH_PEER_SOURCE = BPF_DIR / "veth_peer.bpf.c"  # XDP_PASS for the far end of a lab or test veth pair
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 
 
@@ -23,7 +24,7 @@ def build_object(source: Path = TRANSLATOR_SOURCE, force: bool = False) -> Path:
     if INSTALLED and source.parent == BPF_DIR and source.name in bpf_build.SHIPPED and not force:
         return BPF_DIR / bpf_build.object_name(source)
     target = source.parent / "build" / bpf_build.object_name(source)
-    inputs = [source, TRANSLATOR_SOURCE, *BPF_DIR.glob("*.h")]
+    inputs = [source, TRANSLATOR_SOURCE, *BPF_DIR.rglob("*.h")]
     if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
         return target
     try:

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-from softdta.wire import dta
 from softdta.core import workload
 from softdta.core.analysis import keywrite_empty_return_bound, keywrite_wrong_output_bound, simulate_query_success_curve
-from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, parse_udp_frame
-from softdta.wire.hashing import key_hashes_rows
 from softdta.core.offline import OfflineCollector
 from softdta.core.regions import KeyWriteRegion
-from softdta.wire.roce import build_roce_frame, transport_payload
-from softdta.spec import ROCE_PORT, KeyHash, Primitive, RoceOpcode, Transport
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
+from softdta.spec import ROCE_PORT, KeyHash, Primitive, RoceOpcode, Transport
+from softdta.wire import dta
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.wire.hashing import key_hashes_rows
+from softdta.wire.roce import build_roce_frame, transport_payload
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "bench" / "bpf" / "translator_bench.bpf.c"
@@ -252,10 +252,10 @@ class _Sink(asyncio.DatagramProtocol):
 def translator_live(reports_per_step: int, rates: list[float]) -> dict:
     """The XDP translator live in the lab (reporter -> bridge -> translator -> collector): at each offered rate,
     Key-Write N=2 reports from one TX-ring reporter, and whether all of them were translated without loss."""
+    from softdta.engines.xdp import pinned_stats
+    from softdta.kernel.tx_ring import RingReporter
     from softdta.lab import topology as lab
     from softdta.lab.live_demo import _link_drops
-    from softdta.kernel.tx_ring import RingReporter
-    from softdta.engines.xdp import pinned_stats
     steps = []
     state = lab.up(1)
     try:
@@ -292,11 +292,11 @@ def translator_python_engine(count: int) -> dict:
     (take the batch from the ring, translate, transmit), live on a veth pair between two namespaces."""
     import os
 
+    from softdta.engines.python import PythonEngine
     from softdta.kernel.bpf import BpfObject, attach_xdp
     from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
-    from softdta.engines.python import PythonEngine
+    from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
     from softdta.kernel.tx_ring import RingReporter
-    from softdta.engines.xdp import build_object
     tables = _tables()
     reporter = _reporter(tables)
     frames = [reporter.frame(report) for report in workload.key_write(count, 11, redundancy=1)]
@@ -306,7 +306,7 @@ def translator_python_engine(count: int) -> dict:
     try:
         far, near = Namespace.create(prefix + "r"), Namespace.create(prefix + "t")
         veth_pair(far, "r0", near, "t0", mac_b=":".join(f"{b:02x}" for b in tables.mac))
-        with BpfObject(build_object()) as passer, in_netns(far.name):
+        with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(far.name):
             attach_xdp(socket.if_nametoindex("r0"), passer.programs["softdta_pass"].fd)
         for io in ("af_xdp", "af_packet"):
             samples = []

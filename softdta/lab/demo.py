@@ -14,13 +14,13 @@ import numpy as np
 
 from softdta.core import workload
 from softdta.core.analysis import keywrite_empty_return_bound
-from softdta.wire.frames import ip_bytes, mac_bytes
 from softdta.core.offline import OfflineCollector
-from softdta.wire.pcap import Packet, write_pcap
 from softdta.core.query import keyincrement_query, keywrite_query, postcard_query
-from softdta.spec import DtaOpcode, Primitive
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
+from softdta.spec import DtaOpcode, Primitive
+from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.wire.pcap import Packet, write_pcap
 
 SWITCH_IDS = list(range(1, 4097))
 

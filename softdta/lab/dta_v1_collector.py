@@ -16,8 +16,8 @@ import argparse
 import ctypes
 import mmap
 import os
-import sys
 import signal
+import sys
 import traceback
 from pathlib import Path
 
@@ -30,8 +30,12 @@ PR_SET_PDEATHSIG = 1
 def serve_port(ip: str, port: int, length: int, data_dir: Path) -> None:
     import pyverbs.cm_enums as cm_enums
     from pyverbs.cmid import CMID, AddrInfo, ConnParam
-    from pyverbs.enums import (IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
-                               IBV_ACCESS_REMOTE_WRITE)
+    from pyverbs.enums import (
+        IBV_ACCESS_LOCAL_WRITE,
+        IBV_ACCESS_REMOTE_ATOMIC,
+        IBV_ACCESS_REMOTE_READ,
+        IBV_ACCESS_REMOTE_WRITE,
+    )
     from pyverbs.mr import MR
     from pyverbs.qp import QPCap, QPInitAttr
 

@@ -15,22 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softdta.lab import topology as lab
-from softdta.core import workload
-from softdta.core.analysis import keywrite_empty_return_bound, postcarding_empty_return_bound
-from softdta.kernel.bpf import enable_run_stats
-from softdta.wire.dta import DtaOpcode, Report
-from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.kernel.netns import in_netns
 from softdta.collector.collector import tables_document
 from softdta.collector.config import CollectorConfig
-from softdta.core.offline import OfflineCollector
-from softdta.engines.python import engine_stats
-from softdta.kernel.tx_ring import RingReporter
 from softdta.collector.service import OfflineSource, QueryService, key_rows
-from softdta.spec import Primitive, ResponderCounter
+from softdta.core import workload
+from softdta.core.analysis import keywrite_empty_return_bound, postcarding_empty_return_bound
+from softdta.core.offline import OfflineCollector
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
+from softdta.engines.python import engine_stats
+from softdta.kernel.bpf import enable_run_stats
+from softdta.kernel.netns import in_netns
+from softdta.kernel.tx_ring import RingReporter
+from softdta.lab import topology as lab
+from softdta.spec import Primitive, ResponderCounter
+from softdta.wire.dta import DtaOpcode, Report
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 SWITCH_IDS = list(range(1, 4097))
 KEYWRITE_SLOTS = 65536
@@ -373,9 +373,10 @@ def verdict(summary: dict) -> list[str]:
     append = queries["append"]
     if summary["complete"] and (append["entries_recovered"] != append["entries_sent"]
                                 or append["lists_in_exact_order"] != append["lists"]):
+        overwritten = append.get("entries_overwritten")
         problems.append(f"Append: {append['entries_recovered']:,} of {append['entries_sent']:,} entries recovered, "
                         f"{append['lists_in_exact_order']} of {append['lists']} lists in order"
-                        f"{'; laps overwrote ' + format(append['entries_overwritten'], ',') if append.get('entries_overwritten') else ''}")
+                        f"{f'; laps overwrote {overwritten:,}' if overwritten else ''}")
     postcarding = queries["postcarding"]
     if postcarding["decoded_exactly"] / postcarding["paths"] < postcarding["bound"] - 0.01:
         problems.append(f"Postcarding decoded {postcarding['decoded_exactly'] / postcarding['paths']:.2%} of paths, "
@@ -414,7 +415,8 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
             with Progress(console=console, transient=as_json) as progress:
                 task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
                 streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
-            time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)  # the idle flush writes out partial batches and paths
+            # the idle flush writes out partial batches and paths
+            time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)
         finally:
             import os
             os.close(stats_fd)
@@ -437,7 +439,8 @@ def _print(console, summary: dict, Table) -> None:
         reports.add_row(name, f"{sent:,}", f"{summary['translator']['received'][name]:,}")
     console.print(reports)
     translator, collector = summary["translator"], summary["collector"]
-    console.print(f"sent at {summary['reports_per_second']:,} reports/s (AF_PACKET TX rings, paced); translator emitted "
+    console.print(f"sent at {summary['reports_per_second']:,} reports/s (AF_PACKET TX rings, paced); "
+                  "translator emitted "
                   f"{translator['frames_emitted']:,} RoCEv2 frames, consumed {translator['acks_from_collector']:,} "
                   f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of "
                   f"{'XDP+tc' if translator['engine']['name'] == 'xdp' else 'python engine'} CPU per report")

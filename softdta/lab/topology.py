@@ -31,14 +31,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from softdta.errors import SoftdtaError
-from softdta.lab import rxe as rxe_lab
-from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.collector.xdp_backend import pin_dir_for
-from softdta.wire.frames import ip_bytes
-from softdta.kernel.netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, realtime_napi, veth_pair
 from softdta.engines.python import engine_stats
-from softdta.engines.xdp import EngineError, build_object
+from softdta.engines.xdp import EngineError
+from softdta.errors import SoftdtaError
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.kernel.netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, realtime_napi, veth_pair
+from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+from softdta.lab import rxe as rxe_lab
+from softdta.wire.frames import ip_bytes
 
 PREFIX = "sdta-lab-"
 STATE_DIR = Path("/run/softdta-lab")
@@ -191,7 +192,7 @@ def _build(state: LabState) -> None:
         reporter = state.reporter(index)
         ports.append((Namespace.create(reporter["netns"]), reporter["interface"], reporter["mac"],
                       f"{reporter['ip']}/16", f"sw-r{index}"))
-    with BpfObject(build_object()) as passer:
+    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
         for namespace, interface, mac, cidr, switch_port in ports:
             veth_pair(namespace, interface, switch, switch_port, mac_a=mac)
             if cidr:

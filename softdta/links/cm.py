@@ -18,14 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from softdta.errors import SoftdtaError
-from softdta.core.cm import CmConnection, CmEndpoint
-from softdta.wire.codec import WireError
 from softdta.collector.collector import tables_document
 from softdta.collector.config import AppendSpec, StructureSpec
-from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
-from softdta.spec import ROCE_PORT, Primitive, Transport
+from softdta.core.cm import CmConnection, CmEndpoint
 from softdta.core.tables import TableError, Tables
+from softdta.errors import SoftdtaError
+from softdta.spec import ROCE_PORT, Primitive, Transport
+from softdta.wire.codec import WireError
+from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 
 KINDS = ("keywrite", "keyincrement", "postcarding", "append")
 KIND_PRIMITIVES = {"keywrite": Primitive.KEY_WRITE, "keyincrement": Primitive.KEY_INCREMENT,

@@ -8,9 +8,16 @@ import ssl
 import threading
 from collections.abc import Callable
 
-from softdta.collector.control import (FAILURE_POLL_S, KEEPALIVE_S, ControlError, cancel_tasks, fetch_advertisements,
-                                       receive, send)
 from softdta.collector.collector import tables_document
+from softdta.collector.control import (
+    FAILURE_POLL_S,
+    KEEPALIVE_S,
+    ControlError,
+    cancel_tasks,
+    fetch_advertisements,
+    receive,
+    send,
+)
 from softdta.core.tables import Tables
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from softdta.wire.frames import UdpFrame
 from softdta.core.primitives import Output, PluginReport, Primitive, write_key
 from softdta.spec import MAX_KEY_LEN, MAX_POSTCARD_HOPS, Counter, Field, Header, Var
 from softdta.spec import Primitive as StructureKind
+from softdta.wire.frames import UdpFrame
 
 LATENCY_SUM_EXT = Header("latency_sum_ext", (
     Field("hop", 8, "1-based hop index"), Field("path_length", 8, "hops on this flow's path"),

@@ -15,10 +15,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-# .p4runtime first: it picks the protobuf runtime the p4runtime wheel needs
-from softdta.targets.p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info, p4runtime_pb2
 from softdta.kernel.resources import P4_DIR
 from softdta.spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS
+
+# .p4runtime first: it picks the protobuf runtime the p4runtime wheel needs
+from softdta.targets.p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info, p4runtime_pb2
 
 KEY_COPY = re.compile(r"\{ reversed_key, 8w(\d) \}")  # COPY_HASH(n) in p4/softdta_v1model.p4
 HOP_HASH = "hash(hop_hash, HashAlgorithm.crc32_custom"  # HOP_HASH(n), in hop order
@@ -27,8 +28,8 @@ HOP_HASH = "hash(hop_hash, HashAlgorithm.crc32_custom"  # HOP_HASH(n), in hop or
 def run_cli(cli: str | Path, thrift_port: int, commands: list[str]) -> None:
     """Run runtime-CLI commands; any error it prints is raised."""
     try:
-        result = subprocess.run([str(cli), "--thrift-port", str(thrift_port)], input="".join(c + "\n" for c in commands),
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([str(cli), "--thrift-port", str(thrift_port)],
+                                input="".join(c + "\n" for c in commands), capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise P4RuntimeError(f"bmv2 runtime CLI {cli}: {error}") from None
     problems = [line for line in (result.stdout + result.stderr).splitlines()
@@ -71,7 +72,8 @@ def crc32_custom_commands(program: dict) -> list[str]:
                 polynomial, hops = POSTCARD_HOP_POLYNOMIALS[hops], hops + 1
             else:
                 raise P4RuntimeError(f"crc32_custom call site {calculation} ({fragment[:60]!r}) is neither a key "
-                                     "copy hash nor a hop hash: p4/softdta_v1model.p4 and softdta/targets/bmv2.py disagree")
+                                     "copy hash nor a hop hash: p4/softdta_v1model.p4 and softdta/targets/bmv2.py "
+                                     "disagree")
             commands.append(f"set_crc32_parameters {calculation} {polynomial:#010x} 0xffffffff 0xffffffff true true")
     return commands
 

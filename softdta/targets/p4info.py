@@ -21,8 +21,15 @@ except TypeError as error:  # protobuf was imported with its upb runtime before 
                       "anything that imports google.protobuf, or set PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="
                       f"python ({error})") from None
 
-from softdta.targets.p4names import (P4_MISS_ACTION, P4_MISS_ACTION_ID, p4_action_id, p4_action_params,  # noqa: E402
-                      p4_control_tables, p4_registers, p4_table_id)
+from softdta.targets.p4names import (  # noqa: E402
+    P4_MISS_ACTION,
+    P4_MISS_ACTION_ID,
+    p4_action_id,
+    p4_action_params,
+    p4_control_tables,
+    p4_registers,
+    p4_table_id,
+)
 
 ARCHITECTURES = ("v1model", "tna")
 

@@ -15,18 +15,36 @@ import queue
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from softdta.core.control_plane import (
+    DEFAULT_FLUSH_IDLE_NS,
+    Entry,
+    Plan,
+    Slots,
+    address_fields,
+    apply_plan,
+    plan,
+    table_spec,
+)
+from softdta.core.tables import QueuePair, TableError, Tables
 from softdta.errors import SoftdtaError
+from softdta.kernel.resources import P4_DIR
+from softdta.spec import (
+    P4_SKETCH_COLUMN_BITS,
+    P4_SKETCH_REPORTER_BITS,
+    TNA_APPEND_STATE_ENTRIES,
+    TNA_MAX_APPEND_BATCH,
+    TNA_MAX_SKETCH_ROWS,
+    TNA_POSTCARD_CACHE_ENTRIES,
+    TNA_SKETCH_COLUMN_ENTRIES,
+    Primitive,
+    Raw,
+)
 from softdta.targets.p4info import parse_p4info
 from softdta.targets.p4names import P4_REPLICATION, p4_control_tables, p4_registers
-from softdta.core.control_plane import (DEFAULT_FLUSH_IDLE_NS, Entry, Plan, Slots, address_fields, apply_plan, plan,
-                            table_spec)
 from softdta.wire.dta import Profile
 from softdta.wire.icrc_split import TAIL_CHUNK_BYTES, TAIL_CHUNKS_PER_PASS
-from softdta.kernel.resources import P4_DIR
-from softdta.spec import (P4_SKETCH_COLUMN_BITS, P4_SKETCH_REPORTER_BITS, TNA_APPEND_STATE_ENTRIES, TNA_MAX_APPEND_BATCH,
-                   TNA_MAX_SKETCH_ROWS, TNA_POSTCARD_CACHE_ENTRIES, TNA_SKETCH_COLUMN_ENTRIES, Primitive, Raw)
-from softdta.core.tables import QueuePair, TableError, Tables
 
+# isort: split
 import grpc  # noqa: E402  (after .p4info, which selects the protobuf runtime the p4runtime wheel needs)
 from google.rpc import code_pb2  # noqa: E402
 from p4.config.v1 import p4info_pb2  # noqa: E402

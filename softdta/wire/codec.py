@@ -6,6 +6,8 @@ big-endian bit fields, MSB first; `Raw` and `Var` parts are bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from softdta.errors import SoftdtaError
 from softdta.spec import Header, Raw
 
@@ -35,7 +37,7 @@ class Codec:
         self.names = tuple(f.name for f in header.fields) + tuple(v.name for v in header.tail)
         self._known = frozenset(self.names)
 
-    def pack(self, values: dict | None = None, **fields) -> bytes:
+    def pack(self, values: dict[str, Any] | None = None, **fields: Any) -> bytes:
         if values:
             fields = {**values, **fields}
         unknown = fields.keys() - self._known
@@ -62,7 +64,7 @@ class Codec:
             out += raw
         return bytes(out)
 
-    def unpack(self, buf: bytes | memoryview, offset: int = 0) -> tuple[dict, int]:
+    def unpack(self, buf: bytes | memoryview, offset: int = 0) -> tuple[dict[str, Any], int]:
         """Parse the header at `offset`; return its fields and the offset just past it."""
         end = offset + self.size
         if len(buf) < end:
@@ -70,7 +72,7 @@ class Codec:
                                          f"packet has {max(0, len(buf) - offset)}")
         chunk = bytes(buf[offset:end])
         word = int.from_bytes(chunk, "big")
-        fields: dict = {name: (word >> shift) & mask for name, shift, mask in self._int_fields}
+        fields: dict[str, Any] = {name: (word >> shift) & mask for name, shift, mask in self._int_fields}
         for name, start, size in self._raw_fields:
             fields[name] = chunk[start:start + size]
         for var in self.header.tail:
@@ -82,7 +84,7 @@ class Codec:
             end += length
         return fields, end
 
-    def length_of(self, fields: dict) -> int:
+    def length_of(self, fields: dict[str, Any]) -> int:
         return self.size + sum(int(fields[v.length_from]) * v.unit for v in self.header.tail)
 
 

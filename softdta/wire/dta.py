@@ -11,12 +11,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
+from softdta.spec import (
+    APPEND_EXT,
+    APPEND_V1,
+    DTA_BASE_EXT,
+    DTA_BASE_V1_SEQ,
+    DTA_BASE_V1_SHORT,
+    DTA_V1_OPCODES,
+    EXTENDED_FIRST_BYTE,
+    EXTENDED_MARKER,
+    KEY_INCREMENT_EXT,
+    KEY_INCREMENT_V1,
+    KEY_WRITE_EXT,
+    KEY_WRITE_V1,
+    MAX_DATA_LEN,
+    MAX_KEY_LEN,
+    MAX_POSTCARD_HOPS,
+    MAX_REDUNDANCY,
+    MAX_SKETCH_ROWS,
+    NACK_EXT,
+    NACK_V1,
+    POSTCARD_EXT,
+    POSTCARD_V1,
+    SKETCH_MERGE_EXT,
+    DtaOpcode,
+    Header,
+    NackKind,
+)
 from softdta.wire.codec import WireError, codec
-from softdta.spec import (APPEND_EXT, APPEND_V1, DTA_BASE_EXT, DTA_BASE_V1_SEQ, DTA_BASE_V1_SHORT, DTA_V1_OPCODES,
-                   EXTENDED_FIRST_BYTE, EXTENDED_MARKER, KEY_INCREMENT_EXT, KEY_INCREMENT_V1, KEY_WRITE_EXT,
-                   KEY_WRITE_V1, MAX_DATA_LEN, MAX_KEY_LEN, MAX_POSTCARD_HOPS, MAX_REDUNDANCY, MAX_SKETCH_ROWS,
-                   NACK_EXT, NACK_V1, POSTCARD_EXT, POSTCARD_V1, SKETCH_MERGE_EXT, DtaOpcode, Header, NackKind)
 
 
 class Profile(str, Enum):
@@ -60,24 +84,24 @@ class Report:
         return replace(self, seqnum=seqnum & 0xFF)
 
 
-def key_write(key: bytes | int, data: bytes | int, redundancy: int = 1, **flags) -> Report:
+def key_write(key: bytes | int, data: bytes | int, redundancy: int = 1, **flags: Any) -> Report:
     return Report(DtaOpcode.KEY_WRITE, key=_as_bytes(key), data=_as_bytes(data), redundancy=redundancy, **flags)
 
 
-def key_increment(key: bytes | int, counter: int, redundancy: int = 1, **flags) -> Report:
+def key_increment(key: bytes | int, counter: int, redundancy: int = 1, **flags: Any) -> Report:
     return Report(DtaOpcode.KEY_INCREMENT, key=_as_bytes(key), counter=counter, redundancy=redundancy, **flags)
 
 
-def append(list_id: int, data: bytes | int, **flags) -> Report:
+def append(list_id: int, data: bytes | int, **flags: Any) -> Report:
     return Report(DtaOpcode.APPEND, list_id=list_id, data=_as_bytes(data), **flags)
 
 
-def postcard(key: bytes | int, hop: int, data: bytes | int, path_length: int = 0, **flags) -> Report:
+def postcard(key: bytes | int, hop: int, data: bytes | int, path_length: int = 0, **flags: Any) -> Report:
     return Report(DtaOpcode.POSTCARDING, key=_as_bytes(key), hop=hop, data=_as_bytes(data),
                   path_length=path_length, **flags)
 
 
-def sketch_column(reporter: int, column: int, counters: list[int] | tuple[int, ...], **flags) -> Report:
+def sketch_column(reporter: int, column: int, counters: list[int] | tuple[int, ...], **flags: Any) -> Report:
     return Report(DtaOpcode.SKETCH_MERGE, reporter=reporter, column=column, counters=tuple(counters),
                   extended=True, **flags)
 
@@ -116,7 +140,7 @@ def encode(report: Report, profile: Profile = Profile.DTA_V1) -> bytes:
     return base + codec(sub).pack({name: getattr(report, name) for name in codec(sub).names})
 
 
-def _ext_fields(report: Report) -> dict:
+def _ext_fields(report: Report) -> dict[str, Any]:
     fields = {"redundancy": report.redundancy, "key_len": len(report.key), "data_len": len(report.data),
               "key": report.key, "data": report.data, "counter": report.counter, "list_id": report.list_id,
               "hop": report.hop, "path_length": report.path_length, "reporter": report.reporter,
@@ -162,7 +186,7 @@ def _decode_extended(payload: bytes) -> Report:
     return _validate(report)
 
 
-def _report_fields(fields: dict) -> dict:
+def _report_fields(fields: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in fields.items() if k in Report.__dataclass_fields__}
     if "counters" in fields:
         raw = fields["counters"]

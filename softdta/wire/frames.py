@@ -5,9 +5,10 @@ from __future__ import annotations
 import ipaddress
 import struct
 from dataclasses import dataclass
+from typing import Any
 
-from softdta.wire.codec import WireError, codec
 from softdta.spec import ETH_P_IP, ETH_P_IPV6, ETHERNET, IPPROTO_UDP, IPV4, IPV6, UDP
+from softdta.wire.codec import WireError, codec
 
 _ETH = codec(ETHERNET)
 _IPV4 = codec(IPV4)
@@ -43,7 +44,7 @@ def ip_str(address: bytes) -> str:
 
 
 def ipv4_checksum(header: bytes) -> int:
-    total = sum(struct.unpack(f"!{len(header) // 2}H", header[:len(header) // 2 * 2]))
+    total: int = sum(struct.unpack(f"!{len(header) // 2}H", header[:len(header) // 2 * 2]))
     if len(header) % 2:
         total += header[-1]  # as a one-byte big-endian word, like the slice of an odd tail
     while total >> 16:
@@ -75,6 +76,7 @@ class UdpEndpoints:
 def build_udp_frame(ends: UdpEndpoints, payload: bytes) -> bytes:
     """A complete Ethernet frame; UDP checksum 0 over IPv4, computed over IPv6 (where 0 is not allowed)."""
     udp_length = _UDP.size + len(payload)
+    ip_header: bytes | bytearray  # a bytearray for IPv4, whose checksum is patched in
     if len(ends.src_ip) == 4:
         ip_header = bytearray(_IPV4.pack(
             version=4, ihl=5, dscp=ends.dscp, ecn=ends.ecn, total_length=_IPV4.size + udp_length,
@@ -108,9 +110,9 @@ class UdpFrame:
     """A parsed Ethernet/IP/UDP frame. `ip_offset` and `payload_offset` index into `frame`."""
 
     frame: bytes
-    eth: dict
-    ip: dict
-    udp: dict
+    eth: dict[str, Any]
+    ip: dict[str, Any]
+    udp: dict[str, Any]
     ip_offset: int
     payload_offset: int
     payload_end: int
@@ -121,15 +123,18 @@ class UdpFrame:
 
     @property
     def is_ipv6(self) -> bool:
-        return self.ip["version"] == 6
+        version: int = self.ip["version"]
+        return version == 6
 
     @property
     def src_ip(self) -> bytes:
-        return self.ip["src"]
+        src: bytes = self.ip["src"]
+        return src
 
     @property
     def dst_ip(self) -> bytes:
-        return self.ip["dst"]
+        dst: bytes = self.ip["dst"]
+        return dst
 
 
 def parse_udp_frame(frame: bytes) -> UdpFrame:

@@ -14,6 +14,7 @@ import zlib
 from functools import cache
 
 import numpy as np
+import numpy.typing as npt
 
 from softdta.spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS, KeyHash
 
@@ -102,7 +103,7 @@ def crc32_rows(rows: np.ndarray, polynomial: int = 0x04C11DB7) -> np.ndarray:
     return crc32_update_rows(start, rows, polynomial) ^ np.uint32(_MASK32)
 
 
-def keys_to_rows(keys: np.ndarray | list, key_len: int = 4) -> np.ndarray:
+def keys_to_rows(keys: npt.ArrayLike, key_len: int = 4) -> np.ndarray:
     """Integer keys (big-endian on the wire) to a (count, key_len) uint8 array of wire bytes."""
     values = np.asarray(keys, dtype=np.uint64)
     shifts = np.arange(key_len - 1, -1, -1, dtype=np.uint64) * np.uint64(8)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import zlib
 
+from softdta.spec import BTH, IMMDT, IPV4, MAX_WRITE_PAYLOAD, RETH, UDP
 from softdta.wire.hashing import crc_table
 from softdta.wire.roce import icrc
-from softdta.spec import BTH, IMMDT, IPV4, MAX_WRITE_PAYLOAD, RETH, UDP
 
 # Offset, in the IP packet, of the first byte that changes from frame to frame of one QP and length: BTH
 # byte 8 (AckReq and reserved), followed by the PSN. IPv4 identification is 0 and the IPv4 checksum, TOS and

@@ -4,61 +4,98 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
+from softdta.spec import (
+    AETH_KIND_SHIFT,
+    AETH_VALUE_MASK,
+    BTH,
+    DEFAULT_PKEY,
+    ETHERNET,
+    ICRC_LEN,
+    IPV4,
+    IPV4_VERSION_NUMBER,
+    IPV6,
+    LRH_STAND_IN_LEN,
+    PSN_MASK,
+    ROCE_OPCODE_HEADERS,
+    ROCE_PORT,
+    UDP,
+    AethKind,
+    Field,
+    Header,
+    NakCode,
+    RoceOpcode,
+)
 from softdta.wire.codec import WireError, codec
 from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
-from softdta.spec import (BTH, DEFAULT_PKEY, ICRC_LEN, ROCE_OPCODE_HEADERS, ROCE_PORT, AethKind, Header,
-                   NakCode, RoceOpcode)
 
 _BTH = codec(BTH)
-_ICRC_PREFIX = b"\xff" * 8
-_ETHERNET_LEN = 14
+_IPV4 = codec(IPV4)
+_LRH_STAND_IN = b"\xff" * LRH_STAND_IN_LEN
+
+
+
+def icrc_variant_mask(header: Header) -> bytes:
+    """A header-sized mask with the bits of the header's `icrc_variant` fields set."""
+    total, offset, mask = header.size * 8, 0, 0
+    for f in header.fields:
+        if isinstance(f, Field) and f.icrc_variant:
+            mask |= ((1 << f.bits) - 1) << (total - offset - f.bits)
+        offset += f.bits
+    return mask.to_bytes(header.size, "big")
+
+
+_VARIANT = {header.name: icrc_variant_mask(header) for header in (IPV4, IPV6, UDP, BTH)}
+
+
+def _set_ones(buffer: bytearray, at: int, mask: bytes) -> None:
+    for i, bits in enumerate(mask):
+        buffer[at + i] |= bits
 
 
 def icrc(ip_packet: bytes) -> bytes:
     """iCRC of an IP packet (IP header through the last payload byte, without the iCRC), wire order.
 
-    The variant fields are masked to ones as IBTA Annex A17 prescribes: IPv4 TOS, TTL and header checksum (or
-    IPv6 traffic class, flow label and hop limit), the UDP checksum, and BTH byte 4 (FECN, BECN, reserved).
+    The variant fields (the spec's `icrc_variant`: IPv4 TOS, TTL and header checksum, or IPv6 traffic class,
+    flow label and hop limit; the UDP checksum; BTH FECN, BECN and reserved bits) count as ones, after eight
+    0xff bytes that stand for the LRH (IBTA Annex A17).
     """
     masked = bytearray(ip_packet)
-    if masked[0] >> 4 == 4:
-        header_len = (masked[0] & 0x0F) * 4
-        masked[1] = 0xFF
-        masked[8] = 0xFF
-        masked[10:12] = b"\xff\xff"
+    ip, _ = _IPV4.unpack(ip_packet)
+    if ip["version"] == IPV4_VERSION_NUMBER:
+        header_len = ip["ihl"] * 4
+        _set_ones(masked, 0, _VARIANT["ipv4"])
     else:
-        header_len = 40
-        masked[0:4] = bytes([masked[0] | 0x0F, 0xFF, 0xFF, 0xFF])
-        masked[7] = 0xFF
-    masked[header_len + 6:header_len + 8] = b"\xff\xff"
-    masked[header_len + 8 + 4] = 0xFF
-    return zlib.crc32(masked, zlib.crc32(_ICRC_PREFIX)).to_bytes(4, "little")
+        header_len = IPV6.size
+        _set_ones(masked, 0, _VARIANT["ipv6"])
+    _set_ones(masked, header_len, _VARIANT["udp"])
+    _set_ones(masked, header_len + UDP.size, _VARIANT["bth"])
+    return zlib.crc32(masked, zlib.crc32(_LRH_STAND_IN)).to_bytes(ICRC_LEN, "little")
 
 
 def aeth_syndrome(kind: AethKind, value: int) -> int:
     """Compose an AETH syndrome: credit count for ACK, timer for RNR NAK, NAK code for NAK."""
-    return (int(kind) << 5) | (value & 0x1F)
+    return (int(kind) << AETH_KIND_SHIFT) | (value & AETH_VALUE_MASK)
 
 
 def aeth_kind(syndrome: int) -> tuple[int, int]:
     """Split an AETH syndrome into (kind, low five bits)."""
-    return syndrome >> 5, syndrome & 0x1F
+    return syndrome >> AETH_KIND_SHIFT, syndrome & AETH_VALUE_MASK
 
 
-ACK_SYNDROME = aeth_syndrome(AethKind.ACK, 0x1F)
 NAK_SEQUENCE_SYNDROME = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
 NAK_REMOTE_ACCESS_SYNDROME = aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR)
 NAK_INVALID_REQUEST_SYNDROME = aeth_syndrome(AethKind.NAK, NakCode.INVALID_REQUEST)
 
 
-def transport_payload(opcode: RoceOpcode, dest_qp: int, psn: int, headers: dict[str, dict],
+def transport_payload(opcode: RoceOpcode, dest_qp: int, psn: int, headers: dict[str, dict[str, Any]],
                       payload: bytes = b"", ack_req: bool = False, migreq: bool = True,
                       pkey: int = DEFAULT_PKEY, solicited: bool = False) -> bytes:
     """BTH, the opcode's extended headers (from `headers`, keyed by header name) and the payload."""
     pad = (-len(payload)) % 4
     out = _BTH.pack(opcode=int(opcode), solicited=int(solicited), migreq=int(migreq), pad_count=pad, pkey=pkey,
-                    dest_qp=dest_qp, ack_req=int(ack_req), psn=psn & 0xFFFFFF)
+                    dest_qp=dest_qp, ack_req=int(ack_req), psn=psn & PSN_MASK)
     for header in ROCE_OPCODE_HEADERS[RoceOpcode(opcode)]:
         out += codec(header).pack(headers.get(header.name, {}))
     return out + payload + bytes(pad)
@@ -67,7 +104,7 @@ def transport_payload(opcode: RoceOpcode, dest_qp: int, psn: int, headers: dict[
 def build_roce_frame(ends: UdpEndpoints, transport: bytes) -> bytes:
     """A complete RoCEv2 frame: UDP to port 4791 carrying `transport` and a correct iCRC."""
     frame = build_udp_frame(ends, transport + bytes(ICRC_LEN))
-    crc = icrc(frame[_ETHERNET_LEN:-ICRC_LEN])
+    crc = icrc(frame[ETHERNET.size:-ICRC_LEN])
     if len(ends.src_ip) == 16:
         # IPv6 needs a real UDP checksum, which covers the iCRC; the iCRC itself masks the UDP checksum.
         return build_udp_frame(ends, transport + crc)
@@ -79,15 +116,16 @@ class RoceFrame:
     """A dissected RoCEv2 frame. `headers` maps extended header names to their fields."""
 
     udp_frame: UdpFrame
-    bth: dict
-    headers: dict[str, dict] = field(default_factory=dict)
+    bth: dict[str, Any]
+    headers: dict[str, dict[str, Any]] = field(default_factory=dict)
     payload: bytes = b""
     icrc: bytes = b""
     icrc_ok: bool = False
 
     @property
     def opcode(self) -> int:
-        return self.bth["opcode"]
+        opcode: int = self.bth["opcode"]
+        return opcode
 
     @property
     def src_ip(self) -> bytes:

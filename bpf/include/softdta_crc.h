@@ -3,6 +3,7 @@
 #define SOFTDTA_CRC_H
 
 #include <linux/types.h>
+#include "softdta_spec.h"
 
 /* slice-by-8 tables of the reflected CRC-32 (zlib, iCRC, dta-v1 key hashes) */
 static const __u32 crc32_slice8[8][256] = {
@@ -421,7 +422,7 @@ static const __u32 crc32_key_hash[4][256] = {
 };
 
 /* byte tables of POSTCARD_HOP_POLYNOMIALS (hop 1..8) */
-static const __u32 crc32_postcard_hop[8][256] = {
+static const __u32 crc32_postcard_hop[POSTCARD_HOP_POLYNOMIALS_COUNT][256] = {
 	{
 		0x00000000, 0x00b3ddc5, 0x00ad2b7b, 0x001ef6be, 0x0090c607, 0x00231bc2, 0x003ded7c, 0x008e30b9,
 		0x00eb1cff, 0x0058c13a, 0x00463784, 0x00f5ea41, 0x007bdaf8, 0x00c8073d, 0x00d6f183, 0x00652c46,

@@ -1,0 +1,126 @@
+/* translator.bpf.c: Frames. */
+#ifndef SOFTDTA_TRANSLATOR_FRAMES_H
+#define SOFTDTA_TRANSLATOR_FRAMES_H
+
+/* iCRC over s->out[start, start + len): a global function, so the verifier checks its loop only once. */
+__noinline __u32 out_crc(struct scratch *s, __u32 start, __u32 len)
+{
+	if (!s)
+		return 0;
+	return ~crc32_slice8_update(0xffffffff, s->out, OUT_MASK, start, len);
+}
+
+static __always_inline __u32 request_ext_len(__u8 opcode)
+{
+	switch (opcode) {
+	case ROCE_OP_RC_WRITE_ONLY:
+	case ROCE_OP_UC_WRITE_ONLY:
+		return RETH_SIZE;
+	case ROCE_OP_RC_WRITE_ONLY_IMM:
+	case ROCE_OP_UC_WRITE_ONLY_IMM:
+		return RETH_SIZE + IMMDT_SIZE;
+	default:
+		return ATOMIC_ETH_SIZE;
+	}
+}
+
+
+/* One RoCEv2 frame at s->out[at] from s->frame; the payload already sits after the headers. Allocates the
+ * QP's next PSN. Returns the frame length, 0 if the frame would not fit. */
+static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_value *q, struct qp_state_value *qs,
+				   const struct translator_config_value *cfg)
+{
+	struct frame_params *fp = &s->frame;
+	__u32 ext = request_ext_len(fp->opcode);
+	__u32 payload = fp->payload_len & 511;
+	__u32 pad = (4 - (payload & 3)) & 3;
+	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + payload + pad + ICRC_LEN;
+	__u32 ack_req = 0, crc;
+	__u8 *f, *ip, *udp, *bth, *eh;
+
+	if (at > OUT_LIMIT || ETHERNET_SIZE + ip_len > OUT_LIMIT)
+		return 0;
+	f = s->out + at;
+	ip = f + ETHERNET_SIZE;
+	udp = ip + IPV4_SIZE;
+	bth = udp + UDP_SIZE;
+	eh = bth + BTH_SIZE;
+
+	qs->frames_sent += 1;
+	if (q->transport == TRANSPORT_RC && cfg->ack_req_interval && qs->frames_sent % cfg->ack_req_interval == 0)
+		ack_req = 1;
+
+	ipv4_header(ip, ip_len, cfg->src_ip, q->collector_ip);
+	udp_set_sport(udp, cfg->udp_sport);
+	udp_set_dport(udp, ROCE_PORT);
+	udp_set_length(udp, ip_len - IPV4_SIZE);
+	bth_set_opcode(bth, fp->opcode);
+	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK | pad << BTH_PAD_COUNT_SHIFT);	/* MigReq set, as rdma_rxe sends */
+	bth_set_pkey(bth, DEFAULT_PKEY);
+	put8(bth + BTH_FECN_OFF, 0);
+	bth_set_dest_qp(bth, q->remote_qpn);
+	put8(bth + BTH_ACK_REQ_OFF, ack_req << BTH_ACK_REQ_SHIFT);
+	bth_set_psn(bth, qs->next_psn);
+	qs->next_psn = (qs->next_psn + 1) & PSN_MASK;
+	if (ext == ATOMIC_ETH_SIZE) {
+		atomic_eth_set_va(eh, fp->va);
+		atomic_eth_set_rkey(eh, q->rkey);
+		atomic_eth_set_swap_add(eh, fp->swap_add);
+		atomic_eth_set_compare(eh, 0);
+	} else {
+		reth_set_va(eh, fp->va);
+		reth_set_rkey(eh, q->rkey);
+		reth_set_dma_length(eh, payload);
+		if (ext == RETH_SIZE + IMMDT_SIZE)
+			immdt_set_immediate(eh + RETH_SIZE, fp->immediate);
+	}
+	for (__u32 i = 0; i < 3 && i < pad; i++)
+		s->out[(at + ROCE_HEADERS + ext + payload + i) & OUT_MASK] = 0;
+
+	/* iCRC: eight 0xff bytes stand for the LRH, then the IP packet with its variant fields set to ones. */
+	icrc_mask(ip - LRH_STAND_IN_LEN, ip, udp, bth);
+	crc = out_crc(s, at + ETHERNET_SIZE - LRH_STAND_IN_LEN, LRH_STAND_IN_LEN + ip_len - ICRC_LEN);
+	icrc_unmask(udp, bth);
+	ipv4_finish(ip, cfg->dscp, cfg->ttl);
+	__builtin_memcpy(f + ETHERNET_DST_OFF, q->collector_mac, ETHERNET_DST_LEN);
+	__builtin_memcpy(f + ETHERNET_SRC_OFF, cfg->src_mac, ETHERNET_SRC_LEN);
+	ethernet_set_ethertype(f, ETH_P_IP);
+	for (int i = 0; i < ICRC_LEN; i++)	/* little-endian on the wire, as the InfiniBand CRC is sent */
+		s->out[(at + ETHERNET_SIZE + ip_len - ICRC_LEN + i) & OUT_MASK] = crc >> (8 * i);
+	return ETHERNET_SIZE + ip_len;
+}
+
+/* Appends one RDMA WRITE (with Immediate if asked) of the payload already at the frame's payload offset. */
+static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const struct qp_value *q,
+					 struct qp_state_value *qs, const struct translator_config_value *cfg,
+					 __u64 offset, __u32 immediate)
+{
+	struct frame_params *fp = &s->frame;
+
+	if (offset + fp->payload_len > q->length) {
+		count(CNT_DROP_OUT_OF_REGION);
+		return 0;
+	}
+	fp->va = q->base_va + offset;
+	fp->rkey = q->rkey;
+	if (q->transport == TRANSPORT_RC)
+		fp->opcode = immediate ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_RC_WRITE_ONLY;
+	else
+		fp->opcode = immediate ? ROCE_OP_UC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY;
+	return build_roce(s, at, q, qs, cfg);
+}
+
+/* Where the payload of a WRITE built at the start of out begins. */
+static __always_inline __u32 write_payload_at(__u32 immediate)
+{
+	return ROCE_HEADERS + RETH_SIZE + (immediate ? IMMDT_SIZE : 0);
+}
+
+static __always_inline void single_frame(struct scratch *s, __u32 len, __u32 ifindex)
+{
+	s->out_count = len ? 1 : 0;
+	s->out_frame_len = len;
+	s->out_ifindex = ifindex;
+}
+
+#endif /* SOFTDTA_TRANSLATOR_FRAMES_H */

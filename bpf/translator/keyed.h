@@ -1,0 +1,60 @@
+/* translator.bpf.c: Key-Write and Key-Increment. */
+#ifndef SOFTDTA_TRANSLATOR_KEYED_H
+#define SOFTDTA_TRANSLATOR_KEYED_H
+
+static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
+{
+	struct report *r = &s->report;
+	struct structure_key sk = { .collector_ip = s->dst_ip, .primitive = r->opcode };
+	struct structure_value *st = bpf_map_lookup_elem(&structure, &sk);
+	struct frame_params *fp = &s->frame;
+	struct qp_ref ref;
+	__u32 blocked, checksum, frame_len = 0;
+
+	if (!st || !qp_lookup(st->qp_index, &ref))
+		return CNT_DROP_UNKNOWN_COLLECTOR;
+	if (r->key_len != st->key_len || (r->opcode == DTA_OP_KEY_WRITE && r->data_len != st->data_len))
+		return CNT_DROP_BAD_LENGTH;
+	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	if (blocked)
+		return blocked;
+	checksum = key_checksum(r);
+	for (__u32 copy = 0; copy < MAX_REDUNDANCY && copy < r->redundancy; copy++) {
+		__u64 offset = (__u64)(key_slot_hash(r, copy, st->key_hash) & (st->slot_count - 1)) * st->slot_size;
+		__u32 at = copy * (frame_len & 255), len;
+
+		if (r->opcode == DTA_OP_KEY_WRITE) {
+			__u32 pos = at + write_payload_at(r->immediate);
+
+			for (int i = 0; i < 4; i++)
+				s->out[(pos + i) & OUT_MASK] = checksum >> (8 * i);
+			for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++)
+				s->out[(pos + 4 + i) & OUT_MASK] = r->data[i];
+			fp->payload_len = 4 + r->data_len;
+			fp->immediate = checksum;
+			len = write_frame(s, at, ref.q, ref.qs, cfg, offset, r->immediate);
+		} else {
+			if (offset + 8 > ref.q->length)
+				return CNT_DROP_OUT_OF_REGION;
+			fp->opcode = ROCE_OP_RC_FETCH_ADD;
+			fp->va = ref.q->base_va + offset;
+			fp->rkey = ref.q->rkey;
+			fp->swap_add = r->counter;
+			fp->payload_len = 0;
+			len = build_roce(s, at, ref.q, ref.qs, cfg);
+		}
+		if (!len)
+			return CNT_DROP_OUT_OF_REGION;
+		frame_len = len;
+	}
+	s->out_count = r->redundancy;
+	s->out_via_tc = 1;
+	s->out_frame_len = frame_len;
+	s->out_ifindex = ref.q->ifindex;
+	count_n(CNT_TX_FRAMES, r->redundancy);
+	return 0;
+}
+
+PRIMITIVE_HANDLER(on_keyed, CNT_DROP_UNKNOWN_COLLECTOR)
+
+#endif /* SOFTDTA_TRANSLATOR_KEYED_H */

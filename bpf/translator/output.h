@@ -1,0 +1,126 @@
+/* translator.bpf.c: Output. */
+#ifndef SOFTDTA_TRANSLATOR_OUTPUT_H
+#define SOFTDTA_TRANSLATOR_OUTPUT_H
+
+/* s->out[0, len) into the packet, a word at a time: cheaper here than bpf_xdp_store_bytes. */
+static __always_inline int copy_to_packet(struct xdp_md *ctx, struct scratch *s, __u32 len)
+{
+	__u8 *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	__u32 i;
+
+	for (i = 0; i < OUT_LIMIT && i + 8 <= len; i += 8) {
+		if (data + i + 8 > end)
+			return -1;
+		*(__u64 *)(data + i) = *(__u64 *)(s->out + (i & OUT_MASK));
+	}
+	for (int k = 0; k < 8 && i < len; k++, i++) {
+		if (data + i + 1 > end)
+			return -1;
+		data[i] = s->out[i & OUT_MASK];
+	}
+	return 0;
+}
+
+/* The report payload into s->raw, a word at a time (at most RAW_MAX bytes). */
+static __always_inline int copy_payload(struct xdp_md *ctx, struct scratch *s, __u32 off, __u32 len)
+{
+	__u8 *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end, *p;
+	__u32 i;
+
+	if (off > 128)
+		return -1;
+	p = data + off;
+	for (i = 0; i + 8 <= RAW_MAX && i + 8 <= len; i += 8) {
+		if (p + i + 8 > end)
+			return -1;
+		*(__u64 *)(s->raw + i) = *(__u64 *)(p + i);
+	}
+	for (int k = 0; k < 8 && i < RAW_MAX && i < len; k++, i++) {
+		if (p + i + 1 > end)
+			return -1;
+		s->raw[i] = p[i];
+	}
+	return 0;
+}
+
+/* Parks frames 2..N of a report for the tc stage; the packet carries frame 1 and the meta. */
+static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
+{
+	__u32 slot, len = s->out_frame_len;
+	struct fanout_value *entry;
+
+	meta->magic = FANOUT_META_MAGIC;
+	meta->cpu = bpf_get_smp_processor_id();
+	meta->sequence = s->fanout_sequence++;
+	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
+	entry = bpf_map_lookup_elem(&fanout, &slot);
+	if (!entry || len > FANOUT_FRAME_MAX || s->out_count > MAX_REDUNDANCY)
+		return -1;
+	entry->sequence = meta->sequence;
+	entry->count = s->out_count;
+	entry->frame_len = len;
+	entry->ifindex = s->out_ifindex;
+	for (__u32 i = 0; i < (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX && i < (s->out_count - 1) * len; i++)
+		entry->frames[i] = s->out[(len + i) & OUT_MASK];
+	return 0;
+}
+
+/* Replaces the packet with the first frame the handler built: sent with XDP_TX or a redirect, or, for
+ * Key-Write and Key-Increment (which may need several), passed up to the tc stage, which sends them all. Their
+ * QPs use the tc stage for every report, N = 1 too: frames of one QP must never take two paths, or a NAPI poll
+ * could put them on the wire out of PSN order. */
+static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
+{
+	__u64 len = s->out_frame_len, have = ctx->data_end - ctx->data;
+	struct fanout_meta meta, *room;
+	void *data;
+
+	if (!s->out_count)
+		return XDP_DROP;
+	if (len > OUT_LIMIT || len < ETHERNET_SIZE) {
+		count(CNT_DROP_BAD_LENGTH);
+		return XDP_DROP;
+	}
+	/* Grow into the tailroom, or else the headroom: drivers (veth with small skbs) may offer only one. */
+	if (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have) &&
+	    (len < have || bpf_xdp_adjust_head(ctx, (int)have - (int)len))) {
+		count(CNT_DROP_NO_ROOM);
+		return XDP_DROP;
+	}
+	if (copy_to_packet(ctx, s, len)) {
+		count(CNT_DROP_NO_ROOM);
+		return XDP_DROP;
+	}
+	if (s->out_via_tc) {
+		if (park_frames(s, &meta) || bpf_xdp_adjust_meta(ctx, -(int)sizeof(meta))) {
+			count(CNT_DROP_NO_ROOM);
+			return XDP_DROP;
+		}
+		data = (void *)(long)ctx->data;
+		room = (void *)(long)ctx->data_meta;
+		if ((void *)(room + 1) > data)
+			return XDP_DROP;
+		*room = meta;
+		return XDP_PASS;
+	}
+	if (s->out_ifindex && s->out_ifindex != ctx->ingress_ifindex)
+		return bpf_redirect(s->out_ifindex, 0);
+	return XDP_TX;
+}
+
+static __always_inline struct scratch *begin(__u32 data_path)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+
+	if (s) {
+		s->now_ns = 0;
+		s->data_path = data_path;
+		s->out_count = 0;
+		s->out_via_tc = 0;
+		s->out_ifindex = 0;
+	}
+	return s;
+}
+
+#endif /* SOFTDTA_TRANSLATOR_OUTPUT_H */

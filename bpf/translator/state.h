@@ -1,0 +1,142 @@
+/* translator.bpf.c: The translator's constants, working memory and maps, and the helpers every part uses. */
+#ifndef SOFTDTA_TRANSLATOR_STATE_H
+#define SOFTDTA_TRANSLATOR_STATE_H
+
+#define RAW_MAX 160		/* longer than any report payload, so every length check sees all it needs */
+#define RAW_MASK 127		/* valid reports end before byte 128 (extended Key-Write: 7 + 32 + 64) */
+#define OUT_SIZE 2048		/* frames being built; a power of two for index masks */
+#define OUT_MASK (OUT_SIZE - 1)
+#define OUT_LIMIT 1024		/* the frames of one report, back to back, end before this */
+#define ROCE_HEADERS (ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + BTH_SIZE)
+#define DEFERRED 1		/* qp_blocked(): the report went to userspace */
+#define PASS_UP 2		/* not a reply: a CM MAD or a collector's SEND, for the control plane */
+/* n, for 1 <= n <= limit (a power of two), in a form the verifier bounds to 1..limit for helper sizes */
+#define NONZERO(n, limit) ((((n) - 1) & ((limit) - 1)) + 1)
+_Static_assert((FANOUT_FRAME_MAX & (FANOUT_FRAME_MAX - 1)) == 0, "FANOUT_FRAME_MAX must be a power of two");
+
+struct report {
+	__u64 counter;
+	__u32 list_id;
+	__u16 reporter;
+	__u16 column;
+	__u8 opcode;
+	__u8 seqnum;
+	__u8 immediate;
+	__u8 essential;
+	__u8 retransmit;
+	__u8 extended;
+	__u8 redundancy;
+	__u8 key_len;
+	__u8 data_len;
+	__u8 hop;
+	__u8 path_length;
+	__u8 rows;
+	__u8 key[MAX_KEY_LEN];
+	__u8 data[MAX_DATA_LEN];
+	__u32 counters[MAX_SKETCH_ROWS];
+};
+
+struct frame_params {
+	__u64 va;
+	__u64 swap_add;
+	__u32 rkey;
+	__u32 immediate;
+	__u32 payload_len;
+	__u8 opcode;
+};
+
+struct postcard_copy {
+	__u8 key[MAX_KEY_LEN];
+	__u8 values[4 * MAX_POSTCARD_HOPS];
+	__u32 key_len;
+};
+
+/* Per-CPU working memory: XDP programs never run nested on one CPU. */
+struct scratch {
+	__u64 now_ns;		/* read from the clock on first use: most reports never need it */
+	__u32 data_path;	/* frames come from reports, not from a flush */
+	__u32 src_ip;		/* of the report, network order */
+	__u32 dst_ip;
+	__u8 peer_mac[6];
+	__u8 raw[RAW_MAX];
+	struct report report;
+	struct frame_params frame;
+	__u32 out_count;	/* frames in out, back to back from its start */
+	__u32 out_via_tc;	/* the QP's frames always leave through the tc stage */
+	__u32 fanout_sequence;
+	__u32 out_frame_len;
+	__u32 out_ifindex;
+	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
+	__u8 out[OUT_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
+};
+
+struct flush_entry {
+	__u64 first_ns;
+	__u32 kind;
+	__u32 index;		/* append_state or postcard_cache slot */
+	__u32 owner;		/* list id (Append) or collector IP (Postcarding) */
+	__u32 pad;
+};
+
+TABLE(translator_config, BPF_MAP_TYPE_ARRAY, __u32, struct translator_config_value, 1);
+TABLE(qp, BPF_MAP_TYPE_ARRAY, __u32, struct qp_value, QP_MAX_ENTRIES);
+TABLE(qp_state, BPF_MAP_TYPE_ARRAY, __u32, struct qp_state_value, QP_STATE_MAX_ENTRIES);
+TABLE(qp_by_local_qpn, BPF_MAP_TYPE_HASH, struct qp_by_local_qpn_key, struct qp_by_local_qpn_value,
+      QP_BY_LOCAL_QPN_MAX_ENTRIES);
+TABLE(collector, BPF_MAP_TYPE_HASH, struct collector_key, struct collector_value, COLLECTOR_MAX_ENTRIES);
+TABLE(structure, BPF_MAP_TYPE_HASH, struct structure_key, struct structure_value, STRUCTURE_MAX_ENTRIES);
+TABLE(append_list, BPF_MAP_TYPE_HASH, struct append_list_key, struct append_list_value, APPEND_LIST_MAX_ENTRIES);
+TABLE(append_state, BPF_MAP_TYPE_ARRAY, __u32, struct append_state_value, APPEND_STATE_MAX_ENTRIES);
+TABLE(postcard_cache, BPF_MAP_TYPE_ARRAY, __u32, struct postcard_cache_value, POSTCARD_CACHE_MAX_ENTRIES);
+TABLE(sketch_column, BPF_MAP_TYPE_HASH, struct sketch_column_key, struct sketch_column_value,
+      SKETCH_COLUMN_MAX_ENTRIES);
+TABLE(sketch_reporter, BPF_MAP_TYPE_HASH, struct sketch_reporter_key, struct sketch_reporter_value,
+      SKETCH_REPORTER_MAX_ENTRIES);
+TABLE(fanout, BPF_MAP_TYPE_ARRAY, __u32, struct fanout_value, FANOUT_MAX_ENTRIES);	/* x CPUs at load */
+TABLE(reporter_seq, BPF_MAP_TYPE_LRU_HASH, struct reporter_seq_key, struct reporter_seq_value,
+      REPORTER_SEQ_MAX_ENTRIES);
+TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);
+TABLE(scratch, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct scratch, 1);
+
+QUEUE(flush_queue, struct flush_entry, 65536);
+RING(deferred, 1 << 20);
+
+static __always_inline struct scratch *scratch_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
+
+static __always_inline struct translator_config_value *config_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&translator_config, &zero);
+}
+
+/* The global entry point of a primitive's handler: the verifier checks a global function once, not once per
+ * call path, which keeps the program within its complexity limit. */
+#define PRIMITIVE_HANDLER(name, fail)                                                                      \
+	__noinline __u32 name(struct xdp_md *ctx)                                                          \
+	{                                                                                                  \
+		struct scratch *s = scratch_get();                                                         \
+		const struct translator_config_value *cfg = config_get();                                  \
+                                                                                                           \
+		return s && cfg ? name##_body(ctx, s, cfg) : (fail);                                       \
+	}
+
+static __always_inline void count_n(__u32 slot, __u32 n)
+{
+	__u64 *value = bpf_map_lookup_elem(&counters, &slot);
+
+	if (value)
+		*value += n;
+}
+
+static __always_inline void count(__u32 slot)
+{
+	count_n(slot, 1);
+}
+
+#endif /* SOFTDTA_TRANSLATOR_STATE_H */
