@@ -1,4 +1,4 @@
-"""Key-Write queries through the query service's HTTP API: 1000 keys per POST /keywrite request over loopback."""
+"""Key-Write queries through the query service's HTTP API: 1000 keys per POST /key-write request over loopback."""
 
 import asyncio
 import random
@@ -11,7 +11,7 @@ from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
 from softdta.core.translator import Translator
-from softdta.spec import Primitive
+from softdta.spec import DtaOpcode
 from tests.common import COLLECTOR_IP
 
 KEYWRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py
@@ -26,7 +26,7 @@ def test_service_keywrite(benchmark, tables, reporter, record_rate):
     The example tables' Key-Write store (2^17 slots, independent hash) is filled through the reference translator
     and responder, at the benchmarks' load of 0.1 keys per slot (0.015 with --benchmark-disable, to stay quick).
     """
-    structure = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE)
+    structure = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
     written = 2000 if benchmark.disabled else int(KEYWRITE_LOAD * structure.slot_count)
     reports = workload.key_write(written, seed=11, redundancy=REDUNDANCY)
     translator, collector = Translator(tables), OfflineCollector(tables)
@@ -38,7 +38,7 @@ def test_service_keywrite(benchmark, tables, reporter, record_rate):
 
     loop = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     server = loop.run(serve(OfflineSource(collector), "127.0.0.1", 0))
-    path = f"http://127.0.0.1:{server.addresses[0][1]}/keywrite/key-write@10.77.1.1"
+    path = f"http://127.0.0.1:{server.addresses[0][1]}/key-write/key-write@10.77.1.1"
 
     async def open_session():
         return aiohttp.ClientSession()

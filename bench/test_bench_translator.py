@@ -6,7 +6,7 @@ import pytest
 
 from softdta.core import workload
 from softdta.core.translator import Translator
-from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, Primitive, RoceOpcode
+from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes
 from softdta.wire.roce import build_roce_frame, icrc, parse_roce, transport_payload
@@ -18,7 +18,7 @@ def _key_write(tables, count):
 
 
 def _key_write_dta_v1(tables, count):
-    tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).key_hash = KeyHash.DTA_V1
+    tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).key_hash = KeyHash.DTA_V1
     return workload.key_write(count, seed=1, redundancy=2)
 
 
@@ -33,12 +33,12 @@ def _append(tables, count):
 
 
 def _postcards(tables, count):
-    assert tables.structure(COLLECTOR_IP, Primitive.POSTCARDING).hops == 5
+    assert tables.structure(COLLECTOR_IP, DtaOpcode.POSTCARDING).hops == 5
     return workload.postcards(count // 5, seed=4, hops=5)
 
 
 def _sketch(tables, count):
-    sk = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    sk = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
     epochs = math.ceil(count / (sk.reporters * sk.columns))
     return [r for epoch in range(epochs) for r in workload.sketch_epoch(sk.reporters, sk.columns, sk.rows, seed=epoch)]
 
@@ -55,7 +55,7 @@ def _expected_frames(tables, reports):
             per_list[r.list_id] = per_list.get(r.list_id, 0) + 1
         return sum(n // batch for n in per_list.values())
     if opcode is DtaOpcode.SKETCH_MERGE:
-        sk = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+        sk = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
         return len(reports) // (sk.reporters * sk.columns) * (sk.columns // sk.batch)
     return None
 

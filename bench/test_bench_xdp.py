@@ -17,7 +17,7 @@ from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
 from softdta.kernel.bpf import BpfObject
 from softdta.lab.benchmarks import HARNESS, load_reports
-from softdta.spec import Counter, Primitive
+from softdta.spec import Counter, DtaOpcode
 from softdta.wire import dta
 from tests.common import COLLECTOR_IP
 
@@ -49,7 +49,7 @@ def _postcards_5_hops(tables):
 
 
 def _sketch_batch8(tables):
-    sketch = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    sketch = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
     sketch.columns, sketch.reporters, sketch.batch = 16, 1, 8
     return [dta.sketch_column(0, column, [column, 1, 2, 3]) for column in range(16)], 1 / 8
 

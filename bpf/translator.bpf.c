@@ -172,7 +172,7 @@ int softdta_flush(struct xdp_md *ctx)
 		reason = append_write(s, al, cfg, entry.owner, head);
 	} else {
 		struct postcard_cache_value *pc = bpf_map_lookup_elem(&postcard_cache, &entry.index);
-		struct structure_key key = { .collector_ip = entry.owner, .primitive = PRIM_POSTCARDING };
+		struct structure_key key = { .collector_ip = entry.owner, .primitive = DTA_OP_POSTCARDING };
 		struct structure_value *st = bpf_map_lookup_elem(&structure, &key);
 		__u32 taken;
 

@@ -81,7 +81,7 @@ const bit<8> DTA_V1_OPCODES_COUNT = 4;
 const bit<8> KEY_HASH_DTA_V1 = 0;
 const bit<8> KEY_HASH_INDEPENDENT = 1;
 
-// DtaOpcode
+// DtaOpcode: The DTA primitives, by their report opcodes; a structure's kind is the opcode that feeds it.
 const bit<8> DTA_OP_KEY_WRITE = 1;
 const bit<8> DTA_OP_APPEND = 2;
 const bit<8> DTA_OP_KEY_INCREMENT = 3;
@@ -123,13 +123,6 @@ const bit<8> NAK_REMOTE_OPERATIONAL_ERROR = 3;
 // Transport
 const bit<8> TRANSPORT_RC = 0;
 const bit<8> TRANSPORT_UC = 1;
-
-// Primitive: Translator structure kinds; values equal the DTA opcodes that feed them.
-const bit<8> PRIM_KEY_WRITE = 1;
-const bit<8> PRIM_APPEND = 2;
-const bit<8> PRIM_KEY_INCREMENT = 3;
-const bit<8> PRIM_POSTCARDING = 4;
-const bit<8> PRIM_SKETCH_MERGE = 5;
 
 // SketchMerge
 const bit<8> SKETCH_MERGE_SUM = 0;

@@ -760,8 +760,8 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         // so it decides, and the reply comes back here (recirculated) to act on the gate and be counted.
         else if (hdr.dta.aeth.isValid() && hdr.bridge.isValid()) {
             bit<32> index = hdr.bridge.qp_index;
-            bit<3> kind = hdr.dta.aeth.syndrome[7:5];
-            bit<5> code = hdr.dta.aeth.syndrome[4:0];
+            bit<3> kind = (bit<3>)(hdr.dta.aeth.syndrome >> AETH_KIND_SHIFT);
+            bit<5> code = (bit<5>)(hdr.dta.aeth.syndrome & AETH_VALUE_MASK);
             if (hdr.bridge.kind == BRIDGE_REPLY_REFUSED) {
                 consume(CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW);
             } else if (kind == (bit<3>)AETH_ACK) {
@@ -1285,7 +1285,7 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
     RegisterAction<bit<32>, bit<32>, bit<8>>(qp_state_unacked_psn) take_reply = {
         void apply(inout bit<32> value, out bit<8> result) {
             result = 0;
-            if ((((bit<32>)hdr.bridge.psn - value) & 0xffffff) < ((window_end - value) & 0xffffff)) {
+            if ((((bit<32>)hdr.bridge.psn - value) & PSN_MASK) < ((window_end - value) & PSN_MASK)) {
                 result = 1;
                 if (reply_acks) {
                     value = ((bit<32>)hdr.bridge.psn + 1) & 0xffffff;
@@ -1336,9 +1336,9 @@ control SoftdtaEgress(inout tna_headers_t hdr, inout metadata_t meta,
         }
         bit<32> index = hdr.bridge.qp_index;
         if (hdr.bridge.kind == BRIDGE_REPLY_CHECK) {
-            bit<3> kind = hdr.dta.aeth.syndrome[7:5];
+            bit<3> kind = (bit<3>)(hdr.dta.aeth.syndrome >> AETH_KIND_SHIFT);
             reply_acks = kind == (bit<3>)AETH_ACK;
-            reply_resyncs = kind == (bit<3>)AETH_NAK && hdr.dta.aeth.syndrome[4:0] == (bit<5>)NAK_PSN_SEQUENCE_ERROR;
+            reply_resyncs = kind == (bit<3>)AETH_NAK && (bit<5>)(hdr.dta.aeth.syndrome & AETH_VALUE_MASK) == (bit<5>)NAK_PSN_SEQUENCE_ERROR;
             window_end = read_next_psn.execute(index);
             hdr.bridge.kind = take_reply.execute(index) == 1 ? BRIDGE_REPLY_TAKEN : BRIDGE_REPLY_REFUSED;
             return; // out of the recirculation port, back to ingress with the verdict

@@ -345,7 +345,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
 
         if (hdr.gather.isValid()) {
             meta.emitted.qp_index = hdr.gather.qp_index;
-            meta.emitted.primitive = PRIM_SKETCH_MERGE;
+            meta.emitted.primitive = DTA_OP_SKETCH_MERGE;
             bit<16> length = (bit<16>)hdr.gather.gathered << 2;
             write_frame(meta.tables.qp.base_va
                         + ((bit<64>)hdr.gather.first_column << 2) * (bit<64>)hdr.gather.rows,
@@ -370,15 +370,15 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
             bit<32> next_psn;
             qp_state_unacked_psn.read(unacked, index);
             qp_state_next_psn.read(next_psn, index);
-            if (((psn - unacked) & 0xffffff) >= ((next_psn - unacked) & 0xffffff)) {
+            if (((psn - unacked) & PSN_MASK) >= ((next_psn - unacked) & PSN_MASK)) {
                 count(CNT_DROP_REPLY_PSN_OUTSIDE_WINDOW);
                 return;
             }
-            bit<3> kind = hdr.aeth.syndrome[7:5];
-            bit<5> code = hdr.aeth.syndrome[4:0];
+            bit<3> kind = (bit<3>)(hdr.aeth.syndrome >> AETH_KIND_SHIFT);
+            bit<5> code = (bit<5>)(hdr.aeth.syndrome & AETH_VALUE_MASK);
             if (kind == (bit<3>)AETH_ACK) {
                 count(CNT_RX_ACKS);
-                qp_state_unacked_psn.write(index, (psn + 1) & 0xffffff); // coalesced: every PSN up to psn
+                qp_state_unacked_psn.write(index, (psn + 1) & PSN_MASK); // coalesced: every PSN up to psn
             } else if (kind == (bit<3>)AETH_RNR_NAK) {
                 count(CNT_RX_RNR_NAKS);
             } else if (kind == (bit<3>)AETH_NAK && code == (bit<5>)NAK_PSN_SEQUENCE_ERROR) {
@@ -729,7 +729,7 @@ control SoftdtaEgress(inout headers_t hdr, inout metadata_t meta, inout standard
         bit<32> psn;
         bit<32> frames_sent;
         qp_state_next_psn.read(psn, index);
-        qp_state_next_psn.write(index, (psn + 1) & 0xffffff);
+        qp_state_next_psn.write(index, (psn + 1) & PSN_MASK);
         // AckReq on every n-th frame of an RC QP: frames_sent counts up to the interval and starts over.
         qp_state_frames_sent.read(frames_sent, index);
         frames_sent = frames_sent + 1;

@@ -138,6 +138,8 @@ KEY_HASH_POLYNOMIALS = (0x04C11DB7, 0x1EDC6F41, 0x741B8CD7, 0x814141AB)
 
 
 class DtaOpcode(IntEnum):
+    """The DTA primitives, by their report opcodes; a structure's kind is the opcode that feeds it."""
+
     KEY_WRITE = 1
     APPEND = 2
     KEY_INCREMENT = 3
@@ -145,7 +147,6 @@ class DtaOpcode(IntEnum):
     SKETCH_MERGE = 5  # extended profile only
 
 
-DTA_V1_OPCODES = (DtaOpcode.KEY_WRITE, DtaOpcode.APPEND, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING)
 
 
 # A flush request (extended profile, softdta): the P4 translators' idle flush, since a switch has no timer. It
@@ -202,16 +203,6 @@ class NakCode(IntEnum):
 class Transport(IntEnum):
     RC = 0
     UC = 1
-
-
-class Primitive(IntEnum):
-    """Translator structure kinds; values equal the DTA opcodes that feed them."""
-
-    KEY_WRITE = 1
-    APPEND = 2
-    KEY_INCREMENT = 3
-    POSTCARDING = 4
-    SKETCH_MERGE = 5
 
 
 class SketchMerge(IntEnum):
@@ -385,6 +376,30 @@ NACK_EXT = Header("nack_ext", (
 # packet metadata (FANOUT_META_MAGIC, CPU, sequence), which no frame from the wire can carry.
 FANOUT_META_MAGIC = 0x5D7A0F4E
 FANOUT_FRAME_MAX = 256  # a power of two above the longest Key-Write (182 B) or Key-Increment frame
+
+@dataclass(frozen=True)
+class PrimitiveInfo:
+    """One built-in DTA primitive, declared once: its opcode, its one spelling (tables and collector
+    configuration, HTTP paths, the command line), its sub-header in each profile, and whether its reports land in
+    a structure (`[[structures]]` of the tables) rather than in Append lists."""
+
+    opcode: DtaOpcode
+    slug: str
+    v1_subheader: Header | None  # None: extended profile only
+    ext_subheader: Header
+    structure: bool = True
+
+
+PRIMITIVES = {info.opcode: info for info in (
+    PrimitiveInfo(DtaOpcode.KEY_WRITE, "key-write", KEY_WRITE_V1, KEY_WRITE_EXT),
+    PrimitiveInfo(DtaOpcode.APPEND, "append", APPEND_V1, APPEND_EXT, structure=False),
+    PrimitiveInfo(DtaOpcode.KEY_INCREMENT, "key-increment", KEY_INCREMENT_V1, KEY_INCREMENT_EXT),
+    PrimitiveInfo(DtaOpcode.POSTCARDING, "postcarding", POSTCARD_V1, POSTCARD_EXT),
+    PrimitiveInfo(DtaOpcode.SKETCH_MERGE, "sketch-merge", None, SKETCH_MERGE_EXT),
+)}
+PRIMITIVE_BY_SLUG = {info.slug: opcode for opcode, info in PRIMITIVES.items()}
+STRUCTURE_KINDS = {info.slug: opcode for opcode, info in PRIMITIVES.items() if info.structure}
+DTA_V1_OPCODES = tuple(opcode for opcode, info in PRIMITIVES.items() if info.v1_subheader)
 
 DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, KEY_INCREMENT_V1, APPEND_V1,
                POSTCARD_V1, KEY_WRITE_EXT, KEY_INCREMENT_EXT, APPEND_EXT, POSTCARD_EXT, SKETCH_MERGE_EXT, FLUSH_EXT,

@@ -27,17 +27,7 @@ from softdta.core.primitives import FlushRequest
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
-from softdta.spec import (
-    ACK_SYNDROME,
-    DTA_PORT,
-    ROCE_PORT,
-    AethKind,
-    Counter,
-    DtaOpcode,
-    FlushTarget,
-    Primitive,
-    RoceOpcode,
-)
+from softdta.spec import ACK_SYNDROME, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, FlushTarget, RoceOpcode
 from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model
 from softdta.targets.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
 from softdta.wire import dta
@@ -158,7 +148,7 @@ def redundant(n: int, immediate: bool = False) -> list:
 
 
 def sketch(tables: Tables) -> list:
-    structure = next(s for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE)
+    structure = next(s for s in tables.structures if s.primitive is DtaOpcode.SKETCH_MERGE)
     return workload.sketch_epoch(structure.reporters, structure.columns, structure.rows, seed=6)
 
 
@@ -266,8 +256,8 @@ def test_replies_are_taken_like_the_reference(program, tmp_path):
         reference = Translator(tables)
         reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
                                             tables.qps[0].collector_ip)
-        rc = tables.structure(reporter.collector_ip, Primitive.KEY_INCREMENT).qp
-        uc = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE).qp
+        rc = tables.structure(reporter.collector_ip, DtaOpcode.KEY_INCREMENT).qp
+        uc = tables.structure(reporter.collector_ip, DtaOpcode.KEY_WRITE).qp
         increments = workload.key_increment(12, seed=7, redundancy=1)
         writes = workload.key_write(12, seed=8, redundancy=1)
         start = rc.start_psn
@@ -340,7 +330,7 @@ def test_the_grace_after_a_resync_ends_on_time(program, tmp_path):
         reference = Translator(tables)
         reporter = workload.ReporterAddress(b"\x02\x00\x00\x00\x00\x09", bytes([10, 0, 0, 9]), tables.mac,
                                             tables.qps[0].collector_ip)
-        rc = tables.structure(reporter.collector_ip, Primitive.KEY_INCREMENT).qp
+        rc = tables.structure(reporter.collector_ip, DtaOpcode.KEY_INCREMENT).qp
         before, during, after = (
             [reporter.frame(r) for r in workload.key_increment(3, seed=seed, redundancy=1)] for seed in (1, 2, 3))
         nak = reply(tables, rc, NAK_SEQUENCE_SYNDROME, rc.start_psn + 1)
@@ -395,7 +385,7 @@ def test_flush_requests_write_out_what_has_waited_like_the_reference(program, tm
         frames = [reporter.frame(report) for report in reports]
         expected = at(frames)
         assert len(expected) == 1  # list 3's full batch
-        structure = tables.structure(reporter.collector_ip, Primitive.POSTCARDING)
+        structure = tables.structure(reporter.collector_ip, DtaOpcode.POSTCARDING)
         cache = reference.postcard_cache[structure.qp.index]
         postcard_entries = sorted(cache)
         assert len(postcard_entries) == 8

@@ -236,9 +236,9 @@ def test_the_translator_leaves_with_a_dreq():
 
 
 def test_targets_parse_and_size_their_structures_from_the_region():
-    keywrite = CmTarget.parse("10.0.0.51:1337,kind=keywrite")
+    keywrite = CmTarget.parse("10.0.0.51:1337,kind=key-write")
     append = CmTarget.parse("10.0.0.51:1338,kind=append,list=3,batch=8")
-    assert (keywrite.ip, keywrite.port, keywrite.kind) == (ip_bytes("10.0.0.51"), 1337, "keywrite")
+    assert (keywrite.ip, keywrite.port, keywrite.kind) == (ip_bytes("10.0.0.51"), 1337, "key-write")
     assert (append.list_id, append.batch) == (3, 8)
     link = connection()
     link.remote_qpn, link.send_psn, link.metadata = COLLECTOR_QPN, COLLECTOR_PSN, Metadata(0x1000, 3000, 0x22)
@@ -250,8 +250,8 @@ def test_targets_parse_and_size_their_structures_from_the_region():
 
 
 @pytest.mark.parametrize("text,problem", [
-    ("10.0.0.51,kind=keywrite", "rdma_cm port"), ("nope:1337,kind=keywrite", "not an IP address"),
-    ("10.0.0.51:1337", "kind must be one of"), ("10.0.0.51:1337,kind=keywrite,size=3", "unknown option"),
+    ("10.0.0.51,kind=key-write", "rdma_cm port"), ("nope:1337,kind=key-write", "not an IP address"),
+    ("10.0.0.51:1337", "kind must be one of"), ("10.0.0.51:1337,kind=key-write,size=3", "unknown option"),
     ("10.0.0.51:1337,kind=append,list=x", "integers")])
 def test_bad_targets_name_the_problem_and_show_an_example(text, problem):
     with pytest.raises(CmError, match=problem) as error:
@@ -280,7 +280,7 @@ def test_a_failing_connection_thread_is_said_at_start_not_hidden_behind_a_timeou
         logged = []
         with in_netns(ours.name):
             links = CmLinks({"mac": "02:00:00:00:03:01", "ip": "10.77.3.1"},
-                            [CmTarget.parse("10.77.3.2:1337,kind=keywrite")], "t0", log=logged.append)
+                            [CmTarget.parse("10.77.3.2:1337,kind=key-write")], "t0", log=logged.append)
             with pytest.raises(CmError, match="the rdma_cm connections stopped: RuntimeError: boom"):
                 links.start(timeout=2)
         assert logged == ["softdta: error: the rdma_cm connections stopped: RuntimeError: boom"]

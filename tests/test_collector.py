@@ -35,7 +35,7 @@ from softdta.engines.xdp import build_object
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.links.control import CollectorLinks
-from softdta.spec import ACK_SYNDROME, ROCE_PORT, KeyHash, Primitive, ResponderCounter, RoceOpcode
+from softdta.spec import ACK_SYNDROME, ROCE_PORT, DtaOpcode, KeyHash, ResponderCounter, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
@@ -53,7 +53,7 @@ def small_config(tmp_path, **changes) -> CollectorConfig:
     config.data_dir = tmp_path / "regions"
     config.token = TOKEN
     for structure in config.structures:
-        if structure.primitive is not Primitive.SKETCH_MERGE:
+        if structure.primitive is not DtaOpcode.SKETCH_MERGE:
             structure.slots = 4096
     return replace(config, **changes)
 
@@ -93,10 +93,10 @@ def test_translator_frames_land_in_collector_memory_and_answer_queries(tmp_path)
                     translator.process(reply)
         assert collector.counters()["executed"] == 2 * len(reports)
         written = [r for r in reports if r.opcode is dta.DtaOpcode.KEY_WRITE]
-        answer = keywrite_query(collector.structure_region(Primitive.KEY_WRITE, config.ip),
+        answer = keywrite_query(collector.structure_region(DtaOpcode.KEY_WRITE, config.ip),
                                 [r.key for r in written], redundancy=2, key_hash=KeyHash.INDEPENDENT)
         assert answer.found.mean() > 0.97
-        counts = keyincrement_query(collector.structure_region(Primitive.KEY_INCREMENT, config.ip),
+        counts = keyincrement_query(collector.structure_region(DtaOpcode.KEY_INCREMENT, config.ip),
                                     [r.key for r in reports[300:]], redundancy=2)
         assert (counts >= np.array([r.counter for r in reports[300:]])).all()
     finally:
@@ -141,16 +141,16 @@ def test_control_protocol_connects_repairs_and_reconnects(tmp_path):
     links = CollectorLinks(TRANSLATOR, [("127.0.0.1", server.port)], TOKEN, keepalive_s=0.5)
     try:
         tables = links.start(timeout=5)
-        assert {s.primitive for s in tables.structures} == set(Primitive) - {Primitive.APPEND}
+        assert {s.primitive for s in tables.structures} == set(DtaOpcode) - {DtaOpcode.APPEND}
         assert [a.lists for a in tables.append_lists] == [64]
-        ki = tables.structure(ip_bytes("10.77.1.1"), Primitive.KEY_INCREMENT)
+        ki = tables.structure(ip_bytes("10.77.1.1"), DtaOpcode.KEY_INCREMENT)
         assert ki.qp.remote_qpn in collector.connections
         # A request with a wrong R_Key puts the QP into ERROR; the collector re-creates it and re-advertises.
         responder = collector.backend.responder
         bad = _fetch_add_with_wrong_key(tables, ki)
         assert responder.process(bad).replies and responder.counters()[ResponderCounter.REMOTE_ACCESS_ERRORS] == 1
         updated = links.updates.get(timeout=5)
-        ki_after = updated.structure(ip_bytes("10.77.1.1"), Primitive.KEY_INCREMENT)
+        ki_after = updated.structure(ip_bytes("10.77.1.1"), DtaOpcode.KEY_INCREMENT)
         assert (ki_after.qp.remote_qpn, ki_after.qp.start_psn) == (ki.qp.remote_qpn, ki.qp.start_psn)
         assert not collector.backend.failed()
         # The connection drops: the translator reconnects and gets the same queue pairs back.

@@ -7,7 +7,7 @@ from softdta.core import workload
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
 from softdta.core.translator import Translator
-from softdta.spec import Counter, Primitive, Transport
+from softdta.spec import Counter, DtaOpcode, Transport
 from softdta.wire.hashing import keys_to_rows
 
 
@@ -25,9 +25,9 @@ def run(tables, frames, now_ns=0):
 def test_key_write_queries_return_what_was_reported(tables, reporter):
     reports = workload.key_write(2000, seed=1, redundancy=2)
     _, collector = run(tables, frames_of(reporter, reports))
-    region = collector.structure_region(Primitive.KEY_WRITE, COLLECTOR_IP)
+    region = collector.structure_region(DtaOpcode.KEY_WRITE, COLLECTOR_IP)
     keys = np.array([int.from_bytes(r.key, "big") for r in reports], dtype=np.uint64)
-    kw = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE)
+    kw = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
     answer = keywrite_query(region, keys, redundancy=2, key_hash=kw.key_hash)
     truth = np.array([int.from_bytes(r.data, "big") for r in reports], dtype=np.uint32)
     assert answer.found.mean() > 0.99  # 2000 keys in 131072 slots: load factor 0.015
@@ -36,7 +36,7 @@ def test_key_write_queries_return_what_was_reported(tables, reporter):
 
 
 def test_key_write_rc_over_the_responder_keeps_psns_in_step(tables, reporter):
-    kw = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE)
+    kw = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
     kw.qp.transport = Transport.RC
     tables.ack_request_interval = 16
     translator, collector = run(tables, frames_of(reporter, workload.key_write(300, seed=2, redundancy=3)))
@@ -52,8 +52,8 @@ def test_key_increment_counts_match_the_truth(tables, reporter):
     for report in reports:
         truth[report.key] = truth.get(report.key, 0) + report.counter
     keys = list(truth)
-    ki = tables.structure(COLLECTOR_IP, Primitive.KEY_INCREMENT)
-    region = collector.structure_region(Primitive.KEY_INCREMENT, COLLECTOR_IP)
+    ki = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_INCREMENT)
+    region = collector.structure_region(DtaOpcode.KEY_INCREMENT, COLLECTOR_IP)
     estimate = keyincrement_query(region, keys, 2, ki.key_hash)
     assert list(estimate) == [truth[k] for k in keys]  # 50 flows in 65536 counters: no collisions
     assert collector.counters()["executed"] == 6000
@@ -98,20 +98,20 @@ def test_postcard_paths_decode_against_the_switch_ids(tables, reporter):
     for report in reports:
         paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
     keys = list(paths)
-    answer = postcard_query(collector.structure_region(Primitive.POSTCARDING, COLLECTOR_IP), keys, switch_ids)
+    answer = postcard_query(collector.structure_region(DtaOpcode.POSTCARDING, COLLECTOR_IP), keys, switch_ids)
     truth = np.array([paths[k] for k in keys])
     assert answer.complete.mean() > 0.95
     assert (answer.values[answer.complete] == truth[answer.complete]).all()
-    unknown = postcard_query(collector.structure_region(Primitive.POSTCARDING, COLLECTOR_IP),
+    unknown = postcard_query(collector.structure_region(DtaOpcode.POSTCARDING, COLLECTOR_IP),
                              [bytes([0xEE, 0, 0, i]) for i in range(100)], switch_ids)
     assert (unknown.values == BLANK).mean() > 0.99
 
 
 def test_sketch_merge_lands_as_the_merged_sketch(tables, reporter):
-    sk = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    sk = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
     reports = workload.sketch_epoch(sk.reporters, sk.columns, sk.rows, seed=6)
     _, collector = run(tables, frames_of(reporter, reports))
     expected = np.zeros((sk.rows, sk.columns), dtype=np.uint64)
     for report in reports:
         expected[:, report.column] += np.array(report.counters, dtype=np.uint64)
-    assert (collector.structure_region(Primitive.SKETCH_MERGE, COLLECTOR_IP).matrix() == expected).all()
+    assert (collector.structure_region(DtaOpcode.SKETCH_MERGE, COLLECTOR_IP).matrix() == expected).all()

@@ -103,11 +103,11 @@ def test_reports_become_queryable_data_through_both_xdp_programs(topology, tmp_p
             sender.send(reporter.frame(dta.append(5, 1000 + value)))
         time.sleep(0.5)
 
-        found = http(collector_ns.name, "/keywrite/key-write@10.77.1.1",
+        found = http(collector_ns.name, "/key-write/key-write@10.77.1.1",
                      {"keys": keys, "redundancy": 2})
         values = [row["value"] for row in found["results"]]
         assert sum(value == f"{key * 3:08x}" for key, value in zip(keys, values)) >= 195
-        counts = http(collector_ns.name, "/keyincrement/key-increment@10.77.1.1", {"keys": list(range(10)),
+        counts = http(collector_ns.name, "/key-increment/key-increment@10.77.1.1", {"keys": list(range(10)),
                                                                                      "redundancy": 2})
         assert [row["count"] for row in counts["results"]] == [20] * 10
         appended = http(collector_ns.name, "/append/append0@10.77.1.1?list=5")
@@ -232,7 +232,7 @@ def test_forged_replies_lose_no_write_uncounted_and_a_failed_qp_comes_back(topol
             sender.send(reporter.frame(dta.key_write(key, key * 5, 1)))
 
         def landed() -> list:
-            found = http(collector_ns.name, "/keywrite/key-write@10.77.1.1", {"keys": keys, "redundancy": 1})
+            found = http(collector_ns.name, "/key-write/key-write@10.77.1.1", {"keys": keys, "redundancy": 1})
             return [row["value"] == f"{key * 5:08x}" for key, row in zip(keys, found["results"])]
         wait_until(lambda: all(landed()), "the writes after the revival")
         responder = http(collector_ns.name, "/stats")["responder"]

@@ -20,7 +20,7 @@ from softdta.core.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, pla
 from softdta.core.tables import Tables
 from softdta.engines.xdp import map_entry, map_logical
 from softdta.kernel.maps import table
-from softdta.spec import MAX_WRITE_PAYLOAD, Primitive, QpState, RoceOpcode
+from softdta.spec import MAX_WRITE_PAYLOAD, DtaOpcode, QpState, RoceOpcode
 from softdta.targets.p4runtime import (
     P4Names,
     P4RuntimeClient,
@@ -184,7 +184,7 @@ def test_tna_push_writes_the_xdp_plans_entries_for_every_primitive(switch):
     whose configuration entries are the XDP map entries."""
     servicer, address = switch
     tables = Tables.from_toml(EXAMPLE_TABLES)
-    assert {s.primitive for s in tables.structures} | {Primitive.APPEND} == set(Primitive)
+    assert {s.primitive for s in tables.structures} | {DtaOpcode.APPEND} == set(DtaOpcode)
     with P4RuntimeClient(address) as client:
         P4Translator(client, architecture="tna", egress=egress).apply(tables)
     assert [u for w in servicer.writes for u in w.updates] == planned_updates(tables, egress=egress)
@@ -202,8 +202,8 @@ def test_tna_refuses_a_two_pass_sketch_on_a_shared_qp():
     from softdta.targets.p4runtime import tna_needs_two_passes, unsupported
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
-    sketch = next(s for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE)
-    key_write = next(s for s in tables.structures if s.primitive is Primitive.KEY_WRITE)
+    sketch = next(s for s in tables.structures if s.primitive is DtaOpcode.SKETCH_MERGE)
+    key_write = next(s for s in tables.structures if s.primitive is DtaOpcode.KEY_WRITE)
     planned = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress)
     assert not tna_needs_two_passes(sketch.batch * sketch.slot_size)
     assert not tna_needs_two_passes(39 * 4) and tna_needs_two_passes(40 * 4)  # 4 chunks and a lead of 7 words

@@ -10,7 +10,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.query import keywrite_query
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import DTA_PORT, Counter, DtaOpcode, Primitive, RoceOpcode
+from softdta.spec import DTA_PORT, Counter, DtaOpcode, RoceOpcode
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.hashing import key_checksum, key_slot
 from softdta.wire.roce import parse_roce
@@ -54,7 +54,7 @@ def test_latency_sum_writes_only_slow_flows_into_the_key_write_store(tables):
         emitted += out.frames
         for frame in out.frames:
             assert collector.deliver(frame) == []  # UC: no replies
-    structure = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE)
+    structure = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
     first_key, first = next(iter(slow.items()))
     roce = parse_roce(emitted[0], parse_udp_frame(emitted[0]))
     assert roce.icrc_ok and roce.opcode == RoceOpcode.UC_WRITE_ONLY
@@ -62,7 +62,7 @@ def test_latency_sum_writes_only_slow_flows_into_the_key_write_store(tables):
     assert roce.headers["reth"]["va"] == structure.qp.base_va + slot * structure.slot_size
     assert roce.payload == key_checksum(first_key).to_bytes(4, "little") + sum(first).to_bytes(4, "big")
 
-    region = collector.structure_region(Primitive.KEY_WRITE, COLLECTOR_IP)
+    region = collector.structure_region(DtaOpcode.KEY_WRITE, COLLECTOR_IP)
     keys = lambda flows: np.array([int.from_bytes(k, "big") for k in flows], dtype=np.uint64)  # noqa: E731
     answer = keywrite_query(region, keys(slow), redundancy=1, key_hash=structure.key_hash)
     assert answer.found.all() and list(answer.values) == [sum(v) for v in slow.values()]

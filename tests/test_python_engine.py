@@ -30,7 +30,7 @@ from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, v
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import ROCE_PORT, Counter, Primitive, QpState
+from softdta.spec import ROCE_PORT, Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 pytestmark = pytest.mark.privileged
@@ -161,8 +161,8 @@ def test_a_plug_in_primitive_runs_live_and_lands_in_the_collectors_memory(wire, 
     collector = OfflineCollector(tables)
     for frame in seen:
         collector.deliver(frame)
-    structure = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE)
-    region = collector.structure_region(Primitive.KEY_WRITE, COLLECTOR_IP)
+    structure = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
+    region = collector.structure_region(DtaOpcode.KEY_WRITE, COLLECTOR_IP)
     answer = keywrite_query(region, np.array([int.from_bytes(k, "big") for k in slow], dtype=np.uint64), 1,
                             key_hash=structure.key_hash)
     assert answer.found.all() and list(answer.values) == [sum(v) for v in slow.values()]
@@ -190,14 +190,14 @@ def test_new_tables_keep_the_psns_of_queue_pairs_that_stay(tables):
     with PythonEngine(tables) as engine:
         for key in range(5):
             engine.translator.process(reporter.frame(dta.key_write(key, key, 2)), 0)
-        key_write = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
+        key_write = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp
         assert engine.translator.qp_state[key_write.index].next_psn == 10
         assert engine.qp_state(key_write)["next_psn"] == 10 and engine.qp_state(key_write)["state"] == QpState.ACTIVE
         reloaded = Tables.from_toml(EXAMPLE_TABLES)
         engine.apply(reloaded)
         assert engine.tables is reloaded and engine.translator.qp_state[key_write.index].next_psn == 10
         recreated = Tables.from_toml(EXAMPLE_TABLES)
-        recreated.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp.remote_qpn += 1  # the collector re-created it
+        recreated.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp.remote_qpn += 1  # the collector re-created it
         engine.apply(recreated)
         assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
         addresses = {bytes(key) for key in engine.maps["collector"].keys()}
@@ -213,7 +213,7 @@ def test_essential_reports_wait_out_the_grace_period_and_are_then_sent(wire, tab
                                         COLLECTOR_IP)
     essential = reporter.frame(dta.key_write(7, 8, essential=True, extended=True))
     with PythonEngine(tables, flush_idle_ns=2_000_000) as engine:
-        qp = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
+        qp = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp
         engine.translator.resync(qp, 100, time.monotonic_ns())
         seen = run_live(engine, translator_ns, far, capture, [essential], lambda: engine.attach(["t0"]))
         assert engine.translator.counters[Counter.ESSENTIAL_DEFERRED] >= 1 and engine.deferred == []
@@ -244,14 +244,14 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
     request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
     reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
                                         COLLECTOR_IP)
-    key_write = tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp
+    key_write = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp
     with PythonEngine(tables, pin_dir=pin) as engine:
         for key in range(7):
             engine.translator.process(reporter.frame(dta.key_write(key, key, 2)), 0)
     with PythonEngine(Tables.from_toml(EXAMPLE_TABLES), pin_dir=pin) as engine:
         assert engine.translator.qp_state[key_write.index].next_psn == 14
     recreated = Tables.from_toml(EXAMPLE_TABLES)
-    recreated.structure(COLLECTOR_IP, Primitive.KEY_WRITE).qp.remote_qpn += 1
+    recreated.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp.remote_qpn += 1
     with PythonEngine(recreated, pin_dir=pin) as engine:  # a different QP behind the same index starts afresh
         assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
 

@@ -31,7 +31,7 @@ from softdta.kernel.bpf import ensure_bpffs
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
 from softdta.links.cm import CmLinks, CmTarget
-from softdta.spec import Counter, Primitive, QpState
+from softdta.spec import Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
@@ -44,8 +44,8 @@ DATA_DIR = "/dev/shm/dta"
 
 def targets(guest) -> list[CmTarget]:
     ip = guest.guest_ip
-    return ([CmTarget.parse(f"{ip}:{KEY_WRITE_PORT},kind=keywrite"),
-             CmTarget.parse(f"{ip}:{KEY_INCREMENT_PORT},kind=keyincrement")]
+    return ([CmTarget.parse(f"{ip}:{KEY_WRITE_PORT},kind=key-write"),
+             CmTarget.parse(f"{ip}:{KEY_INCREMENT_PORT},kind=key-increment")]
             + [CmTarget.parse(f"{ip}:{FIRST_APPEND_PORT + n},kind=append,list={n},batch=4") for n in range(4)])
 
 
@@ -121,7 +121,7 @@ def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(
     rig = None
     try:
         assert len(tables.qps) == len(LISTENERS) and len(tables.append_lists) == 4
-        kw = tables.structure(tables.qps[0].collector_ip, Primitive.KEY_WRITE)
+        kw = tables.structure(tables.qps[0].collector_ip, DtaOpcode.KEY_WRITE)
         assert kw.slot_count == 256 and kw.qp.start_psn == links.connections[0].send_psn
         rig = Rig(guest, tables)
         before = guest.hw_counters()
@@ -173,7 +173,7 @@ LIVE_REPORTS = ("workload.key_write(60, 21, 2) + workload.key_increment(60, 22, 
 def test_translator_up_with_collector_cm_runs_live_xdp_against_the_original_collector(guest, tmp_path):
     """`softdta translator up --collector-cm` with XDP attached on the link: the handshake passes through the XDP
     program, and reports from the guest's side of the link land in the collector's regions."""
-    ports = {KEY_WRITE_PORT: "keywrite", KEY_INCREMENT_PORT: "keyincrement", FIRST_APPEND_PORT: "append"}
+    ports = {KEY_WRITE_PORT: "key-write", KEY_INCREMENT_PORT: "key-increment", FIRST_APPEND_PORT: "append"}
     pid = start_collector(guest)
     (tmp_path / "translator.toml").write_text(f'[translator]\nmac = "{guest.host_mac}"\nip = "{guest.host_ip}"\n'
                                               'ack_request_interval = 4\ngrace_ms = 50.0\n')

@@ -27,7 +27,7 @@ from softdta.engines.xdp import XdpTranslator
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
 from softdta.links.control import CollectorLinks
-from softdta.spec import Counter, DtaOpcode, Primitive, Transport
+from softdta.spec import Counter, DtaOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
 
@@ -125,7 +125,7 @@ class Rig:
         for reply in self.link.collect(wait):
             self.kernel.process(reply)
 
-    def qp_state(self, primitive: Primitive) -> dict:
+    def qp_state(self, primitive: DtaOpcode) -> dict:
         return self.kernel.qp_state(self.tables.structure(self.ip, primitive).qp)
 
 
@@ -229,19 +229,19 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
 
     ip = rig.ip
     kw_reports = [r for r in reports if r.opcode is DtaOpcode.KEY_WRITE]
-    kw = tables.structure(ip, Primitive.KEY_WRITE)
-    expected = keywrite_query(offline.structure_region(Primitive.KEY_WRITE, ip), [r.key for r in kw_reports], 4,
+    kw = tables.structure(ip, DtaOpcode.KEY_WRITE)
+    expected = keywrite_query(offline.structure_region(DtaOpcode.KEY_WRITE, ip), [r.key for r in kw_reports], 4,
                               key_hash=kw.key_hash)
-    answer = http(guest, f"/keywrite/key-write@{guest.guest_ip}", {"keys": [r.key.hex() for r in kw_reports],
+    answer = http(guest, f"/key-write/key-write@{guest.guest_ip}", {"keys": [r.key.hex() for r in kw_reports],
                                                                    "redundancy": 4})
     got = [row["value"] for row in answer["results"]]
     predicted = [f"{int(v):08x}" if found else None for v, found in zip(expected.values, expected.found)]
     assert got == predicted
 
-    ki = tables.structure(ip, Primitive.KEY_INCREMENT)
+    ki = tables.structure(ip, DtaOpcode.KEY_INCREMENT)
     flows = sorted({r.key for r in reports if r.opcode is DtaOpcode.KEY_INCREMENT})
-    expected_counts = keyincrement_query(offline.structure_region(Primitive.KEY_INCREMENT, ip), flows, 2, ki.key_hash)
-    answer = http(guest, f"/keyincrement/key-increment@{guest.guest_ip}", {"keys": [k.hex() for k in flows],
+    expected_counts = keyincrement_query(offline.structure_region(DtaOpcode.KEY_INCREMENT, ip), flows, 2, ki.key_hash)
+    answer = http(guest, f"/key-increment/key-increment@{guest.guest_ip}", {"keys": [k.hex() for k in flows],
                                                                            "redundancy": 2})
     assert [row["count"] for row in answer["results"]] == expected_counts.tolist()
 
@@ -252,14 +252,14 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
     assert {int(k): v["entries"] for k, v in entries.items()} == {k: v.tolist() for k, v in offline_entries.items()}
 
     keys = sorted({r.key for r in reports if r.opcode is DtaOpcode.POSTCARDING})
-    decoded = postcard_query(offline.structure_region(Primitive.POSTCARDING, ip), keys, SWITCH_IDS)
+    decoded = postcard_query(offline.structure_region(DtaOpcode.POSTCARDING, ip), keys, SWITCH_IDS)
     answer = http(guest, f"/postcarding/postcarding@{guest.guest_ip}", {"keys": [k.hex() for k in keys],
                                                                         "value_set": SWITCH_IDS})
     assert [row["complete"] for row in answer["results"]] == decoded.complete.tolist()
     assert all(decoded.complete)
 
-    matrix = np.array(http(guest, f"/sketch/sketch-merge@{guest.guest_ip}")["matrix"])
-    assert (matrix == offline.structure_region(Primitive.SKETCH_MERGE, ip).matrix().T).all()
+    matrix = np.array(http(guest, f"/sketch-merge/sketch-merge@{guest.guest_ip}")["matrix"])
+    assert (matrix == offline.structure_region(DtaOpcode.SKETCH_MERGE, ip).matrix().T).all()
 
     offline_completions = [(c.immediate, c.byte_len) for _, c in offline.completion_log.since(0)]
     assert len(offline_completions) == sum(r.redundancy for r in kw_reports if r.immediate) > 0
@@ -274,7 +274,7 @@ def fresh_keys(seed: int, count: int) -> list[bytes]:
 
 
 def counts(rig, keys: list[bytes]) -> list[int]:
-    answer = http(rig.guest, f"/keyincrement/key-increment@{rig.guest.guest_ip}",
+    answer = http(rig.guest, f"/key-increment/key-increment@{rig.guest.guest_ip}",
                   {"keys": [k.hex() for k in keys], "redundancy": 2})
     return [row["count"] for row in answer["results"]]
 
@@ -298,7 +298,7 @@ def test_a_lost_rc_frame_is_nakked_resynced_and_traffic_recovers(collector):
         rig.send(dta.key_increment(key, 7, 2))
     time.sleep(0.5)
     rig.replies(wait=0.5)
-    assert rig.qp_state(Primitive.KEY_INCREMENT)["state"] == 0  # active
+    assert rig.qp_state(DtaOpcode.KEY_INCREMENT)["state"] == 0  # active
     assert counts(rig, recovered) == [7] * len(recovered)
     assert counts(rig, lost_flow + after_gap) == [0] * 6
 
@@ -332,26 +332,26 @@ def test_a_lost_uc_frame_loses_only_that_write(collector):
 
 def test_a_wrong_rkey_fails_the_qp_and_the_collector_recreates_it(collector):
     rig = collector
-    kw = rig.tables.structure(rig.ip, Primitive.KEY_WRITE)
+    kw = rig.tables.structure(rig.ip, DtaOpcode.KEY_WRITE)
     balance = Balance(rig)
     rig.kernel.apply(_tables_with_rkey(rig, kw.qp.name, kw.qp.rkey ^ 0x5A5A))
     rig.send(dta.key_write(fresh_keys(61, 1)[0], 1, 2))
     time.sleep(0.5)
     rig.replies(wait=0.5)
-    assert rig.qp_state(Primitive.KEY_WRITE)["state"] == 2  # failed, after rxe's remote access NAK
+    assert rig.qp_state(DtaOpcode.KEY_WRITE)["state"] == 2  # failed, after rxe's remote access NAK
     rxe, translator = balance.since()
     assert translator[Counter.RX_NAK_FATAL] == 1 and rxe["sent_pkts"] == replies_seen(translator) == 1
     rig.tables = rig.links.updates.get(timeout=15)  # re-created by the collector, re-advertised
-    new_qp = rig.tables.structure(rig.ip, Primitive.KEY_WRITE).qp
+    new_qp = rig.tables.structure(rig.ip, DtaOpcode.KEY_WRITE).qp
     assert new_qp.remote_qpn != kw.qp.remote_qpn
     rig.kernel.apply(rig.tables)
-    assert rig.qp_state(Primitive.KEY_WRITE)["state"] == 0
+    assert rig.qp_state(DtaOpcode.KEY_WRITE)["state"] == 0
     keys = fresh_keys(62, 20)
     for index, key in enumerate(keys):
         rig.send(dta.key_write(key, 1000 + index, 2))
     time.sleep(0.5)
     rig.replies(wait=0.5)
-    answer = http(rig.guest, f"/keywrite/key-write@{rig.guest.guest_ip}", {"keys": [k.hex() for k in keys],
+    answer = http(rig.guest, f"/key-write/key-write@{rig.guest.guest_ip}", {"keys": [k.hex() for k in keys],
                                                                            "redundancy": 2})
     assert [row["value"] for row in answer["results"]] == [f"{1000 + i:08x}" for i in range(len(keys))]
     rxe, translator = balance.since()

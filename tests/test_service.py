@@ -24,7 +24,7 @@ from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postca
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
-from softdta.spec import Primitive
+from softdta.spec import DtaOpcode
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 KEY_WRITE = "key-write@10.77.1.1"
@@ -111,10 +111,10 @@ class Filled:
     postcards: list
     sketch: list
 
-    def region(self, primitive: Primitive):
+    def region(self, primitive: DtaOpcode):
         return self.collector.structure_region(primitive, COLLECTOR_IP)
 
-    def structure(self, primitive: Primitive):
+    def structure(self, primitive: DtaOpcode):
         return self.tables.structure(COLLECTOR_IP, primitive)
 
 
@@ -122,7 +122,7 @@ class Filled:
 def filled() -> Filled:
     """A collector holding every primitive but Append (whose polls change memory; those tests fill their own)."""
     tables, translator, collector, reporter = new_pipeline()
-    sketch_merge = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    sketch_merge = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
     reports = Filled(tables, collector, workload.key_write(2000, seed=1, redundancy=REDUNDANCY),
                      workload.key_increment(3000, seed=3, redundancy=REDUNDANCY, flows=50),
                      workload.postcards(300, seed=5, switch_ids=SWITCH_IDS),
@@ -150,23 +150,23 @@ def test_structures_lists_every_structure_with_its_fill(service, filled):
     listed = {entry["name"]: entry for entry in service.call("GET", "/structures")["structures"]}
     assert set(listed) == {KEY_WRITE, KEY_INCREMENT, POSTCARDING, SKETCH, APPEND}
     key_write = listed[KEY_WRITE]
-    region = filled.region(Primitive.KEY_WRITE)
+    region = filled.region(DtaOpcode.KEY_WRITE)
     occupied = np.count_nonzero((region.checksums != 0) | region.data.any(axis=1))
     assert key_write["slot_count"] == region.slot_count == 131072
     assert key_write["fill"] == occupied / region.slot_count
     assert key_write["load_factor"] == pytest.approx(-np.log(1 - key_write["fill"]))
     assert key_write["load_factor"] == pytest.approx(2000 * REDUNDANCY / 131072, rel=0.05)
-    counters = filled.region(Primitive.KEY_INCREMENT).counters
+    counters = filled.region(DtaOpcode.KEY_INCREMENT).counters
     assert listed[KEY_INCREMENT]["fill"] == np.count_nonzero(counters) / counters.size
     assert listed[SKETCH]["fill"] > 0 and listed[SKETCH]["load_factor"] is None
-    assert listed[SKETCH]["slot_count"] == filled.structure(Primitive.SKETCH_MERGE).columns
+    assert listed[SKETCH]["slot_count"] == filled.structure(DtaOpcode.SKETCH_MERGE).columns
     assert listed[APPEND]["fill"] == 0 and listed[APPEND]["lists"] == 64
     assert listed[POSTCARDING]["hops"] == 5
 
 
 def test_key_write_answers_match_the_reports_and_the_engine(service, filled):
     keys = [report.key.hex() for report in filled.key_write] + unknown_keys(200)
-    answer = service.call("POST", f"/keywrite/{KEY_WRITE}", json={"keys": keys, "redundancy": REDUNDANCY})
+    answer = service.call("POST", f"/key-write/{KEY_WRITE}", json={"keys": keys, "redundancy": REDUNDANCY})
     results = answer["results"]
     assert [result["key"] for result in results] == keys
     truth = {report.key.hex(): report.data.hex() for report in filled.key_write}
@@ -179,9 +179,9 @@ def test_key_write_answers_match_the_reports_and_the_engine(service, filled):
     assert all(result["status"] != "found" for result in results[2000:])
     assert answer["empty"] > 170  # of the 200 unknown keys; slots are 3 % occupied, so most find both empty
 
-    structure = filled.structure(Primitive.KEY_WRITE)
+    structure = filled.structure(DtaOpcode.KEY_WRITE)
     rows = np.frombuffer(bytes.fromhex("".join(keys)), dtype=np.uint8).reshape(len(keys), 4)
-    direct = keywrite_query(filled.region(Primitive.KEY_WRITE), rows, REDUNDANCY, key_hash=structure.key_hash)
+    direct = keywrite_query(filled.region(DtaOpcode.KEY_WRITE), rows, REDUNDANCY, key_hash=structure.key_hash)
     assert [result["status"] == "found" for result in results] == direct.found.tolist()
     assert [result["votes"] for result in results] == direct.votes.tolist()
     assert [int(result["value"], 16) for result in found] == direct.values[direct.found].tolist()
@@ -189,16 +189,16 @@ def test_key_write_answers_match_the_reports_and_the_engine(service, filled):
 
 def test_key_write_integer_keys_and_consensus_mode(service, filled):
     keys = [report.key for report in filled.key_write[:300]]
-    as_hex = service.call("POST", f"/keywrite/{KEY_WRITE}", json={"keys": [k.hex() for k in keys], "redundancy": 2})
-    as_int = service.call("POST", f"/keywrite/{KEY_WRITE}",
+    as_hex = service.call("POST", f"/key-write/{KEY_WRITE}", json={"keys": [k.hex() for k in keys], "redundancy": 2})
+    as_int = service.call("POST", f"/key-write/{KEY_WRITE}",
                           json={"keys": [int.from_bytes(k, "big") for k in keys], "redundancy": 2})
     assert as_int == as_hex
 
-    strict = service.call("POST", f"/keywrite/{KEY_WRITE}",
+    strict = service.call("POST", f"/key-write/{KEY_WRITE}",
                           json={"keys": [k.hex() for k in keys], "redundancy": 2, "mode": "consensus"})
     assert strict["consensus"] == 2  # default: every copy agrees
-    structure = filled.structure(Primitive.KEY_WRITE)
-    direct = keywrite_query(filled.region(Primitive.KEY_WRITE), keys, 2, consensus=2, key_hash=structure.key_hash)
+    structure = filled.structure(DtaOpcode.KEY_WRITE)
+    direct = keywrite_query(filled.region(DtaOpcode.KEY_WRITE), keys, 2, consensus=2, key_hash=structure.key_hash)
     assert [result["status"] == "found" for result in strict["results"]] == direct.found.tolist()
     assert all(result["votes"] == 2 for result in strict["results"] if result["status"] == "found")
 
@@ -208,11 +208,11 @@ def test_key_increment_returns_the_true_counts(service, filled):
     for report in filled.key_increment:
         truth[report.key.hex()] = truth.get(report.key.hex(), 0) + report.counter
     keys = list(truth)
-    answer = service.call("POST", f"/keyincrement/{KEY_INCREMENT}", json={"keys": keys, "redundancy": REDUNDANCY})
+    answer = service.call("POST", f"/key-increment/{KEY_INCREMENT}", json={"keys": keys, "redundancy": REDUNDANCY})
     assert [result["key"] for result in answer["results"]] == keys
     assert [result["count"] for result in answer["results"]] == [truth[key] for key in keys]  # no collisions
-    structure = filled.structure(Primitive.KEY_INCREMENT)
-    direct = keyincrement_query(filled.region(Primitive.KEY_INCREMENT), [bytes.fromhex(k) for k in keys],
+    structure = filled.structure(DtaOpcode.KEY_INCREMENT)
+    direct = keyincrement_query(filled.region(DtaOpcode.KEY_INCREMENT), [bytes.fromhex(k) for k in keys],
                                 REDUNDANCY, structure.key_hash)
     assert [result["count"] for result in answer["results"]] == direct.tolist()
 
@@ -227,17 +227,17 @@ def test_postcarding_decodes_the_paths(service, filled):
     complete = [result for result in results if result["complete"]]
     assert len(complete) == answer["complete"] > 0.95 * len(paths)
     assert all(result["path"] == paths[result["key"]] for result in complete)
-    direct = postcard_query(filled.region(Primitive.POSTCARDING), [bytes.fromhex(k) for k in keys], SWITCH_IDS)
+    direct = postcard_query(filled.region(DtaOpcode.POSTCARDING), [bytes.fromhex(k) for k in keys], SWITCH_IDS)
     assert [result["path"] for result in results] == [[None if value == BLANK else value for value in path]
                                                       for path in direct.values.tolist()]
 
 
 def test_sketch_is_the_merged_matrix_by_column(service, filled):
-    structure = filled.structure(Primitive.SKETCH_MERGE)
+    structure = filled.structure(DtaOpcode.SKETCH_MERGE)
     expected = np.zeros((structure.columns, structure.rows), dtype=np.uint64)
     for report in filled.sketch:
         expected[report.column] += np.array(report.counters, dtype=np.uint64)
-    answer = service.call("GET", f"/sketch/{SKETCH}")
+    answer = service.call("GET", f"/sketch-merge/{SKETCH}")
     assert (answer["columns"], answer["rows"], answer["merge"]) == (structure.columns, structure.rows, "sum")
     assert answer["matrix"] == expected.tolist()
 
@@ -248,7 +248,7 @@ def test_stats_health_and_metrics(service, filled):
     assert stats["responder"] == counters and counters["executed"] > 0
     health = service.call("GET", "/health")
     assert health["status"] == "ok" and health["backend"] == "offline"
-    key_write_qp = filled.structure(Primitive.KEY_WRITE).qp
+    key_write_qp = filled.structure(DtaOpcode.KEY_WRITE).qp
     assert health["qps"][key_write_qp.name]["expected_psn"] == 2000 * REDUNDANCY
     assert not any(qp["error"] for qp in health["qps"].values())
 
@@ -392,33 +392,34 @@ def test_append_follow_streams_entries_added_after_it_started(start_service):
 
 BAD_REQUESTS = [
     ("GET", "/completions?since=last", None, 400, "since must be an integer"),
-    ("POST", "/keywrite/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure named 'nope'"),
-    ("POST", f"/keywrite/{KEY_INCREMENT}", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure"),
-    ("POST", "/keyincrement/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-increment structure"),
+    ("POST", "/key-write/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure named 'nope'"),
+    ("POST", f"/key-write/{KEY_INCREMENT}", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-write structure"),
+    ("POST", "/key-increment/nope", {"keys": ["0a000001"], "redundancy": 2}, 404, "no key-increment structure"),
     ("POST", "/postcarding/nope", {"keys": ["0a000001"], "value_set": [1]}, 404, "no postcarding structure"),
-    ("GET", "/sketch/nope", None, 404, "no sketch-merge structure"),
+    ("GET", "/sketch-merge/nope", None, 404, "no sketch-merge structure"),
     ("GET", "/append/nope", None, 404, "no Append range named 'nope'"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a0000"], "redundancy": 2}, 400, "has key_len 4 (8 hex digits)"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [1 << 32], "redundancy": 2}, 400, "key_len of 4 bytes"),
-    ("POST", f"/keyincrement/{KEY_INCREMENT}", {"keys": ["0a00000102"], "redundancy": 2}, 400, "key_len 4"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["zz000001"], "redundancy": 2}, 400, "is not a hex string"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [True], "redundancy": 2}, 400, "must be a hex string or an integer"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": "0a000001", "redundancy": 2}, 400, "keys must be a non-empty list"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [], "redundancy": 2}, 400, "keys must be a non-empty list"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"]}, 400, "missing field(s) ['redundancy']"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": "2"}, 400, "redundancy must be an integer"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 5}, 400,
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a0000"], "redundancy": 2}, 400, "has key_len 4 (8 hex digits)"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": [1 << 32], "redundancy": 2}, 400, "key_len of 4 bytes"),
+    ("POST", f"/key-increment/{KEY_INCREMENT}", {"keys": ["0a00000102"], "redundancy": 2}, 400, "key_len 4"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["zz000001"], "redundancy": 2}, 400, "is not a hex string"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": [True], "redundancy": 2}, 400, "must be a hex string or an integer"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": "0a000001", "redundancy": 2}, 400, "keys must be a non-empty list"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": [], "redundancy": 2}, 400, "keys must be a non-empty list"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"]}, 400, "missing field(s) ['redundancy']"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": "2"}, 400,
+     "redundancy must be an integer"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 5}, 400,
      "redundancy must be an integer in 1..4"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "mode": "majority"}, 400,
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "mode": "majority"}, 400,
      'mode must be "plurality" or "consensus"'),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "mode": "consensus", "consensus": 3},
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "mode": "consensus", "consensus": 3},
      400, "consensus must be an integer in 1..2"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "consensus": 2}, 400,
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "consensus": 2}, 400,
      'consensus applies to mode "consensus" only'),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "redundnacy": 2}, 400,
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": ["0a000001"], "redundancy": 2, "redundnacy": 2}, 400,
      "unknown field(s) ['redundnacy']"),
-    ("POST", f"/keywrite/{KEY_WRITE}", ["0a000001"], 400, "body must be a JSON object"),
-    ("POST", f"/keywrite/{KEY_WRITE}", b'{"keys": [', 400, "body is not valid JSON"),
+    ("POST", f"/key-write/{KEY_WRITE}", ["0a000001"], 400, "body must be a JSON object"),
+    ("POST", f"/key-write/{KEY_WRITE}", b'{"keys": [', 400, "body is not valid JSON"),
     ("POST", f"/postcarding/{POSTCARDING}", {"keys": ["0a000001"], "value_set": []}, 400, "value_set must be"),
     ("POST", f"/postcarding/{POSTCARDING}", {"keys": ["0a000001"], "value_set": [-1]}, 400,
      "value_set[0] must be an integer in 0..4294967295"),
@@ -427,13 +428,13 @@ BAD_REQUESTS = [
     ("POST", f"/append/{APPEND}?follow=yes", None, 400, "follow must be 0 or 1"),
     ("GET", f"/append/{APPEND}?follow=1", None, 400, "follow takes the entries it streams: send it as a POST"),
     ("GET", f"/append/{APPEND}?list={'9' * 5000}", None, 400, "list must be a list id in 0..63"),
-    ("POST", f"/keywrite/{KEY_WRITE}", b"[" * 100_000, 400, "body is not valid JSON: it nests too deeply"),
-    ("POST", f"/keywrite/{KEY_WRITE}", b"\xff\xfe{}", 400, "body is not valid JSON"),
-    ("POST", f"/keywrite/{KEY_WRITE}", {"keys": [0] * 100_001, "redundancy": 2}, 400,
+    ("POST", f"/key-write/{KEY_WRITE}", b"[" * 100_000, 400, "body is not valid JSON: it nests too deeply"),
+    ("POST", f"/key-write/{KEY_WRITE}", b"\xff\xfe{}", 400, "body is not valid JSON"),
+    ("POST", f"/key-write/{KEY_WRITE}", {"keys": [0] * 100_001, "redundancy": 2}, 400,
      "100,001 keys in one request; send at most 100,000 at a time"),
-    ("POST", f"/keywrite/{KEY_WRITE}", b" " * ((4 << 20) + 1), 413, "Maximum request body size 4194304 exceeded"),
+    ("POST", f"/key-write/{KEY_WRITE}", b" " * ((4 << 20) + 1), 413, "Maximum request body size 4194304 exceeded"),
     ("GET", "/nope", None, 404, "404: Not Found (GET /nope)"),
-    ("GET", f"/keywrite/{KEY_WRITE}", None, 405, "405: Method Not Allowed"),
+    ("GET", f"/key-write/{KEY_WRITE}", None, 405, "405: Method Not Allowed"),
 ]
 
 
@@ -442,7 +443,7 @@ def test_bad_requests_get_a_clear_json_error(service):
         sent = {"data": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
         answer = service.call(method, path, status, headers=TAKE, **sent)
         assert message in answer["error"], (path[:80], body[:80] if body else body, answer)
-        if status == 404 and path.startswith("/keywrite/"):
+        if status == 404 and path.startswith("/key-write/"):
             assert answer["known"] == [KEY_WRITE]
         if path == "/append/nope":
             assert answer["known"] == [APPEND]
@@ -468,7 +469,7 @@ def test_health_answers_while_a_query_runs(filled, start_service, monkeypatch):
 
     async def both():
         async def query():
-            async with service.http.post(f"/keywrite/{KEY_WRITE}", json={"keys": unknown_keys(4),
+            async with service.http.post(f"/key-write/{KEY_WRITE}", json={"keys": unknown_keys(4),
                                                                         "redundancy": 2}) as response:
                 assert response.status == 200
 
@@ -505,9 +506,9 @@ def test_idle_and_slow_clients_are_cut_off(filled, start_service, monkeypatch):
     async def clients():
         silent = await asyncio.open_connection("127.0.0.1", port)
         half_header = await asyncio.open_connection("127.0.0.1", port)
-        half_header[1].write(b"POST /keywrite/" + KEY_WRITE.encode() + b" HTTP/1.1\r\nHost: x\r\n")
+        half_header[1].write(b"POST /key-write/" + KEY_WRITE.encode() + b" HTTP/1.1\r\nHost: x\r\n")
         half_body = await asyncio.open_connection("127.0.0.1", port)
-        half_body[1].write(b"POST /keywrite/" + KEY_WRITE.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+        half_body[1].write(b"POST /key-write/" + KEY_WRITE.encode() + b" HTTP/1.1\r\nHost: x\r\n"
                            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"keys\": ")
         return await _answer(silent[0]), await _answer(half_header[0]), await _response(half_body[0])
 

@@ -13,9 +13,9 @@ from softdta.spec import (
     DTA_NACK_PORT,
     DTA_PORT,
     Counter,
+    DtaOpcode,
     FlushTarget,
     NackKind,
-    Primitive,
     QpState,
     RoceOpcode,
     Transport,
@@ -50,7 +50,7 @@ def requests(out):
 @pytest.mark.parametrize("redundancy", [1, 2, 3, 4])
 def test_key_write_emits_one_write_per_copy_at_the_hashed_slot(tables, reporter, redundancy):
     translator = Translator(tables)
-    kw = structure(tables, Primitive.KEY_WRITE)
+    kw = structure(tables, DtaOpcode.KEY_WRITE)
     key = bytes.fromhex("0a000001")
     out = send(translator, reporter, dta.key_write(key, 0xDEADBEEF, redundancy))
     frames = requests(out)
@@ -70,7 +70,7 @@ def test_key_write_emits_one_write_per_copy_at_the_hashed_slot(tables, reporter,
 def test_key_write_dta_v1_vector(tables, reporter):
     """dta-v1.md §2.1: key 1 has checksum 0x99F8B879, written as 79 B8 F8 99, at slot 173 of 256 for n = 0."""
     translator = Translator(tables)
-    kw = structure(tables, Primitive.KEY_WRITE)
+    kw = structure(tables, DtaOpcode.KEY_WRITE)
     frame = requests(send(translator, reporter, dta.key_write(1, 42, 1)))[0]
     assert frame.payload[:4] == bytes.fromhex("79b8f899")
     assert (frame.headers["reth"]["va"] - kw.qp.base_va) // 8 % 256 == 173
@@ -80,7 +80,7 @@ def test_frame_fields_come_from_the_tables(tables, reporter):
     translator = Translator(tables)
     frame = requests(send(translator, reporter, dta.key_write(7, 7)))[0]
     udp = frame.udp_frame
-    assert udp.eth["src"] == tables.mac and udp.eth["dst"] == structure(tables, Primitive.KEY_WRITE).qp.collector_mac
+    assert udp.eth["src"] == tables.mac and udp.eth["dst"] == structure(tables, DtaOpcode.KEY_WRITE).qp.collector_mac
     assert udp.src_ip == tables.ip and udp.dst_ip == COLLECTOR_IP
     assert udp.ip["dscp"] == tables.dscp and udp.ip["ttl"] == tables.ttl and udp.ip["flags"] == 0b010
     assert udp.udp["sport"] == tables.udp_sport and udp.udp["checksum"] == 0
@@ -94,7 +94,7 @@ def test_immediate_flag_becomes_write_with_immediate_carrying_the_key_checksum(t
 
 
 def test_rc_structures_use_rc_opcodes(tables, reporter):
-    structure(tables, Primitive.KEY_WRITE).qp.transport = Transport.RC
+    structure(tables, DtaOpcode.KEY_WRITE).qp.transport = Transport.RC
     frame = requests(send(Translator(tables), reporter, dta.key_write(5, 9, 1)))[0]
     assert frame.opcode == RoceOpcode.RC_WRITE_ONLY
 
@@ -103,7 +103,7 @@ def test_extended_key_write_with_five_tuple_key_and_path_data(reporter):
     document = _example_document()
     document["structures"][0].update(key_len=13, data_len=20)
     tables = Tables.from_dict(document)
-    kw = structure(tables, Primitive.KEY_WRITE)
+    kw = structure(tables, DtaOpcode.KEY_WRITE)
     assert kw.slot_size == 32
     key, data = bytes(range(13)), bytes(range(100, 120))
     frames = requests(send(Translator(tables), reporter, dta.key_write(key, data, 2, extended=True)))
@@ -122,7 +122,7 @@ def test_report_sizes_must_match_the_structure(tables, reporter):
 
 def test_key_increment_is_a_correct_fetch_and_add(tables, reporter):
     translator = Translator(tables)
-    ki = structure(tables, Primitive.KEY_INCREMENT)
+    ki = structure(tables, DtaOpcode.KEY_INCREMENT)
     frames = requests(send(translator, reporter, dta.key_increment(3, 1500, 2)))
     assert len(frames) == 2
     for copy, frame in enumerate(frames):
@@ -213,7 +213,7 @@ def _path_payload(key, path, hops=5):
 
 def test_postcards_complete_a_path_with_one_write(tables, reporter):
     translator = Translator(tables)
-    pc = structure(tables, Primitive.POSTCARDING)
+    pc = structure(tables, DtaOpcode.POSTCARDING)
     key, path = (0).to_bytes(4, "big"), [11, 22, 33, 44, 55]  # key 0 is a real flow, not "empty"
     outs = [send(translator, reporter, dta.postcard(key, hop, path[hop - 1])) for hop in (3, 1, 5, 2, 4)]
     assert [len(o.frames) for o in outs] == [0, 0, 0, 0, 1]
@@ -238,7 +238,7 @@ def test_postcard_collision_writes_the_evicted_flow_at_its_own_address(reporter)
     document = _example_document()
     document["structures"][2]["qp"]["length"] = 1 << 22
     tables = Tables.from_dict(document)
-    pc = structure(tables, Primitive.POSTCARDING)
+    pc = structure(tables, DtaOpcode.POSTCARDING)
     by_index = {}
     key_a = key_b = None
     for candidate in range(1, 1_000_000):
@@ -299,7 +299,7 @@ def test_flush_requests_write_what_the_idle_flush_writes_once_it_is_due(tables, 
     for translator in (timer, switch):
         send(translator, reporter, dta.append(5, 11), now_ns=0)
         send(translator, reporter, dta.postcard(8, 2, 22), now_ns=500)
-    entry = next(iter(switch.postcard_cache[structure(tables, Primitive.POSTCARDING).qp.index]))
+    entry = next(iter(switch.postcard_cache[structure(tables, DtaOpcode.POSTCARDING).qp.index]))
     ask = [flush_request(reporter, FlushTarget.APPEND_LIST, 5),
            flush_request(reporter, FlushTarget.POSTCARD_ENTRY, entry)]
     assert [switch.process(frame, 900).frames for frame in ask] == [[], []]  # neither is due
@@ -341,7 +341,7 @@ def _sketch_tables(merge, batch=2, columns=4, rows=3, reporters=2):
 @pytest.mark.parametrize("merge", ["sum", "max"])
 def test_sketch_columns_merge_and_write_in_batches(reporter, merge):
     tables = _sketch_tables(merge)
-    sk = structure(tables, Primitive.SKETCH_MERGE)
+    sk = structure(tables, DtaOpcode.SKETCH_MERGE)
     translator = Translator(tables)
     sketches = {0: [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], 1: [[5, 1, 5], [1, 9, 1], [0, 0, 0], [2, 2, 2]]}
     emitted = []
@@ -467,7 +467,7 @@ def _reply(tables, qp, syndrome, psn):
 
 def test_positive_ack_changes_nothing(tables, reporter):
     translator = Translator(tables)
-    ki = structure(tables, Primitive.KEY_INCREMENT)
+    ki = structure(tables, DtaOpcode.KEY_INCREMENT)
     send(translator, reporter, dta.key_increment(1, 1, 2))
     assert translator.process(_reply(tables, ki.qp, ACK_SYNDROME, 0), 5).drop is None
     assert translator.qp_state[ki.qp.index].next_psn == 2
@@ -476,8 +476,8 @@ def test_positive_ack_changes_nothing(tables, reporter):
 
 def test_sequence_nak_resyncs_that_qp_and_starts_a_timed_grace(tables, reporter):
     translator = Translator(tables)
-    ki = structure(tables, Primitive.KEY_INCREMENT)
-    kw = structure(tables, Primitive.KEY_WRITE)
+    ki = structure(tables, DtaOpcode.KEY_INCREMENT)
+    kw = structure(tables, DtaOpcode.KEY_WRITE)
     for _ in range(5):
         send(translator, reporter, dta.key_increment(1, 1, 1))
     translator.process(_reply(tables, ki.qp, NAK_SEQUENCE_SYNDROME, 2), now_ns=1_000)
@@ -494,7 +494,7 @@ def test_sequence_nak_resyncs_that_qp_and_starts_a_timed_grace(tables, reporter)
 
 def test_remote_access_nak_fails_the_qp_until_revived(tables, reporter):
     translator = Translator(tables)
-    ki = structure(tables, Primitive.KEY_INCREMENT)
+    ki = structure(tables, DtaOpcode.KEY_INCREMENT)
     send(translator, reporter, dta.key_increment(1, 1, 1))  # PSN 0 outstanding
     translator.process(_reply(tables, ki.qp, NAK_REMOTE_ACCESS_SYNDROME, 0), now_ns=0)
     assert translator.qp_state[ki.qp.index].state is QpState.FAILED
@@ -504,7 +504,7 @@ def test_remote_access_nak_fails_the_qp_until_revived(tables, reporter):
 
 
 def _rc_and_uc_qps(tables):
-    rc = structure(tables, Primitive.KEY_INCREMENT).qp
+    rc = structure(tables, DtaOpcode.KEY_INCREMENT).qp
     uc = next(qp for qp in tables.qps if qp.transport is Transport.UC)
     assert rc.transport is Transport.RC
     return rc, uc
@@ -568,7 +568,7 @@ def test_a_repeated_sequence_nak_resyncs_once(tables, reporter):
 
 def test_replies_for_unknown_qps_or_with_bad_icrc_are_dropped(tables):
     translator = Translator(tables)
-    ki = structure(tables, Primitive.KEY_INCREMENT)
+    ki = structure(tables, DtaOpcode.KEY_INCREMENT)
     unknown = dataclasses.replace(ki.qp, local_qpn=0xABCDE)
     assert translator.process(_reply(tables, unknown, NAK_SEQUENCE_SYNDROME, 9)).drop is Counter.DROP_UNKNOWN_QP
     corrupted = bytearray(_reply(tables, ki.qp, NAK_SEQUENCE_SYNDROME, 9))

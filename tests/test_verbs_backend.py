@@ -67,18 +67,18 @@ def test_without_a_device_the_error_names_both_fixes(tmp_path, device):
 
 
 def test_region_files_round_up_and_keep_data_across_instances(tmp_path):
-    file = tmp_path / "keywrite@10.77.1.1.region"
-    mapping = RegionFiles(tmp_path).map("keywrite@10.77.1.1", PAGE + 1)
+    file = tmp_path / "key-write@10.77.1.1.region"
+    mapping = RegionFiles(tmp_path).map("key-write@10.77.1.1", PAGE + 1)
     assert len(mapping) == file.stat().st_size == 2 * PAGE
     mapping[PAGE - 5:PAGE + 1] = b"012345"
     mapping.close()
 
-    reopened = RegionFiles(tmp_path).map("keywrite@10.77.1.1", PAGE + 1)
+    reopened = RegionFiles(tmp_path).map("key-write@10.77.1.1", PAGE + 1)
     assert reopened[PAGE - 5:PAGE + 1] == b"012345"
-    grown = RegionFiles(tmp_path).map("keywrite@10.77.1.1", 3 * PAGE + 1)
+    grown = RegionFiles(tmp_path).map("key-write@10.77.1.1", 3 * PAGE + 1)
     assert len(grown) == file.stat().st_size == 4 * PAGE
     assert grown[PAGE - 5:PAGE + 1] == b"012345" and grown[-1] == 0
-    assert len(RegionFiles(tmp_path).map("keywrite@10.77.1.1", 1)) == PAGE
+    assert len(RegionFiles(tmp_path).map("key-write@10.77.1.1", 1)) == PAGE
     assert file.stat().st_size == 4 * PAGE  # a smaller mapping does not shrink the file
 
 

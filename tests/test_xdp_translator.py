@@ -15,7 +15,7 @@ from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
-from softdta.spec import ACK_SYNDROME, DTA_PORT, ROCE_PORT, AethKind, Counter, Primitive, QpState, RoceOpcode
+from softdta.spec import ACK_SYNDROME, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, QpState, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
@@ -113,33 +113,33 @@ class Reporters:
     def report(self, collector: str) -> dta.Report:
         rng = self.rng
         ip = ip_bytes(COLLECTORS[collector][0])
-        kind = rng.choice(list(Primitive))
+        kind = rng.choice(list(DtaOpcode))
         immediate = rng.random() < 0.3
-        structure = self.tables.structure(ip, kind) if kind is not Primitive.APPEND else None
+        structure = self.tables.structure(ip, kind) if kind is not DtaOpcode.APPEND else None
         key_len = structure.key_len if structure else 4
         if rng.random() < 0.05:
             key_len = rng.randint(1, 32)
         extended = key_len != 4 or (structure is not None and structure.data_len != 4) or rng.random() < 0.2
-        if kind is Primitive.KEY_WRITE:
+        if kind is DtaOpcode.KEY_WRITE:
             data_len = structure.data_len if structure else 4
             return dta.key_write(self.key(key_len), rng.randbytes(data_len), rng.randint(1, 4), immediate=immediate,
                                  extended=extended)
-        if kind is Primitive.KEY_INCREMENT:
+        if kind is DtaOpcode.KEY_INCREMENT:
             return dta.key_increment(self.key(key_len), rng.getrandbits(rng.choice([8, 64])), rng.randint(1, 4),
                                      immediate=immediate, extended=extended)
-        if kind is Primitive.POSTCARDING:
+        if kind is DtaOpcode.POSTCARDING:
             hops = structure.hops if structure else 5
             path_length = rng.choice([0, 0, 1, rng.randint(1, hops)]) if extended else 0
             hop = rng.randint(1, path_length or min(hops, 5))
             return dta.postcard(self.key(key_len), hop, rng.randbytes(4), path_length=path_length,
                                 immediate=immediate, extended=extended or bool(path_length))
-        if kind is Primitive.APPEND:
+        if kind is DtaOpcode.APPEND:
             lists = rng.choice(self.tables.append_lists)
             list_id = lists.first_list + rng.randrange(lists.lists) if rng.random() < 0.95 else rng.randrange(5000)
             data_len = lists.data_len if rng.random() < 0.95 else 5
             return dta.append(list_id, rng.randbytes(data_len), immediate=immediate,
                               extended=data_len != 4 or extended)
-        sketch = self.tables.structure(ip_bytes(COLLECTORS["c1"][0]), Primitive.SKETCH_MERGE)
+        sketch = self.tables.structure(ip_bytes(COLLECTORS["c1"][0]), DtaOpcode.SKETCH_MERGE)
         reporter = rng.randrange(sketch.reporters + (rng.random() < 0.05))
         column = self.sketch_column.get(reporter, 0)
         if rng.random() < 0.1:
@@ -352,7 +352,7 @@ def test_forged_and_stale_replies_are_refused_like_the_reference(seed):
 def test_grace_ends_on_time(tables, reporter):
     tables.grace_ns = 20_000_000
     with XdpTranslator(tables) as kernel:
-        kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
+        kw = tables.structure(reporter.collector_ip, DtaOpcode.KEY_WRITE)
         kernel.resync(kw.qp, 500)
         assert not kernel.process(reporter.frame(dta.key_write(1, 2))).frames
         time.sleep(0.03)
@@ -364,7 +364,7 @@ def test_grace_ends_on_time(tables, reporter):
 def test_essential_reports_are_parked_for_userspace_while_the_qp_cannot_send(tables, reporter):
     tables.grace_ns = 10**10  # longer than any stall of a loaded test machine between the two reports
     with XdpTranslator(tables) as kernel:
-        kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
+        kw = tables.structure(reporter.collector_ip, DtaOpcode.KEY_WRITE)
         kernel.resync(kw.qp, 0)
         essential = reporter.frame(dta.key_write(7, 8, essential=True, extended=True))
         out = kernel.process(essential)
@@ -404,7 +404,7 @@ def test_live_table_changes_keep_the_state_of_entries_that_stay(tables, reporter
         kernel.apply(changed)
         out = kernel.process(reporter.frame(dta.append(3, 9)))
         assert not out.frames and kernel.counters()[Counter.DROP_UNKNOWN_LIST] == 1
-        kw = tables.structure(reporter.collector_ip, Primitive.KEY_WRITE)
+        kw = tables.structure(reporter.collector_ip, DtaOpcode.KEY_WRITE)
         frames = kernel.process(reporter.frame(dta.key_write(5, 6, 1))).frames
         assert parse_roce(frames[0]).bth["psn"] == (kw.qp.start_psn + 2) & 0xFFFFFF
 

@@ -22,7 +22,7 @@ from softdta.engines.xdp import EngineError, XdpTranslator
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
-from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, Primitive, QpState, RoceOpcode
+from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, DtaOpcode, QpState, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
@@ -176,7 +176,7 @@ def nak(tables, qp, psn: int) -> bytes:
 def test_sequence_nak_from_the_collector_resyncs_and_starts_the_grace_period(lab):
     lab.tables.grace_ns = 200_000_000
     reporter = reporter_address(lab.tables)
-    ki = lab.tables.structure(COLLECTOR_IP, Primitive.KEY_INCREMENT)
+    ki = lab.tables.structure(COLLECTOR_IP, DtaOpcode.KEY_INCREMENT)
     start = ki.qp.start_psn
     kernel = lab.start()
     try:
@@ -223,7 +223,7 @@ def test_translator_restart_continues_psns_from_pinned_maps(lab):
     pin = ensure_bpffs() / f"softdta-veth-{os.getpid()}"
     pin.mkdir(parents=True, exist_ok=True)
     reporter = reporter_address(lab.tables)
-    kw = lab.tables.structure(COLLECTOR_IP, Primitive.KEY_WRITE)
+    kw = lab.tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
     try:
         collector = lab.socket(lab.collector, "c0")
         psns = []
@@ -287,7 +287,7 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
 def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
     lab.tables.grace_ns = 100_000_000
     reporter = reporter_address(lab.tables)
-    ki = lab.tables.structure(COLLECTOR_IP, Primitive.KEY_INCREMENT)
+    ki = lab.tables.structure(COLLECTOR_IP, DtaOpcode.KEY_INCREMENT)
     kernel = lab.start(flush_idle_ns=5_000_000)
     try:
         sender, collector = lab.socket(lab.reporter, "r0"), lab.socket(lab.collector, "c0")

@@ -90,7 +90,7 @@
 #define KEY_HASH_DTA_V1 0
 #define KEY_HASH_INDEPENDENT 1
 
-/* DtaOpcode */
+/* DtaOpcode: The DTA primitives, by their report opcodes; a structure's kind is the opcode that feeds it. */
 #define DTA_OP_KEY_WRITE 1
 #define DTA_OP_APPEND 2
 #define DTA_OP_KEY_INCREMENT 3
@@ -132,13 +132,6 @@
 /* Transport */
 #define TRANSPORT_RC 0
 #define TRANSPORT_UC 1
-
-/* Primitive: Translator structure kinds; values equal the DTA opcodes that feed them. */
-#define PRIM_KEY_WRITE 1
-#define PRIM_APPEND 2
-#define PRIM_KEY_INCREMENT 3
-#define PRIM_POSTCARDING 4
-#define PRIM_SKETCH_MERGE 5
 
 /* SketchMerge */
 #define SKETCH_MERGE_SUM 0

@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--collector-key", metavar="PEM", help="with --collector-cert: its private key")
     up.add_argument("--collector-cm", action="append", default=[], metavar="IP:PORT,kind=K[,list=N][,batch=B]",
                     help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
-                         "structure (kind: keywrite, keyincrement, postcarding, append); repeat for each port. "
+                         "structure (kind: key-write, key-increment, postcarding, append); repeat for each port. "
                          "--tables then needs only its [translator] section (docs/drop-in.md)")
     down = actions.add_parser("down", help="detach the fast path from interfaces; --forget drops its state")
     down.add_argument("--interface", "-i", action="append", default=[])
@@ -149,8 +149,8 @@ def _parser() -> argparse.ArgumentParser:
 
     query = commands.add_parser("query", help="ask a collector's query service (docs/query.md)")
     query.add_argument("--url", default="http://127.0.0.1:8040", help="the query service")
-    query.add_argument("what", choices=["structures", "stats", "health", "metrics", "keywrite", "keyincrement",
-                                        "postcarding", "append", "sketch"])
+    query.add_argument("what", choices=["structures", "stats", "health", "metrics", "key-write", "key-increment",
+                                        "postcarding", "append", "sketch-merge"])
     query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
     query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
     query.add_argument("--redundancy", "-n", type=int, default=2)
@@ -634,15 +634,15 @@ def _query(args) -> int:
     def keys():
         return [int(k) if k.isdigit() else k for k in args.keys]
 
-    if args.what in ("keywrite", "keyincrement", "postcarding", "append", "sketch") and not args.name:
+    if args.what in ("key-write", "key-increment", "postcarding", "append", "sketch-merge") and not args.name:
         raise CliError(f"query {args.what} needs a structure name; list them with `softdta query structures`")
     body = None
     path = f"/{args.what}" + (f"/{args.name}" if args.name else "")
-    if args.what == "keywrite":
+    if args.what == "key-write":
         body = {"keys": keys(), "redundancy": args.redundancy}
         if args.consensus:
             body.update(mode="consensus", consensus=args.consensus)
-    elif args.what == "keyincrement":
+    elif args.what == "key-increment":
         body = {"keys": keys(), "redundancy": args.redundancy}
     elif args.what == "postcarding":
         body = {"keys": keys(), "value_set": args.values}

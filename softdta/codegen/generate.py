@@ -35,7 +35,6 @@ ENUM_PREFIXES: dict[type[IntEnum], str] = {
     spec.AethKind: "AETH",
     spec.NakCode: "NAK",
     spec.Transport: "TRANSPORT",
-    spec.Primitive: "PRIM",
     spec.ResponderCounter: "RCNT",
     spec.Access: "ACCESS",
     spec.SketchMerge: "SKETCH_MERGE",

@@ -11,7 +11,7 @@ from softdta.collector.config import AppendSpec, CollectorConfig, StructureSpec
 from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Tables
-from softdta.spec import Primitive
+from softdta.spec import DtaOpcode
 from softdta.wire.frames import ip_str, mac_str
 
 RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
@@ -130,17 +130,17 @@ class Collector:
     # ----------------------------------------------------------------------------------------------
     # what the query service reads (service.QuerySource)
 
-    def structure_region(self, primitive: Primitive, collector_ip: bytes):
+    def structure_region(self, primitive: DtaOpcode, collector_ip: bytes):
         structure = self.tables.structure(collector_ip, primitive)
         if structure is None:
             raise KeyError(f"no {primitive.name} structure on this collector")
         view = self.regions[self.specs_by_primitive(primitive).name].view
-        return {Primitive.KEY_WRITE: lambda: KeyWriteRegion.for_structure(view, structure),
-                Primitive.KEY_INCREMENT: lambda: CounterRegion(view),
-                Primitive.POSTCARDING: lambda: PostcardRegion.for_structure(view, structure),
-                Primitive.SKETCH_MERGE: lambda: SketchRegion.for_structure(view, structure)}[primitive]()
+        return {DtaOpcode.KEY_WRITE: lambda: KeyWriteRegion.for_structure(view, structure),
+                DtaOpcode.KEY_INCREMENT: lambda: CounterRegion(view),
+                DtaOpcode.POSTCARDING: lambda: PostcardRegion.for_structure(view, structure),
+                DtaOpcode.SKETCH_MERGE: lambda: SketchRegion.for_structure(view, structure)}[primitive]()
 
-    def specs_by_primitive(self, primitive: Primitive) -> StructureSpec:
+    def specs_by_primitive(self, primitive: DtaOpcode) -> StructureSpec:
         return next(spec for spec in self.config.structures if spec.primitive is primitive)
 
     def append_region(self, lists: AppendLists) -> AppendRegion:

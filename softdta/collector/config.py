@@ -11,8 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from softdta.core.settings import Settings, tables_of
-from softdta.core.tables import KEY_HASH_NAMES, PRIMITIVE_NAMES, TableError, slot_size_of
-from softdta.spec import DTA_V1_POSTCARD_HOPS, POSTCARD_CACHE_ENTRIES, Access, Primitive, Transport
+from softdta.core.tables import KEY_HASH_NAMES, TableError, slot_size_of
+from softdta.spec import (
+    DTA_V1_POSTCARD_HOPS,
+    POSTCARD_CACHE_ENTRIES,
+    PRIMITIVES,
+    STRUCTURE_KINDS,
+    Access,
+    DtaOpcode,
+    Transport,
+)
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 DEFAULT_CONTROL_PORT = 40050
@@ -31,7 +39,7 @@ APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport
 class StructureSpec:
     """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area."""
 
-    primitive: Primitive
+    primitive: DtaOpcode
     slots: int = 0  # keys (hashed structures) or columns (Sketch-Merge)
     key_len: int = 4
     data_len: int = 4
@@ -46,7 +54,7 @@ class StructureSpec:
 
     @property
     def name(self) -> str:
-        return next(name for name, primitive in PRIMITIVE_NAMES.items() if primitive is self.primitive)
+        return PRIMITIVES[self.primitive].slug
 
     @property
     def slot_size(self) -> int:
@@ -60,16 +68,16 @@ class StructureSpec:
 
     @property
     def access(self) -> Access:
-        atomic = Access.REMOTE_ATOMIC if self.primitive is Primitive.KEY_INCREMENT else Access(0)
+        atomic = Access.REMOTE_ATOMIC if self.primitive is DtaOpcode.KEY_INCREMENT else Access(0)
         return Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | atomic
 
     def validate(self) -> None:
         where = f"{self.name} structure"
-        if self.primitive is not Primitive.SKETCH_MERGE and (self.slots <= 0 or self.slots & (self.slots - 1)):
+        if self.primitive is not DtaOpcode.SKETCH_MERGE and (self.slots <= 0 or self.slots & (self.slots - 1)):
             raise TableError(f"{where}: slots {self.slots} must be a power of two (the slot hash is masked)")
-        if self.primitive is Primitive.SKETCH_MERGE and self.slots <= 0:
+        if self.primitive is DtaOpcode.SKETCH_MERGE and self.slots <= 0:
             raise TableError(f"{where}: set slots to the number of sketch columns")
-        if self.primitive is Primitive.KEY_INCREMENT and self.transport is not Transport.RC:
+        if self.primitive is DtaOpcode.KEY_INCREMENT and self.transport is not Transport.RC:
             raise TableError(f"{where}: Fetch&Add needs transport \"rc\"")
         if self.hash not in KEY_HASH_NAMES:
             raise TableError(f"{where}: hash {self.hash!r} must be one of {sorted(KEY_HASH_NAMES)}")
@@ -78,7 +86,7 @@ class StructureSpec:
         """The structure fields of a translator-tables entry (docs/tables.md), without the queue pair."""
         fields = {"primitive": self.name, "key_len": self.key_len, "data_len": self.data_len, "hash": self.hash,
                   "hops": self.hops, "cache_entries": self.cache_entries, "merge": self.merge, "batch": self.batch}
-        if self.primitive is Primitive.SKETCH_MERGE:
+        if self.primitive is DtaOpcode.SKETCH_MERGE:
             fields.update(columns=self.slots, rows=self.rows, reporters=self.reporters)
         return fields
 
@@ -178,9 +186,9 @@ class CollectorConfig:
         collector = Settings("[collector]", document.get("collector"), COLLECTOR_KEYS)
         structures = []
         for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
-            kind = entry.text("primitive", choices=tuple(sorted(PRIMITIVE_NAMES)))
-            primitive = PRIMITIVE_NAMES[kind]
-            default = "rc" if primitive is Primitive.KEY_INCREMENT else "uc"
+            kind = entry.text("primitive", choices=tuple(sorted(STRUCTURE_KINDS)))
+            primitive = STRUCTURE_KINDS[kind]
+            default = "rc" if primitive is DtaOpcode.KEY_INCREMENT else "uc"
             slots_key = "columns" if "columns" in entry else "slots"
             structures.append(StructureSpec(
                 primitive=primitive, slots=entry.integer(slots_key, minimum=1),

@@ -6,15 +6,15 @@ collector). Structures are named "<primitive>@<collector-ip>" (key-write@10.77.1
 integers (their big-endian bytes). Endpoints (details and examples in docs/query.md):
 
   GET  /structures               every structure and Append range: sizes, slot count, fill, load factor
-  POST /keywrite/<name>          {"keys", "redundancy", "mode": "plurality"|"consensus", "consensus"}: values
-  POST /keyincrement/<name>      {"keys", "redundancy"}: Count-Min estimates (minimum of the N counters)
+  POST /key-write/<name>         {"keys", "redundancy", "mode": "plurality"|"consensus", "consensus"}: values
+  POST /key-increment/<name>     {"keys", "redundancy"}: Count-Min estimates (minimum of the N counters)
   POST /postcarding/<name>       {"keys", "value_set"}: decoded paths
   GET  /append/<name>?list=<id>  the entries waiting in that list (all lists without `list`), oldest first,
                                  left where they are
   POST /append/<name>?list=<id>  takes them (Authorization: Bearer <the collector's token>): each entry is
                                  taken once; &follow=1 streams them as newline-delimited JSON until the client
                                  leaves
-  GET  /sketch/<name>            the merged sketch, matrix[column][row]
+  GET  /sketch-merge/<name>      the merged sketch, matrix[column][row]
   GET  /completions?since=<n>    WRITE with Immediate completions numbered after n (the newest 4096 are kept)
   GET  /stats                    structure stats, unread Append entries and the responder's counters
   GET  /health                   {"status": "ok", "backend": ..., ...}
@@ -46,14 +46,13 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.query import BLANK, AppendPoller, keyincrement_query, keywrite_query, postcard_query
 from softdta.core.regions import AppendRegion
 from softdta.core.responder import CompletionLog
-from softdta.core.tables import PRIMITIVE_NAMES, AppendLists, Structure, Tables
-from softdta.spec import MAX_REDUNDANCY, Primitive
+from softdta.core.tables import AppendLists, Structure, Tables
+from softdta.spec import MAX_REDUNDANCY, PRIMITIVES, DtaOpcode
 from softdta.wire.frames import ip_str
 from softdta.wire.hashing import key_hashes_rows
 
-PRIMITIVE_SLUGS = {primitive: slug for slug, primitive in PRIMITIVE_NAMES.items()}
-HASHED = (Primitive.KEY_WRITE, Primitive.KEY_INCREMENT, Primitive.POSTCARDING)
-HASHED_SLUGS = {PRIMITIVE_SLUGS[primitive] for primitive in HASHED}
+HASHED = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING)
+HASHED_SLUGS = {PRIMITIVES[primitive].slug for primitive in HASHED}
 FOLLOW_POLL_S = 0.005
 MAX_KEYS = 100_000  # per request: the answer takes some 400 bytes a key
 MAX_BODY_BYTES = 4 << 20  # MAX_KEYS keys of 16 bytes in hex
@@ -69,7 +68,7 @@ class QuerySource(Protocol):
     tables: Tables
     completion_log: CompletionLog
 
-    def structure_region(self, primitive: Primitive, collector_ip: bytes): ...
+    def structure_region(self, primitive: DtaOpcode, collector_ip: bytes): ...
 
     def append_region(self, lists: AppendLists) -> AppendRegion: ...
 
@@ -88,7 +87,7 @@ class OfflineSource:
         self.tables = collector.tables
         self.completion_log = collector.completion_log
 
-    def structure_region(self, primitive: Primitive, collector_ip: bytes):
+    def structure_region(self, primitive: DtaOpcode, collector_ip: bytes):
         return self.collector.structure_region(primitive, collector_ip)
 
     def append_region(self, lists: AppendLists) -> AppendRegion:
@@ -113,7 +112,7 @@ class OfflineSource:
 
 
 def structure_name(structure: Structure) -> str:
-    return f"{PRIMITIVE_SLUGS[structure.primitive]}@{ip_str(structure.qp.collector_ip)}"
+    return f"{PRIMITIVES[structure.primitive].slug}@{ip_str(structure.qp.collector_ip)}"
 
 
 def append_name(lists: AppendLists) -> str:
@@ -215,13 +214,13 @@ def _hex_rows(raw: bytes, width: int) -> list[str]:
 # Statistics shared by /structures, /stats and /metrics
 
 
-def _occupied(primitive: Primitive, region) -> np.ndarray:
+def _occupied(primitive: DtaOpcode, region) -> np.ndarray:
     """One bool per slot: anything written there (a Sketch-Merge slot is a column)."""
-    if primitive is Primitive.KEY_WRITE:
+    if primitive is DtaOpcode.KEY_WRITE:
         return (region.checksums != 0) | region.data.any(axis=1)
-    if primitive is Primitive.KEY_INCREMENT:
+    if primitive is DtaOpcode.KEY_INCREMENT:
         return region.counters != 0
-    if primitive is Primitive.POSTCARDING:
+    if primitive is DtaOpcode.POSTCARDING:
         return region.values.any(axis=1)
     return region.by_column.any(axis=1)
 
@@ -338,12 +337,12 @@ class QueryService:
         self.registry.register(_Metrics(self))
         self.closing = asyncio.Event()  # set at shutdown, so that follow streams end
 
-    def _structure(self, request: web.Request, primitive: Primitive) -> tuple[str, Structure]:
+    def _structure(self, request: web.Request, primitive: DtaOpcode) -> tuple[str, Structure]:
         name = request.match_info["name"]
         structure = self.structures.get(name)
         if structure is None or structure.primitive is not primitive:
             known = [known for known, s in self.structures.items() if s.primitive is primitive]
-            raise _error(web.HTTPNotFound, f"no {PRIMITIVE_SLUGS[primitive]} structure named {name!r}", known=known)
+            raise _error(web.HTTPNotFound, f"no {PRIMITIVES[primitive].slug} structure named {name!r}", known=known)
         return name, structure
 
     def region(self, structure: Structure):
@@ -354,18 +353,18 @@ class QueryService:
         for name, structure in self.structures.items():
             occupied = _occupied(structure.primitive, self.region(structure))
             fill = np.count_nonzero(occupied) / occupied.size
-            entry = {"name": name, "primitive": PRIMITIVE_SLUGS[structure.primitive],
+            entry = {"name": name, "primitive": PRIMITIVES[structure.primitive].slug,
                      "collector_ip": ip_str(structure.qp.collector_ip), "region_bytes": structure.qp.length,
                      "slot_size": structure.slot_size, "slot_count": occupied.size, "fill": fill,
                      "load_factor": _load_factor(fill) if structure.primitive in HASHED else None}
-            if structure.primitive is Primitive.SKETCH_MERGE:
+            if structure.primitive is DtaOpcode.SKETCH_MERGE:
                 entry.update(columns=structure.columns, rows=structure.rows, reporters=structure.reporters,
                              merge=structure.merge.name.lower())
             else:
                 entry.update(key_len=structure.key_len, key_hash=structure.key_hash.name.lower())
-                if structure.primitive is Primitive.KEY_WRITE:
+                if structure.primitive is DtaOpcode.KEY_WRITE:
                     entry["data_len"] = structure.data_len
-                if structure.primitive is Primitive.POSTCARDING:
+                if structure.primitive is DtaOpcode.POSTCARDING:
                     entry["hops"] = structure.hops
             stats.append(entry)
         for name, feed in self.append_feeds.items():
@@ -387,7 +386,7 @@ class QueryService:
             return await self._keywrite(request)
 
     async def _keywrite(self, request: web.Request) -> web.Response:
-        name, structure = self._structure(request, Primitive.KEY_WRITE)
+        name, structure = self._structure(request, DtaOpcode.KEY_WRITE)
         body = await _json_body(request, ("keys", "redundancy"), ("mode", "consensus"))
         rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
@@ -430,7 +429,7 @@ class QueryService:
             return await self._keyincrement(request)
 
     async def _keyincrement(self, request: web.Request) -> web.Response:
-        name, structure = self._structure(request, Primitive.KEY_INCREMENT)
+        name, structure = self._structure(request, DtaOpcode.KEY_INCREMENT)
         body = await _json_body(request, ("keys", "redundancy"))
         rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
@@ -447,7 +446,7 @@ class QueryService:
             return await self._postcarding(request)
 
     async def _postcarding(self, request: web.Request) -> web.Response:
-        name, structure = self._structure(request, Primitive.POSTCARDING)
+        name, structure = self._structure(request, DtaOpcode.POSTCARDING)
         body = await _json_body(request, ("keys", "value_set"))
         rows = key_rows(body["keys"], structure, name)
         value_set = body["value_set"]
@@ -531,7 +530,7 @@ class QueryService:
         return response
 
     async def sketch(self, request: web.Request) -> web.Response:
-        name, structure = self._structure(request, Primitive.SKETCH_MERGE)
+        name, structure = self._structure(request, DtaOpcode.SKETCH_MERGE)
         return web.json_response({"structure": name, "columns": structure.columns, "rows": structure.rows,
                                   "merge": structure.merge.name.lower(),
                                   "matrix": self.region(structure).by_column.tolist()})
@@ -570,12 +569,12 @@ def make_app(source: QuerySource, token: str | None = None) -> web.Application:
     service = QueryService(source, token)
     app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/structures", service.list_structures),
-                    web.post("/keywrite/{name}", service.keywrite),
-                    web.post("/keyincrement/{name}", service.keyincrement),
+                    web.post("/key-write/{name}", service.keywrite),
+                    web.post("/key-increment/{name}", service.keyincrement),
                     web.post("/postcarding/{name}", service.postcarding),
                     web.get("/append/{name}", service.append_peek),
                     web.post("/append/{name}", service.append_take),
-                    web.get("/sketch/{name}", service.sketch),
+                    web.get("/sketch-merge/{name}", service.sketch),
                     web.get("/completions", service.completions),
                     web.get("/stats", service.stats),
                     web.get("/health", service.health),

@@ -24,8 +24,8 @@ from softdta.spec import (
     P4_TABLES,
     ROCE_PORT,
     TRANSLATOR_TABLES,
+    DtaOpcode,
     Field,
-    Primitive,
     QpState,
     Raw,
     RoceOpcode,
@@ -181,13 +181,13 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     for structure in tables.structures:
         ip = structure.qp.collector_ip
         state_index = 0
-        if structure.primitive is Primitive.POSTCARDING:
+        if structure.primitive is DtaOpcode.POSTCARDING:
             key = (ip, structure.cache_entries)
             if key not in new.postcard:
                 new.postcard[key] = _free_range(postcard_ranges, structure.cache_entries,
                                                 capacity("postcard_cache"), "Postcarding cache entries")
             state_index = new.postcard[key]
-        elif structure.primitive is Primitive.SKETCH_MERGE:
+        elif structure.primitive is DtaOpcode.SKETCH_MERGE:
             if ip not in new.sketch:
                 new.sketch[ip] = _free_index(sketch_used, capacity("sketch_column"), "sketches")
             state_index = new.sketch[ip]
@@ -215,8 +215,8 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
                 "state_index": new.append[list_id]}))
     live = {(s.qp.collector_ip, s.primitive, s.cache_entries) for s in tables.structures}
     new.postcard = {key: first for key, first in new.postcard.items()
-                    if (key[0], Primitive.POSTCARDING, key[1]) in live}
-    sketches = {s.qp.collector_ip for s in tables.structures if s.primitive is Primitive.SKETCH_MERGE}
+                    if (key[0], DtaOpcode.POSTCARDING, key[1]) in live}
+    sketches = {s.qp.collector_ip for s in tables.structures if s.primitive is DtaOpcode.SKETCH_MERGE}
     new.sketch = {ip: index for ip, index in new.sketch.items() if ip in sketches}
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
@@ -255,11 +255,11 @@ def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:
             shapes[qp.name].update((opcode, length) for length in lengths)
 
     for structure in tables.structures:
-        if structure.primitive is Primitive.KEY_INCREMENT:
+        if structure.primitive is DtaOpcode.KEY_INCREMENT:
             shapes[structure.qp.name].add((RoceOpcode.RC_FETCH_ADD, 0))
-        elif structure.primitive is Primitive.KEY_WRITE:
+        elif structure.primitive is DtaOpcode.KEY_WRITE:
             writes(structure.qp, [4 + structure.data_len])  # key checksum, then data
-        elif structure.primitive is Primitive.POSTCARDING:
+        elif structure.primitive is DtaOpcode.POSTCARDING:
             writes(structure.qp, [4 * structure.hops])
         else:
             writes(structure.qp, [structure.batch * structure.slot_size])
@@ -287,6 +287,6 @@ def icrc_constants(tables: Tables, qp_index: Mapping[str, int]) -> list[Entry]:
 def multicast_groups(tables: Tables, egress: Callable[[QueuePair], int]) -> list[Entry]:
     """Replication groups for Key-Write and Key-Increment: one per egress port and copy count 1..N."""
     ports = sorted({egress(s.qp) for s in tables.structures
-                    if s.primitive in (Primitive.KEY_WRITE, Primitive.KEY_INCREMENT)})
+                    if s.primitive in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)})
     return [Entry("multicast_group", {"group": port * MAX_REDUNDANCY + copies}, {"port": port, "copies": copies})
             for port in ports for copies in range(1, MAX_REDUNDANCY + 1)]

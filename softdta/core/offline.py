@@ -15,7 +15,7 @@ from softdta.core.query import AppendPoller
 from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from softdta.core.responder import CompletionLog, MemoryRegion, Responder, ResponderQp
 from softdta.core.tables import AppendLists, QueuePair, Tables
-from softdta.spec import Primitive
+from softdta.spec import DtaOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import parse_udp_frame
 
@@ -66,16 +66,16 @@ class OfflineCollector:
         """WRITEs the reference responder executed into each of the range's rings."""
         return self.ring_writes[lists.qp.index]
 
-    def structure_region(self, primitive: Primitive, collector_ip: bytes) -> StructureRegion:
+    def structure_region(self, primitive: DtaOpcode, collector_ip: bytes) -> StructureRegion:
         structure = self.tables.structure(collector_ip, primitive)
         if structure is None:
             raise KeyError(f"no {primitive.name} structure for that collector")
         buffer = self.memory[structure.qp.index]
-        regions: dict[Primitive, Callable[[], StructureRegion]] = {
-            Primitive.KEY_WRITE: lambda: KeyWriteRegion.for_structure(buffer, structure),
-            Primitive.KEY_INCREMENT: lambda: CounterRegion(buffer),
-            Primitive.POSTCARDING: lambda: PostcardRegion.for_structure(buffer, structure),
-            Primitive.SKETCH_MERGE: lambda: SketchRegion.for_structure(buffer, structure)}
+        regions: dict[DtaOpcode, Callable[[], StructureRegion]] = {
+            DtaOpcode.KEY_WRITE: lambda: KeyWriteRegion.for_structure(buffer, structure),
+            DtaOpcode.KEY_INCREMENT: lambda: CounterRegion(buffer),
+            DtaOpcode.POSTCARDING: lambda: PostcardRegion.for_structure(buffer, structure),
+            DtaOpcode.SKETCH_MERGE: lambda: SketchRegion.for_structure(buffer, structure)}
         return regions[primitive]()
 
     def counters(self) -> dict[str, int]:

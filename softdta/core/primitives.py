@@ -19,15 +19,11 @@ from typing import Any, Protocol
 
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.spec import (
-    APPEND_EXT,
     DTA_BASE_EXT,
     EXTENDED_FIRST_BYTE,
     FLUSH_EXT,
     FLUSH_OPCODE,
-    KEY_INCREMENT_EXT,
-    KEY_WRITE_EXT,
-    POSTCARD_EXT,
-    SKETCH_MERGE_EXT,
+    PRIMITIVES,
     Counter,
     DtaOpcode,
     FlushTarget,
@@ -35,7 +31,6 @@ from softdta.spec import (
     NackKind,
     RoceOpcode,
 )
-from softdta.spec import Primitive as StructureKind
 from softdta.spec import SketchMerge as MergeKind
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report
@@ -81,7 +76,7 @@ class TranslatorContext(Protocol):
 
     def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None: ...
 
-    def structure(self, udp: UdpFrame, kind: StructureKind, report: Report | PluginReport,
+    def structure(self, udp: UdpFrame, kind: DtaOpcode, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output: ...
 
     def write(self, qp: QueuePair, offset: int, payload: bytes, report: Report | PluginReport | None,
@@ -98,12 +93,18 @@ class TranslatorContext(Protocol):
     def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]: ...
 
 
-class Primitive(abc.ABC):
-    """One DTA primitive. Subclasses set `opcode`, `name` and `subheader`, and implement `translate`.
+Target = Structure | AppendLists  # where a report goes: what its QP writes into
 
-    `new_state()` returns the primitive's state, kept in `self.state` for the translator's lifetime. Inside
-    `translate`, `self.translator` offers what every primitive shares: table lookups (`structure`), QP gating
-    (`blocked`), RDMA WRITE and atomic frames with per-QP PSNs (`write`, `emit`), drops, counters and NACKs.
+
+class Primitive(abc.ABC):
+    """One DTA primitive. Subclasses set `opcode`, `name` and `subheader` (the built-ins take them from
+    spec.PRIMITIVES), and implement `apply`. `translate` runs every report the same way: `target` finds where
+    it goes (by default the structure of kind `opcode` at the report's collector address) or the drop that
+    replaces it, the translator gates the target's QP (`blocked`), and `apply` makes the frames.
+
+    `new_state()` returns the primitive's state, kept in `self.state` for the translator's lifetime.
+    `self.translator` offers what every primitive shares: table lookups (`structure`), QP gating (`blocked`),
+    RDMA WRITE and atomic frames with per-QP PSNs (`write`, `emit`), drops, counters and NACKs.
     """
 
     opcode: int
@@ -133,26 +134,38 @@ class Primitive(abc.ABC):
                                         essential=int(essential), retransmit=int(retransmit), seqnum=seqnum)
         return base + codec(cls.subheader).pack(fields)
 
-    @abc.abstractmethod
     def translate(self, udp: UdpFrame, report: Any, now_ns: int) -> Output:  # a Report, or a plug-in's PluginReport
         """The frames for one report (or the drop, deferral or NACK that replaces them)."""
+        target = self.target(udp, report, now_ns)
+        if isinstance(target, Output):
+            return target
+        blocked = self.translator.blocked(target.qp, report, now_ns)
+        if blocked:
+            return blocked
+        return self.apply(udp, report, target, now_ns)
+
+    def target(self, udp: UdpFrame, report: Any, now_ns: int) -> Target | Output:
+        """Where the report goes, or the Output (a counted drop, a NACK) that replaces it."""
+        return self.translator.structure(udp, DtaOpcode(self.opcode), report)
+
+    @abc.abstractmethod
+    def apply(self, udp: UdpFrame, report: Any, target: Any, now_ns: int) -> Output:
+        """The frames for a report whose target's QP may send."""
+
+
+def _built_in(opcode: DtaOpcode) -> tuple[DtaOpcode, str, Header]:
+    info = PRIMITIVES[opcode]
+    return opcode, info.slug, info.ext_subheader
 
 
 # ------------------------------------------------------------------------------------------------------------
 # the built-in primitives (the paper's four, and Sketch-Merge)
 
 class KeyWrite(Primitive):
-    opcode, name, subheader = DtaOpcode.KEY_WRITE, "key-write", KEY_WRITE_EXT
+    opcode, name, subheader = _built_in(DtaOpcode.KEY_WRITE)
 
-    def translate(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        t = self.translator
-        structure = t.structure(udp, StructureKind.KEY_WRITE, report)
-        if isinstance(structure, Output):
-            return structure
-        blocked = t.blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
-        return Output(frames=write_key(t, structure, report.key, report.data, report.redundancy, report))
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        return Output(frames=write_key(self.translator, target, report.key, report.data, report.redundancy, report))
 
 
 def write_key(t: TranslatorContext, structure: Structure, key: bytes, data: bytes, redundancy: int,
@@ -167,16 +180,10 @@ def write_key(t: TranslatorContext, structure: Structure, key: bytes, data: byte
 
 
 class KeyIncrement(Primitive):
-    opcode, name, subheader = DtaOpcode.KEY_INCREMENT, "key-increment", KEY_INCREMENT_EXT
+    opcode, name, subheader = _built_in(DtaOpcode.KEY_INCREMENT)
 
-    def translate(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        t = self.translator
-        structure = t.structure(udp, StructureKind.KEY_INCREMENT, report)
-        if isinstance(structure, Output):
-            return structure
-        blocked = t.blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        t, structure = self.translator, target
         qp = structure.qp
         out = Output()
         for copy in range(report.redundancy):
@@ -197,21 +204,21 @@ class AppendRuntime:
 class Append(Primitive):
     """State: list id -> its batch and ring head."""
 
-    opcode, name, subheader = DtaOpcode.APPEND, "append", APPEND_EXT
+    opcode, name, subheader = _built_in(DtaOpcode.APPEND)
 
     def new_state(self) -> dict[int, AppendRuntime]:
         return {}
 
-    def translate(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        t = self.translator
-        lists = t.tables.append_range(report.list_id)
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> AppendLists | Output:
+        lists = self.translator.tables.append_range(report.list_id)
         if lists is None:
-            return t.drop(Counter.DROP_UNKNOWN_LIST)
+            return self.translator.drop(Counter.DROP_UNKNOWN_LIST)
         if len(report.data) != lists.data_len:
-            return t.drop(Counter.DROP_BAD_LENGTH)
-        blocked = t.blocked(lists.qp, report, now_ns)
-        if blocked:
-            return blocked
+            return self.translator.drop(Counter.DROP_BAD_LENGTH)
+        return lists
+
+    def apply(self, udp: UdpFrame, report: Report, target: AppendLists, now_ns: int) -> Output:
+        t, lists = self.translator, target
         runtime = self.state.setdefault(report.list_id, AppendRuntime())
         if not runtime.pending:
             runtime.first_pending_ns = now_ns
@@ -249,22 +256,23 @@ class PostcardEntry:
 class Postcarding(Primitive):
     """State: QP index -> cache index -> the path being gathered."""
 
-    opcode, name, subheader = DtaOpcode.POSTCARDING, "postcarding", POSTCARD_EXT
+    opcode, name, subheader = _built_in(DtaOpcode.POSTCARDING)
 
     def new_state(self) -> dict[int, dict[int, PostcardEntry]]:
         return {}
 
-    def translate(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
-        t = self.translator
-        structure = t.structure(udp, StructureKind.POSTCARDING, report)
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Structure | Output:
+        structure = self.translator.structure(udp, DtaOpcode.POSTCARDING, report)
         if isinstance(structure, Output):
             return structure
         path_length = report.path_length or structure.hops
         if report.hop > path_length or path_length > structure.hops:
-            return t.drop(Counter.DROP_BAD_HOP)
-        blocked = t.blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
+            return self.translator.drop(Counter.DROP_BAD_HOP)
+        return structure
+
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        t, structure = self.translator, target
+        path_length = report.path_length or structure.hops
         cache = self.state.setdefault(structure.qp.index, {})
         index = postcard_slot_hash(report.key) & (structure.cache_entries - 1)
         encoded = int.from_bytes(report.data, "big") ^ postcard_hop_hash(report.key, report.hop)
@@ -307,22 +315,26 @@ class SketchRuntime:
 class SketchMerge(Primitive):
     """State: QP index -> the aggregate columns, who contributed to them, and each reporter's next column."""
 
-    opcode, name, subheader = DtaOpcode.SKETCH_MERGE, "sketch-merge", SKETCH_MERGE_EXT
+    opcode, name, subheader = _built_in(DtaOpcode.SKETCH_MERGE)
 
     def new_state(self) -> dict[int, SketchRuntime]:
         return {}
 
-    def translate(self, udp: UdpFrame, report: Report, now_ns: int) -> Output:
+    def _runtime(self, structure: Structure) -> SketchRuntime:
+        runtime: SketchRuntime = self.state.setdefault(structure.qp.index, SketchRuntime(
+            [[0] * structure.rows for _ in range(structure.columns)], [set() for _ in range(structure.columns)]))
+        return runtime
+
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Structure | Output:
         t = self.translator
-        structure = t.tables.structure(udp.dst_ip, StructureKind.SKETCH_MERGE)
+        structure = t.tables.structure(udp.dst_ip, DtaOpcode.SKETCH_MERGE)
         if structure is None:
             return t.drop(Counter.DROP_UNKNOWN_COLLECTOR)
         if report.reporter >= structure.reporters:
             return t.drop(Counter.DROP_UNKNOWN_REPORTER)
         if len(report.counters) != structure.rows or report.column >= structure.columns:
             return t.drop(Counter.DROP_BAD_LENGTH)
-        runtime = self.state.setdefault(structure.qp.index, SketchRuntime(
-            [[0] * structure.rows for _ in range(structure.columns)], [set() for _ in range(structure.columns)]))
+        runtime = self._runtime(structure)
         expected = runtime.next_column.get(report.reporter, 0)
         # A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written.
         if report.column != expected or report.reporter in runtime.contributors[expected]:
@@ -330,9 +342,12 @@ class SketchMerge(Primitive):
             nack = Nack(NackKind.SKETCH_COLUMN, expected, report.reporter, extended=True)
             out.to_reporter.append(t.nack_frame(udp, nack))
             return out
-        blocked = t.blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
+        return structure
+
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        t, structure = self.translator, target
+        runtime = self._runtime(structure)
+        expected = report.column
         runtime.next_column[report.reporter] = (expected + 1) % structure.columns
         column = runtime.aggregate[report.column]
         for row, value in enumerate(report.counters):
@@ -373,34 +388,30 @@ class FlushRequest(Primitive):
         """The UDP payload of a flush request, sent to the DTA port of the structure's collector address."""
         return cls.encode({"target": target, "index": index})
 
-    def translate(self, udp: UdpFrame, report: PluginReport, now_ns: int) -> Output:
+    def target(self, udp: UdpFrame, report: PluginReport, now_ns: int) -> Target | Output:
         t = self.translator
-        target, index = report.fields["target"], report.fields["index"]
-        if target == FlushTarget.APPEND_LIST:
+        kind, index = report.fields["target"], report.fields["index"]
+        if kind == FlushTarget.APPEND_LIST:
             lists = t.tables.append_range(index)
-            if lists is None:
-                return t.drop(Counter.DROP_UNKNOWN_LIST)
-            blocked = t.blocked(lists.qp, report, now_ns)
-            if blocked:
-                return blocked
+            return t.drop(Counter.DROP_UNKNOWN_LIST) if lists is None else lists
+        if kind != FlushTarget.POSTCARD_ENTRY:
+            return t.drop(Counter.DROP_BAD_FLUSH)
+        structure = t.tables.structure(udp.dst_ip, DtaOpcode.POSTCARDING)
+        return t.drop(Counter.DROP_UNKNOWN_COLLECTOR) if structure is None else structure
+
+    def apply(self, udp: UdpFrame, report: PluginReport, target: Target, now_ns: int) -> Output:
+        t, index = self.translator, report.fields["index"]
+        if isinstance(target, AppendLists):
             batch = t.append_state.get(index)
             if batch is None or not batch.pending or now_ns - batch.first_pending_ns < self.idle_ns:
                 return Output()
-            return Output(frames=t.flush_batch(lists, index, batch))
-        if target != FlushTarget.POSTCARD_ENTRY:
+            return Output(frames=t.flush_batch(target, index, batch))
+        if index >= target.cache_entries:
             return t.drop(Counter.DROP_BAD_FLUSH)
-        structure = t.tables.structure(udp.dst_ip, StructureKind.POSTCARDING)
-        if structure is None:
-            return t.drop(Counter.DROP_UNKNOWN_COLLECTOR)
-        blocked = t.blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
-        if index >= structure.cache_entries:
-            return t.drop(Counter.DROP_BAD_FLUSH)
-        entry = t.postcard_cache.get(structure.qp.index, {}).get(index)
+        entry = t.postcard_cache.get(target.qp.index, {}).get(index)
         if entry is None or now_ns - entry.first_ns < self.idle_ns:
             return Output()
-        return Output(frames=t.flush_path(structure, index, entry))
+        return Output(frames=t.flush_path(target, index, entry))
 
 
 def load(spec: str) -> type[Primitive]:

@@ -24,18 +24,14 @@ from softdta.spec import (
     MAX_SKETCH_ROWS,
     MAX_WRITE_PAYLOAD,
     POSTCARD_CACHE_ENTRIES,
+    STRUCTURE_KINDS,
+    DtaOpcode,
     KeyHash,
-    Primitive,
     SketchMerge,
     Transport,
 )
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
-
-PRIMITIVE_NAMES = {"key-write": Primitive.KEY_WRITE, "key-increment": Primitive.KEY_INCREMENT,
-                   "postcarding": Primitive.POSTCARDING,
-                   "sketch-merge": Primitive.SKETCH_MERGE}
-
 
 KEY_HASH_NAMES = {"dta-v1": KeyHash.DTA_V1, "independent": KeyHash.INDEPENDENT}
 
@@ -48,13 +44,13 @@ def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
-def slot_size_of(primitive: Primitive, *, data_len: int = 4, hops: int = DTA_V1_POSTCARD_HOPS, rows: int = 0) -> int:
+def slot_size_of(primitive: DtaOpcode, *, data_len: int = 4, hops: int = DTA_V1_POSTCARD_HOPS, rows: int = 0) -> int:
     """Bytes per slot of a structure: per key (Key-Write, Key-Increment, Postcarding) or per sketch column."""
-    if primitive is Primitive.KEY_WRITE:
+    if primitive is DtaOpcode.KEY_WRITE:
         return _power_of_two_at_least(KEY_CHECKSUM_LEN + data_len)
-    if primitive is Primitive.KEY_INCREMENT:
+    if primitive is DtaOpcode.KEY_INCREMENT:
         return 8
-    if primitive is Primitive.POSTCARDING:
+    if primitive is DtaOpcode.POSTCARDING:
         return _power_of_two_at_least(4 * hops)
     return 4 * rows
 
@@ -96,7 +92,7 @@ class QueuePair:
 class Structure:
     """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area on one collector."""
 
-    primitive: Primitive
+    primitive: DtaOpcode
     qp: QueuePair
     key_len: int = 4
     data_len: int = 4
@@ -125,13 +121,13 @@ class Structure:
             raise TableError(f"{where}: key_len {self.key_len} must be 1..{MAX_KEY_LEN}")
         if not 1 <= self.data_len <= MAX_DATA_LEN:
             raise TableError(f"{where}: data_len {self.data_len} must be 1..{MAX_DATA_LEN}")
-        if self.primitive is Primitive.KEY_INCREMENT:
+        if self.primitive is DtaOpcode.KEY_INCREMENT:
             if self.qp.transport is not Transport.RC:
                 raise TableError(f"{where}: Key-Increment uses Fetch&Add, which needs an RC queue pair "
                                  "(set transport = \"rc\")")
             if self.qp.base_va % 8:
                 raise TableError(f"{where}: atomics need an 8-byte aligned region; base 0x{self.qp.base_va:x}")
-        if self.primitive is Primitive.SKETCH_MERGE:
+        if self.primitive is DtaOpcode.SKETCH_MERGE:
             if not 1 <= self.rows <= MAX_SKETCH_ROWS or self.columns <= 0:
                 raise TableError(f"{where}: needs 1..{MAX_SKETCH_ROWS} rows and at least one column")
             if self.columns % self.batch:
@@ -145,7 +141,7 @@ class Structure:
             if self.reporters <= 0 or self.reporters >= 1 << 16:
                 raise TableError(f"{where}: reporters must be 1..65535")
             return
-        if self.primitive is Primitive.POSTCARDING:
+        if self.primitive is DtaOpcode.POSTCARDING:
             if not 1 <= self.hops <= MAX_POSTCARD_HOPS:
                 raise TableError(f"{where}: hops {self.hops} must be 1..{MAX_POSTCARD_HOPS}")
             if not _is_power_of_two(self.cache_entries):
@@ -206,7 +202,7 @@ class Tables:
     structures: list[Structure] = field(default_factory=list)
     append_lists: list[AppendLists] = field(default_factory=list)
     # Lookup indexes, rebuilt by validate() so that per-report lookups are dictionary hits.
-    _structure_index: dict[tuple[bytes, Primitive], Structure] = field(default_factory=dict, init=False, repr=False)
+    _structure_index: dict[tuple[bytes, DtaOpcode], Structure] = field(default_factory=dict, init=False, repr=False)
     _local_qpn_index: dict[int, QueuePair] = field(default_factory=dict, init=False, repr=False)
     collector_ips: frozenset[bytes] = field(default=frozenset(), init=False, repr=False)
 
@@ -244,7 +240,7 @@ class Tables:
                 raise TableError(f"qp {second.name!r}: its region (base {second.base_va:#x}) overlaps qp "
                                  f"{first.name!r}'s (base {first.base_va:#x}, length {first.length}); give each "
                                  "structure its own memory")
-        seen: set[tuple[bytes, Primitive]] = set()
+        seen: set[tuple[bytes, DtaOpcode]] = set()
         for structure in self.structures:
             structure.validate()
             key = (structure.qp.collector_ip, structure.primitive)
@@ -262,7 +258,7 @@ class Tables:
             if start < end:
                 raise TableError(f"append lists overlap at list id {start}; each list id belongs to one range")
 
-    def structure(self, collector_ip: bytes, primitive: Primitive) -> Structure | None:
+    def structure(self, collector_ip: bytes, primitive: DtaOpcode) -> Structure | None:
         return self._structure_index.get((collector_ip, primitive))
 
     def append_range(self, list_id: int) -> AppendLists | None:
@@ -340,13 +336,13 @@ def _from_dict(document: dict[str, Any]) -> Tables:
 
     for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
         kind = entry.text("primitive")
-        if kind not in PRIMITIVE_NAMES:
-            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(PRIMITIVE_NAMES)} "
+        if kind not in STRUCTURE_KINDS:
+            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(STRUCTURE_KINDS)} "
                              "(Append lists are declared under [[append]])")
-        primitive = PRIMITIVE_NAMES[kind]
+        primitive = STRUCTURE_KINDS[kind]
         entry.where = f"{kind} structure"
         collector = collector_of(entry, f"{kind} structure")
-        default_transport = Transport.RC if primitive is Primitive.KEY_INCREMENT else Transport.UC
+        default_transport = Transport.RC if primitive is DtaOpcode.KEY_INCREMENT else Transport.UC
         qp = _qp_from(entry, collector, f"{kind}@{collector.text('name')}", default_transport)
         qps.append(qp)
         key_hash = entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES))

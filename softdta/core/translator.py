@@ -42,7 +42,6 @@ from softdta.spec import (
     RoceOpcode,
     Transport,
 )
-from softdta.spec import Primitive as StructureKind
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report, decode, encode_nack
 from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
@@ -273,7 +272,7 @@ class Translator:
                             ttl=self.tables.ttl)
         return build_udp_frame(ends, encode_nack(nack))
 
-    def structure(self, udp: UdpFrame, kind: StructureKind, report: Report | PluginReport,
+    def structure(self, udp: UdpFrame, kind: DtaOpcode, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output:
         """The collector structure of `kind` at the report's destination, or the drop when there is none or the
         key (`report.key` unless given) or Key-Write data does not fit it."""
@@ -282,7 +281,7 @@ class Translator:
             return self.drop(Counter.DROP_UNKNOWN_COLLECTOR)
         key = cast(Report, report).key if key is None else key  # plug-ins pass their key
         if len(key) != structure.key_len or \
-                (kind is StructureKind.KEY_WRITE and isinstance(report, Report)
+                (kind is DtaOpcode.KEY_WRITE and isinstance(report, Report)
                  and len(report.data) != structure.data_len):
             return self.drop(Counter.DROP_BAD_LENGTH)
         return structure

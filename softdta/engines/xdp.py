@@ -40,15 +40,7 @@ from softdta.kernel.programs import (
     EngineError,
     build_object,
 )
-from softdta.spec import (
-    DTA_NACK_PORT,
-    FANOUT_META_MAGIC,
-    PSN_MASK,
-    TRANSLATOR_TABLES,
-    Counter,
-    Primitive,
-    QpState,
-)
+from softdta.spec import DTA_NACK_PORT, FANOUT_META_MAGIC, PSN_MASK, TRANSLATOR_TABLES, Counter, DtaOpcode, QpState
 from softdta.wire.frames import parse_udp_frame
 
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
@@ -173,9 +165,9 @@ class XdpTranslator:
         for raw, value in self.maps["structure"].items():
             key, entry = table("structure").key.unpack(raw), table("structure").value.unpack(value)
             ip = key["collector_ip"].to_bytes(4, "little")
-            if key["primitive"] == Primitive.POSTCARDING:
+            if key["primitive"] == DtaOpcode.POSTCARDING:
                 slots.postcard[(ip, entry["cache_entries"])] = entry["state_index"]
-            elif key["primitive"] == Primitive.SKETCH_MERGE:
+            elif key["primitive"] == DtaOpcode.SKETCH_MERGE:
                 slots.sketch[ip] = entry["state_index"]
         return slots
 

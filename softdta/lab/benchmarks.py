@@ -27,7 +27,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.regions import KeyWriteRegion
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
-from softdta.spec import ROCE_PORT, KeyHash, Primitive, RoceOpcode, Transport
+from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.hashing import key_hashes_rows
@@ -57,7 +57,7 @@ def _reporter(tables: Tables) -> workload.ReporterAddress:
 def primitive_workloads(tables: Tables, count: int) -> dict[str, list[dta.Report]]:
     """Reports per primitive, as the example tables hold them."""
     lists = tables.append_lists[0]
-    sketch = tables.structure(COLLECTOR_IP, Primitive.SKETCH_MERGE)
+    sketch = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
     return {
         "key-write": workload.key_write(count, 1, 2),
         "key-increment": workload.key_increment(count, 2, 2, flows=200),

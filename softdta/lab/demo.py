@@ -18,7 +18,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.query import keyincrement_query, keywrite_query, postcard_query
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
-from softdta.spec import DtaOpcode, Primitive
+from softdta.spec import DtaOpcode
 from softdta.wire.frames import ip_bytes, mac_bytes
 from softdta.wire.pcap import Packet, write_pcap
 
@@ -26,8 +26,8 @@ SWITCH_IDS = list(range(1, 4097))
 
 
 def _workloads(tables: Tables, collector_ip: bytes, seed: int) -> dict[DtaOpcode, list]:
-    kw = tables.structure(collector_ip, Primitive.KEY_WRITE)
-    sketch = tables.structure(collector_ip, Primitive.SKETCH_MERGE)
+    kw = tables.structure(collector_ip, DtaOpcode.KEY_WRITE)
+    sketch = tables.structure(collector_ip, DtaOpcode.SKETCH_MERGE)
     lists = tables.append_lists[0]
     return {
         DtaOpcode.KEY_WRITE: workload.key_write(kw.slot_count // 10, seed, 2, kw.key_len, kw.data_len),
@@ -104,9 +104,9 @@ def _collector_fill(tables: Tables, collector: OfflineCollector, collector_ip: b
 
 def _query_results(tables, collector, collector_ip, per_primitive) -> list[str]:
     lines = ["queries against the truth:"]
-    kw = tables.structure(collector_ip, Primitive.KEY_WRITE)
+    kw = tables.structure(collector_ip, DtaOpcode.KEY_WRITE)
     reports = per_primitive[DtaOpcode.KEY_WRITE]
-    answer = keywrite_query(collector.structure_region(Primitive.KEY_WRITE, collector_ip),
+    answer = keywrite_query(collector.structure_region(DtaOpcode.KEY_WRITE, collector_ip),
                             [r.key for r in reports], redundancy=2, key_hash=kw.key_hash)
     correct = np.array([found and bytes(value) == r.data if kw.data_len not in (4, 8) else
                         found and int(value) == int.from_bytes(r.data, "big")
@@ -118,11 +118,11 @@ def _query_results(tables, collector, collector_ip, per_primitive) -> list[str]:
                  f"analytical bound: at least {100 * (1 - bound):.2f} %")
     lines.append(f"                   wrong answers: {int((answer.found & ~correct).sum())}")
 
-    ki = tables.structure(collector_ip, Primitive.KEY_INCREMENT)
+    ki = tables.structure(collector_ip, DtaOpcode.KEY_INCREMENT)
     truth: dict[bytes, int] = {}
     for report in per_primitive[DtaOpcode.KEY_INCREMENT]:
         truth[report.key] = truth.get(report.key, 0) + report.counter
-    estimate = keyincrement_query(collector.structure_region(Primitive.KEY_INCREMENT, collector_ip), list(truth), 2,
+    estimate = keyincrement_query(collector.structure_region(DtaOpcode.KEY_INCREMENT, collector_ip), list(truth), 2,
                                   ki.key_hash)
     exact = sum(int(e) == t for e, t in zip(estimate, truth.values()))
     lines.append(f"  key-increment    {exact} / {len(truth)} flow counters exact (Count-Min, N=2)")
@@ -140,15 +140,15 @@ def _query_results(tables, collector, collector_ip, per_primitive) -> list[str]:
     paths: dict[bytes, list[int]] = {}
     for report in per_primitive[DtaOpcode.POSTCARDING]:
         paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
-    decoded = postcard_query(collector.structure_region(Primitive.POSTCARDING, collector_ip), list(paths), SWITCH_IDS)
+    decoded = postcard_query(collector.structure_region(DtaOpcode.POSTCARDING, collector_ip), list(paths), SWITCH_IDS)
     right = (decoded.values == np.array(list(paths.values()))).all(axis=1) & decoded.complete
     lines.append(f"  postcarding      {int(right.sum())} / {len(paths)} paths decoded exactly")
 
-    sketch = tables.structure(collector_ip, Primitive.SKETCH_MERGE)
+    sketch = tables.structure(collector_ip, DtaOpcode.SKETCH_MERGE)
     expected = np.zeros((sketch.rows, sketch.columns), dtype=np.uint64)
     for report in per_primitive[DtaOpcode.SKETCH_MERGE]:
         expected[:, report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = collector.structure_region(Primitive.SKETCH_MERGE, collector_ip).matrix()
+    merged = collector.structure_region(DtaOpcode.SKETCH_MERGE, collector_ip).matrix()
     lines.append(f"  sketch-merge     merged sketch {'matches' if (merged == expected).all() else 'DIFFERS from'} "
                  f"the sum of {sketch.reporters} reporters' sketches ({sketch.rows}x{sketch.columns})")
     return lines

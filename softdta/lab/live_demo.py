@@ -28,8 +28,8 @@ from softdta.kernel.bpf import enable_run_stats
 from softdta.kernel.netns import in_netns
 from softdta.kernel.tx_ring import RingReporter
 from softdta.lab import topology as lab
-from softdta.spec import Primitive, ResponderCounter
-from softdta.wire.dta import DtaOpcode, Report
+from softdta.spec import PRIMITIVES, DtaOpcode, ResponderCounter
+from softdta.wire.dta import Report
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 SWITCH_IDS = list(range(1, 4097))
@@ -52,8 +52,6 @@ RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"exe
 REPLY_COUNTERS = ("rx_acks", "rx_nak_sequence", "rx_nak_fatal", "rx_rnr_naks", "drop_reply_psn_outside_window",
                   "drop_reply_on_uc")
 APPEND_POLL_S = 0.2
-NAMES = {DtaOpcode.KEY_WRITE: "key-write", DtaOpcode.KEY_INCREMENT: "key-increment", DtaOpcode.APPEND: "append",
-         DtaOpcode.POSTCARDING: "postcarding", DtaOpcode.SKETCH_MERGE: "sketch-merge"}
 
 
 @dataclass
@@ -250,9 +248,9 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
     links = _link_drops()
     summary: dict = {
-        "reports_sent": {NAMES[op]: n for op, n in sent.items()},
+        "reports_sent": {PRIMITIVES[op].slug: n for op, n in sent.items()},
         "reports_per_second": round(streamed["rate"]),
-        "translator": {"received": {NAMES[op]: counters.get(f"rx_{NAMES[op].replace('-', '_')}", 0) for op in sent},
+        "translator": {"received": {PRIMITIVES[op].slug: counters.get(f"rx_{op.name.lower()}", 0) for op in sent},
                        "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
                        "acks_from_collector": counters.get("rx_acks", 0), "drops": drops,
                        "engine": stats["engine"]},
@@ -271,15 +269,15 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     prediction = predicted_service(state, load, streamed["sent_per_reporter"])
     collector_ip = ip_bytes(lab.COLLECTOR_IP)
     predicted = {primitive: prediction.source.tables.structure(collector_ip, primitive)
-                 for primitive in Primitive}
+                 for primitive in DtaOpcode}
 
     keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
     if keywrite:
-        answer = _http("/keywrite/key-write@10.77.1.1", {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
+        answer = _http("/key-write/key-write@10.77.1.1", {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
         right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
         later = np.arange(len(keywrite) - 1, -1, -1) / KEYWRITE_SLOTS
         bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 2) for alpha in later]))
-        structure = predicted[Primitive.KEY_WRITE]
+        structure = predicted[DtaOpcode.KEY_WRITE]
         expected = prediction.keywrite_answer("", structure, key_rows([r.key.hex() for r in keywrite], structure, ""),
                                                2, 1)
         queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
@@ -290,11 +288,11 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
         truth[report.key] = truth.get(report.key, 0) + report.counter
     if truth:
-        answer = _http("/keyincrement/key-increment@10.77.1.1", {"keys": [k.hex() for k in truth], "redundancy": 2})
+        answer = _http("/key-increment/key-increment@10.77.1.1", {"keys": [k.hex() for k in truth], "redundancy": 2})
         counts = [row["count"] for row in answer["results"]]
         under = sum(count < expected for count, expected in zip(counts, truth.values()))
         exact = sum(count == expected for count, expected in zip(counts, truth.values()))
-        structure = predicted[Primitive.KEY_INCREMENT]
+        structure = predicted[DtaOpcode.KEY_INCREMENT]
         expected = prediction.keyincrement_answer("", structure, key_rows([k.hex() for k in truth], structure, ""),
                                                    2)
         queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under,
@@ -326,7 +324,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
     later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
     bound = 1 - float(np.mean([postcarding_empty_return_bound(alpha, 1, 5, len(SWITCH_IDS)) for alpha in later]))
-    structure = predicted[Primitive.POSTCARDING]
+    structure = predicted[DtaOpcode.POSTCARDING]
     expected = prediction.postcarding_answer("", structure, key_rows([k.hex() for k in paths], structure, ""),
                                               SWITCH_IDS)
     queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "bound": round(bound, 4),
@@ -337,7 +335,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
         expected[report.column] += np.array(report.counters, dtype=np.uint64)
     merged = np.array(_http("/sketch/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
     match = merged.shape == expected.shape and bool((merged == expected).all())
-    expected_matrix = prediction.region(predicted[Primitive.SKETCH_MERGE]).by_column.tolist()
+    expected_matrix = prediction.region(predicted[DtaOpcode.SKETCH_MERGE]).by_column.tolist()
     queries["sketch_merge"] = {"matches_sum_of_reporters": match,
                                "matches_prediction": merged.tolist() == expected_matrix}
     summary["complete"] = streamed["complete"]

@@ -1,6 +1,6 @@
 """The translator's rdma_cm links to collectors written for the original DTA (I/O around `softdta.core.cm`).
 
-`--collector-cm 10.0.0.51:1337,kind=keywrite` names one listening port and the structure behind it. `CmLinks`
+`--collector-cm 10.0.0.51:1337,kind=key-write` names one listening port and the structure behind it. `CmLinks`
 connects to every port from the translator's interface (an AF_PACKET socket: the XDP program passes CM MADs and
 the collector's SEND up the stack), keeps each connection up, and turns the connected ones into translator tables.
 An original collector only says where its region is and how long it is; the layout comes from `kind` (and the
@@ -23,13 +23,11 @@ from softdta.collector.config import AppendSpec, StructureSpec
 from softdta.core.cm import CmConnection, CmEndpoint
 from softdta.core.tables import TableError, Tables
 from softdta.errors import SoftdtaError
-from softdta.spec import ROCE_PORT, Primitive, Transport
+from softdta.spec import DTA_V1_OPCODES, PRIMITIVE_BY_SLUG, PRIMITIVES, ROCE_PORT, Transport
 from softdta.wire.codec import WireError
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 
-KINDS = ("keywrite", "keyincrement", "postcarding", "append")
-KIND_PRIMITIVES = {"keywrite": Primitive.KEY_WRITE, "keyincrement": Primitive.KEY_INCREMENT,
-                   "postcarding": Primitive.POSTCARDING}
+KINDS = tuple(PRIMITIVES[opcode].slug for opcode in DTA_V1_OPCODES)  # what original-DTA collectors hold
 TICK_S = 0.05
 ETH_P_IP = 0x0800
 
@@ -47,15 +45,15 @@ class CmTarget:
     kind: str
     list_id: int = 0  # append: the list this port's ring holds
     batch: int = 4  # append: entries per write
-    hash: str = "dta-v1"  # keywrite, keyincrement
+    hash: str = "dta-v1"  # key-write, key-increment
 
     @classmethod
     def parse(cls, text: str) -> CmTarget:
-        """`IP:PORT,kind=keywrite[,list=N][,batch=B][,hash=H]`."""
+        """`IP:PORT,kind=key-write[,list=N][,batch=B][,hash=H]`."""
         address, *options = text.split(",")
         host, _, port = address.rpartition(":")
         settings = dict(option.partition("=")[::2] for option in options)
-        example = "for example 10.0.0.51:1337,kind=keywrite or 10.0.0.51:1338,kind=append,list=0"
+        example = "for example 10.0.0.51:1337,kind=key-write or 10.0.0.51:1338,kind=append,list=0"
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise CmError(f"--collector-cm {text!r}: give the rdma_cm port after the IP; {example}")
         try:
@@ -88,7 +86,7 @@ class CmTarget:
                               batch=self.batch, transport=Transport.RC)
             entries = spec.entries - spec.entries % spec.batch
             return {"structure": self.name, **{**spec.advertised(), "entries": entries}, "qp": qp}
-        spec = StructureSpec(KIND_PRIMITIVES[self.kind], hash=self.hash, transport=Transport.RC)
+        spec = StructureSpec(PRIMITIVE_BY_SLUG[self.kind], hash=self.hash, transport=Transport.RC)
         slots = metadata.length // spec.slot_size
         usable = (1 << (slots.bit_length() - 1) if slots else 0) * spec.slot_size  # the slot hash is masked
         return {"structure": self.name, **spec.advertised(), "qp": {**qp, "length": usable}}

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from softdta.core.primitives import Output, PluginReport, Primitive, write_key
-from softdta.spec import MAX_KEY_LEN, MAX_POSTCARD_HOPS, Counter, Field, Header, Var
-from softdta.spec import Primitive as StructureKind
+from softdta.core.tables import Structure
+from softdta.spec import MAX_KEY_LEN, MAX_POSTCARD_HOPS, Counter, DtaOpcode, Field, Header, Var
 from softdta.wire.frames import UdpFrame
 
 LATENCY_SUM_EXT = Header("latency_sum_ext", (
@@ -41,19 +41,17 @@ class LatencySum(Primitive):
         self.reported = self.below_threshold = self.forgotten = 0
         return {}
 
-    def translate(self, udp: UdpFrame, report: PluginReport, now_ns: int) -> Output:
+    def target(self, udp: UdpFrame, report: PluginReport, now_ns: int) -> Structure | Output:
         t, fields = self.translator, report.fields
-        key, hop, path_length = fields["key"], fields["hop"], fields["path_length"]
-        if not 1 <= len(key) <= MAX_KEY_LEN:
+        if not 1 <= len(fields["key"]) <= MAX_KEY_LEN:
             return t.drop(Counter.DROP_BAD_LENGTH)
-        if not 1 <= hop <= path_length <= MAX_POSTCARD_HOPS:
+        if not 1 <= fields["hop"] <= fields["path_length"] <= MAX_POSTCARD_HOPS:
             return t.drop(Counter.DROP_BAD_HOP)
-        structure = t.structure(udp, StructureKind.KEY_WRITE, report, key=key)
-        if isinstance(structure, Output):
-            return structure
-        blocked = t.blocked(structure.qp, report, now_ns)
-        if blocked:
-            return blocked
+        return t.structure(udp, DtaOpcode.KEY_WRITE, report, key=fields["key"])
+
+    def apply(self, udp: UdpFrame, report: PluginReport, target: Structure, now_ns: int) -> Output:
+        t, fields, structure = self.translator, report.fields, target
+        key, hop, path_length = fields["key"], fields["hop"], fields["path_length"]
         path = self.state.get(key)
         if path is None:
             if len(self.state) >= self.max_flows:

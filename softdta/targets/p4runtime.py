@@ -36,7 +36,7 @@ from softdta.spec import (
     TNA_MAX_SKETCH_ROWS,
     TNA_POSTCARD_CACHE_ENTRIES,
     TNA_SKETCH_COLUMN_ENTRIES,
-    Primitive,
+    DtaOpcode,
     Raw,
 )
 from softdta.targets.p4info import parse_p4info
@@ -322,9 +322,9 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
     if tables.profile is not Profile.DTA_V1:
         problems.append(f"profile {tables.profile.value!r}: the P4 programs parse the 3-byte dta-v1 base header")
     for structure in tables.structures:
-        if structure.key_len != 4 or (structure.primitive is Primitive.KEY_WRITE and structure.data_len != 4):
+        if structure.key_len != 4 or (structure.primitive is DtaOpcode.KEY_WRITE and structure.data_len != 4):
             problems.append(f"structure {structure.name}: dta-v1 reports carry 4-byte keys and data")
-        if structure.primitive is Primitive.SKETCH_MERGE:
+        if structure.primitive is DtaOpcode.SKETCH_MERGE:
             if structure.batch & (structure.batch - 1):
                 problems.append(f"structure {structure.name}: batch {structure.batch} must be a power of two")
             if structure.reporters > 1 << P4_SKETCH_REPORTER_BITS:
@@ -354,7 +354,7 @@ def tna_build_problems(tables: Tables, planned: Plan) -> list[str]:
                 for lists in tables.append_lists if lists.batch > TNA_MAX_APPEND_BATCH]
     problems += [f"structure {structure.name}: {structure.rows} rows are more than the tna build's "
                  f"TNA_MAX_SKETCH_ROWS ({TNA_MAX_SKETCH_ROWS})" for structure in tables.structures
-                 if structure.primitive is Primitive.SKETCH_MERGE and structure.rows > TNA_MAX_SKETCH_ROWS]
+                 if structure.primitive is DtaOpcode.SKETCH_MERGE and structure.rows > TNA_MAX_SKETCH_ROWS]
     if len(planned.slots.append) > TNA_APPEND_STATE_ENTRIES or \
             any(index >= TNA_APPEND_STATE_ENTRIES for index in planned.slots.append.values()):
         problems.append(f"{len(planned.slots.append)} Append lists: the tna build holds TNA_APPEND_STATE_ENTRIES "
@@ -424,9 +424,9 @@ def slots_of(present: dict[str, dict[tuple, Entry]]) -> Slots:
     for (list_id,), entry in present["append_list"].items():
         slots.append[list_id] = entry.value["state_index"]
     for (ip, primitive), entry in present["structure"].items():
-        if primitive == Primitive.POSTCARDING:
+        if primitive == DtaOpcode.POSTCARDING:
             slots.postcard[(ip, entry.value["cache_entries"])] = entry.value["state_index"]
-        elif primitive == Primitive.SKETCH_MERGE:
+        elif primitive == DtaOpcode.SKETCH_MERGE:
             slots.sketch[ip] = entry.value["state_index"]
     return slots
 

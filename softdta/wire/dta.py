@@ -11,21 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from softdta.spec import (
-    APPEND_EXT,
-    APPEND_V1,
     DTA_BASE_EXT,
     DTA_BASE_V1_SEQ,
     DTA_BASE_V1_SHORT,
     DTA_V1_OPCODES,
     EXTENDED_FIRST_BYTE,
     EXTENDED_MARKER,
-    KEY_INCREMENT_EXT,
-    KEY_INCREMENT_V1,
-    KEY_WRITE_EXT,
-    KEY_WRITE_V1,
     MAX_DATA_LEN,
     MAX_KEY_LEN,
     MAX_POSTCARD_HOPS,
@@ -33,9 +27,7 @@ from softdta.spec import (
     MAX_SKETCH_ROWS,
     NACK_EXT,
     NACK_V1,
-    POSTCARD_EXT,
-    POSTCARD_V1,
-    SKETCH_MERGE_EXT,
+    PRIMITIVES,
     DtaOpcode,
     Header,
     NackKind,
@@ -52,11 +44,7 @@ class Profile(str, Enum):
         return DTA_BASE_V1_SEQ if self is Profile.DTA_V1 else DTA_BASE_V1_SHORT
 
 
-V1_SUBHEADERS = {DtaOpcode.KEY_WRITE: KEY_WRITE_V1, DtaOpcode.KEY_INCREMENT: KEY_INCREMENT_V1,
-                 DtaOpcode.APPEND: APPEND_V1, DtaOpcode.POSTCARDING: POSTCARD_V1}
-EXT_SUBHEADERS = {DtaOpcode.KEY_WRITE: KEY_WRITE_EXT, DtaOpcode.KEY_INCREMENT: KEY_INCREMENT_EXT,
-                  DtaOpcode.APPEND: APPEND_EXT, DtaOpcode.POSTCARDING: POSTCARD_EXT,
-                  DtaOpcode.SKETCH_MERGE: SKETCH_MERGE_EXT}
+
 
 
 @dataclass(frozen=True)
@@ -125,7 +113,7 @@ def encode(report: Report, profile: Profile = Profile.DTA_V1) -> bytes:
         base = codec(DTA_BASE_EXT).pack(marker=EXTENDED_FIRST_BYTE, opcode=int(report.opcode),
                                         immediate=int(report.immediate), essential=int(report.essential),
                                         retransmit=int(report.retransmit), seqnum=report.seqnum)
-        return base + codec(EXT_SUBHEADERS[report.opcode]).pack(_ext_fields(report))
+        return base + codec(PRIMITIVES[report.opcode].ext_subheader).pack(_ext_fields(report))
     if needs_extended(report):
         raise ValueError(f"this {report.opcode.name} report needs the extended format (extended=True): "
                          "dta-v1 carries only 32-bit keys and data, no essential flag and no Sketch-Merge")
@@ -136,7 +124,7 @@ def encode(report: Report, profile: Profile = Profile.DTA_V1) -> bytes:
         if report.retransmit:
             raise ValueError("the dta-v1-short base header has no seqnum, so it cannot carry retransmit")
         base = codec(DTA_BASE_V1_SHORT).pack(opcode=int(report.opcode), immediate=int(report.immediate))
-    sub = V1_SUBHEADERS[report.opcode]
+    sub = cast(Header, PRIMITIVES[report.opcode].v1_subheader)  # a dta-v1 opcode
     return base + codec(sub).pack({name: getattr(report, name) for name in codec(sub).names})
 
 
@@ -146,7 +134,7 @@ def _ext_fields(report: Report) -> dict[str, Any]:
               "hop": report.hop, "path_length": report.path_length, "reporter": report.reporter,
               "column": report.column, "rows": len(report.counters),
               "counters": b"".join(c.to_bytes(4, "big") for c in report.counters)}
-    return {name: fields[name] for name in codec(EXT_SUBHEADERS[report.opcode]).names}
+    return {name: fields[name] for name in codec(PRIMITIVES[report.opcode].ext_subheader).names}
 
 
 def decode(payload: bytes, profile: Profile = Profile.DTA_V1) -> Report:
@@ -162,7 +150,7 @@ def decode(payload: bytes, profile: Profile = Profile.DTA_V1) -> Report:
         raise WireError("UNKNOWN_OPCODE", f"DTA opcode {base['opcode']} is not a dta-v1 opcode") from None
     if opcode not in DTA_V1_OPCODES:
         raise WireError("UNKNOWN_OPCODE", f"DTA opcode {opcode.name} exists only in the extended format")
-    fields, end = codec(V1_SUBHEADERS[opcode]).unpack(payload, offset)
+    fields, end = codec(cast(Header, PRIMITIVES[opcode].v1_subheader)).unpack(payload, offset)
     _expect_end(payload, end, opcode)
     report = Report(opcode, seqnum=base.get("seqnum", 0), immediate=bool(base["immediate"]),
                     retransmit=bool(base.get("retransmit", 0)), **_report_fields(fields))
@@ -178,7 +166,7 @@ def _decode_extended(payload: bytes) -> Report:
         opcode = DtaOpcode(base["opcode"])
     except ValueError:
         raise WireError("UNKNOWN_OPCODE", f"extended DTA opcode {base['opcode']} is unknown") from None
-    fields, end = codec(EXT_SUBHEADERS[opcode]).unpack(payload, offset)
+    fields, end = codec(PRIMITIVES[opcode].ext_subheader).unpack(payload, offset)
     _expect_end(payload, end, opcode)
     report = Report(opcode, seqnum=base["seqnum"], immediate=bool(base["immediate"]),
                     essential=bool(base["essential"]), retransmit=bool(base["retransmit"]), extended=True,
