@@ -2,6 +2,7 @@
 network namespaces) need root and say so."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -22,14 +23,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def tables():
     from softdta.core.tables import Tables
-    from tests.common import EXAMPLE_TABLES
-    return Tables.from_toml(EXAMPLE_TABLES)
+    return Tables.from_toml(Path(__file__).parent / "examples" / "tables.toml")
 
 
 @pytest.fixture
 def reporter(tables):
     from softdta.core.workload import ReporterAddress
+    from softdta.lab.benchmarks import COLLECTOR_IP
     from softdta.wire.frames import ip_bytes, mac_bytes
-    from tests.common import COLLECTOR_IP
     return ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"), translator_mac=tables.mac,
                            collector_ip=COLLECTOR_IP)

@@ -11,8 +11,8 @@ from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
 from softdta.core.translator import Translator
+from softdta.lab.benchmarks import COLLECTOR_IP
 from softdta.spec import DtaOpcode
-from tests.common import COLLECTOR_IP
 
 KEYWRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py
 KEYS_PER_REQUEST = 1000

@@ -6,11 +6,11 @@ import pytest
 
 from softdta.core import workload
 from softdta.core.translator import Translator
+from softdta.lab.benchmarks import COLLECTOR_IP
 from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes
 from softdta.wire.roce import build_roce_frame, icrc, parse_roce, transport_payload
-from tests.common import COLLECTOR_IP
 
 
 def _key_write(tables, count):

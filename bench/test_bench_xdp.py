@@ -16,10 +16,9 @@ from conftest import benchmarks_disabled
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
 from softdta.kernel.bpf import BpfObject
-from softdta.lab.benchmarks import HARNESS, load_reports
+from softdta.lab.benchmarks import COLLECTOR_IP, HARNESS, load_reports
 from softdta.spec import Counter, DtaOpcode
 from softdta.wire import dta
-from tests.common import COLLECTOR_IP
 
 pytestmark = pytest.mark.privileged
 

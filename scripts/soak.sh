@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 runs=${1:-20}
 shift || true
 selection=("$@")
-((${#selection[@]})) || selection=(tests/test_lab.py tests/test_live_pipeline.py tests/test_xdp_veth.py tests/test_rxe_lab.py
-                                   tests/test_rxe_interop.py tests/test_rdma_cm_interop.py tests/test_verbs_backend.py)
+((${#selection[@]})) || selection=(tests/live/test_lab.py tests/live/test_live_pipeline.py tests/live/test_xdp_veth.py tests/interop/test_rxe_lab.py
+                                   tests/interop/test_rxe_interop.py tests/interop/test_rdma_cm_interop.py tests/interop/test_verbs_backend.py)
 
 python3 -c 'while True: pass' &
 hog=$!

@@ -1,18 +1,29 @@
 """Shared test constants and helpers (imported by tests; fixtures live in conftest.py)."""
 
+import json
 import os
+import select
 import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from scapy.layers.l2 import Ether
+from scapy.utils import wrpcap
 
 from softdta.core.workload import ReporterAddress
+from softdta.kernel.netns import in_netns
+from softdta.lab import rxe as rxe_lab
+from softdta.lab.benchmarks import COLLECTOR_IP as COLLECTOR_IP  # the collector of examples/tables.toml
+from softdta.plugins.latency_sum import LatencySum
+from softdta.spec import DTA_PORT
 from softdta.wire.dta import Profile, Report
-from softdta.wire.frames import ip_bytes
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TABLES = ROOT / "examples" / "tables.toml"
-COLLECTOR_IP = ip_bytes("10.77.1.1")
 
 
 def frames_of(reporter: ReporterAddress, reports: list[Report], profile: Profile = Profile.DTA_V1) -> list[bytes]:
@@ -42,3 +53,75 @@ def p4_tool(name: str) -> str:
 def bmv2_tool(name: str) -> str:
     """bmv2's `name` (simple_switch_grpc, simple_switch_CLI)."""
     return shared_tool(name, "BMV2", "bmv2", "build p4lang/behavioral-model with its P4Runtime server")
+
+
+# the query and control processes of live tests
+
+def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([process.stdout], [], [], 0.2)[0]:
+            line = process.stdout.readline()
+            if text in line:
+                return line
+        if process.poll() is not None:
+            raise AssertionError(f"{process.args[3:5]} exited: {process.stderr.read()}")
+    raise AssertionError(f"no {text!r} from {process.args[3:5]} within {timeout} s")
+
+
+# Latency-Sum reports, for the plug-in tests of both engines
+
+ENDS = UdpEndpoints(src_mac=mac_bytes("02:5d:7a:00:09:01"), dst_mac=mac_bytes("02:5d:7a:00:00:01"),
+                    src_ip=ip_bytes("10.77.9.1"), dst_ip=COLLECTOR_IP, sport=40041, dport=DTA_PORT)
+
+
+def hop_frames(key: bytes, latencies: list[int]) -> list[bytes]:
+    return [build_udp_frame(ENDS, LatencySum.report(key, hop, len(latencies), latency))
+            for hop, latency in enumerate(latencies, 1)]
+
+
+# tshark, the independent RoCEv2 dissector
+
+TSHARK = shutil.which("tshark")
+needs_tshark = pytest.mark.skipif(TSHARK is None, reason="tshark is not installed (apt-get install tshark)")
+
+
+PAYLOAD_HEURISTICS = ("rpcordma", "nvme-rdma", "iser", "smb_direct", "smc", "lnet", "infiniband_sdp", "fcoib")
+
+
+def run_tshark(frames: list[bytes], tmp_path, *options: str) -> list[dict]:
+    path = tmp_path / "roce.pcap"
+    packets = [Ether(f) for f in frames]
+    assert [bytes(p) for p in packets] == frames
+    wrpcap(str(path), packets, linktype=1)
+    # Payload heuristics (RPC-over-RDMA, NVMe-oF, ...) would claim the opaque SEND/WRITE payloads.
+    heuristics = [arg for proto in PAYLOAD_HEURISTICS for arg in ("--disable-protocol", proto)]
+    out = subprocess.run([TSHARK, "-n", "-r", str(path), *heuristics, *options, "-T", "json"], capture_output=True,
+                         text=True, timeout=60, check=True)
+    return [p["_source"]["layers"] for p in json.loads(out.stdout)]
+
+
+def num(text: str) -> int:
+    return int(text, 16) if text.startswith("0x") else int(text)
+
+
+# the soft-RoCE guest
+
+class Link:
+    """The host end of the tap: frames out to rxe, rxe's replies back in."""
+
+    def __init__(self, guest):
+        self.guest = guest
+        with in_netns(guest.namespace.name):
+            self.replies = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+            self.replies.bind((rxe_lab.TAP, 0))
+
+    def collect(self, wait: float = 0.0) -> list[bytes]:
+        frames = []
+        while select.select([self.replies], [], [], wait)[0]:
+            frame = self.replies.recv(4096)
+            if len(frame) > 42 and frame[36:38] == (4791).to_bytes(2, "big") and frame[0:6] == mac_bytes(
+                    self.guest.host_mac):
+                frames.append(frame)
+            wait = 0.05
+        return frames

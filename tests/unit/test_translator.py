@@ -3,7 +3,6 @@
 import dataclasses
 
 import pytest
-from common import COLLECTOR_IP, EXAMPLE_TABLES
 
 from softdta.core.primitives import FlushRequest
 from softdta.core.tables import Tables
@@ -31,6 +30,7 @@ from softdta.wire.roce import (
     parse_roce,
     transport_payload,
 )
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
 
 def structure(tables, primitive):

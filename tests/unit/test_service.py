@@ -14,7 +14,6 @@ import aiohttp
 import numpy as np
 import pytest
 import uvloop
-from common import COLLECTOR_IP, EXAMPLE_TABLES
 from prometheus_client.parser import text_string_to_metric_families
 
 from softdta.collector.service import OfflineSource, serve
@@ -26,6 +25,7 @@ from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.spec import DtaOpcode
 from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
 KEY_WRITE = "key-write@10.77.1.1"
 KEY_INCREMENT = "key-increment@10.77.1.1"

@@ -11,7 +11,6 @@ import time
 from collections import defaultdict
 
 import pytest
-from common import COLLECTOR_IP, EXAMPLE_TABLES
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
@@ -26,6 +25,7 @@ from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, DtaOpcode, QpState, 
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
 pytestmark = pytest.mark.privileged
 

@@ -1,7 +1,6 @@
 """Reporter -> reference translator -> reference responder -> queries, for every primitive."""
 
 import numpy as np
-from common import COLLECTOR_IP, frames_of
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
@@ -9,6 +8,7 @@ from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postca
 from softdta.core.translator import Translator
 from softdta.spec import Counter, DtaOpcode, Transport
 from softdta.wire.hashing import keys_to_rows
+from tests.common import COLLECTOR_IP, frames_of
 
 
 def run(tables, frames, now_ns=0):

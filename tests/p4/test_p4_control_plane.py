@@ -12,7 +12,6 @@ from softdta.targets import p4info  # noqa: F401  (selects the protobuf runtime 
 
 # isort: split
 import grpc
-from common import EXAMPLE_TABLES
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
@@ -33,6 +32,7 @@ from softdta.targets.p4runtime import (
     planned_updates,
     table_entry,
 )
+from tests.common import EXAMPLE_TABLES
 
 NAMES = P4Names(load_p4info())
 

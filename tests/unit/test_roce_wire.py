@@ -16,9 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import random
-import shutil
 import struct
-import subprocess
 import zlib
 from dataclasses import dataclass, replace
 
@@ -29,12 +27,12 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
-from scapy.utils import wrpcap
 
 from softdta.spec import ROCE_OPCODE_HEADERS, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, mac_str
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
+from tests.common import needs_tshark, num, run_tshark
 
 # --------------------------------------------------------------------------------------------------
 # Independent definitions (rocev2.md "Extended headers"), as scapy layers.
@@ -514,10 +512,6 @@ def test_parse_roce_handles_cnp():
 # --------------------------------------------------------------------------------------------------
 # tshark
 
-TSHARK = shutil.which("tshark")
-needs_tshark = pytest.mark.skipif(TSHARK is None, reason="tshark is not installed (apt-get install tshark)")
-
-
 def tshark_cases() -> list[Case]:
     rng = random.Random(2024)
     ends = UdpEndpoints(src_mac=bytes.fromhex("02005e000001"), dst_mac=bytes.fromhex("02005e000002"),
@@ -547,25 +541,6 @@ def tshark_cases() -> list[Case]:
              dest_qp=0x000042),
         case(0x04, {}, rng.randbytes(7)),
     ]
-
-
-PAYLOAD_HEURISTICS = ("rpcordma", "nvme-rdma", "iser", "smb_direct", "smc", "lnet", "infiniband_sdp", "fcoib")
-
-
-def run_tshark(frames: list[bytes], tmp_path, *options: str) -> list[dict]:
-    path = tmp_path / "roce.pcap"
-    packets = [Ether(f) for f in frames]
-    assert [bytes(p) for p in packets] == frames
-    wrpcap(str(path), packets, linktype=1)
-    # Payload heuristics (RPC-over-RDMA, NVMe-oF, ...) would claim the opaque SEND/WRITE payloads.
-    heuristics = [arg for proto in PAYLOAD_HEURISTICS for arg in ("--disable-protocol", proto)]
-    out = subprocess.run([TSHARK, "-n", "-r", str(path), *heuristics, *options, "-T", "json"], capture_output=True,
-                         text=True, timeout=60, check=True)
-    return [p["_source"]["layers"] for p in json.loads(out.stdout)]
-
-
-def num(text: str) -> int:
-    return int(text, 16) if text.startswith("0x") else int(text)
 
 
 def hexbytes(text: str) -> bytes:

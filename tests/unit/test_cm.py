@@ -1,11 +1,10 @@
 """The rdma_cm client core (sans-IO): CM message layouts against IBTA offsets and tshark, and the connection
 state machine against a scripted collector side built from the same layouts. Real rdma_cm in the kernel is in
-tests/test_rdma_cm_interop.py."""
+tests/interop/test_rdma_cm_interop.py."""
 
 import os
 
 import pytest
-from test_roce_wire import needs_tshark, num, run_tshark
 
 from softdta.core.cm import (
     BODIES,
@@ -30,6 +29,7 @@ from softdta.spec import ROCE_PORT, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
+from tests.common import needs_tshark, num, run_tshark
 
 TRANSLATOR_MAC, TRANSLATOR_IP = mac_bytes("02:00:00:00:00:01"), ip_bytes("10.77.2.1")
 COLLECTOR_MAC, COLLECTOR_IP = mac_bytes("52:54:00:12:34:56"), ip_bytes("10.77.2.2")

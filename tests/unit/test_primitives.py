@@ -3,25 +3,17 @@
 
 import numpy as np
 import pytest
-from common import COLLECTOR_IP
 
 from softdta.core import primitives
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import keywrite_query
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import DTA_PORT, Counter, DtaOpcode, RoceOpcode
-from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
+from softdta.spec import Counter, DtaOpcode, RoceOpcode
+from softdta.wire.frames import build_udp_frame, parse_udp_frame
 from softdta.wire.hashing import key_checksum, key_slot
 from softdta.wire.roce import parse_roce
-
-ENDS = UdpEndpoints(src_mac=mac_bytes("02:5d:7a:00:09:01"), dst_mac=mac_bytes("02:5d:7a:00:00:01"),
-                    src_ip=ip_bytes("10.77.9.1"), dst_ip=COLLECTOR_IP, sport=40041, dport=DTA_PORT)
-
-
-def hop_frames(key: bytes, latencies: list[int]) -> list[bytes]:
-    return [build_udp_frame(ENDS, LatencySum.report(key, hop, len(latencies), latency))
-            for hop, latency in enumerate(latencies, 1)]
+from tests.common import COLLECTOR_IP, ENDS, hop_frames
 
 
 def test_built_in_primitives_are_dispatched_through_the_plug_in_api(tables):

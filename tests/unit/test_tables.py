@@ -3,9 +3,9 @@
 import tomllib
 
 import pytest
-from common import EXAMPLE_TABLES
 
 from softdta.core.tables import TableError, Tables
+from tests.common import EXAMPLE_TABLES
 
 
 def document():

@@ -8,8 +8,6 @@ what the reference model predicts.
 """
 
 import json
-import select
-import socket
 import time
 import urllib.request
 from dataclasses import replace
@@ -30,6 +28,7 @@ from softdta.links.control import CollectorLinks
 from softdta.spec import Counter, DtaOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import Link
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
 
@@ -168,26 +167,6 @@ def assert_psns_agree(rig) -> None:
     qps = http(rig.guest, "/health")["qps"]
     for qp in rig.tables.qps:
         assert rig.kernel.qp_state(qp)["next_psn"] == qps[f"{qp.remote_qpn:#x}"]["expected_psn"], qp.name
-
-
-class Link:
-    """The host end of the tap: frames out to rxe, rxe's replies back in."""
-
-    def __init__(self, guest):
-        self.guest = guest
-        with in_netns(guest.namespace.name):
-            self.replies = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
-            self.replies.bind((rxe_lab.TAP, 0))
-
-    def collect(self, wait: float = 0.0) -> list[bytes]:
-        frames = []
-        while select.select([self.replies], [], [], wait)[0]:
-            frame = self.replies.recv(4096)
-            if len(frame) > 42 and frame[36:38] == (4791).to_bytes(2, "big") and frame[0:6] == mac_bytes(
-                    self.guest.host_mac):
-                frames.append(frame)
-            wait = 0.05
-        return frames
 
 
 def reports_of_every_primitive(tables) -> list[dta.Report]:

@@ -15,8 +15,6 @@ import time
 
 import numpy as np
 import pytest
-from common import COLLECTOR_IP, EXAMPLE_TABLES
-from test_primitives import hop_frames
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
@@ -32,6 +30,7 @@ from softdta.kernel.xsk import XskSocket
 from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import ROCE_PORT, Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, hop_frames
 
 pytestmark = pytest.mark.privileged
 

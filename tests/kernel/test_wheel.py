@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from common import ROOT
+
+from tests.common import ROOT
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -29,8 +30,8 @@ def test_the_wheel_runs_the_xdp_translator_without_clang(tmp_path):
 
     # The differential test, away from the checkout: its helpers and the example tables, and nothing else.
     project = tmp_path / "project"
-    (project / "tests").mkdir(parents=True)
-    for name in ("common.py", "conftest.py", "test_xdp_translator.py"):
+    (project / "tests" / "kernel").mkdir(parents=True)
+    for name in ("common.py", "conftest.py", "kernel/test_xdp_translator.py"):
         shutil.copy(ROOT / "tests" / name, project / "tests" / name)
     shutil.copy(ROOT / "conftest.py", project / "conftest.py")
     shutil.copytree(ROOT / "examples", project / "examples")
@@ -39,6 +40,6 @@ def test_the_wheel_runs_the_xdp_translator_without_clang(tmp_path):
                                 "print(x.__file__, x.INSTALLED, shutil.which('clang'))"],
                 env=environment, cwd=project).stdout.split()
     assert Path(where[0]).is_relative_to(venv) and where[1:] == ["True", "None"], where
-    result = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_xdp_translator.py", "-k",
+    result = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernel/test_xdp_translator.py", "-k",
                   "random_reports_match or every_frame_the_kernel_emits"], env=environment, cwd=project)
     assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]

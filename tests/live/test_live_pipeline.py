@@ -6,7 +6,6 @@ translator learns the structures through the control protocol, and queries go ov
 
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -16,7 +15,6 @@ import time
 import urllib.request
 
 import pytest
-from common import ROOT
 
 from softdta.collector.xdp_backend import pin_dir_for
 from softdta.core.workload import ReporterAddress
@@ -24,24 +22,13 @@ from softdta.kernel.bpf import ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import ROOT, wait_for_line
 
 pytestmark = pytest.mark.privileged
 
 PREFIX = f"sdta-p{os.getpid()}-"
 TRANSLATOR_MAC, COLLECTOR_MAC, REPORTER_MAC = "02:5d:7a:00:00:01", "02:5d:7a:00:01:01", "02:5d:7a:00:09:01"
 SOFTDTA = [sys.executable, "-m", "softdta.cli"]
-
-
-def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([process.stdout], [], [], 0.2)[0]:
-            line = process.stdout.readline()
-            if text in line:
-                return line
-        if process.poll() is not None:
-            raise AssertionError(f"{process.args[3:5]} exited: {process.stderr.read()}")
-    raise AssertionError(f"no {text!r} from {process.args[3:5]} within {timeout} s")
 
 
 def http(namespace: str, path: str, body: dict | None = None) -> dict:

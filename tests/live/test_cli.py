@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from common import EXAMPLE_TABLES
 
 from softdta.wire.pcap import Packet, read_pcap, write_pcap
 from softdta.wire.roce import parse_roce
+from tests.common import EXAMPLE_TABLES
 
 
 def softdta(*args, check=True):

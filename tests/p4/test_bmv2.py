@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from common import EXAMPLE_TABLES, bmv2_tool, p4_tool
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
@@ -33,6 +32,7 @@ from softdta.targets.p4runtime import P4Names, P4RuntimeError, load_p4info, p4ru
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, build_udp_frame
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, aeth_syndrome, build_roce_frame, transport_payload
+from tests.common import EXAMPLE_TABLES, bmv2_tool, p4_tool
 
 pytestmark = [pytest.mark.privileged, pytest.mark.interop]
 

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from common import ROOT
 
 from softdta.collector.backend import BackendError, Peer
 from softdta.collector.verbs import (
@@ -23,6 +22,7 @@ from softdta.collector.verbs import (
     roce_v2_ipv4_gid,
 )
 from softdta.spec import Access, Transport
+from tests.common import ROOT
 
 HAS_RDMA_DEVICE = Path("/sys/class/infiniband").is_dir() and any(Path("/sys/class/infiniband").iterdir())
 PAGE = mmap.PAGESIZE

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from common import COLLECTOR_IP, EXAMPLE_TABLES
 
 from softdta.collector.xdp_responder import XdpResponder
 from softdta.core import workload
@@ -20,6 +19,7 @@ from softdta.core.workload import ReporterAddress
 from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, ResponderCounter, RoceOpcode, Transport
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
 pytestmark = pytest.mark.privileged
 

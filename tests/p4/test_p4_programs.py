@@ -14,15 +14,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from common import p4_tool
 
 from softdta import spec
 from softdta.core.control_plane import CONFIG_TABLES
 from softdta.targets.p4names import p4_control_tables, p4_registers
 from softdta.targets.p4runtime import load_p4info
 from softdta.wire import icrc_split
+from tests.common import p4_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 P4 = ROOT / "p4"
 PROGRAMS = {"v1model": P4 / "softdta_v1model.p4", "tna": P4 / "softdta_tna.p4"}
 GENERATED = ("softdta_spec.p4", "softdta_tables.p4", "softdta_registers.p4")

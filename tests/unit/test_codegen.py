@@ -5,13 +5,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from common import p4_tool
 
 from softdta import spec
 from softdta.codegen.generate import GENERATED, headers, stale, wire_members
 from softdta.wire.codec import codec
+from tests.common import p4_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 C_HEADER = ROOT / "bpf" / "include" / "softdta_spec.h"
 P4_FILE = ROOT / "p4" / "softdta_spec.p4"
 

@@ -17,7 +17,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from common import ROOT
 
 from softdta.collector import service
 from softdta.collector.backend import BackendError, Peer
@@ -40,6 +39,7 @@ from softdta.wire import dta
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
+from tests.common import ROOT
 
 pytestmark = pytest.mark.privileged
 

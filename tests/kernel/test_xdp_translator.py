@@ -9,7 +9,6 @@ import shutil
 import time
 
 import pytest
-from common import EXAMPLE_TABLES
 
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
@@ -27,6 +26,7 @@ from softdta.wire.roce import (
     parse_roce,
     transport_payload,
 )
+from tests.common import EXAMPLE_TABLES
 
 pytestmark = pytest.mark.privileged
 

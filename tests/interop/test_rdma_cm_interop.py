@@ -17,8 +17,6 @@ import sys
 import time
 
 import pytest
-from test_live_pipeline import wait_for_line
-from test_rxe_interop import Link
 
 from softdta.collector.collector import tables_document
 from softdta.core import workload
@@ -33,6 +31,7 @@ from softdta.lab import rxe as rxe_lab
 from softdta.links.cm import CmLinks, CmTarget
 from softdta.spec import Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import Link, wait_for_line
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
 

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from common import ROOT
 
 from softdta.lab import rxe as rxe_lab
 from softdta.lab import topology as lab
+from tests.common import ROOT
 
 pytestmark = pytest.mark.privileged
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from common import ROOT
 
 from softdta.wire.pcap import write_pcap
+from tests.common import ROOT
 
 SOFTDTA = [sys.executable, "-m", "softdta.cli"]
 COLLECTOR = (ROOT / "examples" / "collector.toml").read_text()

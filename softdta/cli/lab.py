@@ -1,0 +1,134 @@
+"""`softdta lab`, `softdta demo` and `softdta bench`: the live lab, the demos and the comparison benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from softdta.cli.common import REPO_ROOT, CliError
+from softdta.core.tables import Tables
+
+
+def register(commands) -> None:
+    """Add the lab command(s) to the `softdta` parser."""
+    bench = commands.add_parser("bench", help="the comparison benchmarks: softdta against the alternatives, side by "
+                                              "side in one run (root); writes bench/results/ (docs/benchmarks.md)")
+    bench.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every comparison")
+    bench.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"), help="where to write JSON and plots")
+    bench.set_defaults(run=_bench)
+
+    demo = commands.add_parser("demo", help="the live lab end to end: reporters -> XDP translator -> collector -> "
+                                            "queries, with a summary (root); --offline runs the Python models")
+    demo.add_argument("--reporters", type=int, default=2, help="reporter namespaces")
+    demo.add_argument("--collector", choices=["xdp", "rxe"], default="xdp",
+                      help="the XDP responder, or the kernel's soft-RoCE in a QEMU guest (slower: see --rate)")
+    demo.add_argument("--engine", choices=["xdp", "python"], default="xdp",
+                      help="the translator: the XDP fast path, or the reference translator on AF_XDP "
+                           "(slower: see --rate)")
+    demo.add_argument("--scale", type=float, help="workload size (1.0: about 100 k reports; default 1.0, rxe 0.2)")
+    demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000, "
+                                                 "--engine python 3000)")
+    demo.add_argument("--seconds", type=float, default=60.0, help="stop streaming after this long")
+    demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down`)")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--offline", action="store_true",
+                      help="no lab: the reference translator into the reference responder, in this process")
+    demo.add_argument("--tables", default=str(REPO_ROOT / "examples" / "tables.toml"), help="--offline: tables")
+    demo.add_argument("--pcap-dir", help="--offline: also write the reports and RoCEv2 frames as pcaps here")
+    demo.set_defaults(run=_demo)
+
+    lab = commands.add_parser("lab", help="the live lab: reporter, translator and collector namespaces (root)")
+    lab_actions = lab.add_subparsers(dest="action", required=True)
+    lab_up = lab_actions.add_parser("up", help="build the topology and start the translator and the collector")
+    lab_up.add_argument("--reporters", type=int, default=2)
+    lab_up.add_argument("--collector", choices=["xdp", "rxe"], default="xdp")
+    lab_up.add_argument("--engine", choices=["xdp", "python"], default="xdp", help="the translator's engine")
+    lab_up.set_defaults(run=_lab)
+    lab_actions.add_parser("down", help="stop everything and remove it (safe to repeat)").set_defaults(run=_lab)
+    lab_status = lab_actions.add_parser("status", help="what is up, with the translator's counters")
+    lab_status.add_argument("--json", action="store_true")
+    lab_status.set_defaults(run=_lab)
+
+
+def _bench(args) -> int:
+    from softdta.engines.xdp import EngineError
+    from softdta.lab.benchmarks import run
+    try:
+        results = run(quick=args.quick, out=Path(args.out))
+    except EngineError as error:
+        raise CliError(f"{error}; `softdta bench` loads BPF programs, which needs root") from None
+    translator, collector = results["translator_ns_per_report"], results["collector_cpu_ns_per_report"]
+    print(f"wrote {args.out}/comparison.json and plots in {results['seconds']} s")
+    for name, kernel in translator["xdp"].items():
+        reference = translator["reference_python"][name]["median"]
+        print(f"  translator {name:14} XDP {kernel['median']:8.0f} ns   Python reference {reference:9.0f} ns   "
+              f"{reference / max(kernel['median'], 1):6.0f}x")
+    udp = translator["userspace_udp_python"]["key-write"]["median"]
+    print(f"  userspace UDP translator (Python, uvloop), key-write: {udp:.0f} ns per report "
+          f"({udp / max(translator['xdp']['key-write']['median'], 1):.0f}x the XDP path)")
+    engines = results["translator_python_engine"]
+    print("  Key-Write N=1, reports/s per core: " + ", ".join(
+        f"{name} {engines[key]['reports_per_s_per_core']:,}" for name, key in (
+            ("python engine on AF_XDP", "af_xdp"), ("on AF_PACKET", "af_packet"),
+            ("reference translator alone", "reference_translator_alone"), ("XDP engine", "xdp"))))
+    print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
+          f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
+    c = collector["c_epoll"]
+    print(f"  collector CPU per report: xdp responder (kernel, UC 8 B) "
+          f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns, userspace 0; "
+          f"Python asyncio {collector['python_asyncio']['median']:.0f} ns"
+          + (f"; C epoll {c['median']:.0f} ns" if c else ""))
+    return 0
+
+
+def _demo(args) -> int:
+    if args.offline:
+        from softdta.lab.demo import run_offline_demo
+        print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
+        return 0
+    from softdta.lab import live_demo
+    from softdta.lab import topology as lab
+    try:
+        defaults = live_demo.DEFAULTS[args.collector]
+        rate = min(defaults["rate"], live_demo.PYTHON_ENGINE_RATE) if args.engine == "python" else defaults["rate"]
+        return live_demo.run(args.reporters, args.seed, args.scale or defaults["scale"], args.seconds, args.keep,
+                             args.json, args.rate or rate, args.collector, args.engine)
+    except lab.LabError as error:
+        raise CliError(str(error)) from None
+
+
+def _lab(args) -> int:
+    from softdta.lab import topology as lab
+    try:
+        if args.action == "up":
+            state = lab.up(args.reporters, args.collector, args.engine)
+            namespaces = ", ".join(state.reporter(i)["netns"] for i in range(1, state.reporters + 1))
+            collector = "soft-RoCE guest" if state.collector == "rxe" else "XDP responder"
+            print(f"lab up: {state.reporters} reporters ({namespaces}) -> {lab.PREFIX}t -> {lab.PREFIX}c "
+                  f"({collector}); "
+                  f"queries at {state.query_url} (inside the lab namespaces); "
+                  f"logs in {lab.STATE_DIR}")
+        elif args.action == "down":
+            removed = lab.down()
+            print(f"lab down; removed {', '.join(removed) or 'nothing'}")
+        else:
+            report = lab.status()
+            if args.json:
+                print(json.dumps(report, indent=2))
+            elif not report["up"]:
+                stray = ", ".join(report["namespaces"])
+                print("no lab is up" + (f" (stray namespaces: {stray}; `softdta lab down` removes them)"
+                                        if report["namespaces"] else ""))
+            else:
+                engine = report["translator"]["engine"]
+                print(f"lab up: {', '.join(report['namespaces'])}; translator ({engine['name']}"
+                      f"{', ' + engine['io'] if 'io' in engine else ''}) "
+                      f"{'running' if report['translator']['running'] else 'NOT running'}, collector "
+                      f"({report['collector']['kind']}) "
+                      f"{'running' if report['collector']['running'] else 'NOT running'}")
+                for name, value in report["translator"].get("counters", {}).items():
+                    print(f"  {name:28} {value}")
+    except lab.LabError as error:
+        raise CliError(str(error)) from None
+    return 0

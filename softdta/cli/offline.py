@@ -1,0 +1,234 @@
+"""Commands that work on pcaps, with no network: `translate`, `decode` and `report`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from softdta.cli.common import CliError, print_summary
+from softdta.core import workload
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.engines.engine import Engine
+from softdta.spec import DTA_NACK_PORT, DTA_PORT, PRIMITIVE_BY_SLUG, ROCE_PORT, RoceOpcode
+from softdta.wire.codec import WireError
+from softdta.wire.dta import Profile, decode, decode_nack
+from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
+from softdta.wire.pcap import Packet, read_pcap, write_pcap
+from softdta.wire.roce import describe_aeth, parse_roce
+
+
+def register(commands) -> None:
+    """Add the offline command(s) to the `softdta` parser."""
+
+    translate = commands.add_parser("translate", help="run the reference translator over a pcap of DTA reports")
+    translate.add_argument("--tables", required=True, help="translator tables (TOML, see docs/tables.md)")
+    translate.add_argument("--in", dest="input", required=True, help="pcap of Ethernet frames carrying DTA reports")
+    translate.add_argument("--out", required=True, help="pcap to write RoCEv2 frames and NACKs to")
+    translate.add_argument("--flush", action="store_true", help="write out partial Append batches and "
+                                                                "incomplete Postcarding paths at the end")
+    translate.add_argument("--with-collector", action="store_true",
+                           help="also feed the frames to the reference responder and show what it holds")
+    translate.add_argument("--json", action="store_true", help="print the summary as JSON")
+    translate.add_argument("--engine", choices=["reference", "xdp"], default="reference",
+                           help="reference: the Python model; xdp: the kernel fast path via BPF_PROG_TEST_RUN (root)")
+    translate.set_defaults(run=_translate)
+
+    dissect = commands.add_parser("decode", help="dissect DTA and RoCEv2 frames; flag bad iCRCs and lengths")
+    dissect.add_argument("pcap")
+    dissect.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value)
+    dissect.add_argument("--json", action="store_true", help="one JSON object per frame")
+    dissect.set_defaults(run=_decode)
+
+    report = commands.add_parser("report", help="write DTA reports to a pcap")
+    report.add_argument("primitive", choices=list(PRIMITIVE_BY_SLUG))
+    report.add_argument("--out", help="write the reports to this pcap")
+    report.add_argument("--interface", help="send the reports out of this interface instead (AF_PACKET TX ring)")
+    report.add_argument("--netns", help="with --interface: the interface's network namespace")
+    report.add_argument("--rate", type=float, default=0, help="with --interface: reports/s at most (0: as fast "
+                                                              "as the ring goes)")
+    report.add_argument("--count", type=int, default=100, help="reports (flows for postcarding)")
+    report.add_argument("--seed", type=int, default=0)
+    report.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value)
+    report.add_argument("--collector", default="10.77.1.1", help="collector IP (the reports' destination)")
+    report.add_argument("--reporter", default="10.77.9.1", help="reporter IP")
+    report.add_argument("--reporter-mac", default="02:5d:7a:00:09:01")
+    report.add_argument("--translator-mac", default="02:5d:7a:00:00:01", help="next hop: the translator")
+    report.add_argument("--redundancy", "-n", type=int, default=2)
+    report.add_argument("--key-len", type=int, default=4)
+    report.add_argument("--data-len", type=int, default=4)
+    report.add_argument("--lists", type=int, default=4)
+    report.add_argument("--hops", type=int, default=5)
+    report.add_argument("--columns", type=int, default=64)
+    report.add_argument("--rows", type=int, default=4)
+    report.add_argument("--reporters", type=int, default=2)
+    report.add_argument("--interval-us", type=float, default=1.0, help="timestamp spacing in the pcap")
+    report.set_defaults(run=_report)
+
+
+def _offline_engine(args, tables: Tables) -> Engine:
+    if args.engine == "reference":
+        return Translator(tables)
+    from softdta.engines.xdp import EngineError, XdpTranslator
+    try:
+        return XdpTranslator(tables, flush_idle_ns=0)
+    except EngineError as error:
+        raise CliError(f"{error}; --engine xdp needs root and clang (run `make setup`)") from None
+
+
+def _translate(args) -> int:
+    tables = Tables.from_toml(args.tables)
+    translator = _offline_engine(args, tables)
+    collector = _offline_collector(tables) if args.with_collector else None
+    written: list[Packet] = []
+    deferred = 0
+    now_ns = 0
+    for packet in read_pcap(args.input):
+        now_ns = packet.timestamp_ns
+        out = translator.process(packet.frame, now_ns)
+        deferred += out.deferred
+        emitted = out.frames + out.to_reporter
+        written += [Packet(now_ns, frame) for frame in emitted]
+        if collector:
+            for frame in out.frames:
+                for reply in collector.deliver(frame):
+                    written.append(Packet(now_ns, reply))
+                    translator.process(reply, now_ns)
+    if args.flush:
+        for frame in translator.flush_idle(now_ns):
+            written.append(Packet(now_ns, frame))
+            if collector:
+                collector.deliver(frame)
+    write_pcap(args.out, written)
+    summary = {"engine": args.engine,
+               "counters": {c.name.lower(): n for c, n in sorted(translator.counts().items()) if n},
+               "frames_written": len(written), "deferred_to_userspace": deferred}
+    if collector:
+        summary["collector"] = collector.counters()
+    print_summary(summary, args.json)
+    return 0
+
+
+def _offline_collector(tables: Tables):
+    from softdta.core.offline import OfflineCollector
+    return OfflineCollector(tables)
+
+
+def dissect_frame(frame: bytes, profile: Profile) -> dict:
+    """One frame as a dict; `problems` lists what is wrong with it (empty when it is well formed)."""
+    try:
+        udp = parse_udp_frame(frame)
+    except WireError as error:
+        return {"kind": "other", "problems": [] if error.reason == "NOT_UDP" else [str(error)]}
+    info: dict = {"src": ip_str(udp.src_ip), "dst": ip_str(udp.dst_ip), "eth_src": mac_str(udp.eth["src"]),
+                  "eth_dst": mac_str(udp.eth["dst"]), "problems": []}
+    dport = udp.udp["dport"]
+    try:
+        if dport == DTA_PORT:
+            report = decode(udp.payload, profile)
+            info["kind"] = "dta"
+            info["report"] = {k: (v.hex() if isinstance(v, bytes) else v.name if hasattr(v, "name") else v)
+                              for k, v in report.__dict__.items()}
+        elif dport == DTA_NACK_PORT:
+            nack = decode_nack(udp.payload)
+            info.update(kind="dta-nack", nack={"kind": nack.kind.name, "value": nack.value, "reporter": nack.reporter})
+        elif dport == ROCE_PORT:
+            roce = parse_roce(frame, udp)
+            info.update(kind="roce", opcode=RoceOpcode(roce.opcode).name, dest_qp=roce.bth["dest_qp"],
+                        psn=roce.bth["psn"], ack_req=roce.bth["ack_req"], payload_len=len(roce.payload),
+                        icrc=roce.icrc.hex(), headers=roce.headers)
+            if "aeth" in roce.headers:
+                info["aeth"] = describe_aeth(roce.headers["aeth"]["syndrome"])
+            if not roce.icrc_ok:
+                info["problems"].append("bad iCRC")
+            reth = roce.headers.get("reth")
+            if reth and reth["dma_length"] != len(roce.payload):
+                info["problems"].append(f"RETH DMA length {reth['dma_length']} != payload {len(roce.payload)}")
+        else:
+            info["kind"] = "udp"
+    except WireError as error:
+        info.setdefault("kind", {DTA_PORT: "dta", DTA_NACK_PORT: "dta-nack", ROCE_PORT: "roce"}[dport])
+        info["problems"].append(f"{error.reason.lower()}: {error}")
+    return info
+
+
+def _decode(args) -> int:
+    profile = Profile(args.profile)
+    flagged = 0
+    for number, packet in enumerate(read_pcap(args.pcap), 1):
+        info = dissect_frame(packet.frame, profile)
+        flagged += bool(info["problems"])
+        if args.json:
+            print(json.dumps({"frame": number, "time_ns": packet.timestamp_ns, **info}))
+            continue
+        print(f"{number:6} {_one_line(info)}")
+    if not args.json:
+        print(f"{flagged} frame(s) with problems", file=sys.stderr)
+    return 1 if flagged else 0
+
+
+def _one_line(info: dict) -> str:
+    problems = f"  !! {'; '.join(info['problems'])}" if info["problems"] else ""
+    route = f"{info.get('src', '?')} -> {info.get('dst', '?')}"
+    if info["kind"] == "dta" and "report" in info:
+        report = info["report"]
+        fields = {k: v for k, v in report.items() if v not in (0, "", (), False) and k != "opcode"}
+        return f"DTA  {route} {report['opcode']} {fields}{problems}"
+    if info["kind"] == "roce" and "opcode" in info:
+        detail = info.get("aeth") or " ".join(
+            f"{k}=0x{v:x}" if k in ("va", "rkey") else f"{k}={v}" for h in info["headers"].values()
+            for k, v in h.items() if k in ("va", "rkey", "dma_length", "swap_add", "immediate"))
+        return (f"RoCE {route} {info['opcode']} qp=0x{info['dest_qp']:x} psn={info['psn']} {detail} "
+                f"payload={info['payload_len']}B{problems}")
+    if info["kind"] == "dta-nack" and "nack" in info:
+        return f"NACK {route} {info['nack']}{problems}"
+    return f"{info['kind']:4} {route}{problems}"
+
+
+def _report(args) -> int:
+    profile = Profile(args.profile)
+    address = workload.ReporterAddress(mac=mac_bytes(args.reporter_mac), ip=ip_bytes(args.reporter),
+                                       translator_mac=mac_bytes(args.translator_mac),
+                                       collector_ip=ip_bytes(args.collector))
+    generators = {
+        "key-write": lambda: workload.key_write(args.count, args.seed, args.redundancy, args.key_len, args.data_len),
+        "key-increment": lambda: workload.key_increment(args.count, args.seed, args.redundancy),
+        "append": lambda: workload.append(args.count, args.seed, args.lists),
+        "postcarding": lambda: workload.postcards(args.count, args.seed, args.hops),
+        "sketch-merge": lambda: workload.sketch_epoch(args.reporters, args.columns, args.rows, args.seed),
+    }
+    try:
+        reports = generators[args.primitive]()
+        frames = [address.frame(report, profile) for report in reports]
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if bool(args.out) == bool(args.interface):
+        raise CliError("give --out FILE (write a pcap) or --interface IF (send on the wire), not both or neither")
+    if args.interface:
+        return _send_reports(frames, args)
+    step = int(args.interval_us * 1000)
+    count = write_pcap(args.out, (Packet(i * step, frame) for i, frame in enumerate(frames)))
+    print(f"wrote {count} {args.primitive} reports to {args.out}")
+    return 0
+
+
+def _send_reports(frames: list[bytes], args) -> int:
+    import time
+
+    from softdta.engines.xdp import EngineError
+    from softdta.kernel.tx_ring import RingReporter
+    batch = 256
+    try:
+        with RingReporter(args.interface, args.netns, batch) as ring:
+            started = time.perf_counter()
+            for first in range(0, len(frames), batch):
+                ring.send(frames[first:first + batch])
+                ahead = (first + batch) / args.rate - (time.perf_counter() - started) if args.rate else 0
+                if ahead > 0:
+                    time.sleep(ahead)
+            elapsed = time.perf_counter() - started
+    except (EngineError, PermissionError) as error:
+        raise CliError(f"{error}; sending needs root (CAP_NET_RAW)") from None
+    print(f"sent {len(frames)} {args.primitive} reports out of {args.interface} in {elapsed:.3f} s "
+          f"({len(frames) / elapsed:,.0f} reports/s)")
+    return 0

@@ -1,0 +1,76 @@
+"""`softdta query`: ask a collector's query service."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from softdta.cli.common import CliError
+from softdta.spec import PRIMITIVE_BY_SLUG
+
+
+def register(commands) -> None:
+    """Add the query command(s) to the `softdta` parser."""
+    query = commands.add_parser("query", help="ask a collector's query service (docs/query.md)")
+    query.add_argument("--url", default="http://127.0.0.1:8040", help="the query service")
+    query.add_argument("what", choices=["structures", "stats", "health", "metrics", *PRIMITIVE_BY_SLUG])
+    query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
+    query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
+    query.add_argument("--redundancy", "-n", type=int, default=2)
+    query.add_argument("--consensus", type=int, help="Key-Write: votes needed (consensus mode)")
+    query.add_argument("--values", type=int, nargs="*", default=[], help="Postcarding: the value set")
+    query.add_argument("--list", type=int, help="Append: one list")
+    query.add_argument("--take", action="store_true",
+                       help="Append: take the entries (each is taken once) instead of reading them; needs --token")
+    query.add_argument("--follow", action="store_true",
+                       help="Append: take new entries as they come, until interrupted; needs --token")
+    query.add_argument("--token", default=os.environ.get("SOFTDTA_TOKEN"),
+                       help="the collector's token, for --take and --follow (default: $SOFTDTA_TOKEN)")
+    query.set_defaults(run=_query)
+
+
+def _query(args) -> int:
+    import urllib.error
+    import urllib.request
+
+    def keys():
+        return [int(k) if k.isdigit() else k for k in args.keys]
+
+    if args.what in PRIMITIVE_BY_SLUG and not args.name:
+        raise CliError(f"query {args.what} needs a structure name; list them with `softdta query structures`")
+    body = None
+    path = f"/{args.what}" + (f"/{args.name}" if args.name else "")
+    if args.what == "key-write":
+        body = {"keys": keys(), "redundancy": args.redundancy}
+        if args.consensus:
+            body.update(mode="consensus", consensus=args.consensus)
+    elif args.what == "key-increment":
+        body = {"keys": keys(), "redundancy": args.redundancy}
+    elif args.what == "postcarding":
+        body = {"keys": keys(), "value_set": args.values}
+    headers = {"Content-Type": "application/json"}
+    taking = args.what == "append" and (args.take or args.follow)
+    if taking and not args.token:
+        raise CliError("taking Append entries needs the collector's token: give --token or set SOFTDTA_TOKEN")
+    if taking:
+        headers["Authorization"] = f"Bearer {args.token}"
+    if args.what == "append":
+        query_string = [f"list={args.list}"] if args.list is not None else []
+        query_string += ["follow=1"] if args.follow else []
+        path += "?" + "&".join(query_string) if query_string else ""
+    request = urllib.request.Request(args.url + path, data=json.dumps(body).encode() if body else None,
+                                     headers=headers, method="POST" if body or taking else "GET")
+    try:
+        with urllib.request.urlopen(request) as response:
+            for line in response:
+                sys.stdout.write(line.decode())
+                sys.stdout.flush()
+    except urllib.error.HTTPError as error:
+        reason = json.loads(error.read() or b"{}").get("error", error.reason)
+        raise CliError(f"{args.url}{path}: {error.code} {reason}") from None
+    except urllib.error.URLError as error:
+        raise CliError(f"{args.url}: {error.reason}; is `softdta collector up` running, and is --url right?") from None
+    except KeyboardInterrupt:
+        pass
+    return 0

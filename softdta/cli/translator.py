@@ -1,0 +1,245 @@
+"""`softdta translator up|stats|down`: a translator engine on interfaces, fed by a table source."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from softdta.cli.common import CliError
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
+from softdta.core.tables import TableError, Tables
+from softdta.engines.xdp import DEFAULT_PIN_DIR
+from softdta.links.source import TablesFile, TableSource
+from softdta.spec import QpState
+
+
+def register(commands) -> None:
+    """Add the translator command(s) to the `softdta` parser."""
+    translator = commands.add_parser("translator", help="run the XDP translator on interfaces and inspect it")
+    actions = translator.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="attach the fast path and run its control loop until interrupted "
+                                       "(SIGHUP reloads the tables live)")
+    up.add_argument("--tables", required=True, help="translator tables (TOML, see docs/tables.md)")
+    up.add_argument("--interface", "-i", action="append", required=True,
+                    help="interface to translate on (repeat for several: reports in, collectors out)")
+    up.add_argument("--mode", choices=["native", "generic"], default="native", help="XDP attach mode")
+    up.add_argument("--allow-multiqueue", action="store_true",
+                    help="attach to multi-queue interfaces whose DTA traffic is steered to one RX queue")
+    up.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
+                    help="bpffs directory for the maps, so a restart keeps PSNs, heads and caches")
+    up.add_argument("--flush-idle-ms", type=float, default=DEFAULT_FLUSH_IDLE_NS / 1e6,
+                    help="write out partial Append batches and Postcarding paths idle this long")
+    up.add_argument("--netns", help="run in this network namespace (unlike `ip netns exec`, keeps the host's bpffs)")
+    up.add_argument("--engine", choices=["xdp", "python"], default="xdp",
+                    help="xdp: the kernel fast path; python: the reference translator (and plug-in primitives) "
+                         "on AF_XDP, one interface (docs/primitives.md)")
+    up.add_argument("--primitive", action="append", default=[], metavar="MODULE:CLASS",
+                    help="--engine python: add this plug-in primitive (repeat for several), e.g. "
+                         "softdta.plugins.latency_sum:LatencySum")
+    up.add_argument("--io", choices=["auto", "af_xdp", "af_packet"], default="auto",
+                    help="--engine python: packet I/O (auto: AF_XDP, else an AF_PACKET TPACKET_V3 ring)")
+    up.set_defaults(run=_translator_up)
+    stats = actions.add_parser("stats", help="counters and QP state of a running (or stopped) translator")
+    stats.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(run=_translator_stats)
+    up.add_argument("--collector", action="append", default=[], metavar="HOST:PORT",
+                    help="take the structures from this collector's control service (repeat for several); "
+                         "--tables then needs only its [translator] section")
+    up.add_argument("--token", default="", help="the collectors' control token")
+    up.add_argument("--collector-ca", metavar="PEM",
+                    help="speak TLS to the collectors, whose certificates this CA signed (docs/control.md)")
+    up.add_argument("--collector-cert", metavar="PEM", help="with --collector-ca: this translator's certificate, for "
+                                                           "collectors that require one")
+    up.add_argument("--collector-key", metavar="PEM", help="with --collector-cert: its private key")
+    up.add_argument("--collector-cm", action="append", default=[], metavar="IP:PORT,kind=K[,list=N][,batch=B]",
+                    help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
+                         "structure (kind: key-write, key-increment, postcarding, append); repeat for each port. "
+                         "--tables then needs only its [translator] section (docs/drop-in.md)")
+    down = actions.add_parser("down", help="detach the fast path from interfaces; --forget drops its state")
+    down.add_argument("--interface", "-i", action="append", default=[])
+    down.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
+    down.add_argument("--forget", action="store_true", help="also remove the pinned maps (PSNs restart)")
+    down.set_defaults(run=_translator_down)
+
+
+def _translator_up(args) -> int:
+    if args.netns:
+        from softdta.kernel.netns import NetnsError, in_netns
+        try:
+            with in_netns(args.netns):
+                return _run_translator(args)
+        except NetnsError as error:
+            raise CliError(f"{error}; list namespaces with `ip netns list`") from None
+    return _run_translator(args)
+
+
+def _run_translator(args) -> int:
+    import signal
+    import threading
+
+    from softdta.engines.xdp import EngineError
+    from softdta.kernel.bpf import BpfError, ensure_bpffs
+    if args.collector and args.collector_cm:
+        raise CliError("give either --collector (softdta collectors) or --collector-cm (rdma_cm collectors)")
+    source, tables = _table_source(args)
+    try:
+        ensure_bpffs()
+        pin = Path(args.pin)
+        pin.mkdir(parents=True, exist_ok=True)
+        engine = _translator_engine(args, tables, pin)
+    except (EngineError, BpfError, PermissionError) as error:
+        source.close()
+        raise CliError(f"{error}; `softdta translator up` needs root") from None
+    # failed QPs go back to the collectors, which re-create their ends
+    source.report_failures(lambda: {qp.local_qpn for qp in engine.tables.qps
+                                    if engine.qp_state(qp)["state"] == QpState.FAILED})
+    stop = threading.Event()
+
+    def reload(*_) -> None:
+        try:
+            new_tables = source.tables()
+            if args.engine == "python":  # it takes new tables between batches, never in the middle of one
+                source.updates.put(new_tables)
+            else:
+                engine.apply(new_tables)
+            origin = args.tables if isinstance(source, TablesFile) else "the collectors"
+            print(f"softdta: tables reloaded from {origin}", flush=True)
+        except TableError as error:
+            print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGHUP, reload)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        engine.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
+        mode = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {engine.io_name}" + \
+            (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "")
+        print(f"softdta translator up on {', '.join(args.interface)} ({mode}), maps pinned in {pin}; "
+              f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
+              f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
+        engine.serve(stop, source.updates)
+    except (EngineError, BpfError) as error:
+        raise CliError(str(error)) from None
+    finally:
+        engine.close()
+        source.close()
+    print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
+    return 0
+
+
+def _translator_engine(args, tables: Tables, pin: Path):
+    """The engine `--engine` names, loaded with its tables and pinned in `pin`."""
+    flush_idle_ns = int(args.flush_idle_ms * 1e6)
+    if args.engine == "xdp":
+        if args.primitive or args.io != "auto":
+            raise CliError("--primitive and --io apply to --engine python only")
+        from softdta.engines.xdp import XdpTranslator
+        return XdpTranslator(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns)
+    from softdta.core.primitives import load
+    from softdta.engines.python import PythonEngine
+    try:
+        plugins = [load(spec) for spec in args.primitive]
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    return PythonEngine(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns, plugins=plugins, io=args.io)
+
+
+def _translator_section(path: str) -> dict:
+    import tomllib
+    try:
+        return tomllib.loads(Path(path).read_text())["translator"]
+    except (KeyError, tomllib.TOMLDecodeError) as error:
+        raise CliError(f"{path}: needs a valid [translator] section ({error})") from None
+
+
+def _table_source(args) -> tuple[TableSource, Tables]:
+    """Where the translator's tables come from (--tables, --collector or --collector-cm), and the first tables."""
+    if args.collector:
+        return _collector_links(args)
+    if args.collector_cm:
+        return _cm_links(args)
+    source = TablesFile(args.tables)
+    return source, source.start()
+
+
+def _cm_links(args) -> tuple[TableSource, Tables]:
+    """rdma_cm connections to original-DTA collectors, and the first tables their regions make."""
+    from softdta.links.cm import CmError, CmLinks, CmTarget
+    if len(args.interface) != 1:
+        raise CliError("--collector-cm: give one --interface, the one the collectors are reached on")
+    try:
+        links = CmLinks(_translator_section(args.tables), [CmTarget.parse(text) for text in args.collector_cm],
+                        args.interface[0], log=lambda line: print(line, flush=True))
+        return links, links.start()
+    except CmError as error:
+        raise CliError(str(error)) from None
+
+
+def _collector_links(args) -> tuple[TableSource, Tables]:
+    """Control links to the collectors and the first tables they advertise."""
+    from softdta.collector.control import ControlError, client_tls
+    from softdta.links.control import CollectorLinks
+    translator = _translator_section(args.tables)
+    addresses = []
+    for address in args.collector:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise CliError(f"--collector {address!r}: give HOST:PORT, for example 10.77.1.1:40050")
+        addresses.append((host, int(port)))
+    if (args.collector_cert or args.collector_key) and not args.collector_ca:
+        raise CliError("--collector-cert and --collector-key need --collector-ca, "
+                       "the CA of the collectors' certificates")
+    try:
+        tls = client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
+    except ControlError as error:
+        raise CliError(f"--collector-ca/--collector-cert/--collector-key: {error}") from None
+    links = CollectorLinks(translator, addresses, args.token, tls=tls)
+    try:
+        return links, links.start()
+    except ControlError as error:
+        links.close()
+        raise CliError(str(error)) from None
+
+
+def _translator_stats(args) -> int:
+    from softdta.engines.python import engine_stats
+    from softdta.engines.xdp import EngineError
+    try:
+        stats = engine_stats(Path(args.pin))
+    except EngineError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"engine: {stats['engine']['name']}" + (f" ({stats['engine']['io']})" if "io" in stats["engine"] else ""))
+    print("counters:")
+    for name, value in stats["counters"].items():
+        print(f"  {name:28} {value}")
+    print("queue pairs:")
+    for qp in stats["qps"]:
+        print(f"  local 0x{qp['local_qpn']:06x} -> remote 0x{qp['remote_qpn']:06x} at {qp['collector']:15} "
+              f"{qp['transport']}  next PSN {qp['next_psn']:8}  {qp['state']}")
+    return 0
+
+
+def _translator_down(args) -> int:
+    import shutil
+    import socket
+
+    from softdta.kernel.bpf import BpfError, detach_tc, detach_xdp
+    for name in args.interface:
+        try:
+            index = socket.if_nametoindex(name)
+            detach_tc(index)
+            detach_xdp(index)
+        except OSError:
+            raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
+        except BpfError as error:
+            raise CliError(str(error)) from None
+    if args.forget:
+        shutil.rmtree(args.pin, ignore_errors=True)
+    print(f"detached from {', '.join(args.interface) or 'no interface'}"
+          + (f"; removed {args.pin}" if args.forget else ""))
+    return 0
