@@ -37,7 +37,7 @@ ARCHITECTURES = ("v1model", "tna")
 def build_p4info() -> p4info_pb2.P4Info:
     info = p4info_pb2.P4Info()
     info.pkg_info.name = "softdta"
-    info.pkg_info.doc.brief = "softdta translator: DTA reports to RoCEv2, tables generated from softdta/spec.py"
+    info.pkg_info.doc.brief = "softdta translator: DTA reports to RoCEv2, tables generated from softdta/spec/"
     miss = info.actions.add()
     miss.preamble.id, miss.preamble.name, miss.preamble.alias = P4_MISS_ACTION_ID, P4_MISS_ACTION, P4_MISS_ACTION
     for index, table in enumerate(p4_control_tables()):

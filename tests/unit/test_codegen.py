@@ -22,7 +22,7 @@ UAPI_INCLUDES = ["linux/if_ether.h", "linux/in.h", "linux/ip.h", "linux/ipv6.h",
 def test_generated_files_are_up_to_date():
     outdated = stale(ROOT)
     names = [str(path.relative_to(ROOT)) for path in outdated]
-    assert not outdated, f"{names} differ from what softdta/spec.py generates: run `softdta codegen`"
+    assert not outdated, f"{names} differ from what softdta/spec/ generates: run `softdta codegen`"
 
 
 def test_every_p4_definition_is_generated():
