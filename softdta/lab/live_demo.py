@@ -333,7 +333,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
     for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
         expected[report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = np.array(_http("/sketch/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
+    merged = np.array(_http("/sketch-merge/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
     match = merged.shape == expected.shape and bool((merged == expected).all())
     expected_matrix = prediction.region(predicted[DtaOpcode.SKETCH_MERGE]).by_column.tolist()
     queries["sketch_merge"] = {"matches_sum_of_reporters": match,
