@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from scapy.layers.l2 import Ether
-from scapy.utils import wrpcap
 
 from softdta.core.workload import ReporterAddress
 from softdta.kernel.netns import in_netns
@@ -90,6 +88,9 @@ PAYLOAD_HEURISTICS = ("rpcordma", "nvme-rdma", "iser", "smb_direct", "smc", "lne
 
 
 def run_tshark(frames: list[bytes], tmp_path, *options: str) -> list[dict]:
+    from scapy.layers.l2 import Ether  # here: the wheel's test environment has no scapy
+    from scapy.utils import wrpcap
+
     path = tmp_path / "roce.pcap"
     packets = [Ether(f) for f in frames]
     assert [bytes(p) for p in packets] == frames
