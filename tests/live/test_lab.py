@@ -147,6 +147,10 @@ def test_bench_quick_writes_every_comparison_and_its_plots(tmp_path):
     for io in ("af_xdp", "af_packet"):
         assert engines[io]["received"] == engines[io]["sent"] and engines[io]["reports_per_s_per_core"] > 0
         assert engines["xdp"]["median"] * 10 < engines[io]["median"]
+    live = results["translator_live_lab"]  # a step with any link drop is not lossless, whatever was translated
+    for step in live["steps"]:
+        assert step["lossless"] == (step["translated"] == step["sent"] and step["link_drops"] == 0), step
+    assert live["max_lossless_reports_per_s"] == max([s["achieved"] for s in live["steps"] if s["lossless"]] or [0])
     collector = results["collector_cpu_ns_per_report"]
     assert set(collector["xdp_responder_kernel"]) == {"uc-write-8", "uc-write-64", "rc-write-64-acked", "rc-fetch-add"}
     assert collector["python_asyncio"]["median"] > 0 and collector["c_epoll"]["median"] > 0
