@@ -883,7 +883,7 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
                     hdr.bridge.roce_opcode = immediate == 1
                                              ? (rc ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY_IMM)
                                              : (rc ? ROCE_OP_RC_WRITE_ONLY : ROCE_OP_UC_WRITE_ONLY);
-                    hdr.bridge.payload_len = 8; // key checksum, data
+                    hdr.bridge.payload_len = (bit<16>)KEY_CHECKSUM_LEN + 4; // key checksum, then the 4 data bytes of dta-v1
                     hdr.bridge.ip_length = (bit<16>)IPV4_SIZE + (bit<16>)UDP_SIZE + (bit<16>)BTH_SIZE
                                            + (bit<16>)RETH_SIZE + (immediate == 1 ? (bit<16>)IMMDT_SIZE : 16w0) + 8
                                            + (bit<16>)ICRC_LEN;

@@ -449,7 +449,7 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                     meta.emitted.key = hdr.key_write.key;
                     bit<32> checksum;
                     hash(checksum, HashAlgorithm.crc32, 32w0, { BYTESWAP32(hdr.key_write.key) }, 64w0x100000000);
-                    write_frame(0, 4 + (bit<16>)meta.tables.structure.data_len, immediate, checksum);
+                    write_frame(0, (bit<16>)KEY_CHECKSUM_LEN + (bit<16>)meta.tables.structure.data_len, immediate, checksum);
                 } else {
                     count(CNT_RX_KEY_INCREMENT);
                     meta.emitted.key = hdr.key_increment.key;

@@ -26,11 +26,12 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 		if (r->opcode == DTA_OP_KEY_WRITE) {
 			__u32 pos = at + write_payload_at(r->immediate);
 
-			for (int i = 0; i < 4; i++)
+			/* a Key-Write slot: the key checksum (little-endian), then the data */
+			for (int i = 0; i < KEY_CHECKSUM_LEN; i++)
 				s->out[(pos + i) & OUT_MASK] = checksum >> (8 * i);
 			for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++)
-				s->out[(pos + 4 + i) & OUT_MASK] = r->data[i];
-			fp->payload_len = 4 + r->data_len;
+				s->out[(pos + KEY_CHECKSUM_LEN + i) & OUT_MASK] = r->data[i];
+			fp->payload_len = KEY_CHECKSUM_LEN + r->data_len;
 			fp->immediate = checksum;
 			len = write_frame(s, at, ref.q, ref.qs, cfg, offset, r->immediate);
 		} else {
