@@ -9,6 +9,7 @@ from pathlib import Path
 from softdta.cli.common import CliError
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.tables import TableError, Tables
+from softdta.engines.engine import LiveEngine
 from softdta.engines.xdp import DEFAULT_PIN_DIR
 from softdta.links.source import TablesFile, TableSource
 from softdta.spec import QpState
@@ -129,7 +130,7 @@ def _run_translator(args) -> int:
     return 0
 
 
-def _translator_engine(args, tables: Tables, pin: Path):
+def _translator_engine(args, tables: Tables, pin: Path) -> LiveEngine:
     """The engine `--engine` names, loaded with its tables and pinned in `pin`."""
     flush_idle_ns = int(args.flush_idle_ms * 1e6)
     if args.engine == "xdp":
