@@ -31,8 +31,10 @@ from softdta.wire.codec import WireError, codec
 from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
 
 _BTH = codec(BTH)
-_IPV4 = codec(IPV4)
-_LRH_STAND_IN = b"\xff" * LRH_STAND_IN_LEN
+_LRH_STAND_IN_CRC = zlib.crc32(b"\xff" * LRH_STAND_IN_LEN)
+# version and ihl share the first byte of IPv4 (4 bits each)
+_IPV4_VERSION_SHIFT = 8 - IPV4.fields[0].bits
+_IPV4_IHL_MASK = (1 << IPV4.fields[1].bits) - 1
 
 
 
@@ -46,12 +48,15 @@ def icrc_variant_mask(header: Header) -> bytes:
     return mask.to_bytes(header.size, "big")
 
 
-_VARIANT = {header.name: icrc_variant_mask(header) for header in (IPV4, IPV6, UDP, BTH)}
+# (size, mask of the variant bits) of each header the iCRC masks; Header.size is summed on every access
+_IPV4_VARIANT, _IPV6_VARIANT, _UDP_VARIANT, _BTH_VARIANT = (
+    (header.size, int.from_bytes(icrc_variant_mask(header), "big")) for header in (IPV4, IPV6, UDP, BTH))
 
 
-def _set_ones(buffer: bytearray, at: int, mask: bytes) -> None:
-    for i, bits in enumerate(mask):
-        buffer[at + i] |= bits
+def _set_ones(buffer: bytearray, at: int, variant: tuple[int, int]) -> None:
+    """The header's variant fields at buffer[at:] to ones: one OR with a precomputed mask per header."""
+    size, mask = variant
+    buffer[at:at + size] = (int.from_bytes(buffer[at:at + size], "big") | mask).to_bytes(size, "big")
 
 
 def icrc(ip_packet: bytes) -> bytes:
@@ -62,16 +67,15 @@ def icrc(ip_packet: bytes) -> bytes:
     0xff bytes that stand for the LRH (IBTA Annex A17).
     """
     masked = bytearray(ip_packet)
-    ip, _ = _IPV4.unpack(ip_packet)
-    if ip["version"] == IPV4_VERSION_NUMBER:
-        header_len = ip["ihl"] * 4
-        _set_ones(masked, 0, _VARIANT["ipv4"])
+    if ip_packet[0] >> _IPV4_VERSION_SHIFT == IPV4_VERSION_NUMBER:
+        header_len = (ip_packet[0] & _IPV4_IHL_MASK) * 4
+        _set_ones(masked, 0, _IPV4_VARIANT)
     else:
-        header_len = IPV6.size
-        _set_ones(masked, 0, _VARIANT["ipv6"])
-    _set_ones(masked, header_len, _VARIANT["udp"])
-    _set_ones(masked, header_len + UDP.size, _VARIANT["bth"])
-    return zlib.crc32(masked, zlib.crc32(_LRH_STAND_IN)).to_bytes(ICRC_LEN, "little")
+        header_len = _IPV6_VARIANT[0]
+        _set_ones(masked, 0, _IPV6_VARIANT)
+    _set_ones(masked, header_len, _UDP_VARIANT)
+    _set_ones(masked, header_len + _UDP_VARIANT[0], _BTH_VARIANT)
+    return zlib.crc32(masked, _LRH_STAND_IN_CRC).to_bytes(ICRC_LEN, "little")
 
 
 def aeth_syndrome(kind: AethKind, value: int) -> int:
