@@ -106,9 +106,17 @@ class CmAttribute(enum.IntEnum):
 BODIES = {CmAttribute.REQ: CM_REQ, CmAttribute.MRA: CM_MRA, CmAttribute.REJ: CM_REJ, CmAttribute.REP: CM_REP,
           CmAttribute.RTU: CM_RTU, CmAttribute.DREQ: CM_DREQ, CmAttribute.DREP: CM_DREP}
 QPN_STRIDE = 0x100  # each new attempt claims another QPN: a collector's CM remembers the last one for a while
-REJECT_REASONS = {1: "no QP", 3: "no resources", 8: "invalid service ID (nothing listens on that port)",
+CM_RESPONSE_TIMEOUT = 20  # the REQ's response timeouts, as rdma_cm sets them: 4.096 us * 2^20, about 4.3 s
+MAX_CM_RETRIES = 15  # the REQ's Max CM Retries, as rdma_cm sets it: resends of one REQ before giving up
+REJECT_REASONS = {1: "no QP", 3: "no resources", 4: "timeout",
+                  8: "invalid service ID (nothing listens on that port)",
                   10: "stale connection (the collector's CM still holds our previous QP)",
                   27: "insufficient responder resources", 28: "rejected by the collector's application"}
+
+
+def cm_timeout_s(exponent: int) -> float:
+    """A CM timeout field's duration: 4.096 us * 2^exponent (IBTA 12.6)."""
+    return 4.096e-6 * (1 << exponent)
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,10 @@ class CmConnection:
     (where the translator's writes start) and `metadata` then describe the structure. A DREQ from the collector,
     a rejection or a `disconnect` ends it; after `retry_s` a new REQ goes out, with a new communication ID and
     the next QPN (`QPN_STRIDE` on), until a collector answers again.
+
+    Silence is met as IBTA's CM meets it: the same REQ (same communication and transaction IDs) goes again after
+    the response timeout it advertises, up to `max_retries` times, so that a slow collector's CM sees a duplicate
+    and not a second connection; only then does it start over.
     """
 
     local: CmEndpoint
@@ -207,7 +219,9 @@ class CmConnection:
     port: int
     comm_id: int
     transaction_id: int
-    response_timeout_s: float = 1.0
+    response_timeout_s: float = cm_timeout_s(CM_RESPONSE_TIMEOUT)
+    max_retries: int = MAX_CM_RETRIES
+    metadata_timeout_s: float = 30.0  # the collector's application sends its region once it has accepted: seconds
     retry_s: float = 1.0
     state: CmState = CmState.IDLE
     remote_comm_id: int = 0
@@ -217,6 +231,7 @@ class CmConnection:
     last_rejection: str = ""
     events: list[str] = field(default_factory=list)
     _deadline: float = 0.0
+    _resends: int = 0
     _gsi_psn: int = 0
 
     @property
@@ -226,9 +241,18 @@ class CmConnection:
     def tick(self, now: float) -> list[bytes]:
         if self.state is CmState.IDLE and now >= self._deadline:
             return self._request(now)
-        if self.state in (CmState.REQ_SENT, CmState.AWAITING_METADATA) and now >= self._deadline:
-            self.events.append(f"no answer from {self.port} in {self.response_timeout_s:g} s; starting over")
-            return self._request(now)
+        if self.state is CmState.REQ_SENT and now >= self._deadline:
+            if self._resends < self.max_retries:
+                self._resends += 1
+                self._deadline = now + self.response_timeout_s
+                return [self._req()]
+            self.events.append(f"no REP from port {self.port} to {self._resends + 1} REQs; starting over")
+            self._restart(now)
+        if self.state is CmState.AWAITING_METADATA and now >= self._deadline:
+            # both CMs hold the connection (REP, RTU), but the collector's application never sent its region
+            self.events.append(f"no metadata SEND from port {self.port} in {self.metadata_timeout_s:g} s; "
+                               "starting over")
+            return self.disconnect(now)
         return []
 
     def receive(self, frame: bytes, now: float) -> list[bytes]:
@@ -263,20 +287,23 @@ class CmConnection:
     def _request(self, now: float) -> list[bytes]:
         self.comm_id = (self.comm_id + 1) & 0xFFFFFFFF or 1
         self.transaction_id = (self.transaction_id + 1) & 0xFFFFFFFFFFFFFFFF
-        self.state, self._deadline = CmState.REQ_SENT, now + self.response_timeout_s
-        self.metadata, self.remote_qpn = None, 0
+        self.state, self._deadline, self._resends = CmState.REQ_SENT, now + self.response_timeout_s, 0
+        self.metadata, self.remote_qpn, self.remote_comm_id = None, 0, 0
+        return [self._req()]
+
+    def _req(self) -> bytes:
         local, remote = self.local, self.collector_ip
-        return [self._mad(
+        return self._mad(
             CmAttribute.REQ, local_comm_id=self.comm_id, vendor_id=VENDOR_ID,
             service_id=RDMA_PS_TCP_SERVICE | self.port, local_ca_guid=local.ca_guid, local_qpn=local.qpn,
             responder_resources=0, initiator_depth=1,  # the translator issues Fetch&Adds, never serves reads
-            remote_cm_response_timeout=20, transport_service_type=0, starting_psn=local.receive_psn,
-            local_cm_response_timeout=20, retry_count=7, partition_key=0xFFFF, path_mtu=PATH_MTU_1024,
-            rnr_retry_count=7, max_cm_retries=15, primary_local_lid=PERMISSIVE_LID,
+            remote_cm_response_timeout=CM_RESPONSE_TIMEOUT, transport_service_type=0, starting_psn=local.receive_psn,
+            local_cm_response_timeout=CM_RESPONSE_TIMEOUT, retry_count=7, partition_key=0xFFFF,
+            path_mtu=PATH_MTU_1024, rnr_retry_count=7, max_cm_retries=MAX_CM_RETRIES, primary_local_lid=PERMISSIVE_LID,
             primary_remote_lid=PERMISSIVE_LID, primary_local_gid=ipv4_mapped_gid(local.ip),
             primary_remote_gid=ipv4_mapped_gid(remote), primary_traffic_class=local.traffic_class,
             primary_hop_limit=64, primary_local_ack_timeout=14,
-            private_data=cma_private_data(local.ip, remote, local.udp_sport))]
+            private_data=cma_private_data(local.ip, remote, local.udp_sport))
 
     def _on_mad(self, message: CmMessage, now: float) -> list[bytes]:
         fields = message.fields
@@ -286,7 +313,7 @@ class CmConnection:
             # a repeated REP means our RTU was lost: answer it again
             self.remote_comm_id, self.remote_qpn = fields["local_comm_id"], fields["local_qpn"]
             self.send_psn = fields["starting_psn"]
-            self.state, self._deadline = CmState.AWAITING_METADATA, now + self.response_timeout_s
+            self.state, self._deadline = CmState.AWAITING_METADATA, now + self.metadata_timeout_s
             return [self._mad(CmAttribute.RTU, local_comm_id=self.comm_id, remote_comm_id=self.remote_comm_id)]
         if message.attribute is CmAttribute.REJ and mine and self.state is CmState.REQ_SENT:
             reason = fields["reason"]
@@ -295,7 +322,7 @@ class CmConnection:
             self._restart(now)
         elif message.attribute is CmAttribute.MRA and mine and self.state is CmState.REQ_SENT:
             # the collector needs longer: 4.096 us * 2^timeout more
-            self._deadline = now + self.response_timeout_s + 4.096e-6 * (1 << fields["service_timeout"])
+            self._deadline = now + self.response_timeout_s + cm_timeout_s(fields["service_timeout"])
         elif message.attribute is CmAttribute.DREQ and mine and fields["remote_qpn"] == self.local.qpn:
             self.events.append(f"port {self.port} disconnected (DREQ)")
             drep = self._mad(CmAttribute.DREP, local_comm_id=self.comm_id, remote_comm_id=self.remote_comm_id)

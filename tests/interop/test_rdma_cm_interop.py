@@ -11,6 +11,7 @@ reconnected to.
 import base64
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -110,6 +111,18 @@ def assert_regions_match(guest, tables, memory: OfflineCollector) -> None:
         assert got == bytes(memory.region_of(qp)), f"{by_port[port].kind} on port {port} differs"
 
 
+def every_port_back(links: CmLinks, logged: list[str], timeout: float = 90.0):
+    """The tables once every listener is connected again: the DREQs first empty them, then ports come back."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            tables = links.updates.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"not every port came back within {timeout:.0f} s; CM log: {logged}") from None
+        if len(tables.qps) == len(LISTENERS):
+            return tables
+
+
 def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(guest):
     pid = start_collector(guest)
     translator = {"mac": guest.host_mac, "ip": guest.host_ip, "ack_request_interval": 4, "grace_ms": 50.0}
@@ -135,9 +148,7 @@ def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(
 
         guest.run(f"kill -9 {pid}")  # the kernel tears its rdma_cm IDs down: a DREQ for each connection
         pid = start_collector(guest)
-        new_tables = links.updates.get(timeout=30)
-        while len(new_tables.qps) < len(LISTENERS):  # the DREQs first empty the tables, then ports come back
-            new_tables = links.updates.get(timeout=30)
+        new_tables = every_port_back(links, logged)
         assert {qp.remote_qpn for qp in new_tables.qps}.isdisjoint({qp.remote_qpn for qp in tables.qps})
         assert any("disconnected (DREQ)" in line for line in logged), logged
         rig.kernel.apply(new_tables)

@@ -21,6 +21,7 @@ from softdta.core.cm import (
     CmEndpoint,
     CmState,
     Metadata,
+    cm_timeout_s,
     decode_mad,
     encode_mad,
 )
@@ -197,14 +198,55 @@ def test_a_rejection_waits_and_tries_again_with_a_new_communication_id():
     assert "stale connection" in link.last_rejection
 
 
-def test_silence_sends_the_req_again_and_an_mra_buys_time():
-    link = connection(response_timeout_s=1.0)
+def test_silence_resends_the_same_req_after_the_advertised_timeout_and_an_mra_buys_time():
+    link = connection()
     req = sent_mad(link.tick(0.0)[0])
+    timeout = cm_timeout_s(req.fields["remote_cm_response_timeout"])  # 4.096 us * 2^20: what we told the collector
+    assert link.response_timeout_s == timeout and 4.0 < timeout < 4.5
+    assert link.tick(timeout - 0.1) == []
+    again = sent_mad(link.tick(timeout)[0])
+    # a duplicate to the collector's CM (same IDs), never a second connection for it to block on
+    assert again.attribute is CmAttribute.REQ and again.transaction_id == req.transaction_id
+    assert again.fields == req.fields
     link.receive(mad_from_collector(CmAttribute.MRA, local_comm_id=0x5000, remote_comm_id=req.fields["local_comm_id"],
-                                    service_timeout=20), 0.5)  # 4.096 us * 2^20: about 4.3 s more
-    assert link.tick(2.0) == []
-    again = sent_mad(link.tick(6.0)[0])
-    assert again.attribute is CmAttribute.REQ and link.events and "no answer" in link.events[-1]
+                                    service_timeout=22), timeout + 0.1)  # 4.096 us * 2^22: about 17 s more
+    assert link.tick(2 * timeout + 1) == []
+    assert sent_mad(link.tick(timeout + 0.1 + timeout + 17.2)[0]).fields == req.fields
+
+
+def test_a_collector_slower_than_one_timeout_still_gets_its_connection():
+    """Its REP answers the first REQ after the REQ went again: the answer is ours, and the connection completes
+    (starting over here left the collector's synchronous accept waiting for an RTU that never came)."""
+    link = connection()
+    req = sent_mad(link.tick(0.0)[0])
+    sent_mad(link.tick(link.response_timeout_s)[0])
+    rtu = sent_mad(link.receive(rep_for(req), link.response_timeout_s + 2)[0])
+    assert rtu.attribute is CmAttribute.RTU and rtu.fields["local_comm_id"] == req.fields["local_comm_id"]
+    link.receive(metadata_send(), link.response_timeout_s + 3)
+    assert link.connected and not any("starting over" in event for event in link.events)
+
+
+def test_a_collector_that_never_answers_is_tried_again_from_scratch():
+    link = connection(max_retries=2, retry_s=1.0)
+    req = sent_mad(link.tick(0.0)[0])
+    timeout = link.response_timeout_s
+    resent = [sent_mad(link.tick(timeout)[0]), sent_mad(link.tick(2 * timeout)[0])]
+    assert all(message.fields == req.fields for message in resent)
+    assert link.tick(3 * timeout) == [] and link.state is CmState.IDLE
+    assert "no REP from port 1337 to 3 REQs" in link.events[-1]
+    fresh = sent_mad(link.tick(3 * timeout + 1.0)[0])
+    assert fresh.fields["local_comm_id"] != req.fields["local_comm_id"]
+    assert fresh.fields["local_qpn"] == LOCAL_QPN + QPN_STRIDE
+
+
+def test_a_collector_that_accepts_but_never_sends_its_region_is_left_with_a_dreq():
+    link = connection(metadata_timeout_s=30.0, retry_s=1.0)
+    req = sent_mad(link.tick(0.0)[0])
+    link.receive(rep_for(req), 0.1)
+    assert link.tick(30.0) == [] and link.state is CmState.AWAITING_METADATA
+    dreq = sent_mad(link.tick(30.2)[0])
+    assert dreq.attribute is CmAttribute.DREQ and dreq.fields["remote_qpn"] == COLLECTOR_QPN
+    assert link.state is CmState.IDLE and "no metadata SEND" in link.events[-1]
 
 
 def test_a_dreq_is_answered_and_the_connection_starts_over():
