@@ -186,7 +186,7 @@ class Translator:
 
     def _qp_flushable(self, qp: QueuePair, now_ns: int, idle_ns: int) -> bool:
         runtime = self.qp_state[qp.index]
-        if not self._qp_ready(qp, now_ns):
+        if not self.qp_ready(qp, now_ns):
             return False
         if runtime.frames_sent != runtime.flush_mark:  # the data path emitted since the last look
             runtime.flush_mark, runtime.flush_mark_ns = runtime.frames_sent, now_ns
@@ -239,7 +239,7 @@ class Translator:
 
     def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None:
         """None if the QP may send now; otherwise the drop (or deferral of an essential report)."""
-        if self._qp_ready(qp, now_ns):
+        if self.qp_ready(qp, now_ns):
             return None
         if report.essential:
             self.counters[Counter.ESSENTIAL_DEFERRED] += 1
@@ -247,7 +247,8 @@ class Translator:
         state = self.qp_state[qp.index].state
         return self.drop(Counter.DROP_QP_FAILED if state is QpState.FAILED else Counter.DROP_GRACE)
 
-    def _qp_ready(self, qp: QueuePair, now_ns: int) -> bool:
+    def qp_ready(self, qp: QueuePair, now_ns: int) -> bool:
+        """Whether the QP may send at `now_ns`; a QP whose grace period is over becomes active."""
         runtime = self.qp_state[qp.index]
         if runtime.state is QpState.GRACE and now_ns >= runtime.grace_until_ns:
             runtime.state = QpState.ACTIVE

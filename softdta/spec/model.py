@@ -69,6 +69,15 @@ class Header:
         """Size of the fixed part in bytes."""
         return sum(f.bits for f in self.fields) // 8
 
+    def span(self, name: str) -> tuple[int, int]:
+        """(bit offset from the header's start, bits) of the fixed-part field `name`."""
+        offset = 0
+        for f in self.fields:
+            if f.name == name:
+                return offset, f.bits
+            offset += f.bits
+        raise KeyError(f"header {self.name} has no field {name!r}")
+
 
 @dataclass(frozen=True)
 class Table:

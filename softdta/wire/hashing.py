@@ -128,3 +128,17 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int,
             copy_column = np.full((key_rows.shape[0], 1), copy, dtype=np.uint8)
             slot_hashes[copy] = crc32_rows(np.hstack([reversed_rows, copy_column]), KEY_HASH_POLYNOMIALS[copy])
     return checksums, slot_hashes
+
+
+@cache
+def linear_crc_position_tables(length: int, polynomial: int = 0x04C11DB7) -> np.ndarray:
+    """(length, 256) tables: row j maps a byte at position j of a `length`-byte message to its share of the
+    message's linear CRC (init 0, no final XOR). The CRC is linear, so the message's CRC is the XOR of its bytes'
+    shares: one lookup per byte, independent of the others, and none for bytes known to be zero."""
+    table = _np_table(polynomial)
+    tables = np.empty((length, 256), dtype=np.uint32)
+    share = table[np.arange(256)]  # a byte followed by nothing
+    for position in range(length - 1, -1, -1):
+        tables[position] = share
+        share = table[share & 0xFF] ^ (share >> np.uint32(8))  # one more zero byte after it
+    return tables

@@ -1,0 +1,284 @@
+"""The batch translator against the oracle: the same frames per QP in PSN order, the same NACKs, deferrals,
+counters and state, for random workloads of every primitive with replies, forged and malformed frames mixed in,
+however the workload is cut into batches."""
+
+import random
+import tomllib
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from softdta.core import workload
+from softdta.core.batch import BatchTranslator
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode
+from softdta.wire import dta
+from softdta.wire.dta import Profile
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
+from softdta.wire.hashing import linear_crc_position_tables
+from softdta.wire.icrc_split import linear_crc
+from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome, build_roce_frame, parse_roce, transport_payload
+from tests.common import EXAMPLE_TABLES
+
+C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.9.9")
+
+
+def batch_tables(profile: str = "dta-v1") -> Tables:
+    """The example tables, RC with ACK requests, and a second collector whose Key-Write has 8-byte keys and
+    12-byte data (extended reports only) and whose Key-Increment uses dta-v1's hash."""
+    document = tomllib.loads(EXAMPLE_TABLES.read_text())
+    document["translator"].update(ack_request_interval=3, profile=profile)
+    for structure in document["structures"]:
+        if structure["primitive"] == "key-write":
+            structure["qp"]["transport"] = "rc"
+            structure["qp"]["start_psn"] = 0xFFFFF0  # wraps within a workload
+    document["collectors"].append({"name": "c2", "ip": "10.77.2.1", "mac": "02:5d:7a:00:02:01"})
+    document["structures"] += [
+        {"primitive": "key-write", "collector": "c2", "key_len": 8, "data_len": 12, "hash": "dta-v1",
+         "qp": {"remote_qpn": 0x301, "local_qpn": 0x401, "rkey": 0x3001, "base": 0x7f0100000000, "length": 1 << 16}},
+        {"primitive": "key-increment", "collector": "c2", "hash": "dta-v1",
+         "qp": {"remote_qpn": 0x302, "local_qpn": 0x402, "rkey": 0x3002, "base": 0x7f0110000000, "length": 1 << 14,
+                "transport": "rc", "start_psn": 77}},
+    ]
+    return Tables.from_dict(document)
+
+
+def reporter(collector: bytes, tables: Tables, ip: str = "10.77.9.1") -> workload.ReporterAddress:
+    return workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes(ip), tables.mac, collector)
+
+
+def reply(tables: Tables, collector: bytes, local_qpn: int, psn: int, syndrome: int,
+          opcode: RoceOpcode = RoceOpcode.RC_ACK) -> bytes:
+    qp = tables.qp_by_local_qpn(local_qpn)
+    ends = UdpEndpoints(qp.collector_mac if qp else mac_bytes("02:00:00:00:00:09"), tables.mac, collector, tables.ip,
+                        0xC001, 4791)
+    headers = {"aeth": {"syndrome": syndrome, "msn": 1}, "atomic_ack_eth": {"original": 5}}
+    return build_roce_frame(ends, transport_payload(opcode, local_qpn, psn, headers))
+
+
+def random_workload(seed: int, tables: Tables, size: int) -> list[bytes]:
+    """Mostly Key-Write and Key-Increment, with every other kind of frame a translator meets mixed in."""
+    rng = random.Random(seed)
+    profile = tables.profile
+    to_c1, to_c2, astray = reporter(C1, tables), reporter(C2, tables), reporter(NOWHERE, tables)
+    other = reporter(C1, tables, "10.77.9.2")
+    others = [*workload.append(size // 8, seed, 8), *workload.postcards(size // 24, seed, 5),
+              *workload.sketch_epoch(2, 8, 4, seed)]
+    kw, ki = tables.structure(C1, DtaOpcode.KEY_WRITE), tables.structure(C1, DtaOpcode.KEY_INCREMENT)
+    seq = 0
+    frames = []
+    for _ in range(size):
+        roll = rng.random()
+        flags = {"immediate": rng.random() < 0.3}
+        if roll < 0.35:
+            report = dta.key_write(rng.randbytes(4), rng.randbytes(4), rng.randint(1, 4), **flags,
+                                   extended=rng.random() < 0.3)
+            frames.append(to_c1.frame(report, profile))
+        elif roll < 0.45:
+            report = dta.key_write(rng.randbytes(8), rng.randbytes(12), rng.randint(1, 4), extended=True,
+                                   essential=rng.random() < 0.2, **flags)
+            frames.append(to_c2.frame(report, profile))
+        elif roll < 0.60:
+            target = to_c1 if rng.random() < 0.6 else to_c2
+            report = dta.key_increment(rng.randbytes(4), rng.randint(0, 1 << 40), rng.randint(1, 4),
+                                       extended=rng.random() < 0.3)
+            frames.append(target.frame(report, profile))
+        elif roll < 0.75 and others:
+            frames.append(to_c1.frame(others.pop(rng.randrange(len(others))), profile))
+        elif roll < 0.85:  # a reply of the collector: ACKs in and out of the window, NAKs, forged ones
+            structure = rng.choice([kw, ki, tables.structure(C2, DtaOpcode.KEY_INCREMENT)])
+            qp = structure.qp
+            psn = (qp.start_psn + rng.randint(-4, 60)) & 0xFFFFFF
+            syndrome = rng.choice([ACK_SYNDROME] * 6 + [aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
+                                                        NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome(AethKind.RNR_NAK, 3)])
+            opcode = RoceOpcode.RC_ATOMIC_ACK if structure is not kw and rng.random() < 0.5 else RoceOpcode.RC_ACK
+            source = qp.collector_ip if rng.random() < 0.9 else NOWHERE
+            frames.append(reply(tables, source, qp.local_qpn, psn, syndrome, opcode))
+        else:
+            frames.append(malformed(rng, tables, to_c1, astray, other, profile, seq))
+            seq += 1
+    return frames
+
+
+def malformed(rng, tables, to_c1, astray, other, profile, seq) -> bytes:
+    """A report the vector path must refuse, or a frame that is not a report at all."""
+    good = to_c1.frame(dta.key_write(rng.randbytes(4), 1, 2), profile)
+    choice = rng.randrange(9)
+    if choice == 0:
+        return good[:rng.randrange(10, len(good))]  # truncated
+    if choice == 1:
+        bad = bytearray(good)
+        bad[-9] = rng.choice([0, 5, 255])  # redundancy 0 or too many
+        return bytes(bad)
+    if choice == 2:
+        return astray.frame(dta.key_write(rng.randbytes(4), 2, 1), profile)  # no collector there
+    if choice == 3:
+        return to_c1.frame(dta.key_write(rng.randbytes(5), rng.randbytes(4), 1, extended=True), profile)
+    if choice == 4 and profile is Profile.DTA_V1:  # go-back-N: in order, a gap, a duplicate
+        return other.frame(dta.key_write(rng.randbytes(4), 3, 1, retransmit=True, seqnum=rng.choice([seq, seq + 5])),
+                           profile)
+    if choice == 5:
+        ends = UdpEndpoints(mac_bytes("02:00:00:00:00:07"), tables.mac, ip_bytes("fd00::7"), ip_bytes("fd00::1"),
+                            40041, DTA_PORT)
+        return build_udp_frame(ends, dta.encode(dta.key_write(1, 1, 1)))  # IPv6: not a report here
+    if choice == 6:
+        options = bytearray(good[:34] + bytes(4) + good[34:])  # IPv4 with 4 bytes of options
+        options[14] = 0x46
+        options[16:18] = (int.from_bytes(good[16:18], "big") + 4).to_bytes(2, "big")
+        return bytes(options)
+    if choice == 7:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(0, 90)))  # noise
+    return good + bytes(rng.randrange(1, 8))  # Ethernet padding after the datagram
+
+
+def run_oracle(tables, frames, cuts, now_of):
+    oracle = Translator(tables)
+    out = {"frames": [], "to_reporter": [], "deferred": []}
+    start = 0
+    for cut in cuts:
+        now = now_of(start)
+        for position in range(start, cut):
+            result = oracle.process(frames[position], now)
+            out["frames"] += result.frames
+            out["to_reporter"] += result.to_reporter
+            if result.deferred:
+                out["deferred"].append(position)
+        start = cut
+    return oracle, out
+
+
+def run_batches(tables, frames, cuts, now_of):
+    batch = BatchTranslator(Translator(tables))
+    out = {"frames": [], "to_reporter": [], "deferred": []}
+    start = 0
+    for cut in cuts:
+        result = batch.process_batch(frames[start:cut], now_of(start))
+        out["frames"] += result.frames
+        out["to_reporter"] += result.to_reporter
+        out["deferred"] += [start + position for position in result.deferred]
+        start = cut
+    return batch.oracle, out
+
+
+def per_qp(frames):
+    streams = defaultdict(list)
+    for frame in frames:
+        packet = parse_roce(frame)
+        assert packet.icrc_ok
+        streams[(packet.dst_ip, packet.bth["dest_qp"])].append(frame)
+    return dict(streams)
+
+
+def state(translator):
+    return (translator.counts(), translator.qp_state, translator.reporter_seqnum, translator.append_state,
+            translator.postcard_cache, translator.sketch_state, list(translator.flush_queue))
+
+
+def cuts_from(sizes, total):
+    cuts, at = [], 0
+    for size in sizes:
+        at = min(total, at + size)
+        cuts.append(at)
+        if at == total:
+            return cuts
+    return cuts + [total]
+
+
+def assert_same(expected, got):
+    (oracle, wanted), (batch, out) = expected, got
+    assert per_qp(out["frames"]) == per_qp(wanted["frames"])
+    assert out["to_reporter"] == wanted["to_reporter"]
+    assert out["deferred"] == wanted["deferred"]
+    assert state(batch) == state(oracle)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), size=st.integers(1, 600),
+       sizes=st.lists(st.integers(1, 1024), min_size=1, max_size=8),
+       profile=st.sampled_from(["dta-v1", "dta-v1-short"]))
+def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile):
+    tables = batch_tables(profile)
+    frames = random_workload(seed, tables, size)
+    cuts = cuts_from(sizes, len(frames))
+
+    def now_of(position):  # time moves between batches: grace periods end within a workload
+        return position * 20_000
+
+    assert_same(run_oracle(tables, frames, cuts, now_of), run_batches(tables, frames, cuts, now_of))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), first=st.lists(st.integers(1, 1024), min_size=1, max_size=6),
+       second=st.lists(st.integers(1, 1024), min_size=1, max_size=6))
+def test_how_a_workload_is_cut_into_batches_changes_nothing(seed, first, second):
+    tables = batch_tables()
+    frames = random_workload(seed, tables, 500)
+    one = run_batches(tables, frames, cuts_from(first, len(frames)), lambda _: 0)
+    other = run_batches(tables, frames, cuts_from(second, len(frames)), lambda _: 0)
+    assert_same(one, other)
+
+
+def test_a_batch_of_key_writes_is_vectorized_not_sent_through_the_oracle(monkeypatch):
+    tables = batch_tables()
+    frames = [reporter(C1, tables).frame(report) for report in workload.key_write(256, 3, 2)]
+    batch = BatchTranslator(Translator(tables))
+    calls = []
+    monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
+    out = batch.process_batch(frames, 0)
+    assert calls == [] and len(out.frames) == 512
+    expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)[1]["frames"]
+    assert out.frames == expected  # one QP: the very order
+
+
+def test_an_ack_is_judged_by_the_psn_its_qp_had_when_it_arrived():
+    """An ACK of a PSN the QP sends only later in the batch is outside the window where it arrives: dropped,
+    even though by the end of the batch that PSN is outstanding."""
+    tables = batch_tables()
+    kw = tables.structure(C1, DtaOpcode.KEY_WRITE)
+    to_c1 = reporter(C1, tables)
+    early_ack = reply(tables, C1, kw.qp.local_qpn, (kw.qp.start_psn + 5) & 0xFFFFFF, ACK_SYNDROME)
+    frames = [to_c1.frame(dta.key_write(1, 1, 1)), early_ack,
+              *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(2, 12)], early_ack]
+    batch = BatchTranslator(Translator(tables))
+    batch.process_batch(frames, 0)
+    counts = batch.oracle.counts()
+    assert counts[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[Counter.RX_ACKS] == 1
+    assert batch.oracle.qp_state[kw.qp.index].unacked_psn == (kw.qp.start_psn + 6) & 0xFFFFFF
+    assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
+                run_batches(tables, frames, [len(frames)], lambda _: 0))
+
+
+def test_a_nak_splits_the_batch_where_it_arrives():
+    """A sequence NAK puts the QP in grace: the reports after it are dropped, the ones before it were sent."""
+    tables = batch_tables()
+    kw = tables.structure(C1, DtaOpcode.KEY_WRITE)
+    to_c1 = reporter(C1, tables)
+    nak = reply(tables, C1, kw.qp.local_qpn, (kw.qp.start_psn + 1) & 0xFFFFFF,
+                aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR))
+    frames = [*[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(4)], nak,
+              *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(4, 9)]]
+    batch = BatchTranslator(Translator(tables))
+    out = batch.process_batch(frames, 0)
+    assert len(out.frames) == 4 and batch.oracle.counts()[Counter.DROP_GRACE] == 5
+    assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
+                run_batches(tables, frames, [len(frames)], lambda _: 0))
+
+
+def test_the_crc_shares_of_a_message_add_up_to_its_linear_crc():
+    rng = random.Random(4)
+    for length in (1, 4, 37, 120):
+        message = rng.randbytes(length)
+        shares = linear_crc_position_tables(length)
+        total = np.bitwise_xor.reduce([shares[position][byte] for position, byte in enumerate(message)])
+        assert int(total) == linear_crc(message)
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_tiny_batches(count):
+    tables = batch_tables()
+    frames = [reporter(C1, tables).frame(dta.key_write(9, 9, 3))][:count]
+    assert_same(run_oracle(tables, frames, [count], lambda _: 0), run_batches(tables, frames, [count], lambda _: 0))
