@@ -5,6 +5,7 @@ import math
 import pytest
 
 from softdta.core import workload
+from softdta.core.batch import BatchTranslator
 from softdta.core.translator import Translator
 from softdta.lab.benchmarks import COLLECTOR_IP
 from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode
@@ -99,6 +100,27 @@ def test_translator_process(benchmark, tables, reporter, sizes, record_rate, mak
         flows = len(reports) // 5
         assert flows * 0.95 <= emitted <= flows * 1.05
     benchmark.extra_info.update(reports=len(reports), frames_out=emitted)
+    record_rate(benchmark, len(reports), "reports_per_s", "ns_per_report")
+
+
+def _process_batches(batch, frames, size):
+    return [batch.process_batch(frames[first:first + size]) for first in range(0, len(frames), size)]
+
+
+@pytest.mark.benchmark(group="translator-per-report")
+@pytest.mark.parametrize("size", [64, 1024])
+@pytest.mark.parametrize("make_reports", [_key_write, _key_increment], ids=["key-write", "key-increment"])
+def test_batch_translator(benchmark, tables, reporter, sizes, record_rate, make_reports, size):
+    """`BatchTranslator.process_batch` over the same frames as `test_translator_process`, in batches of `size`:
+    compare the two groups' reports_per_s in one run."""
+    reports = make_reports(tables, sizes.translator_reports)
+    frames = [reporter.frame(report) for report in reports]
+
+    outputs = benchmark.pedantic(_process_batches, setup=lambda: ((BatchTranslator(Translator(tables)), frames, size),
+                                                                  {}), rounds=10, warmup_rounds=1)
+
+    assert sum(len(out.frames) for out in outputs) == _expected_frames(tables, reports)
+    assert not any(out.deferred or out.to_reporter for out in outputs)
     record_rate(benchmark, len(reports), "reports_per_s", "ns_per_report")
 
 

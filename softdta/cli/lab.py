@@ -53,7 +53,7 @@ def register(commands) -> None:
 
 def _bench(args) -> int:
     from softdta.engines.xdp import EngineError
-    from softdta.lab.benchmarks import run
+    from softdta.lab.benchmarks import BATCH_SIZES, run
     try:
         results = run(quick=args.quick, out=Path(args.out))
     except EngineError as error:
@@ -72,6 +72,10 @@ def _bench(args) -> int:
         f"{name} {engines[key]['reports_per_s_per_core']:,}" for name, key in (
             ("python engine on AF_XDP", "af_xdp"), ("on AF_PACKET", "af_packet"),
             ("reference translator alone", "reference_translator_alone"), ("XDP engine", "xdp"))))
+    for name, case in results["translator_batch"].items():
+        print(f"  translation alone, {name}, reports/s per core: oracle {case['oracle']['reports_per_s_per_core']:,}, "
+              + ", ".join(f"batch of {size} {case[f'batch_{size}']['reports_per_s_per_core']:,} "
+                          f"({case[f'batch_{size}']['times_the_oracle']}x)" for size in BATCH_SIZES))
     print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
           f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
     c = collector["c_epoll"]

@@ -103,7 +103,7 @@ class _Piece:
     redundancy: npt.NDArray[np.int64]
     immediate: npt.NDArray[np.bool_]
     checksums: npt.NDArray[np.uint32]
-    slot_hashes: npt.NDArray[np.uint32]  # (MAX_REDUNDANCY, rows)
+    slot_hashes: npt.NDArray[np.uint32]  # (copies, rows): as many copies as the piece's largest redundancy
     data: Rows | None = None  # Key-Write
     counter: npt.NDArray[np.uint64] | None = None  # Key-Increment
 
@@ -486,7 +486,7 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
     take &= (redundancy >= 1) & (redundancy <= MAX_REDUNDANCY)
     rows, positions, redundancy, immediate = rows[take], positions[take], redundancy[take], immediate[take]
     keys = np.ascontiguousarray(rows[:, key_at:key_at + key_len])
-    checksums, slot_hashes = key_hashes_rows(keys, MAX_REDUNDANCY, structure.key_hash)
+    checksums, slot_hashes = key_hashes_rows(keys, int(redundancy.max(initial=1)), structure.key_hash)
     piece = _Piece(structure, kind, positions, redundancy, immediate, checksums, slot_hashes)
     if kind is DtaOpcode.KEY_WRITE:
         piece.data = rows[:, data_at:data_at + structure.data_len]

@@ -1,10 +1,11 @@
-"""The python engine: the reference translator (the oracle itself, with any plug-in primitives) on the wire.
+"""The python engine: the batch translator (core/batch.py) over the reference translator's state, on the wire.
 
 A tiny XDP program (bpf/xsk_steer.bpf.c) steers DTA reports and collectors' ACKs into an AF_XDP socket; the
-engine takes them a batch at a time, runs each through `Translator.process`, and transmits what comes out,
-a batch per call. Without AF_XDP it falls back to an AF_PACKET TPACKET_V3 ring. Tables come from the same TOML
-or collector control links as the XDP engine's, and the counters and QP state go into maps with the XDP
-engine's layouts, pinned in the same place, so `softdta translator stats` and `softdta lab status` read both.
+engine takes them a batch at a time, translates the batch (Key-Write and Key-Increment vectorized; everything
+else, plug-ins included, through the oracle in order), and transmits what comes out, a batch per call.
+Without AF_XDP it falls back to an AF_PACKET TPACKET_V3 ring. Tables come from the same TOML or collector
+control links as the XDP engine's, and the counters and QP state go into maps with the XDP engine's layouts,
+pinned in the same place, so `softdta translator stats` and `softdta lab status` read both.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 from pathlib import Path
 
+from softdta.core.batch import BatchTranslator
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.primitives import Output, Primitive
 from softdta.core.tables import QueuePair, Tables
@@ -45,6 +47,7 @@ class PythonEngine:
         if io not in IO_CHOICES:
             raise EngineError(f"--io {io}: choose one of {', '.join(IO_CHOICES)}")
         self.translator = Translator(tables, tuple(plugins))
+        self.batch = BatchTranslator(self.translator)
         self.flush_idle_ns, self.io_choice = flush_idle_ns, io
         try:
             self.object = BpfObject(build_object(STEER_SOURCE), pin_dir=pin_dir)
@@ -194,16 +197,9 @@ class PythonEngine:
         frames = self.io.receive(limit)
         if not frames:
             return 0
-        now = time.monotonic_ns()
-        out_frames: list[bytes] = []
-        process = self.translator.process
-        for frame in frames:
-            out = process(frame, now)
-            if out.deferred:
-                self.deferred.append(frame)
-            out_frames += out.frames
-            out_frames += out.to_reporter
-        self.io.send(out_frames)
+        out = self.batch.process_batch(frames, time.monotonic_ns())
+        self.deferred += [frames[position] for position in out.deferred]
+        self.io.send(out.frames + out.to_reporter)
         self.run_time_ns += time.thread_time_ns() - started
         self.runs += len(frames)
         return len(frames)

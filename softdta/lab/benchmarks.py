@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import random
 import socket
 import statistics
 import subprocess
@@ -340,6 +341,38 @@ def translator_python_engine(count: int) -> dict:
     return results
 
 
+BATCH_SIZES = (64, 1024)  # the python engine's step, and a batch that amortizes numpy's per-call cost
+
+
+def translator_batch(count: int) -> dict:
+    """Reports/s per core of translation alone (no packet I/O; thread CPU time), side by side: the oracle a frame
+    at a time, and the batch translator (core/batch.py) at each of `BATCH_SIZES`. On Key-Write N=1, and on a mix
+    of every primitive in the demo's proportions (Append, Postcarding and Sketch-Merge go through the oracle)."""
+    from softdta.core.batch import BatchTranslator
+    tables = _tables()
+    reporter = _reporter(tables)
+    mixed = [report for reports in primitive_workloads(tables, count // 5).values() for report in reports]
+    random.Random(7).shuffle(mixed)
+    cases = {"key-write-n1": workload.key_write(count, 11, redundancy=1), "mixed": mixed}
+    results: dict = {}
+    for name, reports in cases.items():
+        frames = [reporter.frame(report) for report in reports]
+        oracle = _reference_ns_per_frame(frames, time.thread_time_ns)
+        results[name] = {"oracle": {**oracle, "reports_per_s_per_core": round(1e9 / oracle["median"])}}
+        for size in BATCH_SIZES:
+            samples = []
+            for _ in range(ROUNDS):
+                batch = BatchTranslator(Translator(_tables()))
+                started = time.thread_time_ns()
+                for first in range(0, len(frames), size):
+                    batch.process_batch(frames[first:first + size])
+                samples.append((time.thread_time_ns() - started) / len(frames))
+            stats = _stats(samples)
+            results[name][f"batch_{size}"] = {**stats, "reports_per_s_per_core": round(1e9 / stats["median"]),
+                                              "times_the_oracle": round(oracle["median"] / stats["median"], 1)}
+    return results
+
+
 def translator_reference_cases(cases: dict[str, list[dta.Report]], count: int) -> dict:
     """ns per report of the reference translator alone (no packet I/O) over `count` frames of each case."""
     reporter = _reporter(_tables())
@@ -550,6 +583,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
                                      "reference_python": translator_reference(count),
                                      "userspace_udp_python": translator_userspace_udp(count)},
         "translator_python_engine": translator_python_engine(1000 if quick else 6000),
+        "translator_batch": translator_batch(2000 if quick else 20000),
         "translator_live_lab": translator_live(2000 if quick else 20000,
                                                [20_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000,
                                                                                 400_000, 800_000]),

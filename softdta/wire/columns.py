@@ -3,6 +3,8 @@ array, at the spec's offsets (sans-IO). The vectorized counterpart of `wire.code
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 import numpy.typing as npt
 
@@ -14,7 +16,7 @@ Column = npt.NDArray[np.uint64]
 
 def gather(rows: Rows, at: int, header: Header, name: str) -> Column:
     """Field `name` of the `header` that starts at byte `at` of every row, as unsigned integers."""
-    start, bits = header.span(name)
+    start, bits = _span(header, name)
     first, end = at + start // 8, at + (start + bits + 7) // 8
     width = end - first
     if width in (1, 2, 4, 8):  # the covering bytes as one big-endian word each
@@ -33,7 +35,7 @@ def gather(rows: Rows, at: int, header: Header, name: str) -> Column:
 
 def scatter(rows: Rows, at: int, header: Header, name: str, values: npt.ArrayLike) -> None:
     """Write field `name` into every row: a byte-aligned field whole, a field inside one byte by its bits."""
-    start, bits = header.span(name)
+    start, bits = _span(header, name)
     column = np.asarray(values, dtype=np.uint64)
     if start % 8 == 0 and bits % 8 == 0:
         for index in range(bits // 8):
@@ -53,3 +55,8 @@ def byte_offset(header: Header, name: str) -> int:
     if start % 8:
         raise ValueError(f"{header.name}.{name} is not byte-aligned")
     return start // 8
+
+
+@cache
+def _span(header: Header, name: str) -> tuple[int, int]:
+    return header.span(name)
