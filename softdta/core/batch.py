@@ -66,7 +66,7 @@ from softdta.spec import (
     RoceOpcode,
     Transport,
 )
-from softdta.wire.columns import Rows, byte_offset, gather, scatter
+from softdta.wire.columns import Rows, byte_offset, gather, matches, scatter
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
@@ -77,7 +77,6 @@ UDP_AT = IP_AT + IPV4.size
 PAYLOAD_AT = UDP_AT + UDP.size  # the DTA report, or the BTH of a RoCEv2 frame
 IPV4_MIN_IHL = IPV4.size // 4
 VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)
-INDEPENDENT_KINDS = tuple(opcode for opcode in DtaOpcode if opcode not in VECTOR_KINDS)
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
 
 VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
@@ -121,6 +120,7 @@ class _Template:
     icrc_constant: int = 0
     variable: list[int] = field(default_factory=list)
     shares: npt.NDArray[np.uint32] = field(default_factory=lambda: np.empty((0, 256), dtype=np.uint32))
+    share_rows: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
 class BatchTranslator:
@@ -209,8 +209,9 @@ class BatchTranslator:
         base = self.oracle.tables.profile.base_header
         opcode = np.where(extended, gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "opcode"),
                           gather(rows, PAYLOAD_AT, base, "opcode")).astype(np.int64)
-        vector_kind = np.isin(opcode, [int(kind) for kind in VECTOR_KINDS])
-        plugin = extended & np.isin(opcode, list(self._plugin_opcodes))
+        vector_kind = np.logical_or.reduce([opcode == kind for kind in VECTOR_KINDS])
+        plugin = extended & np.isin(opcode, list(self._plugin_opcodes)) if self._plugin_opcodes \
+            else np.zeros(len(opcode), dtype=bool)
         if self._exclusive:
             roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
         dst = gather(rows, IP_AT, IPV4, "dst")
@@ -423,6 +424,7 @@ class BatchTranslator:
             template.icrc_constant = constant(frame[IP_AT:-ICRC_LEN]) ^ linear_crc(tail)
             template.variable = variable
             template.shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
+            template.share_rows = np.arange(len(variable))
             self._templates[key] = template
         return template
 
@@ -439,11 +441,9 @@ def _plain_udp4(rows: Rows) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64
     total = gather(rows, IP_AT, IPV4, "total_length").astype(np.int64)
     udp_len = gather(rows, UDP_AT, UDP, "length").astype(np.int64)
     ok = _ethertype(rows) == ETH_P_IP
-    ok &= gather(rows, IP_AT, IPV4, "version") == IPV4_VERSION_NUMBER
-    ok &= gather(rows, IP_AT, IPV4, "ihl") == IPV4_MIN_IHL
-    ok &= gather(rows, IP_AT, IPV4, "protocol") == IPPROTO_UDP
+    ok &= matches(rows, IP_AT, IPV4, version=IPV4_VERSION_NUMBER, ihl=IPV4_MIN_IHL, protocol=IPPROTO_UDP,
+                  fragment_offset=0)
     ok &= (gather(rows, IP_AT, IPV4, "flags") & np.uint64(IPV4_FLAG_MORE_FRAGMENTS)) == 0
-    ok &= gather(rows, IP_AT, IPV4, "fragment_offset") == 0
     ok &= (total >= IPV4.size + UDP.size) & (total <= rows.shape[1] - IP_AT)
     ok &= (udp_len >= UDP.size) & (udp_len <= total - IPV4.size)
     return ok, udp_len - UDP.size
@@ -518,9 +518,8 @@ def _stamp(template: _Template, psn: npt.NDArray[np.uint64], ack_req: npt.NDArra
 
 def _seal(template: _Template, frames: Rows) -> Rows:
     """Each frame's iCRC: the template's constant XOR the shares of the frame's variable bytes."""
-    state = np.full(len(frames), template.icrc_constant, dtype=np.uint32)
-    for shares, column in zip(template.shares, template.variable):
-        state ^= shares[frames[:, column]]
+    shares = template.shares[template.share_rows, frames[:, template.variable]]  # (frames, variable bytes)
+    state = np.bitwise_xor.reduce(shares, axis=1) ^ np.uint32(template.icrc_constant)
     frames[:, -ICRC_LEN:] = state.astype("<u4").view(np.uint8).reshape(-1, ICRC_LEN)
     return frames
 

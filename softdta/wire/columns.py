@@ -3,8 +3,6 @@ array, at the spec's offsets (sans-IO). The vectorized counterpart of `wire.code
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 import numpy.typing as npt
 
@@ -38,8 +36,12 @@ def scatter(rows: Rows, at: int, header: Header, name: str, values: npt.ArrayLik
     start, bits = _span(header, name)
     column = np.asarray(values, dtype=np.uint64)
     if start % 8 == 0 and bits % 8 == 0:
-        for index in range(bits // 8):
-            rows[:, at + start // 8 + index] = (column >> np.uint64(bits - 8 * (index + 1))) & np.uint64(0xFF)
+        first, width = at + start // 8, bits // 8
+        if width in (1, 2, 4, 8):
+            rows[:, first:first + width] = column.astype(f">u{width}").view(np.uint8).reshape(-1, width)
+        else:
+            for index in range(width):
+                rows[:, first + index] = (column >> np.uint64(bits - 8 * (index + 1))) & np.uint64(0xFF)
         return
     if start // 8 != (start + bits - 1) // 8:
         raise ValueError(f"{header.name}.{name} spans bytes without being byte-aligned")
@@ -47,6 +49,17 @@ def scatter(rows: Rows, at: int, header: Header, name: str, values: npt.ArrayLik
     mask = ((1 << bits) - 1) << shift
     byte = at + start // 8
     rows[:, byte] = (rows[:, byte] & np.uint8(~mask & 0xFF)) | ((column << np.uint64(shift)) & np.uint64(mask))
+
+
+def matches(rows: Rows, at: int, header: Header, **fields: int) -> npt.NDArray[np.bool_]:
+    """Which rows hold exactly these values in these fields of the header at `at`: one masked compare."""
+    key = (id(header), tuple(sorted(fields.items())))
+    pattern = _PATTERNS.get(key)
+    if pattern is None:
+        pattern = _PATTERNS[key] = _pattern(header, key[1])
+    lo, hi, mask, want = pattern
+    equal: npt.NDArray[np.bool_] = ((rows[:, at + lo:at + hi] & mask) == want).all(axis=1)
+    return equal
 
 
 def byte_offset(header: Header, name: str) -> int:
@@ -57,6 +70,32 @@ def byte_offset(header: Header, name: str) -> int:
     return start // 8
 
 
-@cache
+# Keyed by the header's identity: the spec's headers live as long as the process, and hashing a frozen
+# dataclass of fields on every lookup cost more than the lookup saved.
+_SPANS: dict[tuple[int, str], tuple[int, int]] = {}
+_PATTERNS: dict[tuple[int, tuple[tuple[str, int], ...]], tuple[int, int, Rows, Rows]] = {}
+
+
 def _span(header: Header, name: str) -> tuple[int, int]:
-    return header.span(name)
+    key = (id(header), name)
+    span = _SPANS.get(key)
+    if span is None:
+        span = _SPANS[key] = header.span(name)
+    return span
+
+
+def _pattern(header: Header, fields: tuple[tuple[str, int], ...]) -> tuple[int, int, Rows, Rows]:
+    """The bytes [lo, hi) of the header that `fields` cover, with the mask of their bits and their values."""
+    mask, want = 0, 0
+    total = header.size * 8
+    for name, value in fields:
+        start, bits = header.span(name)
+        if not 0 <= value < 1 << bits:
+            raise ValueError(f"{header.name}.{name}={value} does not fit in {bits} bits")
+        shift = total - start - bits
+        mask |= ((1 << bits) - 1) << shift
+        want |= value << shift
+    mask_bytes = np.frombuffer(mask.to_bytes(header.size, "big"), dtype=np.uint8)
+    covered = np.flatnonzero(mask_bytes)
+    lo, hi = int(covered[0]), int(covered[-1]) + 1
+    return lo, hi, mask_bytes[lo:hi], np.frombuffer(want.to_bytes(header.size, "big"), dtype=np.uint8)[lo:hi]
