@@ -1,0 +1,74 @@
+"""Header fields as columns agree with the codec: every field of every wire header, gathered and scattered over
+random rows, reads back as `codec.unpack` reads it."""
+
+import random
+
+import numpy as np
+import pytest
+
+from softdta.spec import BTH, DTA_HEADERS, IPV4, ROCE_HEADERS, UDP, Field, Header
+from softdta.spec import ETHERNET as ETH
+from softdta.wire.codec import codec
+from softdta.wire.columns import byte_offset, gather, matches, scatter
+
+# the fixed parts: columns cover those (a Var tail's place depends on each row's lengths)
+HEADERS = [Header(h.name, h.fields, h.doc) for h in (ETH, IPV4, UDP, *DTA_HEADERS, *ROCE_HEADERS)]
+OFFSET = 3  # a header that does not start at byte 0
+
+
+def random_rows(header: Header, count: int, seed: int) -> np.ndarray:
+    rng = random.Random(seed)
+    return np.frombuffer(rng.randbytes(count * (header.size + OFFSET + 2)), dtype=np.uint8).reshape(count, -1).copy()
+
+
+def integer_fields(header: Header):
+    return [f for f in header.fields if isinstance(f, Field) and f.bits <= 64]
+
+
+@pytest.mark.parametrize("header", HEADERS, ids=lambda h: h.name)
+def test_gather_reads_every_field_as_the_codec_does(header):
+    rows = random_rows(header, 50, 1)
+    unpacked = [codec(header).unpack(bytes(row), OFFSET)[0] for row in rows]
+    for spec_field in (f for f in header.fields if f.bits <= 64):
+        column = gather(rows, OFFSET, header, spec_field.name)
+        expected = [int.from_bytes(u[spec_field.name], "big") if isinstance(u[spec_field.name], bytes)
+                    else u[spec_field.name] for u in unpacked]
+        assert column.tolist() == expected, spec_field.name
+
+
+@pytest.mark.parametrize("header", HEADERS, ids=lambda h: h.name)
+def test_scatter_writes_what_the_codec_reads_and_nothing_else(header):
+    rng = np.random.default_rng(2)
+    for spec_field in integer_fields(header):
+        start, bits = header.span(spec_field.name)
+        if not (start % 8 == 0 and bits % 8 == 0) and start // 8 != (start + bits - 1) // 8:
+            with pytest.raises(ValueError, match="spans bytes"):
+                scatter(random_rows(header, 2, 3), OFFSET, header, spec_field.name, [0, 0])
+            continue
+        rows = random_rows(header, 40, 3)
+        before = [codec(header).unpack(bytes(row), OFFSET)[0] for row in rows]
+        values = rng.integers(0, 1 << min(bits, 63), size=40, dtype=np.uint64)
+        scatter(rows, OFFSET, header, spec_field.name, values)
+        for row, old, value in zip(rows, before, values.tolist()):
+            fields = codec(header).unpack(bytes(row), OFFSET)[0]
+            assert fields[spec_field.name] == value
+            assert {k: v for k, v in fields.items() if k != spec_field.name} == \
+                {k: v for k, v in old.items() if k != spec_field.name}
+
+
+def test_matches_compares_only_the_named_fields():
+    rows = random_rows(IPV4, 64, 4)
+    rows[::2, OFFSET] = 0x45  # version 4, IHL 5 in every other row
+    rows[::4, OFFSET + byte_offset(IPV4, "protocol")] = 17
+    got = matches(rows, OFFSET, IPV4, version=4, ihl=5, protocol=17)
+    expected = [fields["version"] == 4 and fields["ihl"] == 5 and fields["protocol"] == 17
+                for fields in (codec(IPV4).unpack(bytes(row), OFFSET)[0] for row in rows)]
+    assert got.tolist() == expected and any(expected) and not all(expected)
+    with pytest.raises(ValueError, match="does not fit"):
+        matches(rows, OFFSET, IPV4, ihl=16)
+
+
+def test_byte_offset_refuses_a_field_inside_a_byte():
+    assert byte_offset(BTH, "psn") == 9
+    with pytest.raises(ValueError, match="not byte-aligned"):
+        byte_offset(BTH, "migreq")
