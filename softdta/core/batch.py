@@ -80,6 +80,9 @@ VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
 
 VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
+# Below this many frames the oracle is faster: a vectorized batch has a fixed cost of a few hundred numpy
+# calls, about ten frames' worth of the oracle (docs/primitives.md).
+MIN_VECTOR_BATCH = 12
 
 
 @dataclass
@@ -141,7 +144,9 @@ class BatchTranslator:
         self._follow_tables()
         out = BatchOutput()
         count = len(frames)
-        if not count:
+        if count < MIN_VECTOR_BATCH:
+            for position in range(count):
+                self._through_oracle(frames, position, now_ns, out)
             return out
         self._ack_qp = {}
         roles, pieces = self._classify(frames)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from softdta.core import workload
-from softdta.core.batch import BatchTranslator
+from softdta.core.batch import MIN_VECTOR_BATCH, BatchTranslator
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode
@@ -243,6 +243,7 @@ def test_an_ack_is_judged_by_the_psn_its_qp_had_when_it_arrived():
     early_ack = reply(tables, C1, kw.qp.local_qpn, (kw.qp.start_psn + 5) & 0xFFFFFF, ACK_SYNDROME)
     frames = [to_c1.frame(dta.key_write(1, 1, 1)), early_ack,
               *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(2, 12)], early_ack]
+    assert len(frames) >= MIN_VECTOR_BATCH
     batch = BatchTranslator(Translator(tables))
     batch.process_batch(frames, 0)
     counts = batch.oracle.counts()
@@ -260,10 +261,11 @@ def test_a_nak_splits_the_batch_where_it_arrives():
     nak = reply(tables, C1, kw.qp.local_qpn, (kw.qp.start_psn + 1) & 0xFFFFFF,
                 aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR))
     frames = [*[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(4)], nak,
-              *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(4, 9)]]
+              *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(4, 14)]]
+    assert len(frames) >= MIN_VECTOR_BATCH
     batch = BatchTranslator(Translator(tables))
     out = batch.process_batch(frames, 0)
-    assert len(out.frames) == 4 and batch.oracle.counts()[Counter.DROP_GRACE] == 5
+    assert len(out.frames) == 4 and batch.oracle.counts()[Counter.DROP_GRACE] == 10
     assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
                 run_batches(tables, frames, [len(frames)], lambda _: 0))
 
@@ -277,8 +279,8 @@ def test_the_crc_shares_of_a_message_add_up_to_its_linear_crc():
         assert int(total) == linear_crc(message)
 
 
-@pytest.mark.parametrize("count", [0, 1])
-def test_tiny_batches(count):
+@pytest.mark.parametrize("count", [0, 1, MIN_VECTOR_BATCH - 1, MIN_VECTOR_BATCH])
+def test_batches_at_the_edge_of_vectorizing(count):
     tables = batch_tables()
-    frames = [reporter(C1, tables).frame(dta.key_write(9, 9, 3))][:count]
+    frames = [reporter(C1, tables).frame(dta.key_write(key, 9, 3)) for key in range(count)]
     assert_same(run_oracle(tables, frames, [count], lambda _: 0), run_batches(tables, frames, [count], lambda _: 0))
