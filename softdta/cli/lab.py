@@ -53,7 +53,7 @@ def register(commands) -> None:
 
 def _bench(args) -> int:
     from softdta.engines.xdp import EngineError
-    from softdta.lab.benchmarks import BATCH_SIZES, run
+    from softdta.lab.benchmarks import run
     try:
         results = run(quick=args.quick, out=Path(args.out))
     except EngineError as error:
@@ -74,8 +74,8 @@ def _bench(args) -> int:
             ("reference translator alone", "reference_translator_alone"), ("XDP engine", "xdp"))))
     for name, case in results["translator_batch"].items():
         print(f"  translation alone, {name}, reports/s per core: oracle {case['oracle']['reports_per_s_per_core']:,}, "
-              + ", ".join(f"batch of {size} {case[f'batch_{size}']['reports_per_s_per_core']:,} "
-                          f"({case[f'batch_{size}']['times_the_oracle']}x)" for size in BATCH_SIZES))
+              + ", ".join(f"{key.replace('_', ' of ')} {value['reports_per_s_per_core']:,} "
+                          f"({value['times_the_oracle']}x)" for key, value in case.items() if key != "oracle"))
     print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
           f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
     c = collector["c_epoll"]

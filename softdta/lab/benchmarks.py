@@ -341,14 +341,13 @@ def translator_python_engine(count: int) -> dict:
     return results
 
 
-BATCH_SIZES = (64, 1024)  # the python engine's step, and a batch that amortizes numpy's per-call cost
-
-
 def translator_batch(count: int) -> dict:
     """Reports/s per core of translation alone (no packet I/O; thread CPU time), side by side: the oracle a frame
-    at a time, and the batch translator (core/batch.py) at each of `BATCH_SIZES`. On Key-Write N=1, and on a mix
-    of every primitive in the demo's proportions (Append, Postcarding and Sketch-Merge go through the oracle)."""
+    at a time, and the batch translator (core/batch.py) at the python engine's step and at 1024 frames, a batch
+    that amortizes numpy's per-call cost. On Key-Write N=1, and on a mix of every primitive in the demo's
+    proportions (Append, Postcarding and Sketch-Merge go through the oracle)."""
     from softdta.core.batch import BatchTranslator
+    from softdta.engines.python import BATCH
     tables = _tables()
     reporter = _reporter(tables)
     mixed = [report for reports in primitive_workloads(tables, count // 5).values() for report in reports]
@@ -359,7 +358,7 @@ def translator_batch(count: int) -> dict:
         frames = [reporter.frame(report) for report in reports]
         oracle = _reference_ns_per_frame(frames, time.thread_time_ns)
         results[name] = {"oracle": {**oracle, "reports_per_s_per_core": round(1e9 / oracle["median"])}}
-        for size in BATCH_SIZES:
+        for size in (BATCH, 1024):
             samples = []
             for _ in range(ROUNDS):
                 batch = BatchTranslator(Translator(_tables()))

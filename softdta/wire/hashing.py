@@ -141,4 +141,5 @@ def linear_crc_position_tables(length: int, polynomial: int = 0x04C11DB7) -> np.
     for position in range(length - 1, -1, -1):
         tables[position] = share
         share = table[share & 0xFF] ^ (share >> np.uint32(8))  # one more zero byte after it
+    tables.flags.writeable = False  # cached and shared
     return tables
