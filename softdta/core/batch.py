@@ -176,7 +176,8 @@ class BatchTranslator:
         lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
         pieces: list[_Piece] = []
-        for length in np.unique(lengths).tolist():
+        shortest, longest = int(lengths.min()), int(lengths.max())
+        for length in [shortest] if shortest == longest else np.unique(lengths).tolist():
             positions = np.flatnonzero(lengths == length)
             if len(positions) == len(frames):
                 rows = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(len(frames), length)

@@ -19,14 +19,16 @@ import socket
 import struct
 import time
 
+import numpy as np
+
 from softdta.errors import SoftdtaError
 from softdta.kernel.tx_ring import SLOT_SIZE, TX_DATA_OFFSET, RingReporter
 
 XDP_COPY, XDP_ZEROCOPY = 1 << 1, 1 << 2
 XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD = 1
 FRAME_SIZE = 2048
-_DESC = struct.Struct("<QI")  # struct xdp_desc: addr, len (options unused)
-_ADDR = struct.Struct("<Q")
+_DESC = np.dtype([("addr", "<u8"), ("len", "<u4"), ("options", "<u4")])  # struct xdp_desc
+_ADDR = np.dtype("<u8")  # a fill or completion ring entry: a UMEM address
 MSG_DONTWAIT = 0x40
 BUSY_RETRIES = 40
 
@@ -71,13 +73,15 @@ def _libxdp() -> ctypes.CDLL:
 
 
 class _Cursor:
-    """One side of an AF_XDP ring: the kernel's producer and consumer indices and the entries, in mapped memory."""
+    """One side of an AF_XDP ring: the kernel's producer and consumer indices, and the entries as a numpy array
+    over the mapped memory, so that a batch of descriptors is read or written in one operation."""
 
-    def __init__(self, ring: _Ring, entry_size: int):
+    def __init__(self, ring: _Ring, entry: np.dtype):
         self.producer = ctypes.c_uint32.from_address(ring.producer)
         self.consumer = ctypes.c_uint32.from_address(ring.consumer)
-        self.mask, self.size, self.entry_size = ring.mask, ring.size, entry_size
-        self.entries = (ctypes.c_char * (ring.size * entry_size)).from_address(ring.ring)
+        self.mask, self.size = ring.mask, ring.size
+        self.entries = np.frombuffer((ctypes.c_char * (ring.size * entry.itemsize)).from_address(ring.ring),
+                                     dtype=entry)
 
     def available(self) -> int:
         return (self.producer.value - self.consumer.value) & 0xFFFFFFFF
@@ -85,8 +89,9 @@ class _Cursor:
     def free(self) -> int:
         return self.size - self.available()
 
-    def offset(self, index: int) -> int:
-        return (index & self.mask) * self.entry_size
+    def slots(self, start: int, count: int) -> np.ndarray:
+        """The entry indices of `count` ring positions from `start` (positions wrap at 2^32, entries at size)."""
+        return (start + np.arange(count, dtype=np.int64)) & self.mask
 
 
 class XskSocket:
@@ -124,8 +129,8 @@ class XskSocket:
             self._release()
             raise XskError(-ret, f"AF_XDP socket on {interface} queue {queue}: {os.strerror(-ret)}")
         self.fd = self.lib.xsk_socket__fd(self.xsk)
-        self.fill_ring, self.comp_ring = _Cursor(self.fill, 8), _Cursor(self.comp, 8)
-        self.rx_ring, self.tx_ring = _Cursor(self.rx, 16), _Cursor(self.tx, 16)
+        self.fill_ring, self.comp_ring = _Cursor(self.fill, _ADDR), _Cursor(self.comp, _ADDR)
+        self.rx_ring, self.tx_ring = _Cursor(self.rx, _DESC), _Cursor(self.tx, _DESC)
         self.umem_view = memoryview(self.umem_area)
         half = frames // 2
         self.tx_free = [i * FRAME_SIZE for i in range(half, frames)]
@@ -148,12 +153,10 @@ class XskSocket:
             self.umem_view.release()
             self._release()
 
-    def _refill(self, addrs: list[int]) -> None:
+    def _refill(self, addrs: np.ndarray | list[int]) -> None:
         ring, index = self.fill_ring, self.fill_ring.producer.value
-        for addr in addrs:
-            _ADDR.pack_into(ring.entries, ring.offset(index), addr)
-            index += 1
-        ring.producer.value = index & 0xFFFFFFFF
+        ring.entries[ring.slots(index, len(addrs))] = addrs
+        ring.producer.value = (index + len(addrs)) & 0xFFFFFFFF
 
     def wait(self, timeout_ms: int) -> bool:
         """Block until frames are waiting or `timeout_ms` passes."""
@@ -165,12 +168,11 @@ class XskSocket:
         count = min(ring.available(), limit)
         if not count:
             return []
-        start, entries, view = ring.consumer.value, ring.entries, self.umem_view
-        frames, addrs = [], []
-        for index in range(start, start + count):
-            addr, length = _DESC.unpack_from(entries, ring.offset(index))
-            frames.append(bytes(view[addr:addr + length]))
-            addrs.append(addr)
+        start, view = ring.consumer.value, self.umem_view
+        descriptors = ring.entries[ring.slots(start, count)]
+        addrs = descriptors["addr"]
+        frames = [bytes(view[addr:addr + length])
+                  for addr, length in zip(addrs.tolist(), descriptors["len"].tolist())]
         ring.consumer.value = (start + count) & 0xFFFFFFFF
         self._refill(addrs)
         return frames
@@ -179,24 +181,31 @@ class XskSocket:
         ring = self.comp_ring
         count = ring.available()
         start = ring.consumer.value
-        self.tx_free += [_ADDR.unpack_from(ring.entries, ring.offset(i))[0] for i in range(start, start + count)]
+        self.tx_free += ring.entries[ring.slots(start, count)].tolist()
         ring.consumer.value = (start + count) & 0xFFFFFFFF
 
     def send(self, frames: list[bytes]) -> None:
-        """Queue every frame on the TX ring and kick the kernel once per ring-full."""
+        """Queue every frame on the TX ring, a ring's worth of descriptors at a time, and kick the kernel."""
         ring, view = self.tx_ring, self.umem_view
-        pending = 0
-        for frame in frames:
-            while not self.tx_free or ring.free() == 0:
+        sent = 0
+        while sent < len(frames):
+            room = min(len(self.tx_free), ring.free(), len(frames) - sent)
+            if not room:
                 self._kick()
                 self._reclaim()
-            addr = self.tx_free.pop()
-            view[addr:addr + len(frame)] = frame
+                continue
+            addrs = self.tx_free[-room:]
+            del self.tx_free[-room:]
+            batch = frames[sent:sent + room]
+            for addr, frame in zip(addrs, batch):
+                view[addr:addr + len(frame)] = frame
             index = ring.producer.value
-            _DESC.pack_into(ring.entries, ring.offset(index), addr, len(frame))
-            ring.producer.value = (index + 1) & 0xFFFFFFFF
-            pending += 1
-        if pending:
+            slots = ring.slots(index, room)
+            ring.entries["addr"][slots] = addrs
+            ring.entries["len"][slots] = list(map(len, batch))
+            ring.producer.value = (index + room) & 0xFFFFFFFF
+            sent += room
+        if sent:
             self._drain()
         self._reclaim()
 

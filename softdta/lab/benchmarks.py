@@ -299,7 +299,7 @@ def translator_python_engine(count: int) -> dict:
     (take the batch from the ring, translate, transmit), live on a veth pair between two namespaces."""
     import os
 
-    from softdta.engines.python import PythonEngine
+    from softdta.engines.python import BATCH, PythonEngine
     from softdta.kernel.bpf import BpfObject, attach_xdp
     from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
     from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
@@ -322,8 +322,9 @@ def translator_python_engine(count: int) -> dict:
                     engine = PythonEngine(_tables(), io=io, flush_idle_ns=10**12)
                     engine.attach(["t0"])
                 with engine, RingReporter("r0", far.name, 256) as ring:
-                    for first in range(0, len(frames), 128):
-                        ring.send(frames[first:first + 128])
+                    for first in range(0, len(frames), BATCH):  # a burst of what one step takes
+                        for chunk in range(first, min(first + BATCH, len(frames)), 128):
+                            ring.send(frames[chunk:chunk + 128])
                         time.sleep(0.003)  # the kernel moves the burst into the engine's ring (AF_PACKET: 1 ms)
                         while engine.step():
                             pass
