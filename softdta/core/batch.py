@@ -329,20 +329,15 @@ class BatchTranslator:
         structure = parts[0].structure
         qp = structure.qp
         oracle = self.oracle
-        # one request per frame: (piece, row in piece, copy)
-        piece_of, row_of, copy_of, position_of = [], [], [], []
-        for number, piece in enumerate(parts):
-            rows = np.repeat(np.arange(len(piece.positions)), piece.redundancy)
-            starts = np.repeat(np.cumsum(piece.redundancy) - piece.redundancy, piece.redundancy)
-            piece_of.append(np.full(len(rows), number))
-            row_of.append(rows)
-            copy_of.append(np.arange(len(rows)) - starts)
-            position_of.append(piece.positions[rows])
-        pieces, rows, copies, positions = (np.concatenate(a) for a in (piece_of, row_of, copy_of, position_of))
+        # one request per frame, in batch order and copy order: each piece's rows expanded into their copies
+        requests = [_requests(piece) for piece in parts]
+        positions, copies, slots, immediate, checksums, values = (
+            np.concatenate(column) if len(parts) > 1 else column[0] for column in zip(*requests))
         if len(parts) > 1:  # each piece is in batch order already; interleave them
             order = np.lexsort((copies, positions))
-            pieces, rows, copies, positions = pieces[order], rows[order], copies[order], positions[order]
-        sent = len(rows)
+            positions, slots, immediate, checksums, values = (
+                column[order] for column in (positions, slots, immediate, checksums, values))
+        sent = len(positions)
         runtime = oracle.qp_state[qp.index]
         psn = (runtime.next_psn + np.arange(sent, dtype=np.uint64)) & np.uint64(PSN_MASK)
         interval = oracle.tables.ack_request_interval
@@ -351,35 +346,18 @@ class BatchTranslator:
             else np.zeros(sent, dtype=bool)
         runtime.frames_sent += sent
         runtime.next_psn = (runtime.next_psn + sent) & PSN_MASK
-
-        slot_mask = np.uint32(structure.slot_count - 1)
-        slots = np.empty(sent, dtype=np.uint64)
-        immediate = np.zeros(sent, dtype=bool)
-        checksums = np.empty(sent, dtype=np.uint32)
-        for number, piece in enumerate(parts):
-            mine = pieces == number
-            slots[mine] = piece.slot_hashes[copies[mine], rows[mine]] & slot_mask
-            immediate[mine] = piece.immediate[rows[mine]]
-            checksums[mine] = piece.checksums[rows[mine]]
-        va = np.uint64(qp.base_va) + slots * np.uint64(structure.slot_size)
+        slots &= np.uint32(structure.slot_count - 1)
+        va = np.uint64(qp.base_va) + slots.astype(np.uint64) * np.uint64(structure.slot_size)
 
         built: list[tuple[npt.NDArray[np.bool_], Rows]] = []
         if structure.primitive is DtaOpcode.KEY_INCREMENT:
-            counters = np.empty(sent, dtype=np.uint64)
-            for number, piece in enumerate(parts):
-                mine = pieces == number
-                counters[mine] = cast(npt.NDArray[np.uint64], piece.counter)[rows[mine]]
             template = self._template(qp, RoceOpcode.RC_FETCH_ADD, 0, {"atomic_eth": {"rkey": qp.rkey}})
             frames = _stamp(template, psn, ack_req)
             scatter(frames, template.extension_at, ATOMIC_ETH, "va", va)
-            scatter(frames, template.extension_at, ATOMIC_ETH, "swap_add", counters)
+            scatter(frames, template.extension_at, ATOMIC_ETH, "swap_add", values)
             built.append((np.ones(sent, dtype=bool), _seal(template, frames)))
         else:
             payload_len = KEY_CHECKSUM_LEN + structure.data_len
-            data = np.empty((sent, structure.data_len), dtype=np.uint8)
-            for number, piece in enumerate(parts):
-                mine = pieces == number
-                data[mine] = cast(Rows, piece.data)[rows[mine]]
             for with_immediate in (False, True):
                 mine = immediate == with_immediate
                 if not mine.any():
@@ -394,7 +372,7 @@ class BatchTranslator:
                 payload = template.payload_at
                 frames[:, payload:payload + KEY_CHECKSUM_LEN] = \
                     checksums[mine].astype("<u4").view(np.uint8).reshape(-1, KEY_CHECKSUM_LEN)
-                frames[:, payload + KEY_CHECKSUM_LEN:payload + payload_len] = data[mine]
+                frames[:, payload + KEY_CHECKSUM_LEN:payload + payload_len] = values[mine]
                 built.append((mine, _seal(template, frames)))
         out.frames += _in_order(built, sent)
         counters_tally = oracle.counters
@@ -499,6 +477,21 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
     else:
         piece.counter = gather(rows, sub_at, sub, "counter")
     return piece
+
+
+def _requests(piece: _Piece) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint32],
+                                      npt.NDArray[np.bool_], npt.NDArray[np.uint32], np.ndarray]:
+    """One entry per frame of the piece's rows, copy by copy: batch position, copy, slot hash, immediate flag,
+    key checksum, and the data (Key-Write) or counter (Key-Increment)."""
+    if piece.redundancy.max() == 1:
+        rows = np.arange(len(piece.positions))
+        copies = np.zeros(len(rows), dtype=np.int64)
+    else:
+        rows = np.repeat(np.arange(len(piece.positions)), piece.redundancy)
+        copies = np.arange(len(rows)) - np.repeat(np.cumsum(piece.redundancy) - piece.redundancy, piece.redundancy)
+    values = piece.data if piece.data is not None else cast(npt.NDArray[np.uint64], piece.counter)
+    return (piece.positions[rows], copies, piece.slot_hashes[copies, rows], piece.immediate[rows],
+            piece.checksums[rows], values[rows])
 
 
 def _slice(piece: _Piece, low: int, high: int) -> _Piece:
