@@ -75,6 +75,7 @@ from softdta.wire.roce import build_roce_frame, transport_payload
 IP_AT = ETHERNET.size
 UDP_AT = IP_AT + IPV4.size
 PAYLOAD_AT = UDP_AT + UDP.size  # the DTA report, or the BTH of a RoCEv2 frame
+IPV4_SIZE, UDP_SIZE = IPV4.size, UDP.size  # Header.size sums its fields on every access
 IPV4_MIN_IHL = IPV4.size // 4
 VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
@@ -428,9 +429,9 @@ def _plain_udp4(rows: Rows) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64
     ok &= matches(rows, IP_AT, IPV4, version=IPV4_VERSION_NUMBER, ihl=IPV4_MIN_IHL, protocol=IPPROTO_UDP,
                   fragment_offset=0)
     ok &= (gather(rows, IP_AT, IPV4, "flags") & np.uint64(IPV4_FLAG_MORE_FRAGMENTS)) == 0
-    ok &= (total >= IPV4.size + UDP.size) & (total <= rows.shape[1] - IP_AT)
-    ok &= (udp_len >= UDP.size) & (udp_len <= total - IPV4.size)
-    return ok, udp_len - UDP.size
+    ok &= (total >= IPV4_SIZE + UDP_SIZE) & (total <= rows.shape[1] - IP_AT)
+    ok &= (udp_len >= UDP_SIZE) & (udp_len <= total - IPV4_SIZE)
+    return ok, udp_len - UDP_SIZE
 
 
 def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Structure, kind: DtaOpcode,
