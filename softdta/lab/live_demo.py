@@ -37,8 +37,10 @@ KEYWRITE_SLOTS = 65536
 POSTCARD_SLOTS = 32768
 APPEND_LISTS = 256
 SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
-CHUNK = 128
-CATCH_UP = 2  # chunks a sender that fell behind may send at once: what the translator's rings hold
+VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator's link holds at once
+# Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
+# ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
+ROUND = VETH_RING // 2
 DEFAULT_RATE = 100_000.0  # reports/s over all reporters
 # rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
 DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
@@ -140,11 +142,11 @@ def _poll_append(appended: dict[int, list[int]], token: str) -> int:
     return dropped
 
 
-def _chunk_end(frames: list[tuple[Report, bytes]], start: int) -> int:
-    """CHUNK reports on, or a few more so that no flow's postcards straddle two chunks: a path's hops leave
+def _chunk_end(frames: list[tuple[Report, bytes]], start: int, chunk: int) -> int:
+    """`chunk` reports on, or a few more so that no flow's postcards straddle two chunks: a path's hops leave
     their switches microseconds apart, while the paced sender's chunks are milliseconds apart, more than the
     translator's idle flush waits for the rest of a path."""
-    end = min(start + CHUNK, len(frames))
+    end = min(start + chunk, len(frames))
     while 0 < end < len(frames) and frames[end][0].opcode is DtaOpcode.POSTCARDING \
             and frames[end - 1][0].opcode is DtaOpcode.POSTCARDING and frames[end][0].key == frames[end - 1][0].key:
         end += 1
@@ -154,7 +156,8 @@ def _chunk_end(frames: list[tuple[Report, bytes]], start: int) -> int:
 def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
            rate: float = DEFAULT_RATE) -> dict:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
-    (bursts beyond what the translator's veth ring holds are dropped by the link), within `seconds`."""
+    and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
+    within `seconds`."""
     sent: Tally[DtaOpcode] = Tally()
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
@@ -165,7 +168,8 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     offsets = [0] * len(frames_by_reporter)
     appended: dict[int, list[int]] = {}
     append_dropped = 0
-    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], 2 * CHUNK)
+    chunk = max(1, ROUND // len(frames_by_reporter))
+    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], VETH_RING)
                for i in range(1, len(frames_by_reporter) + 1)]
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
@@ -176,22 +180,22 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
             if time.perf_counter() - started > seconds:
                 break
             for index, frames in enumerate(frames_by_reporter):
-                chunk = frames[offsets[index]:_chunk_end(frames, offsets[index])]
-                if not chunk:
+                part = frames[offsets[index]:_chunk_end(frames, offsets[index], chunk)]
+                if not part:
                     continue
-                senders[index].send([frame for _, frame in chunk])
-                offsets[index] += len(chunk)
-                sent.update(report.opcode for report, _ in chunk)
+                senders[index].send([frame for _, frame in part])
+                offsets[index] += len(part)
+                sent.update(report.opcode for report, _ in part)
                 if progress:
-                    progress(len(chunk))
+                    progress(len(part))
                 if time.perf_counter() - last_poll > APPEND_POLL_S:
                     append_dropped += _poll_append(appended, state.token)
                     last_poll = time.perf_counter()
                 ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
                 if ahead > 0:
                     time.sleep(ahead)
-                elif ahead < -CATCH_UP * CHUNK / rate:  # behind (a stall): go on at the rate, not in a burst
-                    paced_from -= ahead + CATCH_UP * CHUNK / rate
+                elif ahead < -chunk / rate:  # behind (a stall): at most one chunk back to back, then the rate
+                    paced_from -= ahead + chunk / rate
     finally:
         for sender in senders:
             sender.close()
