@@ -7,6 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 from softdta.spec import Header
+from softdta.wire.codec import codec
 
 Rows = npt.NDArray[np.uint8]
 Column = npt.NDArray[np.uint64]
@@ -85,17 +86,11 @@ def _span(header: Header, name: str) -> tuple[int, int]:
 
 
 def _pattern(header: Header, fields: tuple[tuple[str, int], ...]) -> tuple[int, int, Rows, Rows]:
-    """The bytes [lo, hi) of the header that `fields` cover, with the mask of their bits and their values."""
-    mask, want = 0, 0
-    total = header.size * 8
-    for name, value in fields:
-        start, bits = header.span(name)
-        if not 0 <= value < 1 << bits:
-            raise ValueError(f"{header.name}.{name}={value} does not fit in {bits} bits")
-        shift = total - start - bits
-        mask |= ((1 << bits) - 1) << shift
-        want |= value << shift
-    mask_bytes = np.frombuffer(mask.to_bytes(header.size, "big"), dtype=np.uint8)
-    covered = np.flatnonzero(mask_bytes)
+    """The bytes [lo, hi) of the header that `fields` cover, with the mask of their bits and their values: the
+    codec packs both (it also refuses a value that does not fit)."""
+    packer = codec(Header(header.name, header.fields, header.doc))  # the fixed part: no Var tail to pack
+    want = np.frombuffer(packer.pack(dict(fields)), dtype=np.uint8)
+    mask = np.frombuffer(packer.pack({name: (1 << header.span(name)[1]) - 1 for name, _ in fields}), dtype=np.uint8)
+    covered = np.flatnonzero(mask)
     lo, hi = int(covered[0]), int(covered[-1]) + 1
-    return lo, hi, mask_bytes[lo:hi], np.frombuffer(want.to_bytes(header.size, "big"), dtype=np.uint8)[lo:hi]
+    return lo, hi, mask[lo:hi], want[lo:hi]
