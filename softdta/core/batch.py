@@ -1,14 +1,16 @@
 """The batch translator: the reference translator's semantics, a batch of frames at a time, vectorized (sans-IO).
 
-Key-Write (N = 1..4, immediate, dta-v1 and extended) and Key-Increment reports, the bulk of telemetry, are
-parsed with column gathers at the spec's offsets, hashed with table-driven CRCs over the whole batch, given
+Key-Write (N = 1..4, immediate, dta-v1 and extended), Key-Increment and Append reports, the bulk of telemetry,
+are parsed with column gathers at the spec's offsets, hashed with table-driven CRCs over the whole batch, given
 PSNs per QP by cumulative counts, and built from per-QP templates by scattering the variable fields. Their
-iCRC is the template's constant XOR a linear CRC over the variable tail (`wire.icrc_split`). Every other
-frame goes through the oracle itself (`core.translator.Translator`), whose state the batch translator shares.
+iCRC is the template's constant XOR a linear CRC over the variable tail (`wire.icrc_split`). An Append report
+finds its place in its list's batches by its rank among the segment's reports to that list. Every other frame
+goes through the oracle itself (`core.translator.Translator`), whose state the batch translator shares.
 
 Exactness: per QP, frames come out in the oracle's order with its PSNs, and state and counters end equal.
-Vectorized rows touch only their QPs' PSNs and frame counts, and counters (which commute). So the frames the
-oracle handles fall in three roles:
+Vectorized rows touch only their QPs' PSNs and frame counts, their Append lists, counters (which commute) and
+the flush queue, whose entries they add in batch order among the oracle's. A QP is vectorized only when it
+belongs to one structure or Append range. So the frames the oracle handles fall in three roles:
   * independent: they cannot touch those QPs (another built-in primitive's report, whose structure has its
     own QP; a frame that is not IPv4 and so passes): the oracle takes them in order beside the vector rows;
   * ACKs to a vectorized QP: taken after the vector rows, each judged against the PSN its QP had at the
@@ -20,6 +22,7 @@ oracle handles fall in three roles:
 from __future__ import annotations
 
 import operator
+from collections import Counter as Tally
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -27,11 +30,13 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.tables import QueuePair, Structure, Tables
-from softdta.core.translator import Translator
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
+from softdta.core.translator import AppendRuntime, Translator
 from softdta.spec import (
     AETH,
     AETH_KIND_SHIFT,
+    APPEND_EXT,
+    APPEND_V1,
     ATOMIC_ETH,
     BTH,
     DTA_BASE_EXT,
@@ -77,7 +82,7 @@ UDP_AT = IP_AT + IPV4.size
 PAYLOAD_AT = UDP_AT + UDP.size  # the DTA report, or the BTH of a RoCEv2 frame
 IPV4_SIZE, UDP_SIZE = IPV4.size, UDP.size  # Header.size sums its fields on every access
 IPV4_MIN_IHL = IPV4.size // 4
-VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)
+VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.APPEND)
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
 
 VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
@@ -110,6 +115,36 @@ class _Piece:
     data: Rows | None = None  # Key-Write
     counter: npt.NDArray[np.uint64] | None = None  # Key-Increment
 
+    @property
+    def qp(self) -> QueuePair:
+        return self.structure.qp
+
+    def cut(self, low: int, high: int) -> _Piece:
+        return _Piece(self.structure, self.kind, self.positions[low:high], self.redundancy[low:high],
+                      self.immediate[low:high], self.checksums[low:high], self.slot_hashes[:, low:high],
+                      None if self.data is None else self.data[low:high],
+                      None if self.counter is None else self.counter[low:high])
+
+
+@dataclass
+class _AppendPiece:
+    """Vector Append rows of one layout bound for one range of lists: positions (ascending), list ids, and
+    each report's entry as stored (`primitives._append_entry`)."""
+
+    lists: AppendLists
+    positions: npt.NDArray[np.int64]
+    list_ids: npt.NDArray[np.int64]
+    immediate: npt.NDArray[np.bool_]
+    entries: Rows
+
+    @property
+    def qp(self) -> QueuePair:
+        return self.lists.qp
+
+    def cut(self, low: int, high: int) -> _AppendPiece:
+        return _AppendPiece(self.lists, self.positions[low:high], self.list_ids[low:high],
+                            self.immediate[low:high], self.entries[low:high])
+
 
 @dataclass
 class _Template:
@@ -136,7 +171,6 @@ class BatchTranslator:
         self._tables: Tables | None = None
         self._templates: dict[tuple[int, RoceOpcode, int], _Template] = {}
         self._vector_qps: set[int] = set()
-        self._exclusive = True
         self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
         self._plugin_opcodes: frozenset[int] = frozenset(
             opcode for opcode in oracle.primitives if opcode not in set(DtaOpcode))
@@ -168,15 +202,16 @@ class BatchTranslator:
         if tables is self._tables:
             return
         self._tables, self._templates = tables, {}
-        vector = {s.qp.index for s in tables.structures if s.primitive in VECTOR_KINDS}
-        others = {s.qp.index for s in tables.structures if s.primitive not in VECTOR_KINDS}
-        others |= {lists.qp.index for lists in tables.append_lists}
-        self._vector_qps, self._exclusive = vector, not vector & others
+        targets: list[Structure | AppendLists] = [*tables.structures, *tables.append_lists]
+        owners = Tally(target.qp.index for target in targets)
+        # a QP that two targets share keeps their reports in one PSN order: those stay with the oracle
+        self._vector_qps = {target.qp.index for target in targets if owners[target.qp.index] == 1 and
+                            (isinstance(target, AppendLists) or target.primitive in VECTOR_KINDS)}
 
-    def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[_Piece]]:
+    def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[_Piece | _AppendPiece]]:
         lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
-        pieces: list[_Piece] = []
+        pieces: list[_Piece | _AppendPiece] = []
         shortest, longest = int(lengths.min()), int(lengths.max())
         for length in [shortest] if shortest == longest else np.unique(lengths).tolist():
             positions = np.flatnonzero(lengths == length)
@@ -190,7 +225,7 @@ class BatchTranslator:
         return roles, pieces
 
     def _classify_rows(self, rows: Rows, positions: npt.NDArray[np.int64], roles: npt.NDArray[np.int8],
-                       pieces: list[_Piece]) -> None:
+                       pieces: list[_Piece | _AppendPiece]) -> None:
         """Roles of frames of one length, and the vector pieces among them."""
         length = rows.shape[1]
         if length < PAYLOAD_AT + 1:
@@ -211,7 +246,7 @@ class BatchTranslator:
             self._classify_replies(rows[replies], positions[replies], payload_len[replies], roles)
 
     def _classify_reports(self, rows: Rows, positions: npt.NDArray[np.int64], payload_len: npt.NDArray[np.int64],
-                          roles: npt.NDArray[np.int8], pieces: list[_Piece]) -> None:
+                          roles: npt.NDArray[np.int8], pieces: list[_Piece | _AppendPiece]) -> None:
         extended = (rows[:, PAYLOAD_AT] & EXTENDED_MARKER) != 0
         base = self.oracle.tables.profile.base_header
         opcode = np.where(extended, gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "opcode"),
@@ -219,32 +254,38 @@ class BatchTranslator:
         vector_kind = np.logical_or.reduce([opcode == kind for kind in VECTOR_KINDS])
         plugin = extended & np.isin(opcode, list(self._plugin_opcodes)) if self._plugin_opcodes \
             else np.zeros(len(opcode), dtype=bool)
-        if self._exclusive:
-            roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
-        dst = gather(rows, IP_AT, IPV4, "dst")
+        roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
         candidates = np.flatnonzero(vector_kind)
         if not len(candidates):
             return
+        # an Append report's list, not its destination, names its target
+        dst = np.where(opcode[candidates] == DtaOpcode.APPEND, 0, gather(rows, IP_AT, IPV4, "dst")[candidates])
         # one layout per (format, opcode, destination, payload length): vectorize each
         layout = (extended[candidates].astype(np.uint64) << np.uint64(63)) | \
             (opcode[candidates].astype(np.uint64) << np.uint64(48)) | \
-            (payload_len[candidates].astype(np.uint64) << np.uint64(32)) | dst[candidates]
+            (payload_len[candidates].astype(np.uint64) << np.uint64(32)) | dst.astype(np.uint64)
         if (layout == layout[0]).all():  # the common case: one layout, no sort
             unique, inverse = layout[:1], np.zeros(len(layout), dtype=np.int64)
         else:
             unique, inverse = np.unique(layout, return_inverse=True)
+        tables = self.oracle.tables
         for index, packed in enumerate(unique.tolist()):
             members = candidates if len(unique) == 1 else candidates[inverse == index]
-            is_extended, kind = packed >> 63, (packed >> 48) & 0xFF
+            is_extended, kind = bool(packed >> 63), DtaOpcode((packed >> 48) & 0xFF)
             size, address = (packed >> 32) & 0xFFFF, packed & 0xFFFFFFFF
-            structure = self.oracle.tables.structure(int(address).to_bytes(4, "big"), DtaOpcode(kind))
-            if structure is None:
-                continue  # a counted drop: the oracle's, at its place (a barrier)
-            piece = _decode_piece(rows[members], positions[members], structure, DtaOpcode(kind), bool(is_extended),
-                                  int(size), base)
-            if piece is not None and len(piece.positions):
+            found: list[_Piece] | list[_AppendPiece]
+            if kind is DtaOpcode.APPEND:
+                found = _decode_appends(rows[members], positions[members], is_extended, size, base,
+                                        [lists for lists in tables.append_lists if lists.qp.index in self._vector_qps])
+            else:
+                structure = tables.structure(int(address).to_bytes(4, "big"), kind)
+                if structure is None or structure.qp.index not in self._vector_qps:
+                    continue  # a counted drop, or a shared QP: the oracle's, at its place (a barrier)
+                decoded = _decode_piece(rows[members], positions[members], structure, kind, is_extended, size, base)
+                found = [decoded] if decoded is not None and len(decoded.positions) else []
+            for piece in found:
                 roles[piece.positions] = VECTOR
-                pieces.append(piece)
+            pieces += found
 
     def _classify_replies(self, rows: Rows, positions: npt.NDArray[np.int64], payload_len: npt.NDArray[np.int64],
                           roles: npt.NDArray[np.int8]) -> None:
@@ -266,35 +307,48 @@ class BatchTranslator:
         roles[positions[acks]] = ACK
         for position, row in zip(positions[acks].tolist(), acks.tolist()):
             self._ack_qp[position] = cast(QueuePair, qps[row]).index
-        if self._exclusive:
-            roles[positions[~vector_qp]] = INDEPENDENT
+        roles[positions[~vector_qp]] = INDEPENDENT
 
     # ----------------------------------------------------------------------------------------------
     # a segment: the rows between two barriers
 
-    def _segment(self, frames: Sequence[bytes], roles: npt.NDArray[np.int8], pieces: list[_Piece], start: int,
-                 end: int, now_ns: int, out: BatchOutput) -> None:
+    def _segment(self, frames: Sequence[bytes], roles: npt.NDArray[np.int8], pieces: list[_Piece | _AppendPiece],
+                 start: int, end: int, now_ns: int, out: BatchOutput) -> None:
         oracle = self.oracle
         ready: dict[int, bool] = {}
-        by_structure: dict[int, list[_Piece]] = {}
+        by_qp: dict[int, list[_Piece | _AppendPiece]] = {}  # a vector QP has one target: its pieces are alike
         for piece in pieces:
             low, high = np.searchsorted(piece.positions, [start, end])
             if low == high:
                 continue
-            qp = piece.structure.qp
+            qp = piece.qp
             if qp.index not in ready:  # asked when the oracle would ask: at the QP's first report here
                 ready[qp.index] = oracle.qp_ready(qp, now_ns)
             if not ready[qp.index]:  # dropped or deferred: by the oracle, in order
                 roles[piece.positions[low:high]] = INDEPENDENT
                 continue
-            by_structure.setdefault(piece.structure.qp.index, []).append(_slice(piece, low, high))
+            by_qp.setdefault(qp.index, []).append(piece.cut(low, high))
         emitted: dict[int, npt.NDArray[np.int64]] = {}  # QP index -> the batch position of each frame it sent
         first_psn: dict[int, int] = {}
-        for qp_index, parts in by_structure.items():
+        opened: list[tuple[int, int]] = []  # (batch position, list id) of each Append batch begun here
+        for qp_index, parts in by_qp.items():
             first_psn[qp_index] = oracle.qp_state[qp_index].next_psn
-            emitted[qp_index] = self._emit(parts, out)
-        for position in np.flatnonzero(roles[start:end] == INDEPENDENT).tolist():
-            self._through_oracle(frames, start + position, now_ns, out)
+            if isinstance(parts[0], _AppendPiece):
+                emitted[qp_index] = self._emit_appends(cast(list[_AppendPiece], parts), out, opened)
+            else:
+                emitted[qp_index] = self._emit(cast(list[_Piece], parts), out)
+        # the flush queue gets the Append batches' entries and the oracle's (Postcarding) in batch order
+        opened.sort()
+        waiting = iter(opened)
+        upcoming = next(waiting, None)
+        for position in (np.flatnonzero(roles[start:end] == INDEPENDENT) + start).tolist():
+            while upcoming is not None and upcoming[0] < position:
+                self._open_append_batch(upcoming[1], now_ns)
+                upcoming = next(waiting, None)
+            self._through_oracle(frames, position, now_ns, out)
+        while upcoming is not None:
+            self._open_append_batch(upcoming[1], now_ns)
+            upcoming = next(waiting, None)
         for position in np.flatnonzero(roles[start:end] == ACK).tolist():
             self._ack(frames, start + position, emitted, first_psn, now_ns, out)
 
@@ -329,7 +383,6 @@ class BatchTranslator:
         batch position of each frame sent."""
         structure = parts[0].structure
         qp = structure.qp
-        oracle = self.oracle
         # one request per frame, in batch order and copy order: each piece's rows expanded into their copies
         requests = [_requests(piece) for piece in parts]
         positions, copies, slots, immediate, checksums, values = (
@@ -339,49 +392,123 @@ class BatchTranslator:
             positions, slots, immediate, checksums, values = (
                 column[order] for column in (positions, slots, immediate, checksums, values))
         sent = len(positions)
-        runtime = oracle.qp_state[qp.index]
-        psn = (runtime.next_psn + np.arange(sent, dtype=np.uint64)) & np.uint64(PSN_MASK)
-        interval = oracle.tables.ack_request_interval
-        numbers = runtime.frames_sent + 1 + np.arange(sent, dtype=np.uint64)
-        ack_req = (numbers % np.uint64(interval) == 0) if qp.transport is Transport.RC and interval > 0 \
-            else np.zeros(sent, dtype=bool)
-        runtime.frames_sent += sent
-        runtime.next_psn = (runtime.next_psn + sent) & PSN_MASK
+        psn, ack_req = self._sequence(qp, sent)
         slots &= np.uint32(structure.slot_count - 1)
         va = np.uint64(qp.base_va) + slots.astype(np.uint64) * np.uint64(structure.slot_size)
-
-        built: list[tuple[npt.NDArray[np.bool_], Rows]] = []
         if structure.primitive is DtaOpcode.KEY_INCREMENT:
             template = self._template(qp, RoceOpcode.RC_FETCH_ADD, 0, {"atomic_eth": {"rkey": qp.rkey}})
             frames = _stamp(template, psn, ack_req)
             scatter(frames, template.extension_at, ATOMIC_ETH, "va", va)
             scatter(frames, template.extension_at, ATOMIC_ETH, "swap_add", values)
-            built.append((np.ones(sent, dtype=bool), _seal(template, frames)))
+            out.frames += _in_order([(np.ones(sent, dtype=bool), _seal(template, frames))], sent)
         else:
-            payload_len = KEY_CHECKSUM_LEN + structure.data_len
-            for with_immediate in (False, True):
-                mine = immediate == with_immediate
-                if not mine.any():
-                    continue
-                opcode = _write_opcode(qp.transport, with_immediate)
-                template = self._template(qp, opcode, payload_len, {"reth": {"rkey": qp.rkey,
-                                                                             "dma_length": payload_len}})
-                frames = _stamp(template, psn[mine], ack_req[mine])
-                scatter(frames, template.extension_at, RETH, "va", va[mine])
-                if with_immediate:
-                    scatter(frames, template.extension_at + RETH.size, IMMDT, "immediate", checksums[mine])
-                payload = template.payload_at
-                frames[:, payload:payload + KEY_CHECKSUM_LEN] = \
-                    checksums[mine].astype("<u4").view(np.uint8).reshape(-1, KEY_CHECKSUM_LEN)
-                frames[:, payload + KEY_CHECKSUM_LEN:payload + payload_len] = values[mine]
-                built.append((mine, _seal(template, frames)))
-        out.frames += _in_order(built, sent)
-        counters_tally = oracle.counters
-        counters_tally[Counter.TX_FRAMES] += sent
-        reports = sum(len(piece.positions) for piece in parts)
-        counters_tally[Counter.RX_REPORTS] += reports
-        counters_tally[Counter(Counter.RX_KEY_WRITE + structure.primitive - 1)] += reports
+            payloads = np.empty((sent, KEY_CHECKSUM_LEN + structure.data_len), dtype=np.uint8)
+            payloads[:, :KEY_CHECKSUM_LEN] = checksums.astype("<u4").view(np.uint8).reshape(-1, KEY_CHECKSUM_LEN)
+            payloads[:, KEY_CHECKSUM_LEN:] = values
+            out.frames += self._writes(qp, psn, ack_req, va, immediate, checksums, payloads)
+        self._count(structure.primitive, sum(len(piece.positions) for piece in parts), sent)
         return positions
+
+    def _emit_appends(self, parts: list[_AppendPiece], out: BatchOutput,
+                      opened: list[tuple[int, int]]) -> npt.NDArray[np.int64]:
+        """The frames of one range's vector Append rows in a segment: a report that fills its list's batch
+        writes the batch. Adds to `opened` the reports that begin a batch; returns the batch position of each
+        frame sent (ascending)."""
+        lists = parts[0].lists
+        positions, list_ids, immediate, entries = (
+            np.concatenate(column) if len(parts) > 1 else column[0]
+            for column in zip(*((p.positions, p.list_ids, p.immediate, p.entries) for p in parts)))
+        # list by list, each in batch order
+        by_list = np.lexsort((positions, list_ids)) if len(parts) > 1 else np.argsort(list_ids, kind="stable")
+        positions, list_ids, immediate, entries = (
+            column[by_list] for column in (positions, list_ids, immediate, entries))
+        ids, counts = np.unique(list_ids, return_counts=True)
+        state = self.oracle.append_state
+        runtimes = [state.setdefault(list_id, AppendRuntime()) for list_id in ids.tolist()]
+        waited = np.fromiter((len(runtime.pending) for runtime in runtimes), dtype=np.int64, count=len(runtimes))
+        group = np.repeat(np.arange(len(ids)), counts)
+        place = waited[group] + _ranks(counts)  # each report's entry's place in its list's run of entries
+        batch, width = lists.batch, lists.data_len
+        fills = (place + 1) % batch == 0
+
+        # each list's run: the entries that waited, then this segment's; whole batches of it are written
+        run_length = waited + counts
+        run_at = np.cumsum(run_length) - run_length
+        run = np.empty((int(run_length.sum()), width), dtype=np.uint8)
+        run[run_at[group] + place] = entries
+        if waited.any():
+            old = np.frombuffer(b"".join(b"".join(runtime.pending) for runtime in runtimes), dtype=np.uint8)
+            run[np.repeat(run_at, waited) + _ranks(waited)] = old.reshape(-1, width)
+        written = run_length // batch * batch
+        leaves = _ranks(run_length) < np.repeat(written, run_length)
+
+        order = np.argsort(positions[fills], kind="stable")  # the filling reports, from list order to batch order
+        sent_at: npt.NDArray[np.int64] = positions[fills][order]
+        filled_group = group[fills][order]
+        lap = place[fills][order] // batch  # which batch of its list's run
+        heads = np.fromiter((runtime.head for runtime in runtimes), dtype=np.int64, count=len(runtimes))
+        head = (heads[filled_group] + lap * batch) % lists.entries
+        offsets = ((ids[filled_group] - lists.first_list) * lists.entries + head) * width
+        qp = lists.qp
+        psn, ack_req = self._sequence(qp, len(sent_at))
+        payloads = run[leaves].reshape(-1, batch * width)[order]
+        out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + offsets.astype(np.uint64),
+                                   immediate[fills][order], ids[filled_group].astype(np.uint32), payloads)
+
+        rest = run[~leaves].tobytes()
+        cursor = 0
+        for runtime, left, laps in zip(runtimes, (run_length - written).tolist(), (written // batch).tolist()):
+            runtime.pending = [rest[at:at + width] for at in range(cursor, cursor + left * width, width)]
+            runtime.head = (runtime.head + laps * batch) % lists.entries
+            cursor += left * width
+        opened += zip(positions[place % batch == 0].tolist(), list_ids[place % batch == 0].tolist())
+        self.oracle.counters[Counter.APPEND_BATCHED] += len(positions) - len(sent_at)
+        self._count(DtaOpcode.APPEND, len(positions), len(sent_at))
+        return sent_at
+
+    def _open_append_batch(self, list_id: int, now_ns: int) -> None:
+        """What the oracle does when a list's first pending entry arrives: the flush queue names the batch."""
+        runtime = self.oracle.append_state[list_id]
+        runtime.first_pending_ns = now_ns
+        runtime.token = self.oracle.flush_later(now_ns, list_id, None)
+
+    def _sequence(self, qp: QueuePair, sent: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
+        """PSNs and AckReq bits of the QP's next `sent` frames, which it now counts as sent."""
+        runtime = self.oracle.qp_state[qp.index]
+        psn = (runtime.next_psn + np.arange(sent, dtype=np.uint64)) & np.uint64(PSN_MASK)
+        interval = self.oracle.tables.ack_request_interval
+        numbers = runtime.frames_sent + 1 + np.arange(sent, dtype=np.uint64)
+        ack_req = (numbers % np.uint64(interval) == 0) if qp.transport is Transport.RC and interval > 0 \
+            else np.zeros(sent, dtype=bool)
+        runtime.frames_sent += sent
+        runtime.next_psn = (runtime.next_psn + sent) & PSN_MASK
+        return psn, ack_req
+
+    def _writes(self, qp: QueuePair, psn: npt.NDArray[np.uint64], ack_req: npt.NDArray[np.bool_],
+                va: npt.NDArray[np.uint64], immediate: npt.NDArray[np.bool_], tags: npt.NDArray[np.uint32],
+                payloads: Rows) -> list[bytes]:
+        """RDMA WRITE (with immediate `tags` where `immediate`) frames of `payloads` to `va`, in PSN order."""
+        payload_len = payloads.shape[1]
+        built: list[tuple[npt.NDArray[np.bool_], Rows]] = []
+        for with_immediate in (False, True):
+            mine = immediate == with_immediate
+            if not mine.any():
+                continue
+            template = self._template(qp, _write_opcode(qp.transport, with_immediate), payload_len,
+                                      {"reth": {"rkey": qp.rkey, "dma_length": payload_len}})
+            frames = _stamp(template, psn[mine], ack_req[mine])
+            scatter(frames, template.extension_at, RETH, "va", va[mine])
+            if with_immediate:
+                scatter(frames, template.extension_at + RETH.size, IMMDT, "immediate", tags[mine])
+            frames[:, template.payload_at:template.payload_at + payload_len] = payloads[mine]
+            built.append((mine, _seal(template, frames)))
+        return _in_order(built, len(psn))
+
+    def _count(self, kind: DtaOpcode, reports: int, sent: int) -> None:
+        counters = self.oracle.counters
+        counters[Counter.TX_FRAMES] += sent
+        counters[Counter.RX_REPORTS] += reports
+        counters[Counter(Counter.RX_KEY_WRITE + kind - 1)] += reports
 
     def _template(self, qp: QueuePair, opcode: RoceOpcode, payload_len: int,
                   headers: dict[str, dict[str, int]]) -> _Template:
@@ -480,6 +607,46 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
     return piece
 
 
+def _decode_appends(rows: Rows, positions: npt.NDArray[np.int64], extended: bool, size: int, base: Header,
+                    ranges: list[AppendLists]) -> list[_AppendPiece]:
+    """The Append rows of one layout that the vector path takes, a piece per range of lists among `ranges`."""
+    if extended:
+        sub_at = PAYLOAD_AT + DTA_BASE_EXT.size
+        width = size - DTA_BASE_EXT.size - APPEND_EXT.size
+        take = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "marker") == EXTENDED_FIRST_BYTE
+        take &= gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "retransmit") == 0
+        take &= gather(rows, sub_at, APPEND_EXT, "data_len") == width
+        immediate = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0
+        list_ids = gather(rows, sub_at, APPEND_EXT, "list_id").astype(np.int64)
+        data_at = sub_at + APPEND_EXT.size
+    else:
+        sub_at = PAYLOAD_AT + base.size
+        width = 4  # dta-v1 data is 32 bits
+        if size != base.size + APPEND_V1.size:
+            return []
+        take = np.ones(len(rows), dtype=bool)
+        if "retransmit" in {f.name for f in base.fields}:
+            take &= gather(rows, PAYLOAD_AT, base, "retransmit") == 0
+        immediate = gather(rows, PAYLOAD_AT, base, "immediate") != 0
+        list_ids = gather(rows, sub_at, APPEND_V1, "list_id").astype(np.int64)
+        data_at = sub_at + byte_offset(APPEND_V1, "data")
+    pieces = []
+    for lists in ranges:
+        mine = take & (list_ids >= lists.first_list) & (list_ids < lists.first_list + lists.lists)
+        if lists.data_len != width or not mine.any():
+            continue  # another length than the list's is the oracle's drop
+        data = rows[mine, data_at:data_at + width]
+        # as stored: integers of 4 or 8 bytes little-endian (primitives._append_entry)
+        entries = np.ascontiguousarray(data[:, ::-1] if width in (4, 8) else data)
+        pieces.append(_AppendPiece(lists, positions[mine], list_ids[mine], immediate[mine], entries))
+    return pieces
+
+
+def _ranks(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """0, 1, .. counts[0] - 1, 0, 1, .. counts[1] - 1, ...: each element's rank in its run."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def _requests(piece: _Piece) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint32],
                                       npt.NDArray[np.bool_], npt.NDArray[np.uint32], np.ndarray]:
     """One entry per frame of the piece's rows, copy by copy: batch position, copy, slot hash, immediate flag,
@@ -489,17 +656,10 @@ def _requests(piece: _Piece) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int6
         copies = np.zeros(len(rows), dtype=np.int64)
     else:
         rows = np.repeat(np.arange(len(piece.positions)), piece.redundancy)
-        copies = np.arange(len(rows)) - np.repeat(np.cumsum(piece.redundancy) - piece.redundancy, piece.redundancy)
+        copies = _ranks(piece.redundancy)
     values = piece.data if piece.data is not None else cast(npt.NDArray[np.uint64], piece.counter)
     return (piece.positions[rows], copies, piece.slot_hashes[copies, rows], piece.immediate[rows],
             piece.checksums[rows], values[rows])
-
-
-def _slice(piece: _Piece, low: int, high: int) -> _Piece:
-    return _Piece(piece.structure, piece.kind, piece.positions[low:high], piece.redundancy[low:high],
-                  piece.immediate[low:high], piece.checksums[low:high], piece.slot_hashes[:, low:high],
-                  None if piece.data is None else piece.data[low:high],
-                  None if piece.counter is None else piece.counter[low:high])
 
 
 def _write_opcode(transport: Transport, immediate: bool) -> RoceOpcode:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from softdta.core import workload
 from softdta.core.batch import MIN_VECTOR_BATCH, BatchTranslator
-from softdta.core.tables import Tables
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.core.translator import Translator
-from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode
+from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
@@ -29,13 +29,21 @@ C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.
 
 def batch_tables(profile: str = "dta-v1") -> Tables:
     """The example tables, RC with ACK requests, and a second collector whose Key-Write has 8-byte keys and
-    12-byte data (extended reports only) and whose Key-Increment uses dta-v1's hash."""
+    12-byte data (extended reports only), whose Key-Increment uses dta-v1's hash, and whose Append lists hold
+    8-byte entries (stored little-endian) and 6-byte ones (verbatim) in short rings."""
     document = tomllib.loads(EXAMPLE_TABLES.read_text())
     document["translator"].update(ack_request_interval=3, profile=profile)
     for structure in document["structures"]:
         if structure["primitive"] == "key-write":
             structure["qp"]["transport"] = "rc"
             structure["qp"]["start_psn"] = 0xFFFFF0  # wraps within a workload
+    document["append"][0]["qp"].update(transport="rc", start_psn=0xFFFFFA)
+    document["append"] += [
+        {"collector": "c2", "first_list": 100, "lists": 4, "entries": 6, "data_len": 8, "batch": 3,
+         "qp": {"remote_qpn": 0x303, "local_qpn": 0x403, "rkey": 0x3003, "base": 0x7f0120000000, "length": 192}},
+        {"collector": "c2", "first_list": 200, "lists": 2, "entries": 2, "data_len": 6, "batch": 1,
+         "qp": {"remote_qpn": 0x304, "local_qpn": 0x404, "rkey": 0x3004, "base": 0x7f0130000000, "length": 24}},
+    ]
     document["collectors"].append({"name": "c2", "ip": "10.77.2.1", "mac": "02:5d:7a:00:02:01"})
     document["structures"] += [
         {"primitive": "key-write", "collector": "c2", "key_len": 8, "data_len": 12, "hash": "dta-v1",
@@ -87,21 +95,38 @@ def random_workload(seed: int, tables: Tables, size: int) -> list[bytes]:
             report = dta.key_increment(rng.randbytes(4), rng.randint(0, 1 << 40), rng.randint(1, 4),
                                        extended=rng.random() < 0.3)
             frames.append(target.frame(report, profile))
+        elif roll < 0.66:
+            frames.append(rng.choice([to_c1, to_c2, astray]).frame(random_append(rng), profile))
         elif roll < 0.75 and others:
             frames.append(to_c1.frame(others.pop(rng.randrange(len(others))), profile))
         elif roll < 0.85:  # a reply of the collector: ACKs in and out of the window, NAKs, forged ones
-            structure = rng.choice([kw, ki, tables.structure(C2, DtaOpcode.KEY_INCREMENT)])
-            qp = structure.qp
+            atomics = [ki.qp, tables.structure(C2, DtaOpcode.KEY_INCREMENT).qp]
+            qp = rng.choice([kw.qp, *atomics, tables.append_lists[0].qp])
             psn = (qp.start_psn + rng.randint(-4, 60)) & 0xFFFFFF
             syndrome = rng.choice([ACK_SYNDROME] * 6 + [aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
                                                         NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome(AethKind.RNR_NAK, 3)])
-            opcode = RoceOpcode.RC_ATOMIC_ACK if structure is not kw and rng.random() < 0.5 else RoceOpcode.RC_ACK
+            opcode = RoceOpcode.RC_ATOMIC_ACK if qp in atomics and rng.random() < 0.5 else RoceOpcode.RC_ACK
             source = qp.collector_ip if rng.random() < 0.9 else NOWHERE
             frames.append(reply(tables, source, qp.local_qpn, psn, syndrome, opcode))
         else:
             frames.append(malformed(rng, tables, to_c1, astray, other, profile, seq))
             seq += 1
     return frames
+
+
+def random_append(rng) -> dta.Report:
+    """An Append report to one of batch_tables' lists (whatever its destination), or one the oracle drops."""
+    flags = {"immediate": rng.random() < 0.3}
+    choice = rng.randrange(10)
+    if choice < 4:
+        return dta.append(rng.randrange(6), rng.randbytes(4), **flags, extended=rng.random() < 0.3)
+    if choice < 7:
+        return dta.append(rng.randrange(100, 104), rng.randbytes(8), extended=True, essential=rng.random() < 0.3,
+                          **flags)
+    if choice < 9:
+        return dta.append(rng.choice([200, 201]), rng.randbytes(6), extended=True, **flags)
+    return rng.choice([dta.append(5000, 1), dta.append(1, rng.randbytes(8), extended=True),  # no such list; too long
+                       dta.append(rng.randrange(6), 7, retransmit=True, seqnum=rng.randrange(256), extended=True)])
 
 
 def malformed(rng, tables, to_c1, astray, other, profile, seq) -> bytes:
@@ -232,6 +257,42 @@ def test_a_batch_of_key_writes_is_vectorized_not_sent_through_the_oracle(monkeyp
     assert calls == [] and len(out.frames) == 512
     expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)[1]["frames"]
     assert out.frames == expected  # one QP: the very order
+
+
+def test_a_batch_of_appends_is_vectorized_not_sent_through_the_oracle(monkeypatch):
+    """Lists that fill several batches within one batch of reports, from batches begun in the batch before."""
+    tables = batch_tables()
+    frames = [reporter(C1, tables).frame(report) for report in workload.append(300, 5, 7)]
+    oracle_run = run_oracle(tables, frames, [10, 300], lambda _: 0)
+    batch = BatchTranslator(Translator(tables))
+    first = batch.process_batch(frames[:10], 0)  # below MIN_VECTOR_BATCH: through the oracle, leaving batches begun
+    assert any(runtime.pending for runtime in batch.oracle.append_state.values())
+    calls = []
+    monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
+    second = batch.process_batch(frames[10:], 0)
+    assert calls == [] and len(second.frames) >= (290 - 7 * 3) // 4
+    assert first.frames + second.frames == oracle_run[1]["frames"]  # one QP: the very order
+    assert state(batch.oracle) == state(oracle_run[0])
+
+
+def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
+    """A QP that Key-Write, Key-Increment and Append lists share (tables built in code can do this) interleaves
+    their frames in report order, so none of them is vectorized."""
+    qp = QueuePair("shared", C1, mac_bytes("02:5d:7a:00:01:01"), remote_qpn=0x111, local_qpn=0x211, rkey=0x1111,
+                   base_va=0x7f0000000000, length=1 << 16, transport=Transport.RC)
+    tables = Tables(mac=mac_bytes("02:5d:7a:00:00:01"), ip=ip_bytes("10.77.0.1"), qps=[qp],
+                    structures=[Structure(DtaOpcode.KEY_WRITE, qp), Structure(DtaOpcode.KEY_INCREMENT, qp)],
+                    append_lists=[AppendLists(qp, first_list=0, lists=4, entries=16)])
+    to_c1 = reporter(C1, tables)
+    rng = random.Random(8)
+    frames = [to_c1.frame(rng.choice([dta.key_write(rng.randbytes(4), 1, 2), dta.key_increment(rng.randbytes(4), 3, 1),
+                                      dta.append(rng.randrange(4), rng.randbytes(4))])) for _ in range(200)]
+    expected = run_oracle(tables, frames, [200], lambda _: 0)
+    calls = []
+    process = Translator.process
+    monkeypatch.setattr(Translator, "process", lambda self, *args: calls.append(args) or process(self, *args))
+    assert_same(expected, run_batches(tables, frames, [200], lambda _: 0))
+    assert len(calls) == 200
 
 
 def test_an_ack_is_judged_by_the_psn_its_qp_had_when_it_arrived():
