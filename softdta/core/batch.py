@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
-from softdta.core.translator import AppendRuntime, Translator
+from softdta.core.translator import AppendRuntime, PostcardEntry, Translator
 from softdta.spec import (
     AETH,
     AETH_KIND_SHIFT,
@@ -58,7 +58,10 @@ from softdta.spec import (
     KEY_WRITE_V1,
     MAX_DATA_LEN,
     MAX_KEY_LEN,
+    MAX_POSTCARD_HOPS,
     MAX_REDUNDANCY,
+    POSTCARD_EXT,
+    POSTCARD_V1,
     PSN_MASK,
     RETH,
     ROCE_OPCODE_HEADERS,
@@ -73,7 +76,7 @@ from softdta.spec import (
 )
 from softdta.wire.columns import Rows, byte_offset, gather, matches, scatter
 from softdta.wire.frames import UdpEndpoints
-from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables
+from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables, postcard_hashes_rows
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
 from softdta.wire.roce import build_roce_frame, transport_payload
 
@@ -82,13 +85,14 @@ UDP_AT = IP_AT + IPV4.size
 PAYLOAD_AT = UDP_AT + UDP.size  # the DTA report, or the BTH of a RoCEv2 frame
 IPV4_SIZE, UDP_SIZE = IPV4.size, UDP.size  # Header.size sums its fields on every access
 IPV4_MIN_IHL = IPV4.size // 4
-VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.APPEND)
+VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.APPEND, DtaOpcode.POSTCARDING)
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
 
 VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
 # Below this many frames the oracle is faster: a vectorized batch has a fixed cost of a few hundred numpy
 # calls, about ten frames' worth of the oracle (docs/primitives.md).
 MIN_VECTOR_BATCH = 12
+_POPCOUNT = np.array([bin(mask).count("1") for mask in range(1 << MAX_POSTCARD_HOPS)], dtype=np.int64)
 
 
 @dataclass
@@ -144,6 +148,44 @@ class _AppendPiece:
     def cut(self, low: int, high: int) -> _AppendPiece:
         return _AppendPiece(self.lists, self.positions[low:high], self.list_ids[low:high],
                             self.immediate[low:high], self.entries[low:high])
+
+
+@dataclass
+class _PostcardPiece:
+    """Vector Postcarding rows of one layout bound for one structure: positions (ascending), keys, hops, path
+    lengths (the table's where a report gives none), encoded values and the key's hashes."""
+
+    structure: Structure
+    positions: npt.NDArray[np.int64]
+    keys: Rows
+    hops: npt.NDArray[np.int64]
+    path_lengths: npt.NDArray[np.int64]
+    encoded: npt.NDArray[np.uint32]
+    slot_hashes: npt.NDArray[np.uint32]
+    checksums: npt.NDArray[np.uint32]
+    immediate: npt.NDArray[np.bool_]
+
+    @property
+    def qp(self) -> QueuePair:
+        return self.structure.qp
+
+    COLUMNS = ("positions", "keys", "hops", "path_lengths", "encoded", "slot_hashes", "checksums", "immediate")
+
+    def cut(self, low: int, high: int) -> _PostcardPiece:
+        return self.select(slice(low, high))
+
+    def select(self, which: slice | npt.NDArray[np.int64]) -> _PostcardPiece:
+        return _PostcardPiece(self.structure, *(getattr(self, name)[which] for name in self.COLUMNS))
+
+    @classmethod
+    def joined(cls, parts: list[_PostcardPiece]) -> _PostcardPiece:
+        """One piece of the parts' rows, in batch order."""
+        rows = cls(parts[0].structure, *(np.concatenate([getattr(part, name) for part in parts])
+                                         for name in cls.COLUMNS))
+        return rows.select(np.argsort(rows.positions, kind="stable"))
+
+
+Piece = _Piece | _AppendPiece | _PostcardPiece
 
 
 @dataclass
@@ -208,10 +250,10 @@ class BatchTranslator:
         self._vector_qps = {target.qp.index for target in targets if owners[target.qp.index] == 1 and
                             (isinstance(target, AppendLists) or target.primitive in VECTOR_KINDS)}
 
-    def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[_Piece | _AppendPiece]]:
+    def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[Piece]]:
         lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
-        pieces: list[_Piece | _AppendPiece] = []
+        pieces: list[Piece] = []
         shortest, longest = int(lengths.min()), int(lengths.max())
         for length in [shortest] if shortest == longest else np.unique(lengths).tolist():
             positions = np.flatnonzero(lengths == length)
@@ -225,7 +267,7 @@ class BatchTranslator:
         return roles, pieces
 
     def _classify_rows(self, rows: Rows, positions: npt.NDArray[np.int64], roles: npt.NDArray[np.int8],
-                       pieces: list[_Piece | _AppendPiece]) -> None:
+                       pieces: list[Piece]) -> None:
         """Roles of frames of one length, and the vector pieces among them."""
         length = rows.shape[1]
         if length < PAYLOAD_AT + 1:
@@ -246,7 +288,7 @@ class BatchTranslator:
             self._classify_replies(rows[replies], positions[replies], payload_len[replies], roles)
 
     def _classify_reports(self, rows: Rows, positions: npt.NDArray[np.int64], payload_len: npt.NDArray[np.int64],
-                          roles: npt.NDArray[np.int8], pieces: list[_Piece | _AppendPiece]) -> None:
+                          roles: npt.NDArray[np.int8], pieces: list[Piece]) -> None:
         extended = (rows[:, PAYLOAD_AT] & EXTENDED_MARKER) != 0
         base = self.oracle.tables.profile.base_header
         opcode = np.where(extended, gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "opcode"),
@@ -273,15 +315,17 @@ class BatchTranslator:
             members = candidates if len(unique) == 1 else candidates[inverse == index]
             is_extended, kind = bool(packed >> 63), DtaOpcode((packed >> 48) & 0xFF)
             size, address = (packed >> 32) & 0xFFFF, packed & 0xFFFFFFFF
-            found: list[_Piece] | list[_AppendPiece]
+            found: list[Piece]
             if kind is DtaOpcode.APPEND:
-                found = _decode_appends(rows[members], positions[members], is_extended, size, base,
-                                        [lists for lists in tables.append_lists if lists.qp.index in self._vector_qps])
+                found = [*_decode_appends(rows[members], positions[members], is_extended, size, base,
+                                          [lists for lists in tables.append_lists
+                                           if lists.qp.index in self._vector_qps])]
             else:
                 structure = tables.structure(int(address).to_bytes(4, "big"), kind)
                 if structure is None or structure.qp.index not in self._vector_qps:
                     continue  # a counted drop, or a shared QP: the oracle's, at its place (a barrier)
-                decoded = _decode_piece(rows[members], positions[members], structure, kind, is_extended, size, base)
+                decode = _decode_postcards if kind is DtaOpcode.POSTCARDING else _decode_piece
+                decoded = decode(rows[members], positions[members], structure, kind, is_extended, size, base)
                 found = [decoded] if decoded is not None and len(decoded.positions) else []
             for piece in found:
                 roles[piece.positions] = VECTOR
@@ -312,11 +356,11 @@ class BatchTranslator:
     # ----------------------------------------------------------------------------------------------
     # a segment: the rows between two barriers
 
-    def _segment(self, frames: Sequence[bytes], roles: npt.NDArray[np.int8], pieces: list[_Piece | _AppendPiece],
+    def _segment(self, frames: Sequence[bytes], roles: npt.NDArray[np.int8], pieces: list[Piece],
                  start: int, end: int, now_ns: int, out: BatchOutput) -> None:
         oracle = self.oracle
         ready: dict[int, bool] = {}
-        by_qp: dict[int, list[_Piece | _AppendPiece]] = {}  # a vector QP has one target: its pieces are alike
+        by_qp: dict[int, list[Piece]] = {}  # a vector QP has one target: its pieces are alike
         for piece in pieces:
             low, high = np.searchsorted(piece.positions, [start, end])
             if low == high:
@@ -330,24 +374,26 @@ class BatchTranslator:
             by_qp.setdefault(qp.index, []).append(piece.cut(low, high))
         emitted: dict[int, npt.NDArray[np.int64]] = {}  # QP index -> the batch position of each frame it sent
         first_psn: dict[int, int] = {}
-        opened: list[tuple[int, int]] = []  # (batch position, list id) of each Append batch begun here
+        flushes: list[tuple[int, int, Structure | None]] = []  # the flush queue entries the vector rows add
         for qp_index, parts in by_qp.items():
             first_psn[qp_index] = oracle.qp_state[qp_index].next_psn
             if isinstance(parts[0], _AppendPiece):
-                emitted[qp_index] = self._emit_appends(cast(list[_AppendPiece], parts), out, opened)
+                emitted[qp_index] = self._emit_appends(cast(list[_AppendPiece], parts), out, flushes)
+            elif isinstance(parts[0], _PostcardPiece):
+                emitted[qp_index] = self._emit_postcards(cast(list[_PostcardPiece], parts), now_ns, out, flushes)
             else:
                 emitted[qp_index] = self._emit(cast(list[_Piece], parts), out)
-        # the flush queue gets the Append batches' entries and the oracle's (Postcarding) in batch order
-        opened.sort()
-        waiting = iter(opened)
+        # the flush queue gets the vector rows' entries and the oracle's in batch order
+        flushes.sort(key=operator.itemgetter(0))
+        waiting = iter(flushes)
         upcoming = next(waiting, None)
         for position in (np.flatnonzero(roles[start:end] == INDEPENDENT) + start).tolist():
             while upcoming is not None and upcoming[0] < position:
-                self._open_append_batch(upcoming[1], now_ns)
+                self._flush_later(*upcoming[1:], now_ns)
                 upcoming = next(waiting, None)
             self._through_oracle(frames, position, now_ns, out)
         while upcoming is not None:
-            self._open_append_batch(upcoming[1], now_ns)
+            self._flush_later(*upcoming[1:], now_ns)
             upcoming = next(waiting, None)
         for position in np.flatnonzero(roles[start:end] == ACK).tolist():
             self._ack(frames, start + position, emitted, first_psn, now_ns, out)
@@ -410,9 +456,9 @@ class BatchTranslator:
         return positions
 
     def _emit_appends(self, parts: list[_AppendPiece], out: BatchOutput,
-                      opened: list[tuple[int, int]]) -> npt.NDArray[np.int64]:
+                      flushes: list[tuple[int, int, Structure | None]]) -> npt.NDArray[np.int64]:
         """The frames of one range's vector Append rows in a segment: a report that fills its list's batch
-        writes the batch. Adds to `opened` the reports that begin a batch; returns the batch position of each
+        writes the batch. Adds to `flushes` the reports that begin a batch; returns the batch position of each
         frame sent (ascending)."""
         lists = parts[0].lists
         positions, list_ids, immediate, entries = (
@@ -461,16 +507,99 @@ class BatchTranslator:
             runtime.pending = [rest[at:at + width] for at in range(cursor, cursor + left * width, width)]
             runtime.head = (runtime.head + laps * batch) % lists.entries
             cursor += left * width
-        opened += zip(positions[place % batch == 0].tolist(), list_ids[place % batch == 0].tolist())
+        begins = place % batch == 0
+        flushes += ((position, list_id, None) for position, list_id in
+                    zip(positions[begins].tolist(), list_ids[begins].tolist()))
         self.oracle.counters[Counter.APPEND_BATCHED] += len(positions) - len(sent_at)
         self._count(DtaOpcode.APPEND, len(positions), len(sent_at))
         return sent_at
 
-    def _open_append_batch(self, list_id: int, now_ns: int) -> None:
-        """What the oracle does when a list's first pending entry arrives: the flush queue names the batch."""
-        runtime = self.oracle.append_state[list_id]
-        runtime.first_pending_ns = now_ns
-        runtime.token = self.oracle.flush_later(now_ns, list_id, None)
+    def _emit_postcards(self, parts: list[_PostcardPiece], now_ns: int, out: BatchOutput,
+                        flushes: list[tuple[int, int, Structure | None]]) -> npt.NDArray[np.int64]:
+        """The frames of one structure's vector Postcarding rows in a segment.
+
+        Rows are taken in rounds: round r holds each slot's r-th report, so a round's rows are all on different
+        slots and are vectorized. Paths of many flows take a few rounds; reports that all crowd one slot take a
+        round each, which costs about what the oracle costs per report (docs/primitives.md). A report writes
+        at most one frame: the path it completes, the path it evicts (a new one then begins, and is not complete,
+        having one hop of at least two), or its own one-hop path beside another flow's. Adds to `flushes` the
+        reports that begin a path; returns the batch position of each frame sent (ascending)."""
+        structure = parts[0].structure
+        rows = _PostcardPiece.joined(parts) if len(parts) > 1 else parts[0]
+        index = (rows.slot_hashes & np.uint32(structure.cache_entries - 1)).astype(np.int64)
+        slots, slot_of, counts = np.unique(index, return_inverse=True, return_counts=True)
+        rank = np.empty(len(index), dtype=np.int64)
+        rank[np.argsort(slot_of, kind="stable")] = _ranks(counts)
+        paths = _Paths.load(self.oracle.postcard_cache.setdefault(structure.qp.index, {}), slots, structure)
+
+        written: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32], npt.NDArray[np.uint32],
+                            npt.NDArray[np.uint32], npt.NDArray[np.bool_]]] = []
+        # ^ per round, the frames: batch position, the path's values, its key's slot hash and checksum, immediate
+        evictions = cached = 0
+        for round_ in range(int(counts.max())):
+            at = np.flatnonzero(rank == round_)
+            slot = slot_of[at]
+            keys, hops, path_lengths = rows.keys[at], rows.hops[at], rows.path_lengths[at]
+            other = paths.live[slot] & (paths.keys[slot] != keys).any(axis=1)
+            alone = other & (path_lengths == 1)  # its own one-hop path, written beside the waiting one
+            if alone.any():
+                values = np.zeros((int(alone.sum()), structure.hops), dtype=np.uint32)
+                values[np.arange(len(values)), hops[alone] - 1] = rows.encoded[at][alone]
+                written.append((rows.positions[at][alone], values, rows.slot_hashes[at][alone],
+                                rows.checksums[at][alone], rows.immediate[at][alone]))
+            evict = other & ~alone
+            if evict.any():
+                gone = slot[evict]
+                written.append((rows.positions[at][evict], paths.values[gone].copy(), paths.slot_hashes[gone],
+                                paths.checksums[gone], np.zeros(len(gone), dtype=bool)))
+                evictions += len(gone)
+            begin = (~paths.live[slot] | evict) & ~alone
+            if begin.any():
+                paths.begin(slot[begin], keys[begin], path_lengths[begin], rows.slot_hashes[at][begin],
+                            rows.checksums[at][begin], now_ns)
+                flushes += ((position, int(slots[s]), structure) for position, s in
+                            zip(rows.positions[at][begin].tolist(), slot[begin].tolist()))
+            add = ~alone
+            slot, hops = slot[add], hops[add]
+            paths.values[slot, hops - 1] = rows.encoded[at][add]
+            paths.masks[slot] |= np.int64(1) << (hops - 1)
+            done = _POPCOUNT[paths.masks[slot]] >= paths.path_lengths[slot]
+            if done.any():
+                whole = slot[done]
+                written.append((rows.positions[at][add][done], paths.values[whole].copy(), paths.slot_hashes[whole],
+                                paths.checksums[whole], rows.immediate[at][add][done]))
+                paths.live[whole] = False
+            cached += int((~done & ~evict[add]).sum())
+        paths.store(self.oracle.postcard_cache[structure.qp.index], slots)
+
+        sent_at: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
+        if written:
+            positions, values, slot_hashes, checksums, immediate = (np.concatenate(column) for column in zip(*written))
+            order = np.argsort(positions)
+            sent_at = positions[order]
+            qp = structure.qp
+            psn, ack_req = self._sequence(qp, len(sent_at))
+            slot_in_region = (slot_hashes[order] & np.uint32(structure.slot_count - 1)).astype(np.uint64)
+            out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + slot_in_region *
+                                       np.uint64(structure.slot_size), immediate[order], checksums[order],
+                                       values[order].astype(">u4").view(np.uint8).reshape(len(order), -1))
+        counters = self.oracle.counters
+        counters[Counter.POSTCARD_EVICTIONS] += evictions
+        counters[Counter.POSTCARD_CACHED] += cached
+        self._count(DtaOpcode.POSTCARDING, len(rows.positions), len(sent_at))
+        return sent_at
+
+    def _flush_later(self, index: int, structure: Structure | None, now_ns: int) -> None:
+        """The flush queue entry the oracle adds when an Append list's batch or a Postcarding path begins; the
+        batch or path that waits now (the last one begun there) is named by it."""
+        token = self.oracle.flush_later(now_ns, index, structure)
+        if structure is None:
+            runtime = self.oracle.append_state[index]
+            runtime.first_pending_ns, runtime.token = now_ns, token
+            return
+        entry = self.oracle.postcard_cache[structure.qp.index].get(index)
+        if entry is not None:  # begun in this segment, since a path begins only where none waits
+            entry.token = token
 
     def _sequence(self, qp: QueuePair, sent: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
         """PSNs and AckReq bits of the QP's next `sent` frames, which it now counts as sent."""
@@ -541,6 +670,70 @@ class BatchTranslator:
         return template
 
 
+@dataclass
+class _Paths:
+    """The Postcarding cache slots a segment touches, as arrays (one row per slot), loaded from and stored back
+    to the oracle's cache."""
+
+    live: npt.NDArray[np.bool_]
+    keys: Rows
+    path_lengths: npt.NDArray[np.int64]
+    values: npt.NDArray[np.uint32]  # (slots, the structure's hops)
+    masks: npt.NDArray[np.int64]
+    first_ns: npt.NDArray[np.int64]
+    tokens: npt.NDArray[np.int64]
+    slot_hashes: npt.NDArray[np.uint32]
+    checksums: npt.NDArray[np.uint32]
+
+    @classmethod
+    def load(cls, cache: dict[int, PostcardEntry], slots: npt.NDArray[np.int64], structure: Structure) -> _Paths:
+        count = len(slots)
+        paths = cls(np.zeros(count, dtype=bool), np.zeros((count, structure.key_len), dtype=np.uint8),
+                    np.zeros(count, dtype=np.int64), np.zeros((count, structure.hops), dtype=np.uint32),
+                    np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64),
+                    np.zeros(count, dtype=np.uint32), np.zeros(count, dtype=np.uint32))
+        waiting = [(row, entry) for row, entry in enumerate(map(cache.get, slots.tolist())) if entry is not None]
+        if waiting:
+            at = np.array([row for row, _ in waiting])
+            entries = [entry for _, entry in waiting]
+            paths.live[at] = True
+            paths.keys[at] = np.frombuffer(b"".join(entry.key for entry in entries),
+                                           dtype=np.uint8).reshape(len(at), -1)
+            paths.path_lengths[at] = [entry.path_length for entry in entries]
+            paths.values[at] = [entry.values for entry in entries]
+            paths.masks[at] = [entry.hop_mask for entry in entries]
+            paths.first_ns[at] = [entry.first_ns for entry in entries]
+            paths.tokens[at] = [entry.token for entry in entries]
+            hashes = postcard_hashes_rows(paths.keys[at], np.ones(len(at), dtype=np.int64))
+            paths.slot_hashes[at], paths.checksums[at] = hashes[0], hashes[1]
+        return paths
+
+    def begin(self, slots: npt.NDArray[np.int64], keys: Rows, path_lengths: npt.NDArray[np.int64],
+              slot_hashes: npt.NDArray[np.uint32], checksums: npt.NDArray[np.uint32], now_ns: int) -> None:
+        """New paths in `slots` (the flush queue's token comes later, in batch order)."""
+        self.live[slots] = True
+        self.keys[slots] = keys
+        self.path_lengths[slots] = path_lengths
+        self.values[slots] = 0
+        self.masks[slots] = 0
+        self.first_ns[slots] = now_ns
+        self.tokens[slots] = 0
+        self.slot_hashes[slots] = slot_hashes
+        self.checksums[slots] = checksums
+
+    def store(self, cache: dict[int, PostcardEntry], slots: npt.NDArray[np.int64]) -> None:
+        keys = self.keys.tobytes()
+        width = self.keys.shape[1]
+        for row, (slot, live, path_length, values, mask, first_ns, token) in enumerate(zip(
+                slots.tolist(), self.live.tolist(), self.path_lengths.tolist(), self.values.tolist(),
+                self.masks.tolist(), self.first_ns.tolist(), self.tokens.tolist())):
+            if live:
+                cache[slot] = PostcardEntry(keys[row * width:(row + 1) * width], path_length, values, mask,
+                                            first_ns, token)
+            else:
+                cache.pop(slot, None)
+
+
 # --------------------------------------------------------------------------------------------------
 # helpers over arrays
 
@@ -605,6 +798,42 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
     else:
         piece.counter = gather(rows, sub_at, sub, "counter")
     return piece
+
+
+def _decode_postcards(rows: Rows, positions: npt.NDArray[np.int64], structure: Structure, kind: DtaOpcode,
+                      extended: bool, size: int, base: Header) -> _PostcardPiece | None:
+    """The Postcarding rows of one layout that the vector path takes; None if the layout cannot be one."""
+    key_len = structure.key_len
+    if extended:
+        sub_at = PAYLOAD_AT + DTA_BASE_EXT.size
+        if size != DTA_BASE_EXT.size + POSTCARD_EXT.size + key_len:
+            return None
+        take = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "marker") == EXTENDED_FIRST_BYTE
+        take &= gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "retransmit") == 0
+        take &= gather(rows, sub_at, POSTCARD_EXT, "key_len") == key_len
+        immediate = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0
+        given = gather(rows, sub_at, POSTCARD_EXT, "path_length").astype(np.int64)
+        path_lengths = np.where(given == 0, structure.hops, given)
+        hops = gather(rows, sub_at, POSTCARD_EXT, "hop").astype(np.int64)
+        key_at, data_at = sub_at + POSTCARD_EXT.size, sub_at + byte_offset(POSTCARD_EXT, "data")
+    else:
+        sub_at = PAYLOAD_AT + base.size
+        if key_len != 4 or size != base.size + POSTCARD_V1.size:
+            return None  # dta-v1 keys are 32 bits: the oracle drops these (bad length)
+        take = np.ones(len(rows), dtype=bool)
+        if "retransmit" in {f.name for f in base.fields}:
+            take &= gather(rows, PAYLOAD_AT, base, "retransmit") == 0
+        immediate = gather(rows, PAYLOAD_AT, base, "immediate") != 0
+        path_lengths = np.full(len(rows), structure.hops, dtype=np.int64)
+        hops = gather(rows, sub_at, POSTCARD_V1, "hop").astype(np.int64)
+        key_at, data_at = sub_at + byte_offset(POSTCARD_V1, "key"), sub_at + byte_offset(POSTCARD_V1, "data")
+    take &= (hops >= 1) & (hops <= path_lengths) & (path_lengths <= structure.hops)  # else a bad-hop drop
+    rows, hops = rows[take], hops[take]
+    keys = np.ascontiguousarray(rows[:, key_at:key_at + key_len])
+    data = np.ascontiguousarray(rows[:, data_at:data_at + 4]).view(">u4").reshape(-1).astype(np.uint32)
+    slot_hashes, checksums, hop_hashes = postcard_hashes_rows(keys, hops)
+    return _PostcardPiece(structure, positions[take], keys, hops, path_lengths[take], data ^ hop_hashes,
+                          slot_hashes, checksums, immediate[take])
 
 
 def _decode_appends(rows: Rows, positions: npt.NDArray[np.int64], extended: bool, size: int, base: Header,

@@ -130,6 +130,18 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int,
     return checksums, slot_hashes
 
 
+def postcard_hashes_rows(key_rows: np.ndarray, hops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per wire-order key row, with its 1-based hop: `postcard_slot_hash`, `key_checksum` and
+    `postcard_hop_hash`, each (count,) uint32."""
+    slot_hashes = crc32_rows(key_rows)
+    checksums = crc32_rows(np.ascontiguousarray(key_rows[:, ::-1]))
+    hop_hashes = np.empty(key_rows.shape[0], dtype=np.uint32)
+    for hop in np.unique(hops).tolist():
+        mine = hops == hop
+        hop_hashes[mine] = crc32_rows(key_rows[mine], POSTCARD_HOP_POLYNOMIALS[hop - 1])
+    return slot_hashes, checksums, hop_hashes
+
+
 @cache
 def linear_crc_position_tables(length: int, polynomial: int = 0x04C11DB7) -> np.ndarray:
     """(length, 256) tables: row j maps a byte at position j of a `length`-byte message to its share of the

@@ -29,8 +29,9 @@ C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.
 
 def batch_tables(profile: str = "dta-v1") -> Tables:
     """The example tables, RC with ACK requests, and a second collector whose Key-Write has 8-byte keys and
-    12-byte data (extended reports only), whose Key-Increment uses dta-v1's hash, and whose Append lists hold
-    8-byte entries (stored little-endian) and 6-byte ones (verbatim) in short rings."""
+    12-byte data (extended reports only), whose Key-Increment uses dta-v1's hash, whose Append lists hold
+    8-byte entries (stored little-endian) and 6-byte ones (verbatim) in short rings, and whose Postcarding has
+    8-byte keys, 3 hops and a cache of 2 entries. Caches are small, so that paths evict each other."""
     document = tomllib.loads(EXAMPLE_TABLES.read_text())
     document["translator"].update(ack_request_interval=3, profile=profile)
     for structure in document["structures"]:
@@ -38,6 +39,9 @@ def batch_tables(profile: str = "dta-v1") -> Tables:
             structure["qp"]["transport"] = "rc"
             structure["qp"]["start_psn"] = 0xFFFFF0  # wraps within a workload
     document["append"][0]["qp"].update(transport="rc", start_psn=0xFFFFFA)
+    postcarding = next(entry for entry in document["structures"] if entry["primitive"] == "postcarding")
+    postcarding.update(cache_entries=64)  # flows meet in the cache: evictions
+    postcarding["qp"].update(transport="rc", start_psn=0xFFFFFE)
     document["append"] += [
         {"collector": "c2", "first_list": 100, "lists": 4, "entries": 6, "data_len": 8, "batch": 3,
          "qp": {"remote_qpn": 0x303, "local_qpn": 0x403, "rkey": 0x3003, "base": 0x7f0120000000, "length": 192}},
@@ -51,6 +55,8 @@ def batch_tables(profile: str = "dta-v1") -> Tables:
         {"primitive": "key-increment", "collector": "c2", "hash": "dta-v1",
          "qp": {"remote_qpn": 0x302, "local_qpn": 0x402, "rkey": 0x3002, "base": 0x7f0110000000, "length": 1 << 14,
                 "transport": "rc", "start_psn": 77}},
+        {"primitive": "postcarding", "collector": "c2", "key_len": 8, "hops": 3, "cache_entries": 2,
+         "qp": {"remote_qpn": 0x305, "local_qpn": 0x405, "rkey": 0x3005, "base": 0x7f0140000000, "length": 1 << 10}},
     ]
     return Tables.from_dict(document)
 
@@ -77,6 +83,7 @@ def random_workload(seed: int, tables: Tables, size: int) -> list[bytes]:
     others = [*workload.append(size // 8, seed, 8), *workload.postcards(size // 24, seed, 5),
               *workload.sketch_epoch(2, 8, 4, seed)]
     kw, ki = tables.structure(C1, DtaOpcode.KEY_WRITE), tables.structure(C1, DtaOpcode.KEY_INCREMENT)
+    flows = [rng.randbytes(4) for _ in range(rng.choice([3, 40]))], [rng.randbytes(8) for _ in range(5)]
     seq = 0
     frames = []
     for _ in range(size):
@@ -97,11 +104,15 @@ def random_workload(seed: int, tables: Tables, size: int) -> list[bytes]:
             frames.append(target.frame(report, profile))
         elif roll < 0.66:
             frames.append(rng.choice([to_c1, to_c2, astray]).frame(random_append(rng), profile))
+        elif roll < 0.70:
+            target, report = random_postcard(rng, *flows)
+            frames.append({C1: to_c1, C2: to_c2}[target].frame(report, profile))
         elif roll < 0.75 and others:
             frames.append(to_c1.frame(others.pop(rng.randrange(len(others))), profile))
         elif roll < 0.85:  # a reply of the collector: ACKs in and out of the window, NAKs, forged ones
             atomics = [ki.qp, tables.structure(C2, DtaOpcode.KEY_INCREMENT).qp]
-            qp = rng.choice([kw.qp, *atomics, tables.append_lists[0].qp])
+            lists, postcarding = tables.append_lists[0], tables.structure(C1, DtaOpcode.POSTCARDING)
+            qp = rng.choice([kw.qp, *atomics, lists.qp, postcarding.qp])
             psn = (qp.start_psn + rng.randint(-4, 60)) & 0xFFFFFF
             syndrome = rng.choice([ACK_SYNDROME] * 6 + [aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
                                                         NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome(AethKind.RNR_NAK, 3)])
@@ -127,6 +138,27 @@ def random_append(rng) -> dta.Report:
         return dta.append(rng.choice([200, 201]), rng.randbytes(6), extended=True, **flags)
     return rng.choice([dta.append(5000, 1), dta.append(1, rng.randbytes(8), extended=True),  # no such list; too long
                        dta.append(rng.randrange(6), 7, retransmit=True, seqnum=rng.randrange(256), extended=True)])
+
+
+def random_postcard(rng, flows, long_flows) -> tuple[bytes, dta.Report]:
+    """A postcard of one of a few flows (so paths complete, meet in the cache and evict each other), to C1 (5 hops,
+    32-bit keys) or C2 (3 hops, 64-bit keys), or one the oracle drops."""
+    flags = {"immediate": rng.random() < 0.3}
+    choice = rng.randrange(10)
+    if choice < 5:
+        hop = rng.randint(1, 5)
+        if rng.random() < 0.6:
+            return C1, dta.postcard(rng.choice(flows), hop, rng.randbytes(4), **flags)
+        length = rng.choice([0, 1, hop, 5]) if hop == 1 else rng.choice([0, hop, 5])
+        return C1, dta.postcard(rng.choice(flows), hop, rng.randbytes(4), length, extended=True, **flags)
+    if choice < 9:
+        hop = rng.randint(1, 3)
+        length = rng.choice([0, hop, 3, 1 if hop == 1 else 0])
+        return C2, dta.postcard(rng.choice(long_flows), hop, rng.randbytes(4), length, extended=True, **flags)
+    return C1, rng.choice([dta.postcard(rng.choice(flows), 6, 1, 7, extended=True),  # beyond the table's hops
+                           dta.postcard(rng.randbytes(5), 1, 1, extended=True),  # the wrong key length
+                           dta.postcard(rng.choice(flows), 2, 1, retransmit=True, seqnum=rng.randrange(256),
+                                        extended=True)])
 
 
 def malformed(rng, tables, to_c1, astray, other, profile, seq) -> bytes:
@@ -273,6 +305,37 @@ def test_a_batch_of_appends_is_vectorized_not_sent_through_the_oracle(monkeypatc
     assert calls == [] and len(second.frames) >= (290 - 7 * 3) // 4
     assert first.frames + second.frames == oracle_run[1]["frames"]  # one QP: the very order
     assert state(batch.oracle) == state(oracle_run[0])
+
+
+def test_a_batch_of_postcards_is_vectorized_not_sent_through_the_oracle(monkeypatch):
+    """Paths that complete, wait, and evict each other in a small cache, some begun in the batch before."""
+    tables = batch_tables()
+    frames = [reporter(C1, tables).frame(report) for report in workload.postcards(60, 6, 5)]
+    oracle_run = run_oracle(tables, frames, [10, len(frames)], lambda _: 0)
+    assert oracle_run[0].counts()[Counter.POSTCARD_EVICTIONS] > 0
+    batch = BatchTranslator(Translator(tables))
+    first = batch.process_batch(frames[:10], 0)
+    calls = []
+    monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
+    second = batch.process_batch(frames[10:], 0)
+    assert calls == [] and len(second.frames) > 40
+    assert first.frames + second.frames == oracle_run[1]["frames"]  # one QP: the very order
+    assert state(batch.oracle) == state(oracle_run[0])
+
+
+def test_postcards_crowding_a_cache_slot_take_a_round_each_with_acks_judged_in_place():
+    """Paths of one flow, one after another on one slot, and an ACK of a path written only later in the batch,
+    which is outside the window where it arrives."""
+    tables = batch_tables()
+    postcarding = tables.structure(C1, DtaOpcode.POSTCARDING)
+    to_c1 = reporter(C1, tables)
+    crowd = [to_c1.frame(dta.postcard(7, hop, hop)) for _ in range(8) for hop in range(1, 6)]
+    early_ack = reply(tables, C1, postcarding.qp.local_qpn, (postcarding.qp.start_psn + 3) & 0xFFFFFF, ACK_SYNDROME)
+    frames = [*crowd[:5], early_ack, *crowd[5:], *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(20)],
+              early_ack]
+    expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)
+    assert expected[0].counts()[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1
+    assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
 
 
 def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):

@@ -22,6 +22,7 @@ from softdta.spec import (
     KEY_HASH_POLYNOMIALS,
     KEY_INCREMENT_V1,
     KEY_WRITE_V1,
+    MAX_POSTCARD_HOPS,
     NACK_EXT,
     NACK_V1,
     POSTCARD_HOP_POLYNOMIALS,
@@ -219,6 +220,19 @@ def test_vectorized_independent_scheme_matches_scalar(key_len):
             assert int(slot_hashes[copy, i]) == scalar
             if i < 50:
                 assert scalar == bitwise_crc32(KEY_HASH_POLYNOMIALS[copy], key[::-1] + bytes([copy]))
+
+
+@pytest.mark.parametrize("key_len", [4, 9])
+def test_vectorized_postcard_hashes_match_scalar(key_len):
+    rng = np.random.default_rng(200 + key_len)
+    rows = rng.integers(0, 256, size=(400, key_len), dtype=np.uint8)
+    hops = rng.integers(1, MAX_POSTCARD_HOPS + 1, size=400)
+    slot_hashes, checksums, hop_hashes = hashing.postcard_hashes_rows(rows, hops)
+    for i in range(rows.shape[0]):
+        key = rows[i].tobytes()
+        assert int(slot_hashes[i]) == hashing.postcard_slot_hash(key)
+        assert int(checksums[i]) == hashing.key_checksum(key)
+        assert int(hop_hashes[i]) == hashing.postcard_hop_hash(key, int(hops[i]))
 
 
 def test_keys_to_rows():
