@@ -1,21 +1,23 @@
 """The batch translator: the reference translator's semantics, a batch of frames at a time, vectorized (sans-IO).
 
-Key-Write (N = 1..4, immediate, dta-v1 and extended), Key-Increment and Append reports, the bulk of telemetry,
-are parsed with column gathers at the spec's offsets, hashed with table-driven CRCs over the whole batch, given
-PSNs per QP by cumulative counts, and built from per-QP templates by scattering the variable fields. Their
-iCRC is the template's constant XOR a linear CRC over the variable tail (`wire.icrc_split`). An Append report
-finds its place in its list's batches by its rank among the segment's reports to that list. Every other frame
-goes through the oracle itself (`core.translator.Translator`), whose state the batch translator shares.
+Reports of every built-in primitive are parsed with column gathers at the spec's offsets, hashed with
+table-driven CRCs over the whole batch, given PSNs per QP by cumulative counts, and built from per-QP templates
+by scattering the variable fields. Their iCRC is the template's constant XOR a linear CRC over the variable tail
+(`wire.icrc_split`). An Append report finds its place in its list's batches by its rank among the segment's
+reports to that list; Postcarding reports are taken in rounds, one report per cache slot each; Sketch-Merge
+reports in sequence are merged at once. Every other frame goes through the oracle itself
+(`core.translator.Translator`), whose state the batch translator shares.
 
 Exactness: per QP, frames come out in the oracle's order with its PSNs, and state and counters end equal.
-Vectorized rows touch only their QPs' PSNs and frame counts, their Append lists, counters (which commute) and
-the flush queue, whose entries they add in batch order among the oracle's. A QP is vectorized only when it
+Vectorized rows touch only their QPs' PSNs and frame counts, their structures' state, counters (which commute)
+and the flush queue, whose entries they add in batch order among the oracle's. A QP is vectorized only when it
 belongs to one structure or Append range. So the frames the oracle handles fall in three roles:
-  * independent: they cannot touch those QPs (another built-in primitive's report, whose structure has its
-    own QP; a frame that is not IPv4 and so passes): the oracle takes them in order beside the vector rows;
+  * independent: they cannot touch those QPs (a frame that is not IPv4 and so passes; the reports of a QP that
+    cannot send, or of a Sketch-Merge structure out of sequence): the oracle takes them in order beside the
+    vector rows;
   * ACKs to a vectorized QP: taken after the vector rows, each judged against the PSN its QP had at the
     ACK's place in the batch;
-  * barriers: anything else (NAKs, plug-ins, retransmitted or malformed Key-Write reports, IPv4 with options).
+  * barriers: anything else (NAKs, plug-ins, retransmitted or malformed reports, IPv4 with options).
     The rows before a barrier are translated first, then the barrier, then the rest.
 """
 
@@ -30,6 +32,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
+from softdta.core.primitives import SketchMerge
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.core.translator import AppendRuntime, PostcardEntry, Translator
 from softdta.spec import (
@@ -66,6 +69,7 @@ from softdta.spec import (
     RETH,
     ROCE_OPCODE_HEADERS,
     ROCE_PORT,
+    SKETCH_MERGE_EXT,
     UDP,
     AethKind,
     Counter,
@@ -74,6 +78,7 @@ from softdta.spec import (
     RoceOpcode,
     Transport,
 )
+from softdta.spec import SketchMerge as MergeKind
 from softdta.wire.columns import Rows, byte_offset, gather, matches, scatter
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables, postcard_hashes_rows
@@ -85,7 +90,7 @@ UDP_AT = IP_AT + IPV4.size
 PAYLOAD_AT = UDP_AT + UDP.size  # the DTA report, or the BTH of a RoCEv2 frame
 IPV4_SIZE, UDP_SIZE = IPV4.size, UDP.size  # Header.size sums its fields on every access
 IPV4_MIN_IHL = IPV4.size // 4
-VECTOR_KINDS = (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.APPEND, DtaOpcode.POSTCARDING)
+VECTOR_KINDS = tuple(DtaOpcode)
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
 
 VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
@@ -185,7 +190,38 @@ class _PostcardPiece:
         return rows.select(np.argsort(rows.positions, kind="stable"))
 
 
-Piece = _Piece | _AppendPiece | _PostcardPiece
+@dataclass
+class _SketchPiece:
+    """Vector Sketch-Merge rows bound for one structure: positions (ascending), reporters, columns, counters."""
+
+    structure: Structure
+    positions: npt.NDArray[np.int64]
+    reporters: npt.NDArray[np.int64]
+    columns: npt.NDArray[np.int64]
+    counters: npt.NDArray[np.uint32]  # (rows, the structure's rows)
+    immediate: npt.NDArray[np.bool_]
+
+    COLUMNS = ("positions", "reporters", "columns", "counters", "immediate")
+
+    @property
+    def qp(self) -> QueuePair:
+        return self.structure.qp
+
+    def cut(self, low: int, high: int) -> _SketchPiece:
+        return self.select(slice(low, high))
+
+    def select(self, which: slice | npt.NDArray[np.int64]) -> _SketchPiece:
+        return _SketchPiece(self.structure, *(getattr(self, name)[which] for name in self.COLUMNS))
+
+    @classmethod
+    def joined(cls, parts: list[_SketchPiece]) -> _SketchPiece:
+        """One piece of the parts' rows, in batch order."""
+        rows = cls(parts[0].structure, *(np.concatenate([getattr(part, name) for part in parts])
+                                         for name in cls.COLUMNS))
+        return rows.select(np.argsort(rows.positions, kind="stable"))
+
+
+Piece = _Piece | _AppendPiece | _PostcardPiece | _SketchPiece
 
 
 @dataclass
@@ -324,7 +360,8 @@ class BatchTranslator:
                 structure = tables.structure(int(address).to_bytes(4, "big"), kind)
                 if structure is None or structure.qp.index not in self._vector_qps:
                     continue  # a counted drop, or a shared QP: the oracle's, at its place (a barrier)
-                decode = _decode_postcards if kind is DtaOpcode.POSTCARDING else _decode_piece
+                decode = {DtaOpcode.POSTCARDING: _decode_postcards, DtaOpcode.SKETCH_MERGE: _decode_sketches}.get(
+                    kind, _decode_piece)
                 decoded = decode(rows[members], positions[members], structure, kind, is_extended, size, base)
                 found = [decoded] if decoded is not None and len(decoded.positions) else []
             for piece in found:
@@ -381,6 +418,17 @@ class BatchTranslator:
                 emitted[qp_index] = self._emit_appends(cast(list[_AppendPiece], parts), out, flushes)
             elif isinstance(parts[0], _PostcardPiece):
                 emitted[qp_index] = self._emit_postcards(cast(list[_PostcardPiece], parts), now_ns, out, flushes)
+            elif isinstance(parts[0], _SketchPiece):
+                sent = self._emit_sketches(cast(list[_SketchPiece], parts), out)
+                if sent is not None:
+                    emitted[qp_index] = sent
+                    continue
+                # out of sequence somewhere: the structure's reports and ACKs go through the oracle, in order
+                for piece in parts:
+                    roles[piece.positions] = INDEPENDENT
+                for position, acked in self._ack_qp.items():
+                    if acked == qp_index and start <= position < end:
+                        roles[position] = INDEPENDENT
             else:
                 emitted[qp_index] = self._emit(cast(list[_Piece], parts), out)
         # the flush queue gets the vector rows' entries and the oracle's in batch order
@@ -588,6 +636,71 @@ class BatchTranslator:
         counters[Counter.POSTCARD_CACHED] += cached
         self._count(DtaOpcode.POSTCARDING, len(rows.positions), len(sent_at))
         return sent_at
+
+    def _emit_sketches(self, parts: list[_SketchPiece], out: BatchOutput) -> npt.NDArray[np.int64] | None:
+        """The frames of one structure's vector Sketch-Merge rows in a segment, or None (and nothing done) unless
+        every report is its reporter's next column and none repeats a column its reporter already gave.
+
+        Then every report is merged, whatever the order between reporters: SUM and MAX commute, and a group of
+        columns written (all reporters in all its columns) gets no more reports in the segment, since each of
+        them would repeat a column. The report that completes a group is its last one in the segment.
+        Returns the batch position of each frame sent (ascending)."""
+        structure = parts[0].structure
+        rows = _SketchPiece.joined(parts) if len(parts) > 1 else parts[0]
+        runtime = cast(SketchMerge, self.oracle.primitives[DtaOpcode.SKETCH_MERGE]).runtime(structure)
+        by_reporter = np.lexsort((rows.positions, rows.reporters))
+        reporters, counts = np.unique(rows.reporters, return_counts=True)
+        first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
+                            count=len(reporters))
+        if (counts > structure.columns).any() or (
+                rows.columns[by_reporter] != (np.repeat(first, counts) + _ranks(counts)) % structure.columns).any():
+            return None
+        # the columns of every group the segment touches, as arrays
+        batch = structure.batch
+        groups = np.unique(rows.columns // batch)
+        columns = (groups[:, None] * batch + np.arange(batch)).reshape(-1)
+        given = np.zeros((len(columns), structure.reporters), dtype=bool)
+        for row, column in enumerate(columns.tolist()):
+            given[row, list(runtime.contributors[column])] = True
+        at = np.searchsorted(columns, rows.columns)  # each report's row among `columns`
+        if given[at, rows.reporters].any():
+            return None
+        given[at, rows.reporters] = True
+        aggregate = np.array([runtime.aggregate[column] for column in columns.tolist()], dtype=np.int64)
+        if structure.merge is MergeKind.MAX:
+            np.maximum.at(aggregate, at, rows.counters.astype(np.int64))
+        else:
+            np.add.at(aggregate, at, rows.counters.astype(np.int64))
+            aggregate &= 0xFFFFFFFF
+        complete = given.reshape(len(groups), -1).all(axis=1)
+        group_of = at // batch  # each report's group among `groups`
+        last = np.full(len(groups), -1, dtype=np.int64)
+        np.maximum.at(last, group_of, np.arange(len(rows.positions)))
+        sent: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
+        if complete.any():
+            done = np.flatnonzero(complete)  # ascending groups; the frames go in the order of their last reports
+            order = np.argsort(rows.positions[last[done]])
+            done, writer = done[order], last[done][order]
+            sent = rows.positions[writer]
+            qp = structure.qp
+            psn, ack_req = self._sequence(qp, len(done))
+            first_column = groups[done] * batch
+            payloads = aggregate.reshape(len(groups), -1)[done].astype("<u4").view(np.uint8).reshape(len(done), -1)
+            out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + first_column.astype(np.uint64) *
+                                       np.uint64(structure.slot_size), rows.immediate[writer],
+                                       first_column.astype(np.uint32), payloads)
+            wiped = (done[:, None] * batch + np.arange(batch)).reshape(-1)
+            aggregate[wiped] = 0
+            given[wiped] = False
+        for row, column in enumerate(columns.tolist()):
+            runtime.aggregate[column] = aggregate[row].tolist()
+            runtime.contributors[column] = set(np.flatnonzero(given[row]).tolist())
+        ends = np.cumsum(counts) - 1  # each reporter's last report, in reporter order
+        for reporter, column in zip(reporters.tolist(), rows.columns[by_reporter][ends].tolist()):
+            runtime.next_column[reporter] = (column + 1) % structure.columns
+        self.oracle.counters[Counter.SKETCH_MERGED] += len(rows.positions)
+        self._count(DtaOpcode.SKETCH_MERGE, len(rows.positions), len(sent))
+        return sent
 
     def _flush_later(self, index: int, structure: Structure | None, now_ns: int) -> None:
         """The flush queue entry the oracle adds when an Append list's batch or a Postcarding path begins; the
@@ -834,6 +947,25 @@ def _decode_postcards(rows: Rows, positions: npt.NDArray[np.int64], structure: S
     slot_hashes, checksums, hop_hashes = postcard_hashes_rows(keys, hops)
     return _PostcardPiece(structure, positions[take], keys, hops, path_lengths[take], data ^ hop_hashes,
                           slot_hashes, checksums, immediate[take])
+
+
+def _decode_sketches(rows: Rows, positions: npt.NDArray[np.int64], structure: Structure, kind: DtaOpcode,
+                     extended: bool, size: int, base: Header) -> _SketchPiece | None:
+    """The Sketch-Merge rows of one layout that the vector path takes; None if the layout cannot be one."""
+    sub_at = PAYLOAD_AT + DTA_BASE_EXT.size
+    if not extended or size != DTA_BASE_EXT.size + SKETCH_MERGE_EXT.size + 4 * structure.rows:
+        return None  # Sketch-Merge is extended only; other sizes are the oracle's drops
+    take = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "marker") == EXTENDED_FIRST_BYTE
+    take &= gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "retransmit") == 0
+    take &= gather(rows, sub_at, SKETCH_MERGE_EXT, "rows") == structure.rows
+    reporters = gather(rows, sub_at, SKETCH_MERGE_EXT, "reporter").astype(np.int64)
+    columns = gather(rows, sub_at, SKETCH_MERGE_EXT, "column").astype(np.int64)
+    take &= (reporters < structure.reporters) & (columns < structure.columns)
+    rows = rows[take]
+    counters_at = sub_at + SKETCH_MERGE_EXT.size
+    counters = np.ascontiguousarray(rows[:, counters_at:counters_at + 4 * structure.rows]).view(">u4")
+    return _SketchPiece(structure, positions[take], reporters[take], columns[take], counters.astype(np.uint32),
+                        gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0)
 
 
 def _decode_appends(rows: Rows, positions: npt.NDArray[np.int64], extended: bool, size: int, base: Header,

@@ -320,7 +320,8 @@ class SketchMerge(Primitive):
     def new_state(self) -> dict[int, SketchRuntime]:
         return {}
 
-    def _runtime(self, structure: Structure) -> SketchRuntime:
+    def runtime(self, structure: Structure) -> SketchRuntime:
+        """The structure's aggregate columns, their contributors and each reporter's next column (made on first use)."""
         runtime: SketchRuntime = self.state.setdefault(structure.qp.index, SketchRuntime(
             [[0] * structure.rows for _ in range(structure.columns)], [set() for _ in range(structure.columns)]))
         return runtime
@@ -334,7 +335,7 @@ class SketchMerge(Primitive):
             return t.drop(Counter.DROP_UNKNOWN_REPORTER)
         if len(report.counters) != structure.rows or report.column >= structure.columns:
             return t.drop(Counter.DROP_BAD_LENGTH)
-        runtime = self._runtime(structure)
+        runtime = self.runtime(structure)
         expected = runtime.next_column.get(report.reporter, 0)
         # A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written.
         if report.column != expected or report.reporter in runtime.contributors[expected]:
@@ -346,7 +347,7 @@ class SketchMerge(Primitive):
 
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
         t, structure = self.translator, target
-        runtime = self._runtime(structure)
+        runtime = self.runtime(structure)
         expected = report.column
         runtime.next_column[report.reporter] = (expected + 1) % structure.columns
         column = runtime.aggregate[report.column]

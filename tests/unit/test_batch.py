@@ -31,7 +31,8 @@ def batch_tables(profile: str = "dta-v1") -> Tables:
     """The example tables, RC with ACK requests, and a second collector whose Key-Write has 8-byte keys and
     12-byte data (extended reports only), whose Key-Increment uses dta-v1's hash, whose Append lists hold
     8-byte entries (stored little-endian) and 6-byte ones (verbatim) in short rings, and whose Postcarding has
-    8-byte keys, 3 hops and a cache of 2 entries. Caches are small, so that paths evict each other."""
+    8-byte keys, 3 hops and a cache of 2 entries, and whose Sketch-Merge takes the MAX of 2 reporters. Caches
+    are small, so that paths evict each other; sketches are narrow, so that epochs end within a workload."""
     document = tomllib.loads(EXAMPLE_TABLES.read_text())
     document["translator"].update(ack_request_interval=3, profile=profile)
     for structure in document["structures"]:
@@ -42,6 +43,9 @@ def batch_tables(profile: str = "dta-v1") -> Tables:
     postcarding = next(entry for entry in document["structures"] if entry["primitive"] == "postcarding")
     postcarding.update(cache_entries=64)  # flows meet in the cache: evictions
     postcarding["qp"].update(transport="rc", start_psn=0xFFFFFE)
+    sketch = next(entry for entry in document["structures"] if entry["primitive"] == "sketch-merge")
+    sketch.update(columns=16, batch=4, reporters=3)  # epochs end, and reporters run ahead into the next
+    sketch["qp"].update(transport="rc", start_psn=0xFFFFFF)
     document["append"] += [
         {"collector": "c2", "first_list": 100, "lists": 4, "entries": 6, "data_len": 8, "batch": 3,
          "qp": {"remote_qpn": 0x303, "local_qpn": 0x403, "rkey": 0x3003, "base": 0x7f0120000000, "length": 192}},
@@ -57,6 +61,9 @@ def batch_tables(profile: str = "dta-v1") -> Tables:
                 "transport": "rc", "start_psn": 77}},
         {"primitive": "postcarding", "collector": "c2", "key_len": 8, "hops": 3, "cache_entries": 2,
          "qp": {"remote_qpn": 0x305, "local_qpn": 0x405, "rkey": 0x3005, "base": 0x7f0140000000, "length": 1 << 10}},
+        {"primitive": "sketch-merge", "collector": "c2", "columns": 4, "rows": 2, "reporters": 2, "merge": "max",
+         "batch": 2, "qp": {"remote_qpn": 0x306, "local_qpn": 0x406, "rkey": 0x3006, "base": 0x7f0150000000,
+                            "length": 32}},
     ]
     return Tables.from_dict(document)
 
@@ -80,10 +87,11 @@ def random_workload(seed: int, tables: Tables, size: int) -> list[bytes]:
     profile = tables.profile
     to_c1, to_c2, astray = reporter(C1, tables), reporter(C2, tables), reporter(NOWHERE, tables)
     other = reporter(C1, tables, "10.77.9.2")
-    others = [*workload.append(size // 8, seed, 8), *workload.postcards(size // 24, seed, 5),
-              *workload.sketch_epoch(2, 8, 4, seed)]
+    others = [*workload.append(size // 8, seed, 8), *workload.postcards(size // 24, seed, 5)]
     kw, ki = tables.structure(C1, DtaOpcode.KEY_WRITE), tables.structure(C1, DtaOpcode.KEY_INCREMENT)
     flows = [rng.randbytes(4) for _ in range(rng.choice([3, 40]))], [rng.randbytes(8) for _ in range(5)]
+    sketches = {C1: SketchReporters(tables.structure(C1, DtaOpcode.SKETCH_MERGE), rng),
+                C2: SketchReporters(tables.structure(C2, DtaOpcode.SKETCH_MERGE), rng)}
     seq = 0
     frames = []
     for _ in range(size):
@@ -107,12 +115,16 @@ def random_workload(seed: int, tables: Tables, size: int) -> list[bytes]:
         elif roll < 0.70:
             target, report = random_postcard(rng, *flows)
             frames.append({C1: to_c1, C2: to_c2}[target].frame(report, profile))
+        elif roll < 0.74:
+            target = C1 if rng.random() < 0.7 else C2
+            frames.append({C1: to_c1, C2: to_c2}[target].frame(sketches[target].report(), profile))
         elif roll < 0.75 and others:
             frames.append(to_c1.frame(others.pop(rng.randrange(len(others))), profile))
         elif roll < 0.85:  # a reply of the collector: ACKs in and out of the window, NAKs, forged ones
             atomics = [ki.qp, tables.structure(C2, DtaOpcode.KEY_INCREMENT).qp]
             lists, postcarding = tables.append_lists[0], tables.structure(C1, DtaOpcode.POSTCARDING)
-            qp = rng.choice([kw.qp, *atomics, lists.qp, postcarding.qp])
+            sketch = tables.structure(C1, DtaOpcode.SKETCH_MERGE)
+            qp = rng.choice([kw.qp, *atomics, lists.qp, postcarding.qp, sketch.qp])
             psn = (qp.start_psn + rng.randint(-4, 60)) & 0xFFFFFF
             syndrome = rng.choice([ACK_SYNDROME] * 6 + [aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
                                                         NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome(AethKind.RNR_NAK, 3)])
@@ -138,6 +150,29 @@ def random_append(rng) -> dta.Report:
         return dta.append(rng.choice([200, 201]), rng.randbytes(6), extended=True, **flags)
     return rng.choice([dta.append(5000, 1), dta.append(1, rng.randbytes(8), extended=True),  # no such list; too long
                        dta.append(rng.randrange(6), 7, retransmit=True, seqnum=rng.randrange(256), extended=True)])
+
+
+class SketchReporters:
+    """Reporters of one Sketch-Merge structure sending their columns mostly in order, epoch after epoch (a fast
+    one runs into the next epoch and is NACKed), with now and then a column out of order or a bad report."""
+
+    def __init__(self, structure, rng):
+        self.structure, self.rng = structure, rng
+        self.next_column = [0] * structure.reporters
+
+    def report(self) -> dta.Report:
+        rng, structure = self.rng, self.structure
+        reporter = rng.randrange(structure.reporters)
+        column = self.next_column[reporter]
+        if rng.random() < 0.9:
+            self.next_column[reporter] = (column + 1) % structure.columns
+        else:
+            column = rng.randrange(structure.columns)  # a gap, or a stale resend
+        if rng.random() < 0.03:
+            return dta.sketch_column(rng.choice([reporter, structure.reporters]), column,
+                                     [1] * (structure.rows + rng.choice([0, 1])))  # unknown reporter, bad rows
+        counters = [rng.randrange(1 << 32) for _ in range(structure.rows)]
+        return dta.sketch_column(reporter, column, counters, immediate=rng.random() < 0.3)
 
 
 def random_postcard(rng, flows, long_flows) -> tuple[bytes, dta.Report]:
@@ -336,6 +371,58 @@ def test_postcards_crowding_a_cache_slot_take_a_round_each_with_acks_judged_in_p
     expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)
     assert expected[0].counts()[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1
     assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
+
+
+def test_a_sketch_epoch_is_vectorized_not_sent_through_the_oracle(monkeypatch):
+    """Reporters interleaved, each in column order; every group of columns is written by its last report."""
+    tables = batch_tables()
+    sketch = tables.structure(C1, DtaOpcode.SKETCH_MERGE)
+    epoch = workload.sketch_epoch(sketch.reporters, sketch.columns, sketch.rows, 9)
+    frames = [reporter(C1, tables).frame(report) for report in epoch]
+    oracle_run = run_oracle(tables, frames, [len(frames)], lambda _: 0)
+    batch = BatchTranslator(Translator(tables))
+    calls = []
+    monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
+    out = batch.process_batch(frames, 0)
+    assert calls == [] and len(out.frames) == sketch.columns // sketch.batch
+    assert out.frames == oracle_run[1]["frames"]
+    assert state(batch.oracle) == state(oracle_run[0])
+
+
+def test_a_reporter_ahead_of_the_epoch_sends_its_structure_through_the_oracle():
+    """A reporter that wrapped into the next epoch before a column group was written is NACKed; the oracle
+    decides that, report by report, with the structure's ACKs in their places."""
+    tables = batch_tables()
+    sketch = tables.structure(C1, DtaOpcode.SKETCH_MERGE)
+    to_c1 = reporter(C1, tables)
+    fast = [to_c1.frame(dta.sketch_column(0, column, [column] * sketch.rows)) for column in range(sketch.columns)]
+    ack = reply(tables, C1, sketch.qp.local_qpn, sketch.qp.start_psn, ACK_SYNDROME)
+    frames = [*fast, ack, *fast[:3],
+              *[to_c1.frame(dta.sketch_column(r, column, [1] * sketch.rows)) for column in range(sketch.columns)
+                for r in range(1, sketch.reporters)], *fast[:2]]
+    expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)
+    counts = expected[0].counts()
+    assert counts[Counter.DROP_SKETCH_STALE] == 1 and counts[Counter.DROP_SKETCH_GAP] == 2
+    assert counts[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[Counter.RX_ACKS] == 0
+    assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
+
+
+def test_the_next_epochs_first_group_is_written_after_this_epochs_last():
+    """In one batch, the last group of columns of an epoch, then the first of the next: frames in the order
+    their groups were completed, not in column order."""
+    tables = batch_tables()
+    sketch = tables.structure(C1, DtaOpcode.SKETCH_MERGE)
+    to_c1 = reporter(C1, tables)
+
+    def columns(order):
+        return [to_c1.frame(dta.sketch_column(r, column, [column + r] * sketch.rows)) for column in order
+                for r in range(sketch.reporters)]
+
+    frames = columns(range(12)) + columns([12, 13, 14, 15, 0, 1, 2, 3])
+    cuts = [36, len(frames)]
+    expected = run_oracle(tables, frames, cuts, lambda _: 0)
+    assert len(expected[1]["frames"]) == 5
+    assert_same(expected, run_batches(tables, frames, cuts, lambda _: 0))
 
 
 def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
