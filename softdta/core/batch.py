@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from softdta.core.primitives import SketchMerge
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
-from softdta.core.translator import AppendRuntime, PostcardEntry, Translator
+from softdta.core.translator import AppendRuntime, PostcardEntry, SketchRuntime, Translator
 from softdta.spec import (
     AETH,
     AETH_KIND_SHIFT,
@@ -410,57 +410,51 @@ class BatchTranslator:
                 continue
             by_qp.setdefault(qp.index, []).append(piece.cut(low, high))
         emitted: dict[int, npt.NDArray[np.int64]] = {}  # QP index -> the batch position of each frame it sent
-        first_psn: dict[int, int] = {}
         flushes: list[tuple[int, int, Structure | None]] = []  # the flush queue entries the vector rows add
         for qp_index, parts in by_qp.items():
-            first_psn[qp_index] = oracle.qp_state[qp_index].next_psn
             if isinstance(parts[0], _AppendPiece):
                 emitted[qp_index] = self._emit_appends(cast(list[_AppendPiece], parts), out, flushes)
             elif isinstance(parts[0], _PostcardPiece):
                 emitted[qp_index] = self._emit_postcards(cast(list[_PostcardPiece], parts), now_ns, out, flushes)
             elif isinstance(parts[0], _SketchPiece):
-                sent = self._emit_sketches(cast(list[_SketchPiece], parts), out)
-                if sent is not None:
-                    emitted[qp_index] = sent
-                    continue
-                # out of sequence somewhere: the structure's reports and ACKs go through the oracle, in order
-                for piece in parts:
-                    roles[piece.positions] = INDEPENDENT
-                for position, acked in self._ack_qp.items():
-                    if acked == qp_index and start <= position < end:
-                        roles[position] = INDEPENDENT
+                emitted[qp_index], resume = self._emit_sketches(cast(list[_SketchPiece], parts), out)
+                for piece in parts:  # from a report out of sequence on, the oracle takes them in order
+                    roles[piece.positions[piece.positions >= resume]] = INDEPENDENT
             else:
                 emitted[qp_index] = self._emit(cast(list[_Piece], parts), out)
-        # the flush queue gets the vector rows' entries and the oracle's in batch order
+        # in batch order: the oracle's frames, the ACKs, and the flush queue entries of the vector rows
         flushes.sort(key=operator.itemgetter(0))
         waiting = iter(flushes)
         upcoming = next(waiting, None)
-        for position in (np.flatnonzero(roles[start:end] == INDEPENDENT) + start).tolist():
+        taken = roles[start:end]
+        for position in (np.flatnonzero((taken == INDEPENDENT) | (taken == ACK)) + start).tolist():
             while upcoming is not None and upcoming[0] < position:
                 self._flush_later(*upcoming[1:], now_ns)
                 upcoming = next(waiting, None)
-            self._through_oracle(frames, position, now_ns, out)
+            if roles[position] == ACK:
+                self._ack(frames, position, emitted, now_ns, out)
+            else:
+                self._through_oracle(frames, position, now_ns, out)
         while upcoming is not None:
             self._flush_later(*upcoming[1:], now_ns)
             upcoming = next(waiting, None)
-        for position in np.flatnonzero(roles[start:end] == ACK).tolist():
-            self._ack(frames, start + position, emitted, first_psn, now_ns, out)
 
-    def _ack(self, frames: Sequence[bytes], position: int, emitted: dict[int, npt.NDArray[np.int64]],
-             first_psn: dict[int, int], now_ns: int, out: BatchOutput) -> None:
-        """An ACK of a vector QP, judged with the next PSN its QP had when the ACK arrived."""
+    def _ack(self, frames: Sequence[bytes], position: int, emitted: dict[int, npt.NDArray[np.int64]], now_ns: int,
+             out: BatchOutput) -> None:
+        """An ACK of a vectorized QP, judged with the next PSN its QP had when the ACK arrived: without the
+        vector frames sent after it (the oracle's own frames before it are counted already)."""
         qp_index = self._ack_qp[position]
-        if qp_index not in emitted:
+        sent = emitted.get(qp_index)
+        if sent is None:
             self._through_oracle(frames, position, now_ns, out)
             return
         runtime = self.oracle.qp_state[qp_index]
-        sent_before = int(np.searchsorted(emitted[qp_index], position))
-        after = runtime.next_psn
-        runtime.next_psn = (first_psn[qp_index] + sent_before) & PSN_MASK
+        actual = runtime.next_psn
+        runtime.next_psn = (actual - (len(sent) - int(np.searchsorted(sent, position)))) & PSN_MASK
         try:
             self._through_oracle(frames, position, now_ns, out)
         finally:
-            runtime.next_psn = after
+            runtime.next_psn = actual
 
     def _through_oracle(self, frames: Sequence[bytes], position: int, now_ns: int, out: BatchOutput) -> None:
         result = self.oracle.process(frames[position], now_ns)
@@ -637,14 +631,10 @@ class BatchTranslator:
         self._count(DtaOpcode.POSTCARDING, len(rows.positions), len(sent_at))
         return sent_at
 
-    def _emit_sketches(self, parts: list[_SketchPiece], out: BatchOutput) -> npt.NDArray[np.int64] | None:
-        """The frames of one structure's vector Sketch-Merge rows in a segment, or None (and nothing done) unless
-        every report is its reporter's next column and none repeats a column its reporter already gave.
-
-        Then every report is merged, whatever the order between reporters: SUM and MAX commute, and a group of
-        columns written (all reporters in all its columns) gets no more reports in the segment, since each of
-        them would repeat a column. The report that completes a group is its last one in the segment.
-        Returns the batch position of each frame sent (ascending)."""
+    def _emit_sketches(self, parts: list[_SketchPiece], out: BatchOutput) -> tuple[npt.NDArray[np.int64], int]:
+        """The frames of one structure's vector Sketch-Merge rows in a segment, a lap of the columns at a time
+        (a lap ends where a reporter starts its columns again). Returns the batch position of each frame sent
+        (ascending), and the position from which the rows go through the oracle (past the end if none)."""
         structure = parts[0].structure
         rows = _SketchPiece.joined(parts) if len(parts) > 1 else parts[0]
         runtime = cast(SketchMerge, self.oracle.primitives[DtaOpcode.SKETCH_MERGE]).runtime(structure)
@@ -652,10 +642,35 @@ class BatchTranslator:
         reporters, counts = np.unique(rows.reporters, return_counts=True)
         first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
                             count=len(reporters))
+        restarts = ((np.repeat(first, counts) + _ranks(counts)) % structure.columns == 0) & (_ranks(counts) > 0)
+        laps = np.searchsorted(rows.positions, np.unique(rows.positions[by_reporter][restarts]))
+        sent: list[npt.NDArray[np.int64]] = []
+        for low, high in zip([0, *laps.tolist()], [*laps.tolist(), len(rows.positions)]):
+            lap = rows.select(slice(low, high))
+            lap_sent = self._merge_sketch_lap(lap, runtime, out)
+            if lap_sent is None:
+                return np.concatenate([np.empty(0, dtype=np.int64), *sent]), int(lap.positions[0])
+            sent.append(lap_sent)
+        return np.concatenate([np.empty(0, dtype=np.int64), *sent]), 1 << 62
+
+    def _merge_sketch_lap(self, rows: _SketchPiece, runtime: SketchRuntime,
+                          out: BatchOutput) -> npt.NDArray[np.int64] | None:
+        """Merges and writes one lap of Sketch-Merge rows, or returns None (and does nothing) unless every
+        report is its reporter's next column and none repeats a column its reporter already gave.
+
+        Then every report is accepted, whatever the order between reporters: SUM and MAX commute, and a group of
+        columns written (all reporters in all its columns) gets no more reports in the lap, since each of them
+        would repeat a column. The report that completes a group is its last one in the lap. Returns the batch
+        position of each frame sent (ascending)."""
+        structure = rows.structure
+        by_reporter = np.lexsort((rows.positions, rows.reporters))
+        reporters, counts = np.unique(rows.reporters, return_counts=True)
+        first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
+                            count=len(reporters))
         if (counts > structure.columns).any() or (
                 rows.columns[by_reporter] != (np.repeat(first, counts) + _ranks(counts)) % structure.columns).any():
             return None
-        # the columns of every group the segment touches, as arrays
+        # the columns of every group the lap touches, as arrays
         batch = structure.batch
         groups = np.unique(rows.columns // batch)
         columns = (groups[:, None] * batch + np.arange(batch)).reshape(-1)

@@ -345,8 +345,8 @@ def translator_python_engine(count: int) -> dict:
 def translator_batch(count: int) -> dict:
     """Reports/s per core of translation alone (no packet I/O; thread CPU time), side by side: the oracle a frame
     at a time, and the batch translator (core/batch.py) at the python engine's step and at 1024 frames, a batch
-    that amortizes numpy's per-call cost. On Key-Write N=1, on Append (64 lists, batches of 4), and on a mix of
-    every primitive in the demo's proportions (Postcarding and Sketch-Merge go through the oracle)."""
+    that amortizes numpy's per-call cost. On Key-Write N=1, on each other primitive as the example tables hold it
+    (Sketch-Merge: whole epochs, one after another), and on a mix of every primitive in the demo's proportions."""
     from softdta.core.batch import BatchTranslator
     from softdta.engines.python import BATCH
     tables = _tables()
@@ -354,8 +354,15 @@ def translator_batch(count: int) -> dict:
     mixed = [report for reports in primitive_workloads(tables, count // 5).values() for report in reports]
     random.Random(7).shuffle(mixed)
     lists = tables.append_lists[0]
+    sketch = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
+    epoch = sketch.reporters * sketch.columns
     cases = {"key-write-n1": workload.key_write(count, 11, redundancy=1),
-             "append": workload.append(count, 12, lists.lists, lists.first_list), "mixed": mixed}
+             "key-increment": workload.key_increment(count, 12, redundancy=1, flows=200),
+             "append": workload.append(count, 13, lists.lists, lists.first_list),
+             "postcarding": workload.postcards(count // 5, 14, 5),
+             "sketch-merge": [report for seed in range(max(1, count // epoch)) for report in
+                              workload.sketch_epoch(sketch.reporters, sketch.columns, sketch.rows, seed)],
+             "mixed": mixed}
     results: dict = {}
     for name, reports in cases.items():
         frames = [reporter.frame(report) for report in reports]

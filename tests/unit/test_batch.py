@@ -373,18 +373,20 @@ def test_postcards_crowding_a_cache_slot_take_a_round_each_with_acks_judged_in_p
     assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
 
 
-def test_a_sketch_epoch_is_vectorized_not_sent_through_the_oracle(monkeypatch):
-    """Reporters interleaved, each in column order; every group of columns is written by its last report."""
+def test_sketch_epochs_are_vectorized_not_sent_through_the_oracle(monkeypatch):
+    """Three epochs in one batch, reporters interleaved, each in column order; every group of columns is
+    written by its last report."""
     tables = batch_tables()
     sketch = tables.structure(C1, DtaOpcode.SKETCH_MERGE)
-    epoch = workload.sketch_epoch(sketch.reporters, sketch.columns, sketch.rows, 9)
-    frames = [reporter(C1, tables).frame(report) for report in epoch]
+    epochs = [report for seed in range(3) for report in
+              workload.sketch_epoch(sketch.reporters, sketch.columns, sketch.rows, seed)]
+    frames = [reporter(C1, tables).frame(report) for report in epochs]
     oracle_run = run_oracle(tables, frames, [len(frames)], lambda _: 0)
     batch = BatchTranslator(Translator(tables))
     calls = []
     monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
     out = batch.process_batch(frames, 0)
-    assert calls == [] and len(out.frames) == sketch.columns // sketch.batch
+    assert calls == [] and len(out.frames) == 3 * sketch.columns // sketch.batch
     assert out.frames == oracle_run[1]["frames"]
     assert state(batch.oracle) == state(oracle_run[0])
 
