@@ -73,6 +73,15 @@ def sketch_epoch(reporters: int, columns: int, rows: int, seed: int = 0) -> list
     return reports
 
 
+def interleave(streams: list[list[Report]], seed: int = 0) -> list[Report]:
+    """The streams merged in a random order that keeps each stream's own (sketch columns stay sequential)."""
+    rng = random.Random(seed)
+    pending = [list(reversed(stream)) for stream in streams]
+    order = [index for index, stream in enumerate(pending) for _ in stream]
+    rng.shuffle(order)
+    return [pending[index].pop() for index in order]
+
+
 def _distinct_keys(rng: random.Random, count: int, key_len: int) -> list[bytes]:
     """In the order drawn: a set's order depends on the process's hash seed, and a seed must give one workload."""
     keys: dict[bytes, None] = {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import random
 import socket
 import statistics
 import subprocess
@@ -351,8 +350,7 @@ def translator_batch(count: int) -> dict:
     from softdta.engines.python import BATCH
     tables = _tables()
     reporter = _reporter(tables)
-    mixed = [report for reports in primitive_workloads(tables, count // 5).values() for report in reports]
-    random.Random(7).shuffle(mixed)
+    mixed = workload.interleave(list(primitive_workloads(tables, count // 5).values()), 7)
     lists = tables.append_lists[0]
     sketch = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
     epoch = sketch.reporters * sketch.columns

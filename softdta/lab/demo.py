@@ -6,7 +6,6 @@ collector is, and whether the queries give back what was reported, against the a
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -43,12 +42,7 @@ def run_offline_demo(tables: Tables, seed: int = 0, pcap_dir: str | None = None)
     reporter = workload.ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"),
                                         translator_mac=tables.mac, collector_ip=collector_ip)
     per_primitive = _workloads(tables, collector_ip, seed)
-    # Interleave the primitives while keeping each one's own order (sketch columns must stay sequential).
-    rng = random.Random(seed)
-    streams = [list(reversed(reports)) for reports in per_primitive.values()]
-    stream_order = [i for i, stream in enumerate(streams) for _ in stream]
-    rng.shuffle(stream_order)
-    ordered = [streams[i].pop() for i in stream_order]
+    ordered = workload.interleave(list(per_primitive.values()), seed)
 
     translator = Translator(tables)
     collector = OfflineCollector(tables, collector_ip)
