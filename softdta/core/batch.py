@@ -102,12 +102,23 @@ _POPCOUNT = np.array([bin(mask).count("1") for mask in range(1 << MAX_POSTCARD_H
 
 @dataclass
 class BatchOutput:
-    """What a batch produced: RoCEv2 frames (in PSN order per QP), NACKs for reporters, and the positions of
-    the essential reports deferred until their QP can send (the caller offers them again later)."""
+    """What a batch produced: RoCEv2 frames (in the oracle's order: by the report that made them, and so in PSN
+    order per QP), NACKs for reporters, and the positions of the essential reports deferred until their QP can
+    send (the caller offers them again later)."""
 
     frames: list[bytes] = field(default_factory=list)
     to_reporter: list[bytes] = field(default_factory=list)
     deferred: list[int] = field(default_factory=list)
+    # the batch position of the report behind each frame, a run per call that added frames
+    made_by: list[npt.NDArray[np.int64]] = field(default_factory=list, repr=False)
+
+    def in_report_order(self) -> BatchOutput:
+        """The frames sorted by the report that made them (frames of one report keep their order)."""
+        if len(self.made_by) > 1:
+            order = np.argsort(np.concatenate(self.made_by), kind="stable")
+            self.frames = [self.frames[index] for index in order.tolist()]
+        self.made_by = []
+        return self
 
 
 @dataclass
@@ -260,7 +271,7 @@ class BatchTranslator:
         if count < MIN_VECTOR_BATCH:
             for position in range(count):
                 self._through_oracle(frames, position, now_ns, out)
-            return out
+            return out.in_report_order()
         self._ack_qp = {}
         roles, pieces = self._classify(frames)
         start = 0
@@ -270,7 +281,7 @@ class BatchTranslator:
             if barrier < count:
                 self._through_oracle(frames, barrier, now_ns, out)
             start = barrier + 1
-        return out
+        return out.in_report_order()
 
     # ----------------------------------------------------------------------------------------------
     # roles
@@ -422,6 +433,7 @@ class BatchTranslator:
                     roles[piece.positions[piece.positions >= resume]] = INDEPENDENT
             else:
                 emitted[qp_index] = self._emit(cast(list[_Piece], parts), out)
+            out.made_by.append(emitted[qp_index])  # the frames just added, in PSN order
         # in batch order: the oracle's frames, the ACKs, and the flush queue entries of the vector rows
         flushes.sort(key=operator.itemgetter(0))
         waiting = iter(flushes)
@@ -458,7 +470,9 @@ class BatchTranslator:
 
     def _through_oracle(self, frames: Sequence[bytes], position: int, now_ns: int, out: BatchOutput) -> None:
         result = self.oracle.process(frames[position], now_ns)
-        out.frames += result.frames
+        if result.frames:
+            out.frames += result.frames
+            out.made_by.append(np.full(len(result.frames), position, dtype=np.int64))
         out.to_reporter += result.to_reporter
         if result.deferred:
             out.deferred.append(position)
