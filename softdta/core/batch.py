@@ -32,7 +32,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.primitives import SketchMerge
+from softdta.core.primitives import BatchPrimitive, KeyWrites, PluginRows, Primitive, SketchMerge
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.core.translator import AppendRuntime, PostcardEntry, SketchRuntime, Translator
 from softdta.spec import (
@@ -134,6 +134,7 @@ class _Piece:
     slot_hashes: npt.NDArray[np.uint32]  # (copies, rows): as many copies as the piece's largest redundancy
     data: Rows | None = None  # Key-Write
     counter: npt.NDArray[np.uint64] | None = None  # Key-Increment
+    reports: bool = True  # False: writes a plug-in asked for, counted as its reports
 
     @property
     def qp(self) -> QueuePair:
@@ -143,7 +144,7 @@ class _Piece:
         return _Piece(self.structure, self.kind, self.positions[low:high], self.redundancy[low:high],
                       self.immediate[low:high], self.checksums[low:high], self.slot_hashes[:, low:high],
                       None if self.data is None else self.data[low:high],
-                      None if self.counter is None else self.counter[low:high])
+                      None if self.counter is None else self.counter[low:high], self.reports)
 
 
 @dataclass
@@ -232,7 +233,24 @@ class _SketchPiece:
         return rows.select(np.argsort(rows.positions, kind="stable"))
 
 
-Piece = _Piece | _AppendPiece | _PostcardPiece | _SketchPiece
+@dataclass
+class _PluginPiece:
+    """Well-formed reports of a plug-in with `translate_batch`, of one frame length: positions (ascending)."""
+
+    primitive: Primitive
+    positions: npt.NDArray[np.int64]
+    frames: Rows
+    collector_ips: npt.NDArray[np.uint64]
+    immediate: npt.NDArray[np.bool_]
+    essential: npt.NDArray[np.bool_]
+
+    def cut(self, low: int, high: int) -> _PluginPiece:
+        return _PluginPiece(self.primitive, self.positions[low:high], self.frames[low:high],
+                            self.collector_ips[low:high], self.immediate[low:high], self.essential[low:high])
+
+
+Vector = _Piece | _AppendPiece | _PostcardPiece | _SketchPiece  # rows bound for one QP
+Piece = Vector | _PluginPiece
 
 
 @dataclass
@@ -263,6 +281,9 @@ class BatchTranslator:
         self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
         self._plugin_opcodes: frozenset[int] = frozenset(
             opcode for opcode in oracle.primitives if opcode not in set(DtaOpcode))
+        self._batch_plugins = {opcode: oracle.primitives[opcode] for opcode in self._plugin_opcodes
+                               if callable(getattr(oracle.primitives[opcode], "translate_batch", None))}
+        self._plugins_write = False  # whether plug-ins' Key-Writes may join their QPs' vector rows
 
     def process_batch(self, frames: Sequence[bytes], now_ns: int = 0) -> BatchOutput:
         self._follow_tables()
@@ -281,6 +302,7 @@ class BatchTranslator:
             if barrier < count:
                 self._through_oracle(frames, barrier, now_ns, out)
             start = barrier + 1
+        out.deferred.sort()  # a plug-in's deferrals come with its batch
         return out.in_report_order()
 
     # ----------------------------------------------------------------------------------------------
@@ -296,6 +318,8 @@ class BatchTranslator:
         # a QP that two targets share keeps their reports in one PSN order: those stay with the oracle
         self._vector_qps = {target.qp.index for target in targets if owners[target.qp.index] == 1 and
                             (isinstance(target, AppendLists) or target.primitive in VECTOR_KINDS)}
+        self._plugins_write = all(structure.qp.index in self._vector_qps for structure in tables.structures
+                                  if structure.primitive is DtaOpcode.KEY_WRITE)
 
     def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[Piece]]:
         lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
@@ -344,6 +368,13 @@ class BatchTranslator:
         plugin = extended & np.isin(opcode, list(self._plugin_opcodes)) if self._plugin_opcodes \
             else np.zeros(len(opcode), dtype=bool)
         roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
+        if self._batch_plugins and self._plugins_write:
+            for code, primitive in self._batch_plugins.items():
+                mine = plugin & (opcode == code)
+                if mine.any():
+                    taken = _decode_plugin(rows[mine], positions[mine], primitive)
+                    roles[taken.positions] = VECTOR
+                    pieces.append(taken)
         candidates = np.flatnonzero(vector_kind)
         if not len(candidates):
             return
@@ -408,18 +439,20 @@ class BatchTranslator:
                  start: int, end: int, now_ns: int, out: BatchOutput) -> None:
         oracle = self.oracle
         ready: dict[int, bool] = {}
-        by_qp: dict[int, list[Piece]] = {}  # a vector QP has one target: its pieces are alike
-        for piece in pieces:
-            low, high = np.searchsorted(piece.positions, [start, end])
-            if low == high:
-                continue
+        cut = [piece.cut(*np.searchsorted(piece.positions, [start, end]).tolist()) for piece in pieces]
+        plugins = [piece for piece in cut if isinstance(piece, _PluginPiece) and len(piece.positions)]
+        here: list[Vector] = [piece for piece in cut if not isinstance(piece, _PluginPiece) and len(piece.positions)]
+        if plugins:
+            here += self._run_plugins(plugins, now_ns, out)
+        by_qp: dict[int, list[Vector]] = {}  # a vector QP has one target: its pieces are alike
+        for piece in here:
             qp = piece.qp
             if qp.index not in ready:  # asked when the oracle would ask: at the QP's first report here
                 ready[qp.index] = oracle.qp_ready(qp, now_ns)
             if not ready[qp.index]:  # dropped or deferred: by the oracle, in order
-                roles[piece.positions[low:high]] = INDEPENDENT
+                roles[piece.positions] = INDEPENDENT
                 continue
-            by_qp.setdefault(qp.index, []).append(piece.cut(low, high))
+            by_qp.setdefault(qp.index, []).append(piece)
         emitted: dict[int, npt.NDArray[np.int64]] = {}  # QP index -> the batch position of each frame it sent
         flushes: list[tuple[int, int, Structure | None]] = []  # the flush queue entries the vector rows add
         for qp_index, parts in by_qp.items():
@@ -450,6 +483,31 @@ class BatchTranslator:
         while upcoming is not None:
             self._flush_later(*upcoming[1:], now_ns)
             upcoming = next(waiting, None)
+
+    def _run_plugins(self, parts: list[_PluginPiece], now_ns: int, out: BatchOutput) -> list[Vector]:
+        """Each plug-in's reports in the segment, in order, through its `translate_batch`; the Key-Writes it asks
+        for, as vector rows of their structures."""
+        made: list[Vector] = []
+        for primitive in {id(part.primitive): part.primitive for part in parts}.values():
+            mine = [part for part in parts if part.primitive is primitive]
+            positions = np.concatenate([part.positions for part in mine])
+            frames = np.zeros((len(positions), max(part.frames.shape[1] for part in mine)), dtype=np.uint8)
+            at = 0
+            for part in mine:
+                frames[at:at + len(part.positions), :part.frames.shape[1]] = part.frames
+                at += len(part.positions)
+            order = np.argsort(positions, kind="stable")
+            lengths = np.concatenate([np.full(len(part.positions), part.frames.shape[1]) for part in mine])
+            rows = PluginRows(frames[order], lengths[order], PAYLOAD_AT + DTA_BASE_EXT.size,
+                              *(np.concatenate([getattr(part, name) for part in mine])[order]
+                                for name in ("collector_ips", "immediate", "essential")))
+            positions = positions[order]
+            result = cast(BatchPrimitive, primitive).translate_batch(rows, now_ns)
+            self.oracle.counters[Counter.RX_REPORTS] += len(positions)
+            out.deferred += positions[result.deferred].tolist()
+            for writes in result.writes:
+                made.append(_plugin_writes(writes, positions, rows.immediate))
+        return made
 
     def _ack(self, frames: Sequence[bytes], position: int, emitted: dict[int, npt.NDArray[np.int64]], now_ns: int,
              out: BatchOutput) -> None:
@@ -508,7 +566,7 @@ class BatchTranslator:
             payloads[:, :KEY_CHECKSUM_LEN] = checksums.astype("<u4").view(np.uint8).reshape(-1, KEY_CHECKSUM_LEN)
             payloads[:, KEY_CHECKSUM_LEN:] = values
             out.frames += self._writes(qp, psn, ack_req, va, immediate, checksums, payloads)
-        self._count(structure.primitive, sum(len(piece.positions) for piece in parts), sent)
+        self._count(structure.primitive, sum(len(piece.positions) for piece in parts if piece.reports), sent)
         return positions
 
     def _emit_appends(self, parts: list[_AppendPiece], out: BatchOutput,
@@ -995,6 +1053,40 @@ def _decode_sketches(rows: Rows, positions: npt.NDArray[np.int64], structure: St
     counters = np.ascontiguousarray(rows[:, counters_at:counters_at + 4 * structure.rows]).view(">u4")
     return _SketchPiece(structure, positions[take], reporters[take], columns[take], counters.astype(np.uint32),
                         gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0)
+
+
+def _decode_plugin(rows: Rows, positions: npt.NDArray[np.int64], primitive: Primitive) -> _PluginPiece:
+    """A plug-in's reports of one frame length that its `translate_batch` takes: extended, not retransmitted,
+    and exactly as long as the sub-header's length fields say (the rest are the oracle's drops, barriers)."""
+    sub_at = PAYLOAD_AT + DTA_BASE_EXT.size
+    subheader = primitive.subheader
+    take = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "marker") == EXTENDED_FIRST_BYTE
+    take &= gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "retransmit") == 0
+    size = np.full(len(rows), sub_at + subheader.size, dtype=np.int64)
+    if rows.shape[1] >= sub_at + subheader.size:
+        for var in subheader.tail:
+            size += gather(rows, sub_at, subheader, var.length_from).astype(np.int64) * var.unit
+        take &= UDP_AT + gather(rows, UDP_AT, UDP, "length").astype(np.int64) == size
+    else:
+        take[:] = False
+    rows = rows[take]
+    return _PluginPiece(primitive, positions[take], rows, gather(rows, IP_AT, IPV4, "dst"),
+                        gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0,
+                        gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "essential") != 0)
+
+
+def _plugin_writes(writes: KeyWrites, positions: npt.NDArray[np.int64], immediate: npt.NDArray[np.bool_]) -> _Piece:
+    """A plug-in's Key-Writes as vector rows of their structure, at the batch positions of its reports."""
+    structure = writes.structure
+    order = np.argsort(writes.rows, kind="stable")
+    rows, keys, data = writes.rows[order], writes.keys[order], writes.data[order]
+    if structure.primitive is not DtaOpcode.KEY_WRITE or keys.shape[1:] != (structure.key_len,) or \
+            data.shape[1:] != (structure.data_len,) or not 1 <= writes.redundancy <= MAX_REDUNDANCY:
+        raise ValueError(f"translate_batch asked for Key-Writes that {structure.name} cannot take: keys "
+                         f"{keys.shape}, data {data.shape}, redundancy {writes.redundancy}")
+    checksums, slot_hashes = key_hashes_rows(np.ascontiguousarray(keys), writes.redundancy, structure.key_hash)
+    return _Piece(structure, DtaOpcode.KEY_WRITE, positions[rows], np.full(len(rows), writes.redundancy),
+                  immediate[rows], checksums, slot_hashes, np.ascontiguousarray(data), reports=False)
 
 
 def _decode_appends(rows: Rows, positions: npt.NDArray[np.int64], extended: bool, size: int, base: Header,

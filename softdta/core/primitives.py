@@ -17,6 +17,9 @@ from collections import Counter as Tally
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.spec import (
     DTA_BASE_EXT,
@@ -76,6 +79,9 @@ class TranslatorContext(Protocol):
 
     def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None: ...
 
+    def gate(self, qp: QueuePair, essential: npt.NDArray[np.bool_],
+             now_ns: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]: ...
+
     def structure(self, udp: UdpFrame, kind: DtaOpcode, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output: ...
 
@@ -96,6 +102,49 @@ class TranslatorContext(Protocol):
 Target = Structure | AppendLists  # where a report goes: what its QP writes into
 
 
+@dataclass
+class PluginRows:
+    """A plug-in's reports in one batch, for `translate_batch`, in the order they arrived: whole frames as rows
+    of bytes (zero-padded to the longest; `lengths` are the frames'), each one report of the plug-in's opcode
+    in the extended format, not a retransmission, and of the size its sub-header's length fields give.
+    The sub-header starts at byte `at`; `collector_ips` are the destination addresses, as 32-bit integers."""
+
+    frames: npt.NDArray[np.uint8]
+    lengths: npt.NDArray[np.int64]
+    at: int
+    collector_ips: npt.NDArray[np.uint64]
+    immediate: npt.NDArray[np.bool_]
+    essential: npt.NDArray[np.bool_]
+
+
+@dataclass
+class KeyWrites:
+    """Key-Write frames that `translate_batch` asks for, as `write_key` makes them: for each of `rows` (indices
+    into PluginRows, ascending), checksum(key) ‖ data into `redundancy` slots of `structure`, a Key-Write
+    structure, with the report's immediate flag."""
+
+    structure: Structure
+    rows: npt.NDArray[np.int64]
+    keys: npt.NDArray[np.uint8]  # (writes, the structure's key_len)
+    data: npt.NDArray[np.uint8]  # (writes, the structure's data_len)
+    redundancy: int = 1
+
+
+@dataclass
+class BatchResult:
+    """What `translate_batch` made of a PluginRows: the frames it asks for, and the rows it deferred (essential
+    reports whose QP cannot send, as `blocked` defers them)."""
+
+    writes: list[KeyWrites] = field(default_factory=list)
+    deferred: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+class BatchPrimitive(Protocol):
+    """A primitive that also translates its reports a batch at a time (see `Primitive`)."""
+
+    def translate_batch(self, rows: PluginRows, now_ns: int) -> BatchResult: ...
+
+
 class Primitive(abc.ABC):
     """One DTA primitive. Subclasses set `opcode`, `name` and `subheader` (the built-ins take them from
     spec.PRIMITIVES), and implement `apply`. `translate` runs every report the same way: `target` finds where
@@ -103,6 +152,12 @@ class Primitive(abc.ABC):
     replaces it, the translator gates the target's QP (`blocked`), and `apply` makes the frames.
 
     `new_state()` returns the primitive's state, kept in `self.state` for the translator's lifetime.
+
+    A plug-in may also define `translate_batch(rows: PluginRows, now_ns) -> BatchResult`: the batch translator
+    (core/batch.py) then hands it all of its reports of a batch segment at once, and merges the Key-Write frames
+    it asks for into the PSN order of their QPs. It must leave the state, counters and frames exactly as
+    `translate` would, report by report (tests/unit/test_primitives.py checks Latency-Sum's). Without it, the
+    plug-in's reports go through `translate`, one at a time, in order.
     `self.translator` offers what every primitive shares: table lookups (`structure`), QP gating (`blocked`),
     RDMA WRITE and atomic frames with per-QP PSNs (`write`, `emit`), drops, counters and NACKs.
     """

@@ -13,6 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, cast
 
+import numpy as np
+import numpy.typing as npt
+
 from softdta.core.primitives import (
     BUILT_IN,
     Append,
@@ -246,6 +249,17 @@ class Translator:
             return Output(deferred=True)
         state = self.qp_state[qp.index].state
         return self.drop(Counter.DROP_QP_FAILED if state is QpState.FAILED else Counter.DROP_GRACE)
+
+    def gate(self, qp: QueuePair, essential: npt.NDArray[np.bool_],
+             now_ns: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """`blocked` for many reports to one QP at once: which may go on, and which are deferred (essential);
+        the rest are counted drops."""
+        if self.qp_ready(qp, now_ns):
+            return np.ones(len(essential), dtype=bool), np.zeros(len(essential), dtype=bool)
+        self.counters[Counter.ESSENTIAL_DEFERRED] += int(essential.sum())
+        failed = self.qp_state[qp.index].state is QpState.FAILED
+        self.counters[Counter.DROP_QP_FAILED if failed else Counter.DROP_GRACE] += int((~essential).sum())
+        return np.zeros(len(essential), dtype=bool), essential.copy()
 
     def qp_ready(self, qp: QueuePair, now_ns: int) -> bool:
         """Whether the QP may send at `now_ns`; a QP whose grace period is over becomes active."""

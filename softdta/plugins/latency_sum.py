@@ -6,15 +6,21 @@ slow end to end. Each hop on a flow's path sends one report (flow key, hop, path
 When all hops of a path have arrived and their sum exceeds `threshold_ns`, the translator writes the flow into
 the collector's Key-Write store at the report's destination: key -> the sum (big-endian, the store's data
 length), as one Key-Write copy. Queries then ask that store for the flows they care about.
+
+`translate_batch` is the same primitive for the batch translator (core/batch.py): it shows how a plug-in
+vectorizes its fields, checks and frames, and keeps to the oracle's order where its state needs it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from softdta.core.primitives import Output, PluginReport, Primitive, write_key
+import numpy as np
+
+from softdta.core.primitives import BatchResult, KeyWrites, Output, PluginReport, PluginRows, Primitive, write_key
 from softdta.core.tables import Structure
 from softdta.spec import MAX_KEY_LEN, MAX_POSTCARD_HOPS, Counter, DtaOpcode, Field, Header, Var
+from softdta.wire.columns import gather
 from softdta.wire.frames import UdpFrame
 
 LATENCY_SUM_EXT = Header("latency_sum_ext", (
@@ -50,8 +56,64 @@ class LatencySum(Primitive):
         return t.structure(udp, DtaOpcode.KEY_WRITE, report, key=fields["key"])
 
     def apply(self, udp: UdpFrame, report: PluginReport, target: Structure, now_ns: int) -> Output:
-        t, fields, structure = self.translator, report.fields, target
-        key, hop, path_length = fields["key"], fields["hop"], fields["path_length"]
+        fields, structure = report.fields, target
+        total = self._add_hop(fields["key"], fields["hop"], fields["path_length"], fields["latency_ns"])
+        if total is None:
+            return Output()
+        data = min(total, (1 << 8 * structure.data_len) - 1).to_bytes(structure.data_len, "big")
+        return Output(frames=write_key(self.translator, structure, fields["key"], data, 1, report))
+
+    def translate_batch(self, rows: PluginRows, now_ns: int) -> BatchResult:
+        """`translate` for a batch of reports. The fields, the checks and the frames are vectorized; each
+        report's path is one dictionary update, in order, since paths share the flow table and its limit."""
+        t, frames, at = self.translator, rows.frames, rows.at
+        hops, path_lengths, key_lens = (gather(frames, at, LATENCY_SUM_EXT, name).astype(np.int64)
+                                        for name in ("hop", "path_length", "key_len"))
+        latencies = gather(frames, at, LATENCY_SUM_EXT, "latency_ns").tolist()
+        # target()'s checks, in its order, each a counted drop
+        go = (key_lens >= 1) & (key_lens <= MAX_KEY_LEN)
+        t.counters[Counter.DROP_BAD_LENGTH] += int((~go).sum())
+        hop_ok = (hops >= 1) & (hops <= path_lengths) & (path_lengths <= MAX_POSTCARD_HOPS)
+        t.counters[Counter.DROP_BAD_HOP] += int((go & ~hop_ok).sum())
+        go &= hop_ok
+        result = BatchResult()
+        deferred = []
+        targets: list[tuple[Structure, np.ndarray]] = []
+        for address in np.unique(rows.collector_ips[go]).tolist():
+            mine = go & (rows.collector_ips == address)
+            structure = t.tables.structure(int(address).to_bytes(4, "big"), DtaOpcode.KEY_WRITE)
+            if structure is None:
+                t.counters[Counter.DROP_UNKNOWN_COLLECTOR] += int(mine.sum())
+                continue
+            fits = mine & (key_lens == structure.key_len)
+            t.counters[Counter.DROP_BAD_LENGTH] += int((mine & ~fits).sum())
+            ready, waiting = t.gate(structure.qp, rows.essential[fits], now_ns)
+            deferred.append(np.flatnonzero(fits)[waiting])
+            targets.append((structure, np.flatnonzero(fits)[ready]))
+        # the paths, report by report in arrival order, whichever structure each goes to
+        structure_of = {row: structure for structure, chosen in targets for row in chosen.tolist()}
+        written: dict[int, list[tuple[int, bytes, int]]] = {}
+        key_at = at + LATENCY_SUM_EXT.size
+        for row in sorted(structure_of):
+            key = frames[row, key_at:key_at + int(key_lens[row])].tobytes()
+            total = self._add_hop(key, int(hops[row]), int(path_lengths[row]), latencies[row])
+            if total is not None:
+                structure = structure_of[row]
+                written.setdefault(id(structure), []).append((row, key, min(total, (1 << 8 * structure.data_len) - 1)))
+        for structure, _ in targets:
+            writes = written.get(id(structure))
+            if writes:
+                width = structure.data_len
+                result.writes.append(KeyWrites(
+                    structure, np.array([row for row, _, _ in writes], dtype=np.int64),
+                    np.frombuffer(b"".join(key for _, key, _ in writes), dtype=np.uint8).reshape(len(writes), -1),
+                    np.frombuffer(b"".join(total.to_bytes(width, "big") for _, _, total in writes),
+                                  dtype=np.uint8).reshape(len(writes), width)))
+        result.deferred = np.sort(np.concatenate([np.empty(0, dtype=np.int64), *deferred]))
+        return result
+
+    def _add_hop(self, key: bytes, hop: int, path_length: int, latency_ns: int) -> int | None:
+        """Counts one hop of a flow's path; the latency sum when this completes a path above the threshold."""
         path = self.state.get(key)
         if path is None:
             if len(self.state) >= self.max_flows:
@@ -60,16 +122,16 @@ class LatencySum(Primitive):
             path = self.state[key] = PathSum()
         if not path.hop_mask & 1 << (hop - 1):
             path.hop_mask |= 1 << (hop - 1)
-            path.total_ns += fields["latency_ns"]
+            path.total_ns += latency_ns
         if path.hop_mask.bit_count() < path_length:
-            return Output()
+            return None
         del self.state[key]
         if path.total_ns <= self.threshold_ns:
             self.below_threshold += 1
-            return Output()
+            return None
         self.reported += 1
-        total = min(path.total_ns, (1 << 8 * structure.data_len) - 1)
-        return Output(frames=write_key(t, structure, key, total.to_bytes(structure.data_len, "big"), 1, report))
+        total: int = path.total_ns
+        return total
 
     @classmethod
     def report(cls, key: bytes, hop: int, path_length: int, latency_ns: int, **flags) -> bytes:

@@ -15,6 +15,7 @@ from softdta.core import workload
 from softdta.core.batch import MIN_VECTOR_BATCH, BatchTranslator
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.core.translator import Translator
+from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.dta import Profile
@@ -22,7 +23,7 @@ from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_byt
 from softdta.wire.hashing import linear_crc_position_tables
 from softdta.wire.icrc_split import linear_crc
 from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome, build_roce_frame, parse_roce, transport_payload
-from tests.common import EXAMPLE_TABLES
+from tests.common import EXAMPLE_TABLES, hop_frames
 
 C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.9.9")
 
@@ -426,6 +427,94 @@ def test_the_next_epochs_first_group_is_written_after_this_epochs_last():
     expected = run_oracle(tables, frames, cuts, lambda _: 0)
     assert len(expected[1]["frames"]) == 5
     assert_same(expected, run_batches(tables, frames, cuts, lambda _: 0))
+
+
+class SmallLatencySum(LatencySum):
+    """A flow table of 6 paths, so that the oldest are forgotten within a workload."""
+
+    max_flows = 6
+
+
+def latency_sum_workload(seed, tables, size):
+    """Latency-Sum hops of a few flows (slow and fast; a hop sent twice; essential reports while the QP is in
+    grace), Key-Writes to the same QP between them, and Latency-Sum reports the oracle drops."""
+    rng = random.Random(seed)
+    to_c1, to_c2, astray = reporter(C1, tables), reporter(C2, tables), reporter(NOWHERE, tables)
+    kw = tables.structure(C1, DtaOpcode.KEY_WRITE)
+    nak = reply(tables, C1, kw.qp.local_qpn, kw.qp.start_psn, aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR))
+    flows = [rng.randbytes(4) for _ in range(10)]
+    frames = []
+    for _ in range(size):
+        roll = rng.random()
+        if roll < 0.6:
+            key, length = rng.choice(flows), 3
+            hop = rng.randint(1, length)
+            payload = LatencySum.report(key, hop, length, rng.choice([100, 600_000]), immediate=rng.random() < 0.3,
+                                        essential=rng.random() < 0.3)
+            ends = rng.choice([to_c1] * 6 + [to_c2, astray])  # C2's Key-Write keys are 8 bytes: a drop
+        elif roll < 0.9:
+            frames.append(to_c1.frame(dta.key_write(rng.randbytes(4), rng.randbytes(4), rng.randint(1, 2))))
+            continue
+        elif roll < 0.92:
+            frames.append(nak)  # grace: drops, and the essential reports deferred
+            continue
+        else:
+            payload = rng.choice([LatencySum.report(b"\x01\x02\x03\x04", 3, 2, 10),  # a hop beyond its path
+                                  LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10)[:-1],  # truncated
+                                  LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10) + b"\0",
+                                  LatencySum.report(b"\x01\x02\x03\x04\x05", 1, 1, 700_000),
+                                  LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10, retransmit=True)])
+            ends = to_c1
+        udp = UdpEndpoints(ends.mac, ends.translator_mac, ends.ip, ends.collector_ip, ends.sport, DTA_PORT)
+        frames.append(build_udp_frame(udp, payload))
+    return frames
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), sizes=st.lists(st.integers(1, 300), min_size=1, max_size=4))
+def test_a_plug_in_with_translate_batch_equals_its_scalar_self(seed, sizes):
+    tables = batch_tables()
+    frames = latency_sum_workload(seed, tables, 400)
+    cuts = cuts_from(sizes, len(frames))
+
+    def now_of(position):
+        return position * 20_000
+
+    oracle = Translator(tables, plugins=[SmallLatencySum])
+    expected = {"frames": [], "to_reporter": [], "deferred": []}
+    start = 0
+    for cut in cuts:
+        for position in range(start, cut):
+            result = oracle.process(frames[position], now_of(start))
+            expected["frames"] += result.frames
+            expected["to_reporter"] += result.to_reporter
+            expected["deferred"] += [position] if result.deferred else []
+        start = cut
+    batch = BatchTranslator(Translator(tables, plugins=[SmallLatencySum]))
+    got = {"frames": [], "to_reporter": [], "deferred": []}
+    start = 0
+    for cut in cuts:
+        result = batch.process_batch(frames[start:cut], now_of(start))
+        got["frames"] += result.frames
+        got["to_reporter"] += result.to_reporter
+        got["deferred"] += [start + position for position in result.deferred]
+        start = cut
+    assert_same((oracle, expected), (batch.oracle, got))
+    plugins = [translator.primitives[LatencySum.opcode] for translator in (oracle, batch.oracle)]
+    assert [(p.state, p.reported, p.below_threshold, p.forgotten) for p in plugins][0] == \
+        [(p.state, p.reported, p.below_threshold, p.forgotten) for p in plugins][1]
+
+
+def test_a_plug_in_with_translate_batch_takes_its_reports_a_batch_at_a_time(monkeypatch):
+    tables = batch_tables()
+    frames = [frame for key in range(40) for frame in hop_frames(key.to_bytes(4, "big"), [700_000, 500_000])]
+    batch = BatchTranslator(Translator(tables, plugins=[LatencySum]))
+    calls = []
+    monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
+    out = batch.process_batch(frames, 0)
+    assert calls == [] and len(out.frames) == 40
+    oracle = Translator(tables, plugins=[LatencySum])
+    assert out.frames == [emitted for frame in frames for emitted in oracle.process(frame).frames]
 
 
 def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
