@@ -26,8 +26,8 @@ from __future__ import annotations
 import operator
 from collections import Counter as Tally
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import cast
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Self, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -168,12 +168,38 @@ class _AppendPiece:
 
 
 @dataclass
-class _PostcardPiece:
+class _Columns:
+    """A piece whose fields after its `structure` are per-row arrays, named by COLUMNS."""
+
+    COLUMNS: ClassVar[tuple[str, ...]] = ()
+    structure: Structure
+    positions: npt.NDArray[np.int64]
+
+    @property
+    def qp(self) -> QueuePair:
+        return self.structure.qp
+
+    def cut(self, low: int, high: int) -> Self:
+        return self.select(slice(low, high))
+
+    def select(self, which: slice | npt.NDArray[np.int64]) -> Self:
+        return replace(self, **{name: getattr(self, name)[which] for name in self.COLUMNS})
+
+    @classmethod
+    def joined(cls, parts: list[Self]) -> Self:
+        """One piece of the parts' rows, in batch order."""
+        columns: dict[str, Any] = {name: np.concatenate([getattr(part, name) for part in parts])
+                                   for name in cls.COLUMNS}
+        rows = replace(parts[0], **columns)
+        return rows.select(np.argsort(rows.positions, kind="stable"))
+
+
+@dataclass
+class _PostcardPiece(_Columns):
     """Vector Postcarding rows of one layout bound for one structure: positions (ascending), keys, hops, path
     lengths (the table's where a report gives none), encoded values and the key's hashes."""
 
-    structure: Structure
-    positions: npt.NDArray[np.int64]
+    COLUMNS = ("positions", "keys", "hops", "path_lengths", "encoded", "slot_hashes", "checksums", "immediate")
     keys: Rows
     hops: npt.NDArray[np.int64]
     path_lengths: npt.NDArray[np.int64]
@@ -182,55 +208,16 @@ class _PostcardPiece:
     checksums: npt.NDArray[np.uint32]
     immediate: npt.NDArray[np.bool_]
 
-    @property
-    def qp(self) -> QueuePair:
-        return self.structure.qp
-
-    COLUMNS = ("positions", "keys", "hops", "path_lengths", "encoded", "slot_hashes", "checksums", "immediate")
-
-    def cut(self, low: int, high: int) -> _PostcardPiece:
-        return self.select(slice(low, high))
-
-    def select(self, which: slice | npt.NDArray[np.int64]) -> _PostcardPiece:
-        return _PostcardPiece(self.structure, *(getattr(self, name)[which] for name in self.COLUMNS))
-
-    @classmethod
-    def joined(cls, parts: list[_PostcardPiece]) -> _PostcardPiece:
-        """One piece of the parts' rows, in batch order."""
-        rows = cls(parts[0].structure, *(np.concatenate([getattr(part, name) for part in parts])
-                                         for name in cls.COLUMNS))
-        return rows.select(np.argsort(rows.positions, kind="stable"))
-
 
 @dataclass
-class _SketchPiece:
+class _SketchPiece(_Columns):
     """Vector Sketch-Merge rows bound for one structure: positions (ascending), reporters, columns, counters."""
 
-    structure: Structure
-    positions: npt.NDArray[np.int64]
+    COLUMNS = ("positions", "reporters", "columns", "counters", "immediate")
     reporters: npt.NDArray[np.int64]
     columns: npt.NDArray[np.int64]
     counters: npt.NDArray[np.uint32]  # (rows, the structure's rows)
     immediate: npt.NDArray[np.bool_]
-
-    COLUMNS = ("positions", "reporters", "columns", "counters", "immediate")
-
-    @property
-    def qp(self) -> QueuePair:
-        return self.structure.qp
-
-    def cut(self, low: int, high: int) -> _SketchPiece:
-        return self.select(slice(low, high))
-
-    def select(self, which: slice | npt.NDArray[np.int64]) -> _SketchPiece:
-        return _SketchPiece(self.structure, *(getattr(self, name)[which] for name in self.COLUMNS))
-
-    @classmethod
-    def joined(cls, parts: list[_SketchPiece]) -> _SketchPiece:
-        """One piece of the parts' rows, in batch order."""
-        rows = cls(parts[0].structure, *(np.concatenate([getattr(part, name) for part in parts])
-                                         for name in cls.COLUMNS))
-        return rows.select(np.argsort(rows.positions, kind="stable"))
 
 
 @dataclass

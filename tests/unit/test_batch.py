@@ -228,8 +228,8 @@ def malformed(rng, tables, to_c1, astray, other, profile, seq) -> bytes:
     return good + bytes(rng.randrange(1, 8))  # Ethernet padding after the datagram
 
 
-def run_oracle(tables, frames, cuts, now_of):
-    oracle = Translator(tables)
+def run_oracle(tables, frames, cuts, now_of, plugins=()):
+    oracle = Translator(tables, plugins=plugins)
     out = {"frames": [], "to_reporter": [], "deferred": []}
     start = 0
     for cut in cuts:
@@ -244,8 +244,8 @@ def run_oracle(tables, frames, cuts, now_of):
     return oracle, out
 
 
-def run_batches(tables, frames, cuts, now_of):
-    batch = BatchTranslator(Translator(tables))
+def run_batches(tables, frames, cuts, now_of, plugins=()):
+    batch = BatchTranslator(Translator(tables, plugins=plugins))
     out = {"frames": [], "to_reporter": [], "deferred": []}
     start = 0
     for cut in cuts:
@@ -480,27 +480,10 @@ def test_a_plug_in_with_translate_batch_equals_its_scalar_self(seed, sizes):
     def now_of(position):
         return position * 20_000
 
-    oracle = Translator(tables, plugins=[SmallLatencySum])
-    expected = {"frames": [], "to_reporter": [], "deferred": []}
-    start = 0
-    for cut in cuts:
-        for position in range(start, cut):
-            result = oracle.process(frames[position], now_of(start))
-            expected["frames"] += result.frames
-            expected["to_reporter"] += result.to_reporter
-            expected["deferred"] += [position] if result.deferred else []
-        start = cut
-    batch = BatchTranslator(Translator(tables, plugins=[SmallLatencySum]))
-    got = {"frames": [], "to_reporter": [], "deferred": []}
-    start = 0
-    for cut in cuts:
-        result = batch.process_batch(frames[start:cut], now_of(start))
-        got["frames"] += result.frames
-        got["to_reporter"] += result.to_reporter
-        got["deferred"] += [start + position for position in result.deferred]
-        start = cut
-    assert_same((oracle, expected), (batch.oracle, got))
-    plugins = [translator.primitives[LatencySum.opcode] for translator in (oracle, batch.oracle)]
+    expected = run_oracle(tables, frames, cuts, now_of, [SmallLatencySum])
+    got = run_batches(tables, frames, cuts, now_of, [SmallLatencySum])
+    assert_same(expected, got)
+    plugins = [translator.primitives[LatencySum.opcode] for translator in (expected[0], got[0])]
     assert [(p.state, p.reported, p.below_threshold, p.forgotten) for p in plugins][0] == \
         [(p.state, p.reported, p.below_threshold, p.forgotten) for p in plugins][1]
 
