@@ -1,8 +1,9 @@
 """The python engine: the batch translator (core/batch.py) over the reference translator's state, on the wire.
 
 A tiny XDP program (bpf/xsk_steer.bpf.c) steers DTA reports and collectors' ACKs into an AF_XDP socket; the
-engine takes them a batch at a time, translates the batch (Key-Write and Key-Increment vectorized; everything
-else, plug-ins included, through the oracle in order), and transmits what comes out, a batch per call.
+engine takes them a batch at a time, translates the batch (every built-in primitive vectorized, and plug-ins
+with `translate_batch`; everything else through the oracle in order), and transmits what comes out, a batch
+per call.
 Without AF_XDP it falls back to an AF_PACKET TPACKET_V3 ring. Tables come from the same TOML or collector
 control links as the XDP engine's, and the counters and QP state go into maps with the XDP engine's layouts,
 pinned in the same place, so `softdta translator stats` and `softdta lab status` read both.
