@@ -15,9 +15,10 @@ belongs to one structure or Append range. So the frames the oracle handles fall 
   * independent: they cannot touch those QPs (a frame that is not IPv4 and so passes; the reports of a QP that
     cannot send, or of a Sketch-Merge structure out of sequence): the oracle takes them in order beside the
     vector rows;
-  * ACKs to a vectorized QP: taken after the vector rows, each judged against the PSN its QP had at the
-    ACK's place in the batch;
-  * barriers: anything else (NAKs, plug-ins, retransmitted or malformed reports, IPv4 with options).
+  * ACKs to a vectorized QP: taken in batch order with the independent frames, each judged against the PSN its
+    QP had at the ACK's place in the batch;
+  * barriers: anything else (NAKs, plug-ins without `translate_batch`, retransmitted or malformed reports, IPv4
+    with options).
     The rows before a barrier are translated first, then the barrier, then the rest.
 """
 
