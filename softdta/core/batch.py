@@ -339,7 +339,8 @@ class BatchTranslator:
         roles[positions[~ipv4]] = INDEPENDENT  # the oracle passes what is not IPv4, untouched
         neither = shaped & (dport != DTA_PORT) & (dport != ROCE_PORT)
         roles[positions[neither]] = INDEPENDENT
-        reports = shaped & (dport == DTA_PORT)
+        # a report in a frame too short for the extended base header is the oracle's (a drop, or a dta-v1 base)
+        reports = shaped & (dport == DTA_PORT) & (length >= PAYLOAD_AT + DTA_BASE_EXT.size)
         if reports.any():
             self._classify_reports(rows[reports], positions[reports], payload_len[reports], roles, pieces)
         replies = shaped & (dport == ROCE_PORT)
@@ -948,33 +949,32 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
     key_len = structure.key_len
     if not 1 <= key_len <= MAX_KEY_LEN or not 1 <= structure.data_len <= MAX_DATA_LEN:
         return None
+    # the size first: a payload of another size is the oracle's drop, and gathers past it would leave the frame
     if extended:
         sub = KEY_WRITE_EXT if kind is DtaOpcode.KEY_WRITE else KEY_INCREMENT_EXT
+        data_len = structure.data_len if kind is DtaOpcode.KEY_WRITE else 0
+        if size != DTA_BASE_EXT.size + sub.size + key_len + data_len:
+            return None
         sub_at = PAYLOAD_AT + DTA_BASE_EXT.size
         take = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "marker") == EXTENDED_FIRST_BYTE
         take &= gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "retransmit") == 0
         take &= gather(rows, sub_at, sub, "key_len") == key_len
+        if kind is DtaOpcode.KEY_WRITE:
+            take &= gather(rows, sub_at, sub, "data_len") == data_len
         immediate = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0
         key_at = sub_at + sub.size
         data_at = key_at + key_len
-        expected = DTA_BASE_EXT.size + sub.size + key_len
-        if kind is DtaOpcode.KEY_WRITE:
-            take &= gather(rows, sub_at, sub, "data_len") == structure.data_len
-            expected += structure.data_len
     else:
         sub = KEY_WRITE_V1 if kind is DtaOpcode.KEY_WRITE else KEY_INCREMENT_V1
-        sub_at = PAYLOAD_AT + base.size
-        if key_len != 4 or (kind is DtaOpcode.KEY_WRITE and structure.data_len != 4):
+        if key_len != 4 or (kind is DtaOpcode.KEY_WRITE and structure.data_len != 4) or size != base.size + sub.size:
             return None  # dta-v1 keys and data are 32 bits: the oracle drops these (bad length)
+        sub_at = PAYLOAD_AT + base.size
         take = np.ones(len(rows), dtype=bool)
         if "retransmit" in {f.name for f in base.fields}:
             take &= gather(rows, PAYLOAD_AT, base, "retransmit") == 0
         immediate = gather(rows, PAYLOAD_AT, base, "immediate") != 0
         key_at = sub_at + byte_offset(sub, "key")
         data_at = sub_at + byte_offset(sub, "data") if kind is DtaOpcode.KEY_WRITE else 0
-        expected = base.size + sub.size
-    if size != expected:
-        return None
     redundancy = gather(rows, sub_at, sub, "redundancy").astype(np.int64)
     take &= (redundancy >= 1) & (redundancy <= MAX_REDUNDANCY)
     rows, positions, redundancy, immediate = rows[take], positions[take], redundancy[take], immediate[take]
@@ -1083,6 +1083,8 @@ def _decode_appends(rows: Rows, positions: npt.NDArray[np.int64], extended: bool
     if extended:
         sub_at = PAYLOAD_AT + DTA_BASE_EXT.size
         width = size - DTA_BASE_EXT.size - APPEND_EXT.size
+        if width < 1:
+            return []  # too short: the oracle's drop
         take = gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "marker") == EXTENDED_FIRST_BYTE
         take &= gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "retransmit") == 0
         take &= gather(rows, sub_at, APPEND_EXT, "data_len") == width

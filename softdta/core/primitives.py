@@ -152,14 +152,14 @@ class Primitive(abc.ABC):
     replaces it, the translator gates the target's QP (`blocked`), and `apply` makes the frames.
 
     `new_state()` returns the primitive's state, kept in `self.state` for the translator's lifetime.
-
-    A plug-in may also define `translate_batch(rows: PluginRows, now_ns) -> BatchResult`: the batch translator
-    (core/batch.py) then hands it all of its reports of a batch segment at once, and merges the Key-Write frames
-    it asks for into the PSN order of their QPs. It must leave the state, counters and frames exactly as
-    `translate` would, report by report (tests/unit/test_primitives.py checks Latency-Sum's). Without it, the
-    plug-in's reports go through `translate`, one at a time, in order.
     `self.translator` offers what every primitive shares: table lookups (`structure`), QP gating (`blocked`),
     RDMA WRITE and atomic frames with per-QP PSNs (`write`, `emit`), drops, counters and NACKs.
+
+    A plug-in may also define `translate_batch(rows: PluginRows, now_ns) -> BatchResult` (`BatchPrimitive`):
+    the batch translator (core/batch.py) then hands it all of its reports of a batch segment at once, and merges
+    the Key-Write frames it asks for into the PSN order of their QPs. It must leave the state, counters and
+    frames exactly as `translate` would, report by report (tests/unit/test_batch.py checks Latency-Sum's).
+    Without it, the plug-in's reports go through `translate`, one at a time, in order.
     """
 
     opcode: int

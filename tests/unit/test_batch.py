@@ -500,6 +500,26 @@ def test_a_plug_in_with_translate_batch_takes_its_reports_a_batch_at_a_time(monk
     assert out.frames == [emitted for frame in frames for emitted in oracle.process(frame).frames]
 
 
+@pytest.mark.parametrize("plugins", [(), (LatencySum,)], ids=["built-in", "with-latency-sum"])
+def test_reports_cut_short_or_padded_are_refused_like_the_oracle_refuses_them(plugins):
+    """Every opcode, both formats, UDP payloads of 0 to 15 bytes, alone in their frame or in one padded to the
+    Ethernet minimum with junk: a batch of them neither crashes nor differs from the oracle."""
+    tables = batch_tables()
+    to_c1 = reporter(C1, tables)
+    ends = UdpEndpoints(to_c1.mac, to_c1.translator_mac, to_c1.ip, to_c1.collector_ip, to_c1.sport, DTA_PORT)
+    rng = random.Random(3)
+    frames = []
+    for first in (0x01, 0x02, 0x03, 0x04, 0x05, 0x81, 0x80 | LatencySum.opcode):
+        for size in range(16):
+            payload = (bytes([first, first & 0x7F]) + rng.randbytes(14))[:size]
+            frame = build_udp_frame(ends, payload)
+            frames += [frame, frame + rng.randbytes(max(0, 60 - len(frame)))]
+    rng.shuffle(frames)
+    cuts = [len(frames) // 2, len(frames)]
+    assert_same(run_oracle(tables, frames, cuts, lambda _: 0, plugins),
+                run_batches(tables, frames, cuts, lambda _: 0, plugins))
+
+
 def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
     """A QP that Key-Write, Key-Increment and Append lists share (tables built in code can do this) interleaves
     their frames in report order, so none of them is vectorized."""
