@@ -520,6 +520,37 @@ def test_reports_cut_short_or_padded_are_refused_like_the_oracle_refuses_them(pl
                 run_batches(tables, frames, cuts, lambda _: 0, plugins))
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32), sizes=st.lists(st.integers(12, 200), min_size=1, max_size=6))
+def test_frames_with_flipped_bytes_cut_or_padded_are_taken_like_the_oracle_takes_them(seed, sizes):
+    """Good frames of every kind (reports, a plug-in's, an ACK) with bytes overwritten past the Ethernet header,
+    cut short or lengthened: what a fuzzer, or a damaged link, sends."""
+    tables = batch_tables()
+    rng = random.Random(seed)
+    to_c1 = reporter(C1, tables)
+    kw = tables.structure(C1, DtaOpcode.KEY_WRITE)
+    frames = []
+    for _ in range(300):
+        frame = bytearray(rng.choice([
+            reply(tables, C1, kw.qp.local_qpn, kw.qp.start_psn, ACK_SYNDROME),
+            to_c1.frame(dta.key_write(rng.randbytes(4), rng.randbytes(4), 2)),
+            to_c1.frame(dta.key_increment(rng.randbytes(4), 9, 1, extended=True)),
+            to_c1.frame(dta.postcard(rng.randbytes(4), rng.randint(1, 5), 3)),
+            to_c1.frame(dta.append(rng.randrange(64), 3)),
+            to_c1.frame(dta.sketch_column(0, 0, [1, 2, 3, 4])),
+            hop_frames(rng.randbytes(4), [1, 2])[0]]))
+        for _ in range(rng.randint(0, 3)):
+            frame[rng.randrange(14, len(frame))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            frame = frame[:rng.randrange(14, len(frame) + 1)]
+        if rng.random() < 0.3:
+            frame += rng.randbytes(rng.randrange(1, 30))
+        frames.append(bytes(frame))
+    cuts = cuts_from(sizes, len(frames))
+    assert_same(run_oracle(tables, frames, cuts, lambda position: position * 1000, [LatencySum]),
+                run_batches(tables, frames, cuts, lambda position: position * 1000, [LatencySum]))
+
+
 def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
     """A QP that Key-Write, Key-Increment and Append lists share (tables built in code can do this) interleaves
     their frames in report order, so none of them is vectorized."""
