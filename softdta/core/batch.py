@@ -99,6 +99,7 @@ VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
 # calls, about ten frames' worth of the oracle (docs/primitives.md).
 MIN_VECTOR_BATCH = 12
 _POPCOUNT = np.array([bin(mask).count("1") for mask in range(1 << MAX_POSTCARD_HOPS)], dtype=np.int64)
+_IS_VECTOR_KIND = np.isin(np.arange(256), [int(kind) for kind in VECTOR_KINDS])
 
 
 @dataclass
@@ -272,6 +273,14 @@ class BatchTranslator:
         self._batch_plugins = {opcode: oracle.primitives[opcode] for opcode in self._plugin_opcodes
                                if callable(getattr(oracle.primitives[opcode], "translate_batch", None))}
         self._plugins_write = False  # whether plug-ins' Key-Writes may join their QPs' vector rows
+        # the bytes that decide a report's role and layout: frames equal in them are classified by the first
+        base = oracle.tables.profile.base_header
+        self._layout_bytes = np.array(sorted({column for header, at, name in (
+            (ETHERNET, 0, "ethertype"), (IPV4, IP_AT, "version"), (IPV4, IP_AT, "ihl"), (IPV4, IP_AT, "total_length"),
+            (IPV4, IP_AT, "flags"), (IPV4, IP_AT, "fragment_offset"), (IPV4, IP_AT, "protocol"), (IPV4, IP_AT, "dst"),
+            (UDP, UDP_AT, "dport"), (UDP, UDP_AT, "length"), (DTA_BASE_EXT, PAYLOAD_AT, "marker"),
+            (DTA_BASE_EXT, PAYLOAD_AT, "opcode"), (base, PAYLOAD_AT, "opcode"),
+        ) for column in _columns(at, header, name)}))
 
     def process_batch(self, frames: Sequence[bytes], now_ns: int = 0) -> BatchOutput:
         self._follow_tables()
@@ -333,6 +342,10 @@ class BatchTranslator:
             roles[positions] = np.where(_ethertype(rows) != ETH_P_IP, INDEPENDENT, BARRIER) \
                 if length >= ETHERNET.size else INDEPENDENT
             return
+        if len(rows) > 1 and length >= PAYLOAD_AT + DTA_BASE_EXT.size:
+            layout = rows[:, self._layout_bytes]
+            if (layout == layout[0]).all() and self._classify_alike(rows, positions, roles, pieces):
+                return
         ipv4 = _ethertype(rows) == ETH_P_IP
         shaped, payload_len = _plain_udp4(rows)
         dport = gather(rows, UDP_AT, UDP, "dport")
@@ -347,13 +360,28 @@ class BatchTranslator:
         if replies.any():
             self._classify_replies(rows[replies], positions[replies], payload_len[replies], roles)
 
+    def _classify_alike(self, rows: Rows, positions: npt.NDArray[np.int64], roles: npt.NDArray[np.int8],
+                        pieces: list[Piece]) -> bool:
+        """Reports all equal to the first in the bytes that decide their layout: classified by the first alone
+        (False, and nothing done, if the first is not a report)."""
+        shaped, payload_len = _plain_udp4(rows[:1])
+        if not shaped[0] or gather(rows[:1], UDP_AT, UDP, "dport")[0] != DTA_PORT:
+            return False
+        self._classify_reports(rows, positions, np.broadcast_to(payload_len, len(rows)), roles, pieces, alike=True)
+        return True
+
     def _classify_reports(self, rows: Rows, positions: npt.NDArray[np.int64], payload_len: npt.NDArray[np.int64],
-                          roles: npt.NDArray[np.int8], pieces: list[Piece]) -> None:
-        extended = (rows[:, PAYLOAD_AT] & EXTENDED_MARKER) != 0
+                          roles: npt.NDArray[np.int8], pieces: list[Piece], alike: bool = False) -> None:
+        head = rows[:1] if alike else rows  # the rows to read layouts from
+        extended = (head[:, PAYLOAD_AT] & EXTENDED_MARKER) != 0
         base = self.oracle.tables.profile.base_header
-        opcode = np.where(extended, gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "opcode"),
-                          gather(rows, PAYLOAD_AT, base, "opcode")).astype(np.int64)
-        vector_kind = np.logical_or.reduce([opcode == kind for kind in VECTOR_KINDS])
+        opcode = np.where(extended, gather(head, PAYLOAD_AT, DTA_BASE_EXT, "opcode"),
+                          gather(head, PAYLOAD_AT, base, "opcode")).astype(np.int64)
+        addresses = gather(head, IP_AT, IPV4, "dst")
+        if alike:
+            extended, opcode, addresses = (np.broadcast_to(column, len(rows))
+                                           for column in (extended, opcode, addresses))
+        vector_kind = _IS_VECTOR_KIND[opcode]
         plugin = extended & np.isin(opcode, list(self._plugin_opcodes)) if self._plugin_opcodes \
             else np.zeros(len(opcode), dtype=bool)
         roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
@@ -368,7 +396,7 @@ class BatchTranslator:
         if not len(candidates):
             return
         # an Append report's list, not its destination, names its target
-        dst = np.where(opcode[candidates] == DtaOpcode.APPEND, 0, gather(rows, IP_AT, IPV4, "dst")[candidates])
+        dst = np.where(opcode[candidates] == DtaOpcode.APPEND, 0, addresses[candidates])
         # one layout per (format, opcode, destination, payload length): vectorize each
         layout = (extended[candidates].astype(np.uint64) << np.uint64(63)) | \
             (opcode[candidates].astype(np.uint64) << np.uint64(48)) | \

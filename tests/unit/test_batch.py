@@ -551,6 +551,37 @@ def test_frames_with_flipped_bytes_cut_or_padded_are_taken_like_the_oracle_takes
                 run_batches(tables, frames, cuts, lambda position: position * 1000, [LatencySum]))
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32), count=st.integers(MIN_VECTOR_BATCH, 300), kind=st.integers(0, 8))
+def test_frames_alike_in_their_layout_bytes_and_random_in_the_rest_are_taken_like_the_oracle_takes_them(
+        seed, count, kind):
+    """A batch whose frames share every byte that decides a report's layout is classified by its first frame.
+    Every other byte (flags, redundancy, hops, lengths inside the report, keys, data, the reporter's address)
+    is random here, valid or not."""
+    tables = batch_tables()
+    rng = random.Random(seed)
+    to_c1, to_c2 = reporter(C1, tables), reporter(C2, tables)
+    kw = tables.structure(C1, DtaOpcode.KEY_WRITE)
+    good = [to_c1.frame(dta.key_write(1, 2, 2)), to_c2.frame(dta.key_write(bytes(8), bytes(12), 1, extended=True)),
+            to_c1.frame(dta.key_increment(1, 2, 1)), to_c1.frame(dta.append(3, 4)),
+            to_c1.frame(dta.append(100, bytes(8), extended=True)), to_c1.frame(dta.postcard(5, 1, 6)),
+            to_c2.frame(dta.postcard(bytes(8), 1, 6, extended=True)), to_c1.frame(dta.sketch_column(0, 0, [1] * 4)),
+            hop_frames(bytes(4), [1, 2])[0]][kind]
+    layout = set(BatchTranslator(Translator(tables))._layout_bytes.tolist())
+    free = [at for at in range(14, len(good)) if at not in layout]
+    frames = []
+    for _ in range(count):
+        frame = bytearray(good)
+        for at in rng.sample(free, rng.randint(0, len(free))):
+            frame[at] = rng.randrange(256) if rng.random() < 0.3 else rng.choice([0, 1, 2, 3, 0x80, 0xC0])
+        frames.append(bytes(frame))
+    with_an_ack = list(frames)
+    with_an_ack.insert(rng.randrange(count), reply(tables, C1, kw.qp.local_qpn, kw.qp.start_psn, ACK_SYNDROME))
+    for batch in (frames, with_an_ack):
+        assert_same(run_oracle(tables, batch, [len(batch)], lambda _: 0, [LatencySum]),
+                    run_batches(tables, batch, [len(batch)], lambda _: 0, [LatencySum]))
+
+
 def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
     """A QP that Key-Write, Key-Increment and Append lists share (tables built in code can do this) interleaves
     their frames in report order, so none of them is vectorized."""
