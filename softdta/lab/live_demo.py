@@ -12,6 +12,7 @@ import tomllib
 import urllib.request
 from collections import Counter as Tally
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -24,11 +25,11 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.python import engine_stats
-from softdta.kernel.bpf import enable_run_stats
+from softdta.kernel.bpf import Map, enable_run_stats
 from softdta.kernel.netns import in_netns
 from softdta.kernel.tx_ring import RingReporter
 from softdta.lab import topology as lab
-from softdta.spec import PRIMITIVES, DtaOpcode, ResponderCounter
+from softdta.spec import PRIMITIVES, Counter, DtaOpcode, ResponderCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import ip_bytes, mac_bytes
 
@@ -41,6 +42,10 @@ VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator'
 # Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
 # ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
 ROUND = VETH_RING // 2
+# A sender waits while the XDP translator has not yet taken more than ROUND of the reports sent, so that a
+# stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
+# the translator takes nothing for this long, the reports are lost or it is stuck, and the sender goes on.
+STALL_S = 0.2
 DEFAULT_RATE = 100_000.0  # reports/s over all reporters
 # rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
 DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
@@ -153,11 +158,37 @@ def _chunk_end(frames: list[tuple[Report, bytes]], start: int, chunk: int) -> in
     return end
 
 
+class _Backlog:
+    """The reports the XDP translator has taken, from its live counters (the python engine publishes its own
+    only every 100 ms, too late to pace by)."""
+
+    def __init__(self, pin_dir: Path):
+        self.counters = Map.from_pinned(pin_dir / "counters")
+        self.key = int(Counter.RX_REPORTS).to_bytes(4, "little")
+
+    def taken(self) -> int:
+        return sum(int.from_bytes(value[:8], "little") for value in self.counters.lookup_percpu(self.key) or [])
+
+    def wait_for_room(self, sent: int) -> None:
+        """Until at most ROUND of `sent` reports are still on their way, or the translator stalls STALL_S."""
+        taken, since = self.taken(), time.perf_counter()
+        while sent - taken > ROUND:
+            time.sleep(0.0001)
+            now_taken = self.taken()
+            if now_taken != taken:
+                taken, since = now_taken, time.perf_counter()
+            elif time.perf_counter() - since > STALL_S:
+                return
+
+    def close(self) -> None:
+        self.counters.close()
+
+
 def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
            rate: float = DEFAULT_RATE) -> dict:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
-    within `seconds`."""
+    within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it."""
     sent: Tally[DtaOpcode] = Tally()
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
@@ -171,6 +202,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     chunk = max(1, ROUND // len(frames_by_reporter))
     senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], VETH_RING)
                for i in range(1, len(frames_by_reporter) + 1)]
+    backlog = _Backlog(lab.PIN_DIR) if state.engine == "xdp" else None
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
     # cannot hold.
@@ -183,6 +215,8 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                 part = frames[offsets[index]:_chunk_end(frames, offsets[index], chunk)]
                 if not part:
                     continue
+                if backlog:
+                    backlog.wait_for_room(sum(sent.values()) + len(part))
                 senders[index].send([frame for _, frame in part])
                 offsets[index] += len(part)
                 sent.update(report.opcode for report, _ in part)
@@ -199,6 +233,8 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     finally:
         for sender in senders:
             sender.close()
+        if backlog:
+            backlog.close()
     elapsed = time.perf_counter() - started
     return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
             "rate": sum(sent.values()) / elapsed if elapsed else 0,
