@@ -727,10 +727,7 @@ class BatchTranslator:
         structure = parts[0].structure
         rows = _SketchPiece.joined(parts) if len(parts) > 1 else parts[0]
         runtime = cast(SketchMerge, self.oracle.primitives[DtaOpcode.SKETCH_MERGE]).runtime(structure)
-        by_reporter = np.lexsort((rows.positions, rows.reporters))
-        reporters, counts = np.unique(rows.reporters, return_counts=True)
-        first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
-                            count=len(reporters))
+        by_reporter, reporters, counts, first = _reporter_runs(rows, runtime)
         restarts = ((np.repeat(first, counts) + _ranks(counts)) % structure.columns == 0) & (_ranks(counts) > 0)
         laps = np.searchsorted(rows.positions, np.unique(rows.positions[by_reporter][restarts]))
         sent: list[npt.NDArray[np.int64]] = []
@@ -752,10 +749,7 @@ class BatchTranslator:
         would repeat a column. The report that completes a group is its last one in the lap. Returns the batch
         position of each frame sent (ascending)."""
         structure = rows.structure
-        by_reporter = np.lexsort((rows.positions, rows.reporters))
-        reporters, counts = np.unique(rows.reporters, return_counts=True)
-        first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
-                            count=len(reporters))
+        by_reporter, reporters, counts, first = _reporter_runs(rows, runtime)
         if (counts > structure.columns).any() or (
                 rows.columns[by_reporter] != (np.repeat(first, counts) + _ranks(counts)) % structure.columns).any():
             return None
@@ -1103,6 +1097,15 @@ def _plugin_writes(writes: KeyWrites, positions: npt.NDArray[np.int64], immediat
     checksums, slot_hashes = key_hashes_rows(np.ascontiguousarray(keys), writes.redundancy, structure.key_hash)
     return _Piece(structure, DtaOpcode.KEY_WRITE, positions[rows], np.full(len(rows), writes.redundancy),
                   immediate[rows], checksums, slot_hashes, np.ascontiguousarray(data), reports=False)
+
+
+def _reporter_runs(rows: _SketchPiece, runtime: SketchRuntime) -> tuple[npt.NDArray[np.int64], ...]:
+    """The rows reporter by reporter (each in batch order), the reporters, their counts of rows, and the column
+    each reporter is to send next."""
+    reporters, counts = np.unique(rows.reporters, return_counts=True)
+    first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
+                        count=len(reporters))
+    return np.lexsort((rows.positions, rows.reporters)), reporters, counts, first
 
 
 def _decode_appends(rows: Rows, positions: npt.NDArray[np.int64], extended: bool, size: int, base: Header,
