@@ -1,8 +1,12 @@
-"""What every command module shares: the repository root, the one CLI error, the summary printer."""
+"""What every command module shares: the repository root, the one CLI error, the summary printer, and the
+signals of long-running commands."""
 
 from __future__ import annotations
 
 import json
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from softdta.errors import SoftdtaError
@@ -25,3 +29,46 @@ def print_summary(summary: dict, as_json: bool) -> None:
                 print(f"  {name:28} {value}")
         else:
             print(f"{section:30} {values}")
+
+
+class Signals:
+    """What a long-running command's main loop runs until: SIGTERM or SIGINT stops it, SIGHUP (with `reload`)
+    reloads, and both are acted on in the loop, never inside a signal handler.
+
+    Python runs a handler in the main thread between two bytecodes. One that called `threading.Event.set` while
+    the main thread was inside `Event.wait` on that very event, holding its lock, waited for that lock forever:
+    a SIGTERM hung `softdta translator up` for good. These handlers only set flags, which takes no lock; `wait`
+    polls them, and `is_set` runs a pending reload. The engines' `serve` takes this as its `stop`."""
+
+    def __init__(self, reload: Callable[[], None] | None = None, poll_s: float = 0.05):
+        self._stopping = self._reload_asked = False
+        self._reload, self._poll_s = reload, poll_s
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        if reload is not None:
+            signal.signal(signal.SIGHUP, self._on_reload)
+
+    def _on_stop(self, *_) -> None:
+        self._stopping = True
+
+    def _on_reload(self, *_) -> None:
+        self._reload_asked = True
+
+    def set(self) -> None:
+        self._stopping = True
+
+    def is_set(self) -> bool:
+        if self._reload_asked and self._reload is not None:
+            self._reload_asked = False  # signals that come during the reload ask for one more
+            self._reload()
+        return self._stopping
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether a stop came within `timeout` seconds (None: wait for one); sees it within `poll_s`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = self._poll_s if deadline is None else min(self._poll_s, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            time.sleep(left)
+        return True

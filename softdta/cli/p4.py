@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from softdta.cli.common import CliError
+from softdta.cli.common import CliError, Signals
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.tables import Tables
 
@@ -42,9 +42,7 @@ def register(commands) -> None:
 
 
 def _p4(args) -> int:
-    import signal
     import tempfile
-    import threading
 
     from google.protobuf import text_format  # after .p4runtime, which picks protobuf's runtime
 
@@ -91,9 +89,7 @@ def _p4(args) -> int:
             if number and not number.isdigit():
                 raise CliError(f"--interface {given!r}: give INTERFACE or PORT@INTERFACE, for example 1@veth1")
             ports[int(number) if number else position] = name
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
+        stop = Signals()
         with tempfile.TemporaryDirectory(prefix="softdta-p4-") as out:
             program, _ = compile_v1model(Path(out))
             with Bmv2(program, ports, grpc_port=args.grpc_port, thrift_port=args.thrift_port,

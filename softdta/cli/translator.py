@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from softdta.cli.common import CliError
+from softdta.cli.common import CliError, Signals
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.tables import TableError, Tables
 from softdta.engines.engine import LiveEngine
@@ -77,9 +77,6 @@ def _translator_up(args) -> int:
 
 
 def _run_translator(args) -> int:
-    import signal
-    import threading
-
     from softdta.engines.xdp import EngineError
     from softdta.kernel.bpf import BpfError, ensure_bpffs
     if args.collector and args.collector_cm:
@@ -96,23 +93,16 @@ def _run_translator(args) -> int:
     # failed QPs go back to the collectors, which re-create their ends
     source.report_failures(lambda: {qp.local_qpn for qp in engine.tables.qps
                                     if engine.qp_state(qp)["state"] == QpState.FAILED})
-    stop = threading.Event()
 
-    def reload(*_) -> None:
+    def reload() -> None:
         try:
-            new_tables = source.tables()
-            if args.engine == "python":  # it takes new tables between batches, never in the middle of one
-                source.updates.put(new_tables)
-            else:
-                engine.apply(new_tables)
+            source.updates.put(source.tables())  # the engine applies them between ticks (or batches)
             origin = args.tables if isinstance(source, TablesFile) else "the collectors"
             print(f"softdta: tables reloaded from {origin}", flush=True)
         except TableError as error:
             print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
 
-    signal.signal(signal.SIGHUP, reload)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = Signals(reload)
     try:
         engine.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
         mode = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {engine.io_name}" + \

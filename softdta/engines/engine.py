@@ -5,7 +5,6 @@ interfaces implement `LiveEngine` as well."""
 from __future__ import annotations
 
 import queue
-import threading
 from collections import Counter as Tally
 from typing import Protocol
 
@@ -24,6 +23,14 @@ class Engine(Protocol):
     def counts(self) -> Tally[Counter]: ...
 
 
+class Stop(Protocol):
+    """What `serve` runs until: a threading.Event, or the command line's signal-safe flag (cli.common.Signals)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 class LiveEngine(Engine, Protocol):
     """An engine on interfaces: tables applied live, attached, served until `stop`, then closed."""
 
@@ -36,6 +43,6 @@ class LiveEngine(Engine, Protocol):
 
     def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None: ...
 
-    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None: ...
+    def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None: ...
 
     def close(self) -> None: ...

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import queue
 import socket
-import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
@@ -24,6 +23,7 @@ from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.primitives import Output, Primitive
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
+from softdta.engines.engine import Stop
 from softdta.engines.xdp import EngineError, _rx_queues, build_object, pinned_stats
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import record, table
@@ -223,7 +223,7 @@ class PythonEngine:
             self.publish()
             self._published_ns = now
 
-    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None:
+    def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None:
         """Translate until `stop` is set; when the ring is empty, ticks at half the idle-flush time (at least
         100 µs) and applies new tables from `updates`; sees `stop` within 100 ms."""
         interval = max(self.flush_idle_ns // 2, 100_000)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import socket
-import threading
 import time
 from collections import Counter as Tally
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
+from softdta.engines.engine import Stop
 from softdta.kernel.bpf import (
     BpfError,
     BpfObject,
@@ -329,7 +329,7 @@ class XdpTranslator:
         return ready and now - since >= self.flush_idle_ns
 
 
-    def serve(self, stop: threading.Event, updates: queue.Queue | None = None) -> None:
+    def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None:
         """Run the control-plane loop until `stop` is set: ticks at half the idle-flush time (at least 100 µs),
         and applies new tables from `updates` (collector re-advertisements) between ticks."""
         interval = max(self.flush_idle_ns / 2e9, 1e-4)
