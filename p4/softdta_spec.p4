@@ -45,6 +45,7 @@ const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
 const bit<16> DEFERRED_FRAME_MAX = 256;
+const bit<16> GENERATOR_FRAME_MAX = 256;
 const bit<16> ARENA_PAGE = 4096;
 const bit<16> RESPONDER_IP_LIMIT = 1280;
 const bit<8> P4_APPEND_BATCH_BITS = 4;

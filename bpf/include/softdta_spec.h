@@ -50,6 +50,7 @@
 #define FANOUT_FRAME_MAX 256
 #define ICRC_LEN 4
 #define DEFERRED_FRAME_MAX 256
+#define GENERATOR_FRAME_MAX 256
 #define ARENA_PAGE 4096
 #define RESPONDER_IP_LIMIT 1280
 #define P4_APPEND_BATCH_BITS 4
@@ -1486,5 +1487,23 @@ struct python_engine_value {
 	__u32 pad;
 };
 _Static_assert(sizeof(struct python_engine_value) == 24, "struct python_engine_value does not match softdta/spec/");
+
+/* the kernel report generator's template and how it varies it per report (map `report_generator`) */
+struct report_generator_value {
+	__u64 next_index; /* reports sent so far: each run sends report `next_index` and counts it */
+	__u32 frame_len;
+	__u32 key_span; /* distinct keys: report i carries key_base + i % key_span */
+	__u32 key_base;
+	__u32 data_base; /* report i carries data_base + i */
+	__u32 ifindex; /* where it sends: on any other interface (its loopback link) a frame passes */
+	__u16 key_offset; /* where the key's last 4 bytes are in the frame, 0 = nowhere */
+	__u16 data_offset; /* where the data's last 4 bytes are, 0 = nowhere */
+	__u16 seq_offset; /* where the seqnum is (report i: seq_base + i), 0 = nowhere */
+	__u8 seq_base;
+	__u8 pad;
+	__u8 frame[256];
+	__u8 _pad0[4];
+};
+_Static_assert(sizeof(struct report_generator_value) == 296, "struct report_generator_value does not match softdta/spec/");
 
 #endif /* SOFTDTA_SPEC_H */

@@ -78,6 +78,11 @@ def _bench(args) -> int:
                           f"({value['times_the_oracle']}x)" for key, value in case.items() if key != "oracle"))
     print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
           f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
+    kernel = results["translator_live_lab_kernel_generator"]
+    first_loss = next((step for step in kernel["steps"] if not step["lossless"]), None)
+    print(f"  live lab, Key-Write N=1 from the kernel generator: {kernel['max_lossless_reports_per_s']:,} reports/s "
+          "without loss" + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, reached "
+                            f"{first_loss['achieved']:,}/s, lost {first_loss['lost']}" if first_loss else ""))
     c = collector["c_epoll"]
     print(f"  collector CPU per report: xdp responder (kernel, UC 8 B) "
           f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns, userspace 0; "

@@ -12,7 +12,7 @@ from softdta.core.translator import Translator
 from softdta.engines.engine import Engine
 from softdta.spec import DTA_NACK_PORT, DTA_PORT, PRIMITIVE_BY_SLUG, ROCE_PORT, RoceOpcode
 from softdta.wire.codec import WireError
-from softdta.wire.dta import Profile, decode, decode_nack
+from softdta.wire.dta import Profile, Report, decode, decode_nack
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 from softdta.wire.pcap import Packet, read_pcap, write_pcap
 from softdta.wire.roce import describe_aeth, parse_roce
@@ -40,13 +40,20 @@ def register(commands) -> None:
     dissect.add_argument("--json", action="store_true", help="one JSON object per frame")
     dissect.set_defaults(run=_decode)
 
-    report = commands.add_parser("report", help="write DTA reports to a pcap")
+    report = commands.add_parser("report", help="write DTA reports to a pcap, or send them out of an interface")
     report.add_argument("primitive", choices=list(PRIMITIVE_BY_SLUG))
     report.add_argument("--out", help="write the reports to this pcap")
-    report.add_argument("--interface", help="send the reports out of this interface instead (AF_PACKET TX ring)")
+    report.add_argument("--interface", "-i", help="send the reports out of this interface instead (root)")
     report.add_argument("--netns", help="with --interface: the interface's network namespace")
+    report.add_argument("--engine", choices=("kernel", "python"), default="kernel",
+                        help="with --interface: kernel sends at kernel speed (BPF_PROG_TEST_RUN live frames: the "
+                             "first report as a template, its key, data and seqnum varied per report); python "
+                             "sends the workload's reports from an AF_PACKET TX ring")
     report.add_argument("--rate", type=float, default=0, help="with --interface: reports/s at most (0: as fast "
-                                                              "as the ring goes)")
+                                                              "as the engine goes)")
+    report.add_argument("--duration", type=float, help="with --interface: send for this many seconds instead of "
+                                                       "--count reports")
+    report.add_argument("--keys", type=int, default=1024, help="with --engine kernel: distinct keys to cycle over")
     report.add_argument("--count", type=int, default=100, help="reports (flows for postcarding)")
     report.add_argument("--seed", type=int, default=0)
     report.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value)
@@ -190,11 +197,14 @@ def _report(args) -> int:
     address = workload.ReporterAddress(mac=mac_bytes(args.reporter_mac), ip=ip_bytes(args.reporter),
                                        translator_mac=mac_bytes(args.translator_mac),
                                        collector_ip=ip_bytes(args.collector))
+    if args.count < 1:
+        raise CliError(f"--count {args.count}: give at least 1 report")
+    count = 1 if args.interface and args.engine == "kernel" else args.count  # the kernel engine needs a template
     generators = {
-        "key-write": lambda: workload.key_write(args.count, args.seed, args.redundancy, args.key_len, args.data_len),
-        "key-increment": lambda: workload.key_increment(args.count, args.seed, args.redundancy),
-        "append": lambda: workload.append(args.count, args.seed, args.lists),
-        "postcarding": lambda: workload.postcards(args.count, args.seed, args.hops),
+        "key-write": lambda: workload.key_write(count, args.seed, args.redundancy, args.key_len, args.data_len),
+        "key-increment": lambda: workload.key_increment(count, args.seed, args.redundancy),
+        "append": lambda: workload.append(count, args.seed, args.lists),
+        "postcarding": lambda: workload.postcards(count, args.seed, args.hops),
         "sketch-merge": lambda: workload.sketch_epoch(args.reporters, args.columns, args.rows, args.seed),
     }
     try:
@@ -205,30 +215,53 @@ def _report(args) -> int:
     if bool(args.out) == bool(args.interface):
         raise CliError("give --out FILE (write a pcap) or --interface IF (send on the wire), not both or neither")
     if args.interface:
-        return _send_reports(frames, args)
+        return _send_reports(reports, frames, args)
     step = int(args.interval_us * 1000)
-    count = write_pcap(args.out, (Packet(i * step, frame) for i, frame in enumerate(frames)))
-    print(f"wrote {count} {args.primitive} reports to {args.out}")
+    written = write_pcap(args.out, (Packet(i * step, frame) for i, frame in enumerate(frames)))
+    print(f"wrote {written} {args.primitive} reports to {args.out}")
     return 0
 
 
-def _send_reports(frames: list[bytes], args) -> int:
+def _send_reports(reports: list[Report], frames: list[bytes], args) -> int:
+    if args.duration is not None and args.duration <= 0:
+        raise CliError(f"--duration {args.duration} must be positive; give the seconds to send for")
+    if args.rate < 0:
+        raise CliError(f"--rate {args.rate} must be 0 (as fast as possible) or more reports/s")
+    try:
+        if args.engine == "kernel":
+            result = _send_kernel(reports[0], frames[0], args)
+        else:
+            result = _send_ring(frames, args)
+    except PermissionError as error:
+        raise CliError(f"{error}; sending needs root (CAP_NET_RAW, CAP_SYS_ADMIN)") from None
+    print(f"sent {result.frames} {args.primitive} reports out of {args.interface} in {result.seconds:.3f} s "
+          f"({result.rate:,.0f} reports/s, {args.engine} engine)")
+    return 0
+
+
+def _send_kernel(template: Report, frame: bytes, args):
+    from softdta.core.generator import plan
+    from softdta.kernel.generator import KernelReporter
+    generator = plan(template, frame, Profile(args.profile), key_span=args.keys)
+    with KernelReporter(generator, args.interface, args.netns) as reporter:
+        return reporter.run(rate=args.rate, count=None if args.duration else args.count, seconds=args.duration)
+
+
+def _send_ring(frames: list[bytes], args):
+    import itertools
     import time
 
-    from softdta.engines.xdp import EngineError
-    from softdta.kernel.tx_ring import RingReporter
-    batch = 256
-    try:
-        with RingReporter(args.interface, args.netns, batch) as ring:
-            started = time.perf_counter()
-            for first in range(0, len(frames), batch):
-                ring.send(frames[first:first + batch])
-                ahead = (first + batch) / args.rate - (time.perf_counter() - started) if args.rate else 0
-                if ahead > 0:
-                    time.sleep(ahead)
-            elapsed = time.perf_counter() - started
-    except (EngineError, PermissionError) as error:
-        raise CliError(f"{error}; sending needs root (CAP_NET_RAW)") from None
-    print(f"sent {len(frames)} {args.primitive} reports out of {args.interface} in {elapsed:.3f} s "
-          f"({len(frames) / elapsed:,.0f} reports/s)")
-    return 0
+    from softdta.kernel.tx_ring import RingReporter, SendResult
+    batch, sent = 256, 0
+    with RingReporter(args.interface, args.netns, batch) as ring:
+        started = time.perf_counter()
+        # with --duration, the workload's frames over and over
+        chunks = itertools.cycle(range(0, len(frames), batch)) if args.duration else range(0, len(frames), batch)
+        for first in chunks:
+            if args.duration and time.perf_counter() - started >= args.duration:
+                break
+            sent += ring.send(frames[first:first + batch]).frames
+            ahead = sent / args.rate - (time.perf_counter() - started) if args.rate else 0
+            if ahead > 0:
+                time.sleep(ahead)
+        return SendResult(sent, time.perf_counter() - started)

@@ -34,6 +34,7 @@ BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_PROG_TYPE_XDP = 6
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+BPF_XDP = 37  # enum bpf_attach_type: an XDP program on a device, through a BPF link
 XDP_FLAGS_SKB_MODE = 2
 XDP_FLAGS_DRV_MODE = 4
 XDP_MD_SIZE = 24
@@ -103,6 +104,7 @@ for _name, _res, _args in [
     ("bpf_enable_stats", _I, [_I]),
     ("bpf_obj_get_info_by_fd", _I, [_I, _P, ctypes.POINTER(_U32)]),
     ("bpf_prog_test_run_opts", _I, [_I, _P]),
+    ("bpf_link_create", _I, [_I, _I, _I, _P]),
     ("ring_buffer__new", _P, [_I, _SAMPLE_FN, _P, _P]),
     ("ring_buffer__poll", _I, [_P, _I]),
     ("ring_buffer__consume", _I, [_P]),
@@ -586,6 +588,16 @@ def attach_xdp(ifindex: int, prog_fd: int, *, mode: str = "native") -> None:
         errno.ERANGE: "the MTU is too large for native XDP on this driver; lower it",
     }) as rtnl:
         rtnl("link", "set", index=ifindex, xdp=_xdp_attrs(prog_fd, _XDP_MODES[mode]))
+
+
+def link_xdp(ifindex: int, prog_fd: int) -> int:
+    """Attach an XDP program to ifindex through a BPF link (driver mode where the device has it, else generic);
+    returns the link's fd. The program stays attached while that fd is open and no longer: closing it, or the
+    process ending, even by kill -9, detaches it."""
+    return _check(_lib.bpf_link_create(prog_fd, ifindex, BPF_XDP, None), f"link XDP to {_ifname(ifindex)}", {
+        errno.EBUSY: "another XDP program is attached there; detach it first",
+        errno.EEXIST: "another XDP program is attached there; detach it first",
+    })
 
 
 def detach_xdp(ifindex: int) -> None:

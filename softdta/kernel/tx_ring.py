@@ -1,8 +1,6 @@
 """Send DTA reports on the wire from an AF_PACKET TX ring: the frames are written into memory shared with the
-kernel, and one system call sends a whole batch, in order.
-
-BPF_PROG_TEST_RUN in live-frames mode (the mechanism of xdp-trafficgen) was tried first and dropped: on veth,
-batches of more than a few hundred frames arrived corrupted at a translator that passes frames up to tc.
+kernel, and one system call sends a whole batch, in order. Any frames, at Python speed; the kernel report
+generator (softdta.kernel.generator) sends variations of one template at kernel speed.
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
     from softdta.engines.xdp import pinned_stats
     from softdta.kernel.tx_ring import RingReporter
     from softdta.lab import topology as lab
-    from softdta.lab.live_demo import _link_drops
+    from softdta.lab.live_demo import link_drops
     steps = []
     state = lab.up(1)
     try:
@@ -266,7 +266,7 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
         with RingReporter(address["interface"], address["netns"], 256) as ring:
             for rate in rates:
                 before = pinned_stats(lab.PIN_DIR)["counters"].get("rx_reports", 0)
-                drops_before = sum(_link_drops().values())
+                drops_before = sum(link_drops().values())
                 started = time.perf_counter()
                 for first in range(0, len(frames), 64):
                     ring.send(frames[first:first + 64])
@@ -280,7 +280,7 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
                     if received >= len(frames) or time.monotonic() > deadline:
                         break
                     time.sleep(0.02)
-                lost = sum(_link_drops().values()) - drops_before
+                lost = sum(link_drops().values()) - drops_before
                 # lossless: every report translated, and no link (reporter, translator or collector side) dropped
                 # anything: a dropped RoCEv2 write or ACK is a loss too
                 steps.append({"offered": rate, "achieved": round(len(frames) / elapsed), "sent": len(frames),
@@ -290,6 +290,64 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
         lab.down()
     lossless = [step["achieved"] for step in steps if step["lossless"]]
     return {"steps": steps, "max_lossless_reports_per_s": max(lossless) if lossless else 0}
+
+
+def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int = 4096) -> dict:
+    """The lab at kernel speed: Key-Write N=1 from the kernel report generator (reporter -> bridge -> XDP
+    translator -> XDP responder). Each step offers `seconds` of reports at a rate, and is lossless when every report
+    was translated and executed at the collector, and no link dropped a frame. The rate rises until the first
+    lossy step, which says where the loss began."""
+    from softdta.core.generator import plan
+    from softdta.engines.xdp import pinned_stats
+    from softdta.kernel.generator import KernelReporter
+    from softdta.lab import topology as lab
+    from softdta.lab.live_demo import collector_http, link_drops
+
+    def counts() -> dict:
+        translator = pinned_stats(lab.PIN_DIR)["counters"]
+        responder = collector_http("/stats").get("responder", {})
+        return {"translated": translator.get("rx_reports", 0), "emitted": translator.get("tx_frames", 0),
+                "translator_drops": sum(n for name, n in translator.items() if name.startswith("drop_")),
+                "executed": responder.get("executed", 0), "links": link_drops()}
+
+    steps = []
+    state = lab.up(1)
+    try:
+        address = state.reporter(1)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        # the lab's Key-Write structure holds 13-byte keys and 20-byte data (live_demo's INT path tracing)
+        template = dta.key_write(bytes(range(13)), bytes(20), 1, extended=True)
+        with KernelReporter(plan(template, sender.frame(template), key_span=keys), address["interface"],
+                            address["netns"]) as reporter:
+            for rate in rates:
+                before = counts()
+                sent = reporter.run(rate=rate, seconds=seconds)
+                deadline = time.monotonic() + 3.0  # the last reports may still be on their way
+                while True:
+                    after = counts()
+                    done = after["executed"] - before["executed"] >= sent.frames
+                    if done or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+                # where reports went missing, hop by hop
+                lost = {"before_translator": sent.frames - (after["translated"] - before["translated"]),
+                        "in_translator": after["translator_drops"] - before["translator_drops"],
+                        "before_collector": (after["emitted"] - before["emitted"])
+                        - (after["executed"] - before["executed"]),
+                        **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()
+                           if n != before["links"].get(name, 0)}}
+                lost = {where: n for where, n in lost.items() if n}
+                steps.append({"offered": rate, "achieved": round(sent.rate), "sent": sent.frames,
+                              "executed": after["executed"] - before["executed"], "lost": lost,
+                              "lossless": not lost})
+                if lost:
+                    break
+    finally:
+        lab.down()
+    lossless = [step["achieved"] for step in steps if step["lossless"]]
+    return {"primitive": "key-write N=1", "generator": "kernel", "seconds_per_step": seconds, "steps": steps,
+            "max_lossless_reports_per_s": max(lossless) if lossless else 0}
 
 
 def translator_python_engine(count: int) -> dict:
@@ -594,6 +652,9 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
         "translator_live_lab": translator_live(2000 if quick else 20000,
                                                [20_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000,
                                                                                 400_000, 800_000]),
+        "translator_live_lab_kernel_generator": translator_live_kernel(
+            [50_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 0],
+            seconds=0.3 if quick else 1.0),
         "collector_cpu_ns_per_report": {"xdp_responder_kernel": collector_xdp_responder(repeat),
                                         "python_asyncio": collector_python(count),
                                         "c_epoll": collector_c(count)},

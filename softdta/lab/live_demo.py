@@ -110,7 +110,7 @@ def _units(opcode: DtaOpcode, reports: list[Report]) -> list[list[Report]]:
     return list(flows.values())
 
 
-def _http(path: str, body: dict | None = None, token: str | None = None) -> dict:
+def collector_http(path: str, body: dict | None = None, token: str | None = None) -> dict:
     """A query; with the collector's token, a POST that takes (Append entries)."""
     with in_netns(lab.PREFIX + "c"):
         request = urllib.request.Request(f"http://{lab.COLLECTOR_IP}:{lab.QUERY_PORT}{path}",
@@ -122,7 +122,7 @@ def _http(path: str, body: dict | None = None, token: str | None = None) -> dict
             return json.loads(response.read())
 
 
-def _link_drops() -> dict[str, int]:
+def link_drops() -> dict[str, int]:
     """Packets the lab's veth links dropped (full rings), which no BPF counter sees."""
     from pyroute2 import IPRoute
     drops: dict[str, int] = {}
@@ -141,7 +141,7 @@ def _poll_append(appended: dict[int, list[int]], token: str) -> int:
     ring that is not drained wraps and overwrites (DTA's Append has no backpressure). Returns the entries the
     service says were lost before they could be taken (a lap)."""
     dropped = 0
-    for list_id, entry in _http("/append/append0@10.77.1.1", token=token)["lists"].items():
+    for list_id, entry in collector_http("/append/append0@10.77.1.1", token=token)["lists"].items():
         appended.setdefault(int(list_id), []).extend(entry["entries"])
         dropped += entry["dropped"]
     return dropped
@@ -286,10 +286,10 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     stats = engine_stats(lab.PIN_DIR)
     counters = stats["counters"]
     drops = {name: value for name, value in counters.items() if name.startswith("drop_")}
-    collector_stats = _http("/stats")
+    collector_stats = collector_http("/stats")
     responder = collector_stats.get("responder", {})
     responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
-    links = _link_drops()
+    links = link_drops()
     summary: dict = {
         "reports_sent": {PRIMITIVES[op].slug: n for op, n in sent.items()},
         "reports_per_second": round(streamed["rate"]),
@@ -316,7 +316,8 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
 
     keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
     if keywrite:
-        answer = _http("/key-write/key-write@10.77.1.1", {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
+        answer = collector_http("/key-write/key-write@10.77.1.1",
+                                {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
         right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
         later = np.arange(len(keywrite) - 1, -1, -1) / KEYWRITE_SLOTS
         bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 2) for alpha in later]))
@@ -331,7 +332,8 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
         truth[report.key] = truth.get(report.key, 0) + report.counter
     if truth:
-        answer = _http("/key-increment/key-increment@10.77.1.1", {"keys": [k.hex() for k in truth], "redundancy": 2})
+        answer = collector_http("/key-increment/key-increment@10.77.1.1",
+                                {"keys": [k.hex() for k in truth], "redundancy": 2})
         counts = [row["count"] for row in answer["results"]]
         under = sum(count < expected for count, expected in zip(counts, truth.values()))
         exact = sum(count == expected for count, expected in zip(counts, truth.values()))
@@ -363,7 +365,8 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     paths: dict[bytes, list[int]] = {}
     for report in load.per_primitive[DtaOpcode.POSTCARDING]:
         paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
-    answer = _http("/postcarding/postcarding@10.77.1.1", {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
+    answer = collector_http("/postcarding/postcarding@10.77.1.1",
+                            {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
     decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
     later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
     bound = 1 - float(np.mean([postcarding_empty_return_bound(alpha, 1, 5, len(SWITCH_IDS)) for alpha in later]))
@@ -376,7 +379,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Tally[DtaOpcode], strea
     expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
     for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
         expected[report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = np.array(_http("/sketch-merge/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
+    merged = np.array(collector_http("/sketch-merge/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
     match = merged.shape == expected.shape and bool((merged == expected).all())
     expected_matrix = prediction.region(predicted[DtaOpcode.SKETCH_MERGE]).by_column.tolist()
     queries["sketch_merge"] = {"matches_sum_of_reporters": match,

@@ -10,6 +10,7 @@ from softdta.spec.model import Field, Raw, Record
 
 
 DEFERRED_FRAME_MAX = 256  # the longest essential report frame the XDP translator parks for userspace
+GENERATOR_FRAME_MAX = 256  # the longest report frame the kernel report generator sends
 
 RECORDS = (
     Record("deferred_report", (
@@ -25,4 +26,15 @@ RECORDS = (
         Field("run_time_ns", 64), Field("runs", 64), Field("io", 32, "1 AF_XDP copy, 2 zero-copy, 3 AF_PACKET"),
         Field("pad", 32),
     ), "the python engine's CPU time and frames, and its packet I/O (map `python_engine`, written by userspace)"),
+    Record("report_generator_value", (
+        Field("next_index", 64, "reports sent so far: each run sends report `next_index` and counts it"),
+        Field("frame_len", 32), Field("key_span", 32, "distinct keys: report i carries key_base + i % key_span"),
+        Field("key_base", 32), Field("data_base", 32, "report i carries data_base + i"),
+        Field("ifindex", 32, "where it sends: on any other interface (its loopback link) a frame passes"),
+        Field("key_offset", 16, "where the key's last 4 bytes are in the frame, 0 = nowhere"),
+        Field("data_offset", 16, "where the data's last 4 bytes are, 0 = nowhere"),
+        Field("seq_offset", 16, "where the seqnum is (report i: seq_base + i), 0 = nowhere"),
+        Field("seq_base", 8), Field("pad", 8),
+        Raw("frame", GENERATOR_FRAME_MAX),
+    ), "the kernel report generator's template and how it varies it per report (map `report_generator`)"),
 )

@@ -151,6 +151,11 @@ def test_bench_quick_writes_every_comparison_and_its_plots(tmp_path):
     for step in live["steps"]:
         assert step["lossless"] == (step["translated"] == step["sent"] and step["link_drops"] == 0), step
     assert live["max_lossless_reports_per_s"] == max([s["achieved"] for s in live["steps"] if s["lossless"]] or [0])
+    kernel = results["translator_live_lab_kernel_generator"]  # lossless: every report executed, nothing dropped
+    assert kernel["steps"][0]["sent"] > 5_000
+    for step in kernel["steps"]:
+        assert step["lossless"] == (step["lost"] == {}), step
+        assert not step["lossless"] or step["executed"] == step["sent"], step
     collector = results["collector_cpu_ns_per_report"]
     assert set(collector["xdp_responder_kernel"]) == {"uc-write-8", "uc-write-64", "rc-write-64-acked", "rc-fetch-add"}
     assert collector["python_asyncio"]["median"] > 0 and collector["c_epoll"]["median"] > 0

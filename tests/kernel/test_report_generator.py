@@ -1,0 +1,182 @@
+"""The kernel report generator live on veth: the reports on the wire are exactly the ones its plan predicts, also
+when a translator down the line rewrites the generator's pages into RoCEv2 frames in place, and the CLI drives it.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from softdta.core import workload
+from softdta.core.generator import plan
+from softdta.core.translator import Translator
+from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.bpf import BpfObject, attach_xdp
+from softdta.kernel.generator import KernelReporter
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
+from softdta.spec import DTA_PORT, ROCE_PORT, Counter
+from softdta.wire import dta
+from softdta.wire.dta import Profile
+from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import COLLECTOR_IP
+
+pytestmark = pytest.mark.privileged
+
+PREFIX = f"sdta-gen{os.getpid()}-"
+ETH_P_ALL, SOL_PACKET, SO_RCVBUFFORCE = 0x0003, 263, 33
+TRANSLATOR_MAC = "02:5d:7a:00:00:01"
+
+
+@pytest.fixture
+def wire():
+    """Namespaces g (the generator, g0) and t (t0), one veth pair; both ends run XDP, so that frames XDP sends
+    enter them, and t0 captures everything it receives."""
+    cleanup_prefix(PREFIX)
+    generator, far = Namespace.create(PREFIX + "g"), Namespace.create(PREFIX + "t")
+    veth_pair(generator, "g0", far, "t0", mac_b=TRANSLATOR_MAC)
+    address(far, "t0", "10.77.0.1/16")
+    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
+        for namespace, interface in ((generator, "g0"), (far, "t0")):
+            with in_netns(namespace.name):
+                attach_xdp(socket.if_nametoindex(interface), passer.programs["softdta_pass"].fd)
+    yield generator, far
+    cleanup_prefix(PREFIX)
+
+
+def capture_on(namespace: Namespace, interface: str) -> socket.socket:
+    with in_netns(namespace.name):
+        capture = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        capture.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 25)  # holds everything until it is read
+        capture.bind((interface, ETH_P_ALL))
+        capture.settimeout(0.2)
+    return capture
+
+
+def udp_frames(capture: socket.socket, port: int, expected: int, deadline: float = 10.0) -> list[bytes]:
+    """Frames to UDP `port`, until `expected` came or nothing more came for a second (or the deadline)."""
+    frames: list[bytes] = []
+    give_up, quiet_until = time.monotonic() + deadline, time.monotonic() + 1.0
+    while len(frames) < expected and time.monotonic() < min(give_up, quiet_until):
+        try:
+            frame = capture.recv(4096)
+        except TimeoutError:
+            continue
+        if frame[12:14] == b"\x08\x00" and int.from_bytes(frame[36:38], "big") == port:
+            frames.append(frame)
+            quiet_until = time.monotonic() + 1.0
+    return frames
+
+
+def key_write_plan(tables, redundancy: int = 1, key_span: int = 300):
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    template = dta.key_write(0x01020304, 0x10, redundancy)
+    return plan(template, reporter.frame(template), Profile.DTA_V1, key_span=key_span)
+
+
+def test_the_reports_on_the_wire_are_the_plans(wire, tables):
+    generator_ns, far = wire
+    generator = key_write_plan(tables)
+    with capture_on(far, "t0") as capture, KernelReporter(generator, "g0", generator_ns.name) as reporter:
+        result = reporter.run(count=3000)
+        seen = udp_frames(capture, DTA_PORT, 3000)
+        assert result.frames == reporter.sent == 3000
+    assert len(seen) == 3000
+    assert seen == [generator.frame_at(index) for index in range(3000)]
+
+
+def test_pages_a_translator_rewrote_in_place_come_back_as_correct_reports(wire, tables):
+    """The XDP translator turns each report's page into a RoCEv2 frame in place; live-frames mode recycles that
+    page for a later report. Every RoCEv2 frame must still be the reference translator's for the plan's reports."""
+    generator_ns, far = wire
+    generator = key_write_plan(tables)
+    count = 4000
+    with in_netns(far.name):
+        translator = XdpTranslator(tables, flush_idle_ns=10**12)
+    stop = threading.Event()
+    with translator, capture_on(generator_ns, "g0") as capture:
+        with in_netns(far.name):
+            translator.attach(["t0"])
+        server = threading.Thread(target=translator.serve, args=(stop,))
+        server.start()
+        try:
+            with KernelReporter(generator, "g0", generator_ns.name) as reporter:
+                for _ in range(count // 500):
+                    reporter.send(500)
+            seen = udp_frames(capture, ROCE_PORT, count)
+        finally:
+            stop.set()
+            server.join()
+        counters = translator.counters()
+    reference = Translator(tables)
+    expected = [out for index in range(count) for out in reference.process(generator.frame_at(index)).frames]
+    assert counters[Counter.RX_REPORTS] == count and counters[Counter.TX_FRAMES] == count
+    assert len(seen) == count and seen == expected
+
+
+def test_the_generator_stays_in_the_xdp_dispatcher_only_while_it_lives(wire, tables):
+    """Linked to the namespace's loopback (where it passes every frame), so that a call does not wait for two RCU
+    grace periods; the link goes with the generator."""
+    generator_ns, far = wire
+
+    def loopback_has_xdp() -> bool:
+        return "xdp" in json.loads(generator_ns.run("ip", "-j", "link", "show", "dev", "lo").stdout)[0]
+
+    with KernelReporter(key_write_plan(tables), "g0", generator_ns.name) as reporter:
+        assert reporter.linked and loopback_has_xdp()
+        with in_netns(generator_ns.name):  # loopback traffic still passes
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+                receiver.bind(("127.0.0.1", 0))
+                receiver.settimeout(5)
+                sender.sendto(b"still here", receiver.getsockname())
+                assert receiver.recv(64) == b"still here"
+        reporter.send(10)
+    assert not loopback_has_xdp()
+
+
+def test_a_missing_interface_is_named():
+    with pytest.raises(EngineError, match="interface 'nowhere0' does not exist"):
+        KernelReporter(key_write_plan_for_example(), "nowhere0")
+
+
+def key_write_plan_for_example():
+    template = dta.key_write(1, 2, 1)
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"),
+                                        mac_bytes(TRANSLATOR_MAC), COLLECTOR_IP)
+    return plan(template, reporter.frame(template))
+
+
+def softdta(*args, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "softdta.cli", *map(str, args)], capture_output=True, text=True,
+                            timeout=120)
+    assert not check or result.returncode == 0, result.stderr
+    return result
+
+
+def test_softdta_report_sends_at_kernel_speed_and_names_bad_options(wire):
+    generator_ns, far = wire
+    with capture_on(far, "t0") as capture:
+        result = softdta("report", "key-write", "-i", "g0", "--netns", generator_ns.name, "--count", 2000, "-n", 1,
+                         "--keys", 50)
+        assert "sent 2000 key-write reports out of g0" in result.stdout and "kernel engine" in result.stdout
+        seen = udp_frames(capture, DTA_PORT, 2000)
+    assert len(seen) == 2000 and len({frame[46:50] for frame in seen}) == 50
+    result = softdta("report", "append", "-i", "g0", "--netns", generator_ns.name, "--duration", 0.3,
+                     "--rate", 20000)
+    assert "append reports out of g0" in result.stdout
+    for options, message in [(["--duration", -1], "--duration -1.0 must be positive"),
+                             (["--rate", -5], "--rate -5.0 must be 0"),
+                             (["--count", 0], "give at least 1 report"),
+                             (["--keys", 0], "give 1 to"),
+                             (["-i", "nowhere0"], "interface 'nowhere0' does not exist")]:
+        base = ["report", "key-write", "--netns", generator_ns.name]
+        result = softdta(*base, *(["-i", "g0"] if "-i" not in options else []), *options, check=False)
+        assert result.returncode == 2 and message in result.stderr, (options, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
