@@ -73,6 +73,10 @@ def udp_frames(capture: socket.socket, port: int, expected: int, deadline: float
     return frames
 
 
+def loopback_has_xdp(namespace: Namespace) -> bool:
+    return "xdp" in json.loads(namespace.run("ip", "-j", "link", "show", "dev", "lo").stdout)[0]
+
+
 def key_write_plan(tables, redundancy: int = 1, key_span: int = 300):
     reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
                                         COLLECTOR_IP)
@@ -125,11 +129,8 @@ def test_the_generator_stays_in_the_xdp_dispatcher_only_while_it_lives(wire, tab
     grace periods; the link goes with the generator."""
     generator_ns, far = wire
 
-    def loopback_has_xdp() -> bool:
-        return "xdp" in json.loads(generator_ns.run("ip", "-j", "link", "show", "dev", "lo").stdout)[0]
-
     with KernelReporter(key_write_plan(tables), "g0", generator_ns.name) as reporter:
-        assert reporter.linked and loopback_has_xdp()
+        assert reporter.linked and loopback_has_xdp(generator_ns)
         with in_netns(generator_ns.name):  # loopback traffic still passes
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
                     socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
@@ -138,7 +139,27 @@ def test_the_generator_stays_in_the_xdp_dispatcher_only_while_it_lives(wire, tab
                 sender.sendto(b"still here", receiver.getsockname())
                 assert receiver.recv(64) == b"still here"
         reporter.send(10)
-    assert not loopback_has_xdp()
+    assert not loopback_has_xdp(generator_ns)
+
+
+def test_a_generator_killed_with_sigkill_leaves_nothing_attached(wire):
+    generator_ns, _ = wire
+
+    process = subprocess.Popen([sys.executable, "-m", "softdta.cli", "report", "key-write", "-i", "g0", "--netns",
+                                generator_ns.name, "--duration", "60", "--rate", "1000"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not loopback_has_xdp(generator_ns):
+            assert time.monotonic() < deadline and process.poll() is None, "the generator never linked to lo"
+            time.sleep(0.05)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while loopback_has_xdp(generator_ns):  # the kernel releases the link with the process's last fd
+        assert time.monotonic() < deadline, "lo kept the dead generator's XDP program"
+        time.sleep(0.05)
 
 
 def test_a_missing_interface_is_named():

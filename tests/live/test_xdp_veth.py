@@ -271,6 +271,21 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
         assert stats["counters"]["append_flushes"] == 1
         kw = next(q for q in stats["qps"] if q["remote_qpn"] == 0x101)
         assert kw["next_psn"] == 10 and kw["state"] == "active"
+
+        def remote_qpns() -> set[int]:
+            shown = subprocess.run(softdta + ["translator", "stats", "--pin", str(pin), "--json"],
+                                   capture_output=True, text=True, check=True).stdout
+            return {qp["remote_qpn"] for qp in json.loads(shown)["qps"]}
+
+        # SIGHUP: new tables from the file, applied by the running loop; a broken file leaves the running ones
+        tables_file.write_text(text.replace("remote_qpn = 0x101", "remote_qpn = 0x111"))
+        process.send_signal(signal.SIGHUP)
+        assert "tables reloaded" in process.stdout.readline()
+        wait_for(lambda: 0x111 in remote_qpns() and 0x101 not in remote_qpns())
+        tables_file.write_text(text.replace("remote_qpn = 0x101", "remote_qpn = 1"))
+        process.send_signal(signal.SIGHUP)
+        assert "reload refused, the running tables stay" in process.stderr.readline()
+        assert 0x111 in remote_qpns() and process.poll() is None
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
