@@ -244,6 +244,9 @@ def _send_kernel(template: Report, frame: bytes, args):
     from softdta.kernel.generator import KernelReporter
     generator = plan(template, frame, Profile(args.profile), key_span=args.keys)
     with KernelReporter(generator, args.interface, args.netns) as reporter:
+        if not reporter.linked:
+            print("softdta: note: the generator could not link to lo (another XDP program there?), so each of its "
+                  "calls waits for two RCU grace periods (docs/lab.md); sending goes on, slower", file=sys.stderr)
         return reporter.run(rate=args.rate, count=None if args.duration else args.count, seconds=args.duration)
 
 

@@ -308,7 +308,9 @@ class XdpTranslator:
         """Run the flusher once per queue entry it can make progress on, transmitting what it writes out.
 
         One run per call: live mode costs far more per repetition when a run transmits nothing, and most runs
-        don't. The pass ends at an empty queue, or at an entry met twice (not due yet, or its QP is busy).
+        don't; and a call of more than one run puts the program into the XDP dispatcher and takes it out again,
+        two RCU grace periods (about 24 ms here, softdta.kernel.generator). The pass ends at an empty queue, or
+        at an entry met twice (not due yet, or its QP is busy).
         """
         queue, visits = self.maps["flush_queue"], Tally()
         for _ in range(_FLUSH_RUNS_PER_TICK):

@@ -162,6 +162,16 @@ def test_a_generator_killed_with_sigkill_leaves_nothing_attached(wire):
         time.sleep(0.05)
 
 
+def test_with_lo_taken_the_generator_still_sends_and_says_why_it_is_slower(wire):
+    generator_ns, far = wire
+    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(generator_ns.name):
+        attach_xdp(socket.if_nametoindex("lo"), passer.programs["softdta_pass"].fd, mode="generic")
+    with capture_on(far, "t0") as capture:
+        result = softdta("report", "key-write", "-i", "g0", "--netns", generator_ns.name, "--count", 200, "-n", 1)
+        assert "could not link to lo" in result.stderr and "sent 200 key-write reports" in result.stdout
+        assert len(udp_frames(capture, DTA_PORT, 200)) == 200
+
+
 def test_a_missing_interface_is_named():
     with pytest.raises(EngineError, match="interface 'nowhere0' does not exist"):
         KernelReporter(key_write_plan_for_example(), "nowhere0")
