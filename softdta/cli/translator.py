@@ -99,8 +99,9 @@ def _run_translator(args) -> int:
             source.updates.put(source.tables())  # the engine applies them between ticks (or batches)
             origin = args.tables if isinstance(source, TablesFile) else "the collectors"
             print(f"softdta: tables reloaded from {origin}", flush=True)
-        except TableError as error:
-            print(f"softdta: error: reload refused, the running tables stay: {error}", file=sys.stderr, flush=True)
+        except (TableError, OSError) as error:  # a broken or missing file must not stop the translator
+            reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else error
+            print(f"softdta: error: reload refused, the running tables stay: {reason}", file=sys.stderr, flush=True)
 
     stop = Signals(reload)
     try:

@@ -285,6 +285,9 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
         tables_file.write_text(text.replace("remote_qpn = 0x101", "remote_qpn = 1"))
         process.send_signal(signal.SIGHUP)
         assert "reload refused, the running tables stay" in process.stderr.readline()
+        tables_file.unlink()
+        process.send_signal(signal.SIGHUP)
+        assert "No such file" in process.stderr.readline()
         assert 0x111 in remote_qpns() and process.poll() is None
     finally:
         process.send_signal(signal.SIGTERM)
