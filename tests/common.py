@@ -102,6 +102,37 @@ def run_tshark(frames: list[bytes], tmp_path, *options: str) -> list[dict]:
     return [p["_source"]["layers"] for p in json.loads(out.stdout)]
 
 
+ETH_P_ALL, SOL_PACKET, PACKET_IGNORE_OUTGOING, SO_RCVBUFFORCE = 0x0003, 263, 23, 33
+
+
+def capture_on(namespace: str, interface: str) -> socket.socket:
+    """A raw socket on `interface` in `namespace` that sees every frame arriving there (not those sent), with a
+    buffer that holds everything until it is read."""
+    with in_netns(namespace):
+        capture = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        capture.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        capture.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 25)
+        capture.bind((interface, ETH_P_ALL))
+        capture.settimeout(0.2)
+    return capture
+
+
+def udp_frames(capture: socket.socket, port: int, expected: int | None = None, quiet_s: float = 1.0,
+               deadline_s: float = 10.0) -> list[bytes]:
+    """IPv4 frames to UDP `port`, until `expected` came, nothing more came for `quiet_s`, or `deadline_s` passed."""
+    frames: list[bytes] = []
+    give_up, quiet_until = time.monotonic() + deadline_s, time.monotonic() + quiet_s
+    while (expected is None or len(frames) < expected) and time.monotonic() < min(give_up, quiet_until):
+        try:
+            frame = capture.recv(4096)
+        except TimeoutError:
+            continue
+        if frame[12:14] == b"\x08\x00" and int.from_bytes(frame[36:38], "big") == port:
+            frames.append(frame)
+            quiet_until = time.monotonic() + quiet_s
+    return frames
+
+
 def num(text: str) -> int:
     return int(text, 16) if text.startswith("0x") else int(text)
 

@@ -249,6 +249,14 @@ class _Sink(asyncio.DatagramProtocol):
         self.progress.add()
 
 
+def _lab_reporter(state) -> tuple[dict, workload.ReporterAddress]:
+    """The lab's first reporter: its namespace and interface, and the addresses its reports carry."""
+    from softdta.lab import topology as lab
+    address = state.reporter(1)
+    return address, workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                             mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+
+
 def translator_live(reports_per_step: int, rates: list[float]) -> dict:
     """The XDP translator live in the lab (reporter -> bridge -> translator -> collector): at each offered rate,
     Key-Write N=2 reports from one TX-ring reporter, and whether all of them were translated without loss."""
@@ -259,9 +267,7 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
     steps = []
     state = lab.up(1)
     try:
-        address = state.reporter(1)
-        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
-                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        address, sender = _lab_reporter(state)
         frames = [sender.frame(report) for report in workload.key_write(reports_per_step, 9, 2, 13, 20)]
         with RingReporter(address["interface"], address["netns"], 256) as ring:
             for rate in rates:
@@ -313,9 +319,7 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
     steps = []
     state = lab.up(1)
     try:
-        address = state.reporter(1)
-        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
-                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        address, sender = _lab_reporter(state)
         # the lab's Key-Write structure holds 13-byte keys and 20-byte data (live_demo's INT path tracing)
         template = dta.key_write(bytes(range(13)), bytes(20), 1, extended=True)
         with KernelReporter(plan(template, sender.frame(template), key_span=keys), address["interface"],

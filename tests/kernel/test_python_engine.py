@@ -30,12 +30,11 @@ from softdta.kernel.xsk import XskSocket
 from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import ROCE_PORT, Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, hop_frames
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, capture_on, hop_frames, udp_frames
 
 pytestmark = pytest.mark.privileged
 
 PREFIX = f"sdta-py{os.getpid()}-"
-ETH_P_ALL, SOL_PACKET, PACKET_IGNORE_OUTGOING, SO_RCVBUFFORCE = 0x0003, 263, 23, 33
 NO_FLUSH = 10**12  # the inputs leave nothing to flush; pauses between bursts must not flush either
 
 
@@ -49,28 +48,10 @@ def wire():
     # XDP_TX'd frames enter r0 only if it runs XDP
     with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(far.name):
         attach_xdp(socket.if_nametoindex("r0"), passer.programs["softdta_pass"].fd)
-    with in_netns(far.name):
-        capture = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        capture.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-        capture.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 24)  # holds everything until it is read
-        capture.bind(("r0", ETH_P_ALL))
-        capture.settimeout(0.2)
+    capture = capture_on(far.name, "r0")
     yield far, translator, capture
     capture.close()
     cleanup_prefix(PREFIX)
-
-
-def roce_frames(capture: socket.socket, settle: float = 0.5) -> list[bytes]:
-    frames, deadline = [], time.monotonic() + settle
-    while time.monotonic() < deadline:
-        try:
-            frame = capture.recv(4096)
-        except TimeoutError:
-            continue
-        if frame[12:14] == b"\x08\x00" and int.from_bytes(frame[36:38], "big") == ROCE_PORT:
-            frames.append(frame)
-            deadline = time.monotonic() + settle
-    return frames
 
 
 def send(far: Namespace, frames: list[bytes], pace: int = 64) -> None:
@@ -105,7 +86,7 @@ def run_live(engine, translator_ns: Namespace, far: Namespace, capture, frames: 
     server.start()
     try:
         send(far, frames)
-        return roce_frames(capture)
+        return udp_frames(capture, ROCE_PORT, quiet_s=0.5)
     finally:
         stop.set()
         server.join()

@@ -24,12 +24,11 @@ from softdta.spec import DTA_PORT, ROCE_PORT, Counter
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP
+from tests.common import COLLECTOR_IP, capture_on, udp_frames
 
 pytestmark = pytest.mark.privileged
 
 PREFIX = f"sdta-gen{os.getpid()}-"
-ETH_P_ALL, SOL_PACKET, SO_RCVBUFFORCE = 0x0003, 263, 33
 TRANSLATOR_MAC = "02:5d:7a:00:00:01"
 
 
@@ -49,30 +48,6 @@ def wire():
     cleanup_prefix(PREFIX)
 
 
-def capture_on(namespace: Namespace, interface: str) -> socket.socket:
-    with in_netns(namespace.name):
-        capture = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        capture.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 25)  # holds everything until it is read
-        capture.bind((interface, ETH_P_ALL))
-        capture.settimeout(0.2)
-    return capture
-
-
-def udp_frames(capture: socket.socket, port: int, expected: int, deadline: float = 10.0) -> list[bytes]:
-    """Frames to UDP `port`, until `expected` came or nothing more came for a second (or the deadline)."""
-    frames: list[bytes] = []
-    give_up, quiet_until = time.monotonic() + deadline, time.monotonic() + 1.0
-    while len(frames) < expected and time.monotonic() < min(give_up, quiet_until):
-        try:
-            frame = capture.recv(4096)
-        except TimeoutError:
-            continue
-        if frame[12:14] == b"\x08\x00" and int.from_bytes(frame[36:38], "big") == port:
-            frames.append(frame)
-            quiet_until = time.monotonic() + 1.0
-    return frames
-
-
 def loopback_has_xdp(namespace: Namespace) -> bool:
     return "xdp" in json.loads(namespace.run("ip", "-j", "link", "show", "dev", "lo").stdout)[0]
 
@@ -87,7 +62,7 @@ def key_write_plan(tables, redundancy: int = 1, key_span: int = 300):
 def test_the_reports_on_the_wire_are_the_plans(wire, tables):
     generator_ns, far = wire
     generator = key_write_plan(tables)
-    with capture_on(far, "t0") as capture, KernelReporter(generator, "g0", generator_ns.name) as reporter:
+    with capture_on(far.name, "t0") as capture, KernelReporter(generator, "g0", generator_ns.name) as reporter:
         result = reporter.run(count=3000)
         seen = udp_frames(capture, DTA_PORT, 3000)
         assert result.frames == reporter.sent == 3000
@@ -104,7 +79,7 @@ def test_pages_a_translator_rewrote_in_place_come_back_as_correct_reports(wire, 
     with in_netns(far.name):
         translator = XdpTranslator(tables, flush_idle_ns=10**12)
     stop = threading.Event()
-    with translator, capture_on(generator_ns, "g0") as capture:
+    with translator, capture_on(generator_ns.name, "g0") as capture:
         with in_netns(far.name):
             translator.attach(["t0"])
         server = threading.Thread(target=translator.serve, args=(stop,))
@@ -166,7 +141,7 @@ def test_with_lo_taken_the_generator_still_sends_and_says_why_it_is_slower(wire)
     generator_ns, far = wire
     with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(generator_ns.name):
         attach_xdp(socket.if_nametoindex("lo"), passer.programs["softdta_pass"].fd, mode="generic")
-    with capture_on(far, "t0") as capture:
+    with capture_on(far.name, "t0") as capture:
         result = softdta("report", "key-write", "-i", "g0", "--netns", generator_ns.name, "--count", 200, "-n", 1)
         assert "could not link to lo" in result.stderr and "sent 200 key-write reports" in result.stdout
         assert len(udp_frames(capture, DTA_PORT, 200)) == 200
@@ -193,7 +168,7 @@ def softdta(*args, check: bool = True) -> subprocess.CompletedProcess:
 
 def test_softdta_report_sends_at_kernel_speed_and_names_bad_options(wire):
     generator_ns, far = wire
-    with capture_on(far, "t0") as capture:
+    with capture_on(far.name, "t0") as capture:
         result = softdta("report", "key-write", "-i", "g0", "--netns", generator_ns.name, "--count", 2000, "-n", 1,
                          "--keys", 50)
         assert "sent 2000 key-write reports out of g0" in result.stdout and "kernel engine" in result.stdout
