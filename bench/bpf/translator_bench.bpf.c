@@ -20,8 +20,10 @@ struct {
 	__uint(max_entries, 1);
 } bench_reports SEC(".maps");
 
+/* Shared by every CPU: a test run the scheduler moves to another CPU must go on with the next report, or the
+ * stateful primitives see reports out of order. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, 1);
