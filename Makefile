@@ -11,7 +11,7 @@ demo: setup
 
 # the dependency rule between layers (docs/architecture.md), style, and strict types on spec, wire and core
 lint: setup
-	$(PYTHON) -m ruff check softdta tests bench setup.py conftest.py
+	$(PYTHON) -m ruff check softdta tests bench scripts setup.py conftest.py
 	lint-imports
 	$(PYTHON) -m mypy
 

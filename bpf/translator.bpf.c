@@ -23,8 +23,8 @@
 #include "translator/state.h"
 #include "translator/report.h"
 #include "translator/hashing.h"
-#include "translator/frames.h"
 #include "translator/qp.h"
+#include "translator/frames.h"
 #include "translator/nack.h"
 #include "translator/keyed.h"
 #include "translator/append.h"
@@ -220,15 +220,18 @@ int softdta_fanout(struct __sk_buff *skb)
 
 	if ((void *)(meta + 1) > data || meta->magic != FANOUT_META_MAGIC)
 		return TC_ACT_OK;
+	ifindex = meta->ifindex ? meta->ifindex : skb->ifindex;
+	if (meta->count == 1)
+		return bpf_redirect(ifindex, 0);
 	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
 	entry = bpf_map_lookup_elem(&fanout, &slot);
-	if (!entry || entry->sequence != meta->sequence || entry->count < 1 || entry->count > MAX_REDUNDANCY ||
+	if (!entry || meta->count < 2 || entry->sequence != meta->sequence || entry->count != meta->count ||
+	    entry->count > MAX_REDUNDANCY ||
 	    entry->frame_len != skb->len || entry->frame_len > FANOUT_FRAME_MAX) {
 		count(CNT_DROP_FANOUT_LOST);
 		return TC_ACT_SHOT;
 	}
 	len = entry->frame_len;
-	ifindex = entry->ifindex ? entry->ifindex : skb->ifindex;
 	for (__u32 i = 1; i < MAX_REDUNDANCY && i < entry->count; i++) {
 		bpf_clone_redirect(skb, ifindex, 0);
 		if (bpf_skb_store_bytes(skb, 0, entry->frames + (((i - 1) * len) & (2 * FANOUT_FRAME_MAX - 1)),

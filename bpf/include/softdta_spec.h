@@ -1471,13 +1471,15 @@ struct completion {
 };
 _Static_assert(sizeof(struct completion) == 16, "struct completion does not match softdta/spec/");
 
-/* XDP metadata of the first frame of a redundant report: where the tc stage finds the others */
+/* XDP metadata of the first frame of a Key-Write or Key-Increment report: where it goes, and where the tc stage finds the others */
 struct fanout_meta {
 	__u32 magic;
+	__u32 count; /* frames of the report: 1 = this one alone, nothing parked */
+	__u32 ifindex; /* egress interface, 0 = the ingress one */
 	__u32 cpu;
 	__u32 sequence;
 };
-_Static_assert(sizeof(struct fanout_meta) == 12, "struct fanout_meta does not match softdta/spec/");
+_Static_assert(sizeof(struct fanout_meta) == 20, "struct fanout_meta does not match softdta/spec/");
 
 /* the python engine's CPU time and frames, and its packet I/O (map `python_engine`, written by userspace) */
 struct python_engine_value {

@@ -14,7 +14,7 @@ static __noinline __u32 append_write(struct scratch *s, const struct append_list
 		return CNT_DROP_UNKNOWN_LIST;
 	s->frame.payload_len = al->batch * al->entry_size;
 	s->frame.immediate = list_id;
-	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
+	single_frame(s, write_frame(s, 0, &ref, cfg, offset, immediate), ref.q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
 }
 

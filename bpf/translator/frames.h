@@ -2,14 +2,6 @@
 #ifndef SOFTDTA_TRANSLATOR_FRAMES_H
 #define SOFTDTA_TRANSLATOR_FRAMES_H
 
-/* iCRC over s->out[start, start + len): a global function, so the verifier checks its loop only once. */
-__noinline __u32 out_crc(struct scratch *s, __u32 start, __u32 len)
-{
-	if (!s)
-		return 0;
-	return ~crc32_slice8_update(0xffffffff, s->out, OUT_MASK, start, len);
-}
-
 static __always_inline __u32 request_ext_len(__u8 opcode)
 {
 	switch (opcode) {
@@ -25,40 +17,119 @@ static __always_inline __u32 request_ext_len(__u8 opcode)
 }
 
 
+/* Raw CRC-32 state `crc` carried over s->out[start, start + len): a global function, so the verifier checks its
+ * loop only once. */
+__noinline __u32 out_crc_update(struct scratch *s, __u32 crc, __u32 start, __u32 len)
+{
+	if (!s)
+		return 0;
+	return crc32_slice8_update(crc, s->out, OUT_MASK, start, len);
+}
+
+/* iCRC over s->out[start, start + len). */
+static __always_inline __u32 out_crc(struct scratch *s, __u32 start, __u32 len)
+{
+	return ~out_crc_update(s, 0xffffffff, start, len);
+}
+
+static __always_inline int same_mac(const __u8 *a, const __u8 *b)
+{
+	return *(const __u32 *)a == *(const __u32 *)b && *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
+}
+
+/* Whether a cache entry holds the fixed part of this shape as the QP and the configuration now define it. */
+static __always_inline int frame_cache_fits(const struct frame_cache *c, __u32 shape, const struct qp_value *q,
+					    const struct translator_config_value *cfg)
+{
+	return c->shape == shape && c->remote_qpn == q->remote_qpn && c->collector_ip == q->collector_ip &&
+	       c->src_ip == cfg->src_ip && c->udp_sport == cfg->udp_sport && c->dscp == cfg->dscp &&
+	       c->ttl == cfg->ttl && same_mac(c->collector_mac, q->collector_mac) && same_mac(c->src_mac, cfg->src_mac);
+}
+
+/* Builds the fixed part of a frame at f (out[at]) and keeps it, with its iCRC state, in the cache entry. */
+static __noinline void frame_cache_fill(struct scratch *s, __u32 at, struct frame_cache *c, __u32 shape,
+					const struct qp_value *q)
+{
+	const struct translator_config_value *cfg = config_get();
+	__u32 ip_len = shape & 0xffff;
+	__u8 *f, *ip, *udp, *bth;
+
+	if (!s || !c || !q || !cfg || at > OUT_LIMIT || ip_len > OUT_LIMIT)
+		return;
+	f = s->out + at;
+	ip = f + ETHERNET_SIZE;
+	udp = ip + IPV4_SIZE;
+	bth = udp + UDP_SIZE;
+	ipv4_header(ip, ip_len, cfg->src_ip, q->collector_ip);
+	udp_set_sport(udp, cfg->udp_sport);
+	udp_set_dport(udp, ROCE_PORT);
+	udp_set_length(udp, ip_len - IPV4_SIZE);
+	bth_set_opcode(bth, shape >> 24);
+	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK | (shape >> 16 & 3) << BTH_PAD_COUNT_SHIFT);	/* MigReq set, as rdma_rxe sends */
+	bth_set_pkey(bth, DEFAULT_PKEY);
+	put8(bth + BTH_FECN_OFF, 0);
+	bth_set_dest_qp(bth, q->remote_qpn);
+	/* iCRC: eight 0xff bytes stand for the LRH, then the IP packet with its variant fields set to ones. */
+	icrc_mask(ip - LRH_STAND_IN_LEN, ip, udp, bth);
+	c->crc_state = crc32_slice8_update(0xffffffff, s->out, OUT_MASK, at + ETHERNET_SIZE - LRH_STAND_IN_LEN,
+					   LRH_STAND_IN_LEN + ICRC_VARIABLE_FROM);
+	icrc_unmask(udp, bth);
+	ipv4_finish(ip, cfg->dscp, cfg->ttl);
+	__builtin_memcpy(f + ETHERNET_DST_OFF, q->collector_mac, ETHERNET_DST_LEN);
+	__builtin_memcpy(f + ETHERNET_SRC_OFF, cfg->src_mac, ETHERNET_SRC_LEN);
+	ethernet_set_ethertype(f, ETH_P_IP);
+	for (int i = 0; i < FRAME_FIXED_WORDS; i++)
+		*(__u64 *)(c->headers + 8 * i) = *(__u64 *)(f + 8 * i);
+	c->shape = shape;
+	c->remote_qpn = q->remote_qpn;
+	c->collector_ip = q->collector_ip;
+	c->src_ip = cfg->src_ip;
+	c->udp_sport = cfg->udp_sport;
+	c->dscp = cfg->dscp;
+	c->ttl = cfg->ttl;
+	__builtin_memcpy(c->collector_mac, q->collector_mac, ETHERNET_DST_LEN);
+	__builtin_memcpy(c->src_mac, cfg->src_mac, ETHERNET_SRC_LEN);
+}
+
 /* One RoCEv2 frame at s->out[at] from s->frame; the payload already sits after the headers. Allocates the
- * QP's next PSN. Returns the frame length, 0 if the frame would not fit. */
-static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_value *q, struct qp_state_value *qs,
+ * QP's next PSN. Returns the frame length, 0 if the frame would not fit. The fixed part comes from the QP's
+ * frame cache; only the variable tail is written and hashed per frame. */
+static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_ref *ref,
 				   const struct translator_config_value *cfg)
 {
+	const struct qp_value *q = ref->q;
+	struct qp_state_value *qs = ref->qs;
 	struct frame_params *fp = &s->frame;
 	__u32 ext = request_ext_len(fp->opcode);
 	__u32 payload = fp->payload_len & 511;
 	__u32 pad = (4 - (payload & 3)) & 3;
 	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + payload + pad + ICRC_LEN;
+	__u32 shape = (__u32)fp->opcode << 24 | pad << 16 | ip_len;
+	__u32 cache_index = ref->index * 2 + (fp->opcode & 1);
 	__u32 ack_req = 0, crc;
-	__u8 *f, *ip, *udp, *bth, *eh;
+	struct frame_cache *c;
+	__u8 *f, *bth, *eh;
 
 	if (at > OUT_LIMIT || ETHERNET_SIZE + ip_len > OUT_LIMIT)
 		return 0;
+	c = bpf_map_lookup_elem(&frame_cache, &cache_index);
+	if (!c)
+		return 0;
 	f = s->out + at;
-	ip = f + ETHERNET_SIZE;
-	udp = ip + IPV4_SIZE;
-	bth = udp + UDP_SIZE;
+	bth = f + ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE;
 	eh = bth + BTH_SIZE;
+	if (frame_cache_fits(c, shape, q, cfg)) {
+		for (int i = 0; i < FRAME_FIXED_WORDS; i++)
+			*(__u64 *)(f + 8 * i) = *(__u64 *)(c->headers + 8 * i);
+	} else {
+		frame_cache_fill(s, at, c, shape, q);
+		if (c->shape != shape)
+			return 0;
+	}
 
 	qs->frames_sent += 1;
 	if (q->transport == TRANSPORT_RC && cfg->ack_req_interval && qs->frames_sent % cfg->ack_req_interval == 0)
 		ack_req = 1;
-
-	ipv4_header(ip, ip_len, cfg->src_ip, q->collector_ip);
-	udp_set_sport(udp, cfg->udp_sport);
-	udp_set_dport(udp, ROCE_PORT);
-	udp_set_length(udp, ip_len - IPV4_SIZE);
-	bth_set_opcode(bth, fp->opcode);
-	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK | pad << BTH_PAD_COUNT_SHIFT);	/* MigReq set, as rdma_rxe sends */
-	bth_set_pkey(bth, DEFAULT_PKEY);
-	put8(bth + BTH_FECN_OFF, 0);
-	bth_set_dest_qp(bth, q->remote_qpn);
 	put8(bth + BTH_ACK_REQ_OFF, ack_req << BTH_ACK_REQ_SHIFT);
 	bth_set_psn(bth, qs->next_psn);
 	qs->next_psn = (qs->next_psn + 1) & PSN_MASK;
@@ -77,24 +148,17 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 	for (__u32 i = 0; i < 3 && i < pad; i++)
 		s->out[(at + ROCE_HEADERS + ext + payload + i) & OUT_MASK] = 0;
 
-	/* iCRC: eight 0xff bytes stand for the LRH, then the IP packet with its variant fields set to ones. */
-	icrc_mask(ip - LRH_STAND_IN_LEN, ip, udp, bth);
-	crc = out_crc(s, at + ETHERNET_SIZE - LRH_STAND_IN_LEN, LRH_STAND_IN_LEN + ip_len - ICRC_LEN);
-	icrc_unmask(udp, bth);
-	ipv4_finish(ip, cfg->dscp, cfg->ttl);
-	__builtin_memcpy(f + ETHERNET_DST_OFF, q->collector_mac, ETHERNET_DST_LEN);
-	__builtin_memcpy(f + ETHERNET_SRC_OFF, cfg->src_mac, ETHERNET_SRC_LEN);
-	ethernet_set_ethertype(f, ETH_P_IP);
+	crc = ~out_crc_update(s, c->crc_state, at + FRAME_FIXED_LEN, ip_len - ICRC_VARIABLE_FROM - ICRC_LEN);
 	for (int i = 0; i < ICRC_LEN; i++)	/* little-endian on the wire, as the InfiniBand CRC is sent */
 		s->out[(at + ETHERNET_SIZE + ip_len - ICRC_LEN + i) & OUT_MASK] = crc >> (8 * i);
 	return ETHERNET_SIZE + ip_len;
 }
 
 /* Appends one RDMA WRITE (with Immediate if asked) of the payload already at the frame's payload offset. */
-static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const struct qp_value *q,
-					 struct qp_state_value *qs, const struct translator_config_value *cfg,
-					 __u64 offset, __u32 immediate)
+static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const struct qp_ref *ref,
+					 const struct translator_config_value *cfg, __u64 offset, __u32 immediate)
 {
+	const struct qp_value *q = ref->q;
 	struct frame_params *fp = &s->frame;
 
 	if (offset + fp->payload_len > q->length) {
@@ -107,7 +171,7 @@ static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const stru
 		fp->opcode = immediate ? ROCE_OP_RC_WRITE_ONLY_IMM : ROCE_OP_RC_WRITE_ONLY;
 	else
 		fp->opcode = immediate ? ROCE_OP_UC_WRITE_ONLY_IMM : ROCE_OP_UC_WRITE_ONLY;
-	return build_roce(s, at, q, qs, cfg);
+	return build_roce(s, at, ref, cfg);
 }
 
 /* Where the payload of a WRITE built at the start of out begins. */

@@ -17,14 +17,14 @@ static __always_inline __u32 key_checksum(const struct report *r)
 	return reversed_key_state(r, crc32_slice8[0]) ^ 0xffffffff;
 }
 
-static __noinline __u32 key_slot_hash(const struct report *r, __u32 copy, __u32 scheme)
+/* The slot hash of copy `copy`. dta-v1 hashes with the checksum's own table, so it continues the checksum (the
+ * key's raw state is checksum ^ 0xffffffff) with one byte instead of hashing the key again. */
+static __noinline __u32 key_slot_hash(const struct report *r, __u32 copy, __u32 scheme, __u32 checksum)
 {
-	const __u32 *table = crc32_slice8[0];
-
 	copy &= MAX_REDUNDANCY - 1;
 	if (scheme == KEY_HASH_INDEPENDENT)
-		table = crc32_key_hash[copy];
-	return crc32_byte(table, reversed_key_state(r, table), copy) ^ 0xffffffff;
+		return crc32_byte(crc32_key_hash[copy], reversed_key_state(r, crc32_key_hash[copy]), copy) ^ 0xffffffff;
+	return crc32_byte(crc32_slice8[0], checksum ^ 0xffffffff, copy) ^ 0xffffffff;
 }
 
 /* CRC over the key in wire order with a byte table (Postcarding slot and hop hashes). */

@@ -20,7 +20,7 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 		return blocked;
 	checksum = key_checksum(r);
 	for (__u32 copy = 0; copy < MAX_REDUNDANCY && copy < r->redundancy; copy++) {
-		__u64 offset = (__u64)(key_slot_hash(r, copy, st->key_hash) & (st->slot_count - 1)) * st->slot_size;
+		__u64 offset = (__u64)(key_slot_hash(r, copy, st->key_hash, checksum) & (st->slot_count - 1)) * st->slot_size;
 		__u32 at = copy * (frame_len & 255), len;
 
 		if (r->opcode == DTA_OP_KEY_WRITE) {
@@ -33,7 +33,7 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 				s->out[(pos + KEY_CHECKSUM_LEN + i) & OUT_MASK] = r->data[i];
 			fp->payload_len = KEY_CHECKSUM_LEN + r->data_len;
 			fp->immediate = checksum;
-			len = write_frame(s, at, ref.q, ref.qs, cfg, offset, r->immediate);
+			len = write_frame(s, at, &ref, cfg, offset, r->immediate);
 		} else {
 			if (offset + 8 > ref.q->length)
 				return CNT_DROP_OUT_OF_REGION;
@@ -42,7 +42,7 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 			fp->rkey = ref.q->rkey;
 			fp->swap_add = r->counter;
 			fp->payload_len = 0;
-			len = build_roce(s, at, ref.q, ref.qs, cfg);
+			len = build_roce(s, at, &ref, cfg);
 		}
 		if (!len)
 			return CNT_DROP_OUT_OF_REGION;

@@ -49,7 +49,6 @@ static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 	__u32 slot, len = s->out_frame_len;
 	struct fanout_value *entry;
 
-	meta->magic = FANOUT_META_MAGIC;
 	meta->cpu = bpf_get_smp_processor_id();
 	meta->sequence = s->fanout_sequence++;
 	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
@@ -72,7 +71,7 @@ static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 {
 	__u64 len = s->out_frame_len, have = ctx->data_end - ctx->data;
-	struct fanout_meta meta, *room;
+	struct fanout_meta meta = { .magic = FANOUT_META_MAGIC }, *room;
 	void *data;
 
 	if (!s->out_count)
@@ -92,7 +91,9 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 		return XDP_DROP;
 	}
 	if (s->out_via_tc) {
-		if (park_frames(s, &meta) || bpf_xdp_adjust_meta(ctx, -(int)sizeof(meta))) {
+		meta.count = s->out_count;
+		meta.ifindex = s->out_ifindex;
+		if ((s->out_count > 1 && park_frames(s, &meta)) || bpf_xdp_adjust_meta(ctx, -(int)sizeof(meta))) {
 			count(CNT_DROP_NO_ROOM);
 			return XDP_DROP;
 		}

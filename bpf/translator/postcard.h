@@ -21,7 +21,7 @@ static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_
 		s->out[(pos + i) & OUT_MASK] = entry->values[i];
 	s->frame.payload_len = 4 * hops;
 	s->frame.immediate = checksum ^ 0xffffffff;
-	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, offset, immediate), ref.q->ifindex);
+	single_frame(s, write_frame(s, 0, &ref, cfg, offset, immediate), ref.q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
 }
 

@@ -54,10 +54,12 @@ static __always_inline __u32 qp_blocked(struct xdp_md *ctx, struct scratch *s, _
 struct qp_ref {
 	struct qp_value *q;
 	struct qp_state_value *qs;
+	__u32 index;
 };
 
 static __always_inline int qp_lookup(__u32 qp_index, struct qp_ref *ref)
 {
+	ref->index = qp_index;
 	ref->q = bpf_map_lookup_elem(&qp, &qp_index);
 	ref->qs = bpf_map_lookup_elem(&qp_state, &qp_index);
 	return ref->q && ref->qs && ref->q->remote_qpn;

@@ -119,7 +119,7 @@ static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *
 	sketch_group_take(st->state_index, first, batch, r->rows, write_payload_at(r->immediate));
 	s->frame.payload_len = batch * r->rows * 4;
 	s->frame.immediate = first;
-	single_frame(s, write_frame(s, 0, ref.q, ref.qs, cfg, (__u64)first * st->slot_size, r->immediate),
+	single_frame(s, write_frame(s, 0, &ref, cfg, (__u64)first * st->slot_size, r->immediate),
 		     ref.q->ifindex);
 	if (!s->out_count)
 		return CNT_DROP_OUT_OF_REGION;

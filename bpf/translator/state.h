@@ -10,6 +10,10 @@
 #define ROCE_HEADERS (ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + BTH_SIZE)
 #define DEFERRED 1		/* qp_blocked(): the report went to userspace */
 #define PASS_UP 2		/* not a reply: a CM MAD or a collector's SEND, for the control plane */
+/* In the IP packet, where the bytes that change from frame to frame of one QP and shape start: BTH AckReq. */
+#define ICRC_VARIABLE_FROM (IPV4_SIZE + UDP_SIZE + BTH_ACK_REQ_OFF)
+#define FRAME_FIXED_LEN (ETHERNET_SIZE + ICRC_VARIABLE_FROM)
+#define FRAME_FIXED_WORDS ((FRAME_FIXED_LEN + 7) / 8)	/* copied a word at a time; the tail is written after */
 /* n, for 1 <= n <= limit (a power of two), in a form the verifier bounds to 1..limit for helper sizes */
 #define NONZERO(n, limit) ((((n) - 1) & ((limit) - 1)) + 1)
 _Static_assert((FANOUT_FRAME_MAX & (FANOUT_FRAME_MAX - 1)) == 0, "FANOUT_FRAME_MAX must be a power of two");
@@ -70,6 +74,23 @@ struct scratch {
 	__u8 out[OUT_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
 };
 
+/* The fixed part of a RoCEv2 frame of one QP and shape, with what it was built from: Ethernet, IPv4 (checksum
+ * included) and UDP headers and the BTH up to its AckReq byte, and the iCRC state over those bytes, masked. Every
+ * later frame of the shape copies the headers and hashes only its variable tail (softdta/wire/icrc_split.py). */
+struct frame_cache {
+	__u32 shape;		/* RoCE opcode << 24 | pad count << 16 | IP length; 0: empty */
+	__u32 crc_state;	/* raw CRC-32 state after the LRH stand-in and ICRC_VARIABLE_FROM bytes of IP */
+	__u32 remote_qpn;
+	__u32 collector_ip;
+	__u32 src_ip;
+	__u16 udp_sport;
+	__u8 dscp;
+	__u8 ttl;
+	__u8 collector_mac[8];
+	__u8 src_mac[8];
+	__u8 headers[FRAME_FIXED_WORDS * 8];
+};
+
 struct flush_entry {
 	__u64 first_ns;
 	__u32 kind;
@@ -92,6 +113,8 @@ TABLE(sketch_column, BPF_MAP_TYPE_HASH, struct sketch_column_key, struct sketch_
       SKETCH_COLUMN_MAX_ENTRIES);
 TABLE(sketch_reporter, BPF_MAP_TYPE_HASH, struct sketch_reporter_key, struct sketch_reporter_value,
       SKETCH_REPORTER_MAX_ENTRIES);
+/* Per CPU, so no two CPUs ever fill one entry; two per QP: with and without immediate. */
+TABLE(frame_cache, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct frame_cache, 2 * QP_MAX_ENTRIES);
 TABLE(fanout, BPF_MAP_TYPE_ARRAY, __u32, struct fanout_value, FANOUT_MAX_ENTRIES);	/* x CPUs at load */
 TABLE(reporter_seq, BPF_MAP_TYPE_LRU_HASH, struct reporter_seq_key, struct reporter_seq_value,
       REPORTER_SEQ_MAX_ENTRIES);

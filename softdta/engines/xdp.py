@@ -221,7 +221,8 @@ class XdpTranslator:
         out = _output(run.retval, run.data)
         fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
         if run.retval == XDP_PASS and fanout and fanout["magic"] == FANOUT_META_MAGIC:
-            out = Output(frames=[run.data] + self._parked_frames(fanout["cpu"], fanout["sequence"]))
+            parked = self._parked_frames(fanout["cpu"], fanout["sequence"]) if fanout["count"] > 1 else []
+            out = Output(frames=[run.data] + parked)
         out.deferred = bool(self.ring.consume())
         return out
 

@@ -79,7 +79,8 @@ NACK_EXT = Header("nack_ext", (
 
 # XDP sends the first frame of a report that needs several (Key-Write/Key-Increment redundancy) up to the tc
 # stage, which clones it out and then the others, parked in the `fanout` table. XDP marks such a frame with
-# packet metadata (FANOUT_META_MAGIC, CPU, sequence), which no frame from the wire can carry.
+# packet metadata (FANOUT_META_MAGIC, count, egress, CPU, sequence), which no frame from the wire can carry. A
+# report of one frame parks nothing: the metadata alone tells the tc stage where to send it.
 FANOUT_META_MAGIC = 0x5D7A0F4E
 FANOUT_FRAME_MAX = 256  # a power of two above the longest Key-Write (182 B) or Key-Increment frame
 

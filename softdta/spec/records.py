@@ -20,8 +20,11 @@ RECORDS = (
     Record("completion", (
         Field("qpn", 32), Field("immediate", 32), Field("byte_len", 32), Field("pad", 32),
     ), "a WRITE with Immediate the XDP responder executed (ring buffer `completions`)"),
-    Record("fanout_meta", (Field("magic", 32), Field("cpu", 32), Field("sequence", 32)),
-           "XDP metadata of the first frame of a redundant report: where the tc stage finds the others"),
+    Record("fanout_meta", (
+        Field("magic", 32), Field("count", 32, "frames of the report: 1 = this one alone, nothing parked"),
+        Field("ifindex", 32, "egress interface, 0 = the ingress one"), Field("cpu", 32), Field("sequence", 32),
+    ), "XDP metadata of the first frame of a Key-Write or Key-Increment report: where it goes, and where the tc "
+       "stage finds the others"),
     Record("python_engine_value", (
         Field("run_time_ns", 64), Field("runs", 64), Field("io", 32, "1 AF_XDP copy, 2 zero-copy, 3 AF_PACKET"),
         Field("pad", 32),

@@ -426,3 +426,41 @@ def test_a_recreated_collector_qp_restarts_its_psns_and_append_rings(tables, rep
         assert [(p.headers["reth"]["va"], p.bth["psn"]) for p in again] == \
             [(p.headers["reth"]["va"], p.bth["psn"]) for p in first]
         assert {p.bth["dest_qp"] for p in again} == {lists.qp.remote_qpn ^ 0x40}
+
+
+HEADER_CHANGES = {
+    "ttl": lambda t: setattr(t, "ttl", t.ttl % 255 + 1),
+    "dscp": lambda t: setattr(t, "dscp", (t.dscp + 9) % 64),
+    "udp_sport": lambda t: setattr(t, "udp_sport", t.udp_sport ^ 0x0101),
+    "translator ip": lambda t: setattr(t, "ip", ip_bytes("10.77.0.99")),
+    "translator mac": lambda t: setattr(t, "mac", mac_bytes("02:5d:7a:00:00:99")),
+    "collector mac": lambda t: [setattr(qp, "collector_mac", mac_bytes("02:5d:7a:00:0c:99")) for qp in t.qps],
+    "remote qpn": lambda t: [setattr(qp, "remote_qpn", qp.remote_qpn ^ 0x40) for qp in t.qps],
+}
+
+
+@pytest.mark.parametrize("change", HEADER_CHANGES)
+def test_frames_follow_a_table_change_of_their_fixed_headers(change, reporter):
+    """The kernel keeps each QP's fixed headers and their iCRC state per frame shape and CPU (frame_cache): a table
+    change of anything in them must show in the next frame, with and without immediate, N = 1 and 2. The test
+    stays on one CPU, so the frames after the change meet the entries the frames before it filled."""
+    reports = [dta.key_write(5, 6, 1), dta.key_write(7, 8, 2, immediate=True), dta.key_increment(9, 3, 1),
+               *[dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)]]
+    changed = Tables.from_toml(EXAMPLE_TABLES)
+    HEADER_CHANGES[change](changed)
+    changed.validate()
+    reference = Translator(changed)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    with XdpTranslator(Tables.from_toml(EXAMPLE_TABLES), flush_idle_ns=0) as kernel:
+        for report in reports:
+            kernel.process(reporter.frame(report))
+            if change != "remote qpn":  # a new remote QPN is a new QP: it starts at its start PSN again
+                reference.process(reporter.frame(report))
+        kernel.apply(changed)
+        reporter = ReporterAddress(reporter.mac, reporter.ip, changed.mac, reporter.collector_ip)
+        try:
+            for report in reports:
+                assert_same(reference.process(reporter.frame(report)), kernel.process(reporter.frame(report)), change)
+        finally:
+            os.sched_setaffinity(0, cpus)
