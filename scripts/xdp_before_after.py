@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from softdta.engines import xdp  # noqa: E402
 from softdta.kernel import bpf_build  # noqa: E402
-from softdta.lab.benchmarks import HARNESS, _reporter, _tables, load_reports  # noqa: E402
+from softdta.lab.benchmarks import HARNESS, example_reporter, example_tables, load_reports  # noqa: E402
 from softdta.wire import dta  # noqa: E402
 
 CASES = {
@@ -66,11 +66,11 @@ def main() -> int:
         print(f"| primitive | {args.revision} | working tree | after / before (median of paired rounds) |")
         print("| --- | ---: | ---: | ---: |")
         for name, reports in CASES.items():
-            tables = _tables()
-            frames = [_reporter(tables).frame(report) for report in reports(tables)]
+            tables = example_tables()
+            frames = [example_reporter(tables).frame(report) for report in reports(tables)]
             samples: dict[str, list[int]] = {"before": [], "after": []}
-            with xdp.XdpTranslator(_tables(), source=before, flush_idle_ns=0) as old, \
-                    xdp.XdpTranslator(_tables(), source=HARNESS, flush_idle_ns=0) as new:
+            with xdp.XdpTranslator(example_tables(), source=before, flush_idle_ns=0) as old, \
+                    xdp.XdpTranslator(example_tables(), source=HARNESS, flush_idle_ns=0) as new:
                 for kernel in (old, new):
                     load_reports(kernel, frames)
                 for _ in range(args.rounds):

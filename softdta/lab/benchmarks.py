@@ -46,11 +46,13 @@ def _stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "rounds": len(samples)}
 
 
-def _tables() -> Tables:
+def example_tables() -> Tables:
+    """The example tables (examples/tables.toml), which every benchmark translates with."""
     return Tables.from_toml(ROOT / "examples" / "tables.toml")
 
 
-def _reporter(tables: Tables) -> workload.ReporterAddress:
+def example_reporter(tables: Tables) -> workload.ReporterAddress:
+    """A reporter that sends to the example tables' collector."""
     return workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac, COLLECTOR_IP)
 
 
@@ -128,8 +130,8 @@ def translator_kernel(count: int, repeat: int, cases: dict[str, list[dta.Report]
     """ns per report of the XDP program (BPF_PROG_TEST_RUN, restore subtracted), per primitive (or `cases`)."""
     from softdta.engines.xdp import XdpTranslator
     results = {}
-    tables = _tables()
-    reporter = _reporter(tables)
+    tables = example_tables()
+    reporter = example_reporter(tables)
     cases = cases or {"key-write": [dta.key_write(k, k, 2) for k in range(1, 17)],
                       "key-increment": [dta.key_increment(k, 1, 2) for k in range(1, 17)],
                       "append": [dta.append(tables.append_lists[0].first_list, v) for v in range(16)],
@@ -137,7 +139,7 @@ def translator_kernel(count: int, repeat: int, cases: dict[str, list[dta.Report]
                       "sketch-merge": [dta.sketch_column(r, c, [c, r, 1, 2]) for c in range(8) for r in range(2)]}
     for name, reports in cases.items():
         frames = [reporter.frame(report) for report in reports]
-        with XdpTranslator(_tables(), source=HARNESS, flush_idle_ns=0) as kernel:
+        with XdpTranslator(example_tables(), source=HARNESS, flush_idle_ns=0) as kernel:
             load_reports(kernel, frames)
             restore = kernel.object.programs["bench_restore"]
             translate = kernel.object.programs["bench_translate"]
@@ -160,8 +162,8 @@ def load_reports(kernel, frames: list[bytes]) -> None:
 
 def translator_reference(count: int) -> dict:
     """ns per report of the pure-Python reference translator, per primitive."""
-    tables = _tables()
-    reporter = _reporter(tables)
+    tables = example_tables()
+    reporter = example_reporter(tables)
     return {name: _reference_ns_per_frame([reporter.frame(report) for report in reports], time.perf_counter_ns)
             for name, reports in primitive_workloads(tables, count).items()}
 
@@ -170,7 +172,7 @@ def _reference_ns_per_frame(frames: list[bytes], clock) -> dict:
     """ROUNDS runs of a fresh reference translator over `frames`, timed with `clock`."""
     samples = []
     for _ in range(ROUNDS):
-        translator = Translator(_tables())
+        translator = Translator(example_tables())
         started = clock()
         for frame in frames:
             translator.process(frame)
@@ -182,9 +184,9 @@ def translator_userspace_udp(count: int) -> dict:
     """A translator written the usual userspace way: an asyncio (uvloop) UDP server that runs the reference
     translator on every datagram and sends the RoCEv2 payloads on with sendto. Reports/s over loopback."""
     import uvloop
-    tables = _tables()
+    tables = example_tables()
     reports = workload.key_write(count, 1, 2)
-    reporter = _reporter(tables)
+    reporter = example_reporter(tables)
     payloads = [parse_udp_frame(reporter.frame(report)).payload for report in reports]
     samples = []
     for _ in range(ROUNDS):
@@ -199,8 +201,8 @@ async def _udp_translator_round(payloads: list[bytes]) -> float:
     progress = _Progress(loop)
     sink_transport, _ = await loop.create_datagram_endpoint(lambda: _Sink(progress), local_addr=("127.0.0.1", 0))
     sink = sink_transport.get_extra_info("sockname")
-    translator = Translator(_tables())
-    template = _reporter(translator.tables)
+    translator = Translator(example_tables())
+    template = example_reporter(translator.tables)
     out_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     class Translate(asyncio.DatagramProtocol):
@@ -365,8 +367,8 @@ def translator_python_engine(count: int) -> dict:
     from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
     from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
     from softdta.kernel.tx_ring import RingReporter
-    tables = _tables()
-    reporter = _reporter(tables)
+    tables = example_tables()
+    reporter = example_reporter(tables)
     frames = [reporter.frame(report) for report in workload.key_write(count, 11, redundancy=1)]
     prefix = f"sdta-bench{os.getpid()}-"
     cleanup_prefix(prefix)
@@ -380,7 +382,7 @@ def translator_python_engine(count: int) -> dict:
             samples = []
             for _ in range(ROUNDS):
                 with in_netns(near.name):
-                    engine = PythonEngine(_tables(), io=io, flush_idle_ns=10**12)
+                    engine = PythonEngine(example_tables(), io=io, flush_idle_ns=10**12)
                     engine.attach(["t0"])
                 with engine, RingReporter("r0", far.name, 256) as ring:
                     for first in range(0, len(frames), BATCH):  # a burst of what one step takes
@@ -410,8 +412,8 @@ def translator_batch(count: int) -> dict:
     (Sketch-Merge: whole epochs, one after another), and on a mix of every primitive in the demo's proportions."""
     from softdta.core.batch import BatchTranslator
     from softdta.engines.python import BATCH
-    tables = _tables()
-    reporter = _reporter(tables)
+    tables = example_tables()
+    reporter = example_reporter(tables)
     mixed = workload.interleave(list(primitive_workloads(tables, count // 5).values()), 7)
     lists = tables.append_lists[0]
     sketch = tables.structure(COLLECTOR_IP, DtaOpcode.SKETCH_MERGE)
@@ -431,7 +433,7 @@ def translator_batch(count: int) -> dict:
         for size in (BATCH, 1024):
             samples = []
             for _ in range(ROUNDS):
-                batch = BatchTranslator(Translator(_tables()))
+                batch = BatchTranslator(Translator(example_tables()))
                 started = time.thread_time_ns()
                 for first in range(0, len(frames), size):
                     batch.process_batch(frames[first:first + size])
@@ -444,7 +446,7 @@ def translator_batch(count: int) -> dict:
 
 def translator_reference_cases(cases: dict[str, list[dta.Report]], count: int) -> dict:
     """ns per report of the reference translator alone (no packet I/O) over `count` frames of each case."""
-    reporter = _reporter(_tables())
+    reporter = example_reporter(example_tables())
     return {name: _reference_ns_per_frame([reporter.frame(reports[i % len(reports)]) for i in range(count)],
                                           time.thread_time_ns)
             for name, reports in cases.items()}
@@ -601,9 +603,9 @@ def collector_xdp_responder(repeat: int) -> dict:
 def memory_writes_per_report(count: int) -> dict:
     """RDMA requests the collector executed per report, per primitive, counted by the reference responder."""
     results = {}
-    for name, reports in primitive_workloads(_tables(), count).items():
-        tables = _tables()
-        translator, collector, reporter = Translator(tables), OfflineCollector(tables), _reporter(tables)
+    for name, reports in primitive_workloads(example_tables(), count).items():
+        tables = example_tables()
+        translator, collector, reporter = Translator(tables), OfflineCollector(tables), example_reporter(tables)
         for report in reports:
             for frame in translator.process(reporter.frame(report)).frames:
                 collector.deliver(frame)
