@@ -65,7 +65,8 @@ static __noinline void frame_cache_fill(struct scratch *s, __u32 at, struct fram
 	udp_set_dport(udp, ROCE_PORT);
 	udp_set_length(udp, ip_len - IPV4_SIZE);
 	bth_set_opcode(bth, shape >> 24);
-	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK | (shape >> 16 & 3) << BTH_PAD_COUNT_SHIFT);	/* MigReq set, as rdma_rxe sends */
+	/* MigReq set, as rdma_rxe sends */
+	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK | (shape >> 16 & 3) << BTH_PAD_COUNT_SHIFT);
 	bth_set_pkey(bth, DEFAULT_PKEY);
 	put8(bth + BTH_FECN_OFF, 0);
 	bth_set_dest_qp(bth, q->remote_qpn);

@@ -20,7 +20,8 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 		return blocked;
 	checksum = key_checksum(r);
 	for (__u32 copy = 0; copy < MAX_REDUNDANCY && copy < r->redundancy; copy++) {
-		__u64 offset = (__u64)(key_slot_hash(r, copy, st->key_hash, checksum) & (st->slot_count - 1)) * st->slot_size;
+		__u32 slot = key_slot_hash(r, copy, st->key_hash, checksum) & (st->slot_count - 1);
+		__u64 offset = (__u64)slot * st->slot_size;
 		__u32 at = copy * (frame_len & 255), len;
 
 		if (r->opcode == DTA_OP_KEY_WRITE) {
