@@ -33,6 +33,8 @@ CASES = {
     "Key-Increment N=1": lambda t: [dta.key_increment(k, 1, 1) for k in range(1, 17)],
     "Append (batch 4)": lambda t: [dta.append(t.append_lists[0].first_list, v) for v in range(16)],
     "Postcarding, 5 hops": lambda t: [dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)],
+    "Sketch-Merge (2 reporters)": lambda t: [dta.sketch_column(reporter, column, [column, reporter, 1, 2])
+                                             for column in range(8) for reporter in range(2)],
 }
 
 
