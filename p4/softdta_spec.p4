@@ -246,6 +246,7 @@ const bit<8> ROCE_EXT_LEN_UD_SEND_ONLY = 8;
 
 // table capacities
 const bit<8> TRANSLATOR_CONFIG_MAX_ENTRIES = 1;
+const bit<8> TABLES_GENERATION_MAX_ENTRIES = 1;
 const bit<16> QP_MAX_ENTRIES = 4096;
 const bit<16> QP_STATE_MAX_ENTRIES = 4096;
 const bit<16> COLLECTOR_MAX_ENTRIES = 1024;

@@ -255,6 +255,7 @@
 
 /* table capacities */
 #define TRANSLATOR_CONFIG_MAX_ENTRIES 1
+#define TABLES_GENERATION_MAX_ENTRIES 1
 #define QP_MAX_ENTRIES 4096
 #define QP_STATE_MAX_ENTRIES 4096
 #define COLLECTOR_MAX_ENTRIES 1024
@@ -1162,6 +1163,18 @@ struct translator_config_value {
 	__u64 flush_idle_ns; /* idle time before a partial batch is flushed */
 };
 _Static_assert(sizeof(struct translator_config_value) == 32, "struct translator_config_value does not match softdta/spec/");
+
+/* tables_generation key: counts the control plane's table changes, written after each: what the data path copied out of a table is good for one generation */
+struct tables_generation_key {
+	__u32 index;
+};
+_Static_assert(sizeof(struct tables_generation_key) == 4, "struct tables_generation_key does not match softdta/spec/");
+
+/* tables_generation value: counts the control plane's table changes, written after each: what the data path copied out of a table is good for one generation */
+struct tables_generation_value {
+	__u64 generation; /* 0 before the first */
+};
+_Static_assert(sizeof(struct tables_generation_value) == 8, "struct tables_generation_value does not match softdta/spec/");
 
 /* qp key: one RDMA queue pair towards one collector memory region */
 struct qp_key {

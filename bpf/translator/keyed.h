@@ -5,8 +5,7 @@
 static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
-	struct structure_key sk = { .collector_ip = s->dst_ip, .primitive = r->opcode };
-	struct structure_value *st = bpf_map_lookup_elem(&structure, &sk);
+	const struct structure_value *st = structure_find(s, s->dst_ip, r->opcode);
 	struct frame_params *fp = &s->frame;
 	struct qp_ref ref;
 	__u32 blocked, checksum, frame_len = 0;

@@ -46,8 +46,7 @@ static __always_inline void take_path(struct scratch *s, const struct postcard_c
 static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
-	struct structure_key sk = { .collector_ip = s->dst_ip, .primitive = DTA_OP_POSTCARDING };
-	struct structure_value *st = bpf_map_lookup_elem(&structure, &sk);
+	const struct structure_value *st = structure_find(s, s->dst_ip, DTA_OP_POSTCARDING);
 	struct postcard_cache_value *entry;
 	struct qp_ref ref;
 	__u32 blocked, path_length, slot, encoded, hop = (r->hop - 1) & (MAX_POSTCARD_HOPS - 1);

@@ -55,6 +55,15 @@ struct postcard_copy {
 	__u32 key_len;
 };
 
+/* The structure this CPU translated for last, copied out of the `structure` map: most reports are for the
+ * structure the one before was for, and a copy costs less than a hash lookup. Good while the tables generation
+ * it was copied in lasts. */
+struct structure_memo {
+	__u64 generation;	/* 0: empty (the control plane's first generation is 1) */
+	struct structure_key key;
+	struct structure_value value;
+};
+
 /* Per-CPU working memory: XDP programs never run nested on one CPU. */
 struct scratch {
 	__u64 now_ns;		/* read from the clock on first use: most reports never need it */
@@ -71,6 +80,7 @@ struct scratch {
 	__u32 out_frame_len;
 	__u32 out_ifindex;
 	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
+	struct structure_memo structure_memo;
 	__u8 out[OUT_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
 };
 
@@ -100,6 +110,7 @@ struct flush_entry {
 };
 
 TABLE(translator_config, BPF_MAP_TYPE_ARRAY, __u32, struct translator_config_value, 1);
+TABLE(tables_generation, BPF_MAP_TYPE_ARRAY, __u32, struct tables_generation_value, 1);
 TABLE(qp, BPF_MAP_TYPE_ARRAY, __u32, struct qp_value, QP_MAX_ENTRIES);
 TABLE(qp_state, BPF_MAP_TYPE_ARRAY, __u32, struct qp_state_value, QP_STATE_MAX_ENTRIES);
 TABLE(qp_by_local_qpn, BPF_MAP_TYPE_HASH, struct qp_by_local_qpn_key, struct qp_by_local_qpn_value,
@@ -148,6 +159,32 @@ static __always_inline struct translator_config_value *config_get(void)
                                                                                                            \
 		return s && cfg ? name##_body(ctx, s, cfg) : (fail);                                       \
 	}
+
+/* The structure of (collector, primitive): this CPU's copy when it is of the current tables generation, else
+ * looked up and copied. Read-only, like the map's entries are for the data path. */
+static __always_inline const struct structure_value *structure_find(struct scratch *s, __u32 collector_ip,
+								    __u32 primitive)
+{
+	struct structure_memo *memo = &s->structure_memo;
+	struct structure_key key = { .collector_ip = collector_ip, .primitive = primitive };
+	struct tables_generation_value *current;
+	struct structure_value *found;
+	__u32 zero = 0;
+
+	current = bpf_map_lookup_elem(&tables_generation, &zero);
+	if (!current)
+		return 0;
+	if (current->generation && memo->generation == current->generation &&
+	    memo->key.collector_ip == collector_ip && memo->key.primitive == primitive)
+		return &memo->value;
+	found = bpf_map_lookup_elem(&structure, &key);
+	if (!found)
+		return 0;
+	memo->value = *found;
+	memo->key = key;
+	memo->generation = current->generation;
+	return &memo->value;
+}
 
 static __always_inline void count_n(__u32 slot, __u32 n)
 {

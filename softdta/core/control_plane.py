@@ -11,6 +11,7 @@ data plane reads it (a __u32 in memory order for BPF, a big-endian bitstring for
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -74,13 +75,16 @@ class Plan:
     """What one application of the tables writes, in order: `state` (initial values for state that is new or
     whose QP changed, before any entry leads traffic to it), then `entries`; then entries of `PRUNED_TABLES`
     whose keys are not in `keep` are deleted, and last the QP slots in `retire` are freed, once nothing refers
-    to them. Traffic for what stays never sees a gap."""
+    to them. Traffic for what stays never sees a gap. The very last write is the `generation` of the entries,
+    which changes with them: a data plane that keeps copies of entries (the XDP translator keeps each CPU's last
+    structure) uses a copy only while the generation it was made in lasts."""
 
     entries: list[Entry]
     state: list[Entry]
     retire: list[Entry]
     keep: dict[str, set[tuple[int | bytes, ...]]]
     slots: Slots
+    generation: Entry
 
 
 class Target(Protocol):
@@ -223,7 +227,13 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
     entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
     keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
-    return Plan(entries, state, retire, keep, new)
+    return Plan(entries, state, retire, keep, new, generation_of(entries))
+
+
+def generation_of(entries: list[Entry]) -> Entry:
+    """A 64-bit digest of the entries, never 0 (a data plane's "no generation yet")."""
+    digest = hashlib.blake2b(repr(entries).encode(), digest_size=8).digest()
+    return Entry("tables_generation", {"index": 0}, {"generation": int.from_bytes(digest, "little") or 1})
 
 
 def deletions(plan: Plan, installed: Mapping[str, Iterable[Entry]]) -> list[Entry]:
@@ -233,7 +243,7 @@ def deletions(plan: Plan, installed: Mapping[str, Iterable[Entry]]) -> list[Entr
 
 
 def apply_plan(target: Target, plan: Plan) -> None:
-    """Write a plan to a data plane: initial state, entries, deletions, then retired slots."""
+    """Write a plan to a data plane: initial state, entries, deletions, retired slots, and last the generation."""
     for entry in plan.state + plan.entries:
         if entry.table in target.tables:
             target.write(entry)
@@ -242,6 +252,8 @@ def apply_plan(target: Target, plan: Plan) -> None:
         target.delete(entry)
     for entry in plan.retire:
         target.write(entry)
+    if plan.generation.table in target.tables:
+        target.write(plan.generation)
 
 
 def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:

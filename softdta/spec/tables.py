@@ -25,6 +25,10 @@ TRANSLATOR_TABLES = (
         Field("ack_req_interval", 8, "set AckReq on every n-th frame of an RC QP, 0 = never"),
         Field("grace_ns", 64), Field("flush_idle_ns", 64, "idle time before a partial batch is flushed"),
     ), 1, "global translator settings"),
+    Table("tables_generation", (Field("index", 32),), (
+        Field("generation", 64, "0 before the first"),
+    ), 1, "counts the control plane's table changes, written after each: what the data path copied out of a "
+          "table is good for one generation"),
     Table("qp", (Field("qp_index", 32),), (
         Field("remote_qpn", 32), Field("local_qpn", 32, "translator's virtual QPN, DestQP of replies"),
         Field("rkey", 32), Field("collector_ip", 32, "network order"), Raw("collector_mac", 6),

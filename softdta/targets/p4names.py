@@ -16,7 +16,8 @@ from softdta.spec import Field, Raw
 P4_ID_ACTION, P4_ID_TABLE, P4_ID_REGISTER = 0x01, 0x02, 0x16  # p4.config.v1.P4Ids prefixes
 P4_MISS_ACTION = "softdta_miss"
 # Translator tables without a P4 counterpart, and why.
-P4_WITHOUT = {"fanout": "XDP parks frames 2..N for the tc stage; P4 replicates a report with multicast instead"}
+P4_WITHOUT = {"fanout": "XDP parks frames 2..N for the tc stage; P4 replicates a report with multicast instead",
+              "tables_generation": "XDP keeps a copy of the structure a CPU translated for last; P4 looks it up"}
 # spec.P4_TABLES that P4Runtime writes as packet replication entries, not as P4 tables.
 P4_REPLICATION = ("multicast_group",)
 

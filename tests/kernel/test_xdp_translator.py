@@ -14,7 +14,17 @@ from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
-from softdta.spec import ACK_SYNDROME, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, QpState, RoceOpcode
+from softdta.spec import (
+    ACK_SYNDROME,
+    DTA_PORT,
+    ROCE_PORT,
+    AethKind,
+    Counter,
+    DtaOpcode,
+    KeyHash,
+    QpState,
+    RoceOpcode,
+)
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
@@ -428,7 +438,13 @@ def test_a_recreated_collector_qp_restarts_its_psns_and_append_rings(tables, rep
         assert {p.bth["dest_qp"] for p in again} == {lists.qp.remote_qpn ^ 0x40}
 
 
-HEADER_CHANGES = {
+def _structures(tables: Tables, primitive: DtaOpcode) -> list:
+    return [structure for structure in tables.structures if structure.primitive is primitive]
+
+
+# Changes of what the kernel keeps per CPU between reports: the fixed headers of each QP's frames (frame_cache)
+# and the structure translated for last (structure_find).
+TABLE_CHANGES = {
     "ttl": lambda t: setattr(t, "ttl", t.ttl % 255 + 1),
     "dscp": lambda t: setattr(t, "dscp", (t.dscp + 9) % 64),
     "udp_sport": lambda t: setattr(t, "udp_sport", t.udp_sport ^ 0x0101),
@@ -436,31 +452,38 @@ HEADER_CHANGES = {
     "translator mac": lambda t: setattr(t, "mac", mac_bytes("02:5d:7a:00:00:99")),
     "collector mac": lambda t: [setattr(qp, "collector_mac", mac_bytes("02:5d:7a:00:0c:99")) for qp in t.qps],
     "remote qpn": lambda t: [setattr(qp, "remote_qpn", qp.remote_qpn ^ 0x40) for qp in t.qps],
+    "key-write slots": lambda t: [setattr(s, "slot_count", s.slot_count // 2)
+                                  for s in _structures(t, DtaOpcode.KEY_WRITE)],
+    "key-increment hash": lambda t: [setattr(s, "key_hash", KeyHash(1 - s.key_hash))  # dta-v1 <-> independent
+                                     for s in _structures(t, DtaOpcode.KEY_INCREMENT)],
 }
 
 
-@pytest.mark.parametrize("change", HEADER_CHANGES)
-def test_frames_follow_a_table_change_of_their_fixed_headers(change, reporter):
-    """The kernel keeps each QP's fixed headers and their iCRC state per frame shape and CPU (frame_cache): a table
-    change of anything in them must show in the next frame, with and without immediate, N = 1 and 2. The test
-    stays on one CPU, so the frames after the change meet the entries the frames before it filled."""
-    reports = [dta.key_write(5, 6, 1), dta.key_write(7, 8, 2, immediate=True), dta.key_increment(9, 3, 1),
-               *[dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)]]
+@pytest.mark.parametrize("change", TABLE_CHANGES)
+def test_frames_follow_a_table_change_of_what_a_cpu_keeps(change, reporter):
+    """The kernel keeps each QP's fixed headers and their iCRC state per frame shape and CPU (frame_cache), and
+    each CPU the structure it translated for last (structure_find): a table change of anything in them must show
+    in the next frame, with and without immediate, N = 1 and 2. The test stays on one CPU, and the last report
+    before the change is for the structure the first one after it is for, so they meet what was kept."""
+    others = [dta.key_write(7, 8, 2, immediate=True), *[dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)]]
+    # N = 2: the two hashes differ in copy 1 only (copy 0 of `independent` uses dta-v1's polynomial)
+    first = dta.key_increment(9, 3, 2) if change == "key-increment hash" else dta.key_write(5, 6, 1)
+    before, after = others + [dta.key_increment(9, 3, 1), dta.key_write(5, 6, 1), first], [first] + others
     changed = Tables.from_toml(EXAMPLE_TABLES)
-    HEADER_CHANGES[change](changed)
+    TABLE_CHANGES[change](changed)
     changed.validate()
     reference = Translator(changed)
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})
-    with XdpTranslator(Tables.from_toml(EXAMPLE_TABLES), flush_idle_ns=0) as kernel:
-        for report in reports:
-            kernel.process(reporter.frame(report))
-            if change != "remote qpn":  # a new remote QPN is a new QP: it starts at its start PSN again
-                reference.process(reporter.frame(report))
-        kernel.apply(changed)
-        reporter = ReporterAddress(reporter.mac, reporter.ip, changed.mac, reporter.collector_ip)
-        try:
-            for report in reports:
+    try:
+        with XdpTranslator(Tables.from_toml(EXAMPLE_TABLES), flush_idle_ns=0) as kernel:
+            for report in before:
+                kernel.process(reporter.frame(report))
+                if change != "remote qpn":  # a new remote QPN is a new QP: it starts at its start PSN again
+                    reference.process(reporter.frame(report))
+            kernel.apply(changed)
+            reporter = ReporterAddress(reporter.mac, reporter.ip, changed.mac, reporter.collector_ip)
+            for report in after:
                 assert_same(reference.process(reporter.frame(report)), kernel.process(reporter.frame(report)), change)
-        finally:
-            os.sched_setaffinity(0, cpus)
+    finally:
+        os.sched_setaffinity(0, cpus)

@@ -1,0 +1,52 @@
+"""The control plane's plan (sans-IO): the generation it ends with."""
+
+from softdta.core.control_plane import Entry, Slots, apply_plan, plan
+from softdta.core.tables import Tables
+from softdta.spec import DtaOpcode
+from tests.common import EXAMPLE_TABLES
+
+
+def _plan(tables: Tables):
+    return plan(tables, Slots(), flush_idle_ns=1_000_000, egress=lambda qp: 0)
+
+
+class Recorder:
+    """A target that holds every table and records what it is given, in order."""
+
+    tables = frozenset({"translator_config", "structure", "qp", "tables_generation"})
+
+    def __init__(self):
+        self.written: list[Entry] = []
+
+    def write(self, entry: Entry) -> None:
+        self.written.append(entry)
+
+    def delete(self, entry: Entry) -> None:
+        self.written.append(entry)
+
+    def installed(self, table: str) -> list[Entry]:
+        return []
+
+
+def test_the_generation_changes_with_the_entries_and_only_with_them():
+    first, again = _plan(Tables.from_toml(EXAMPLE_TABLES)), _plan(Tables.from_toml(EXAMPLE_TABLES))
+    assert first.generation == again.generation
+    assert first.generation.value["generation"] != 0  # 0 is a data plane's "no generation yet"
+    changed = Tables.from_toml(EXAMPLE_TABLES)
+    next(s for s in changed.structures if s.primitive is DtaOpcode.KEY_WRITE).slot_count //= 2
+    assert _plan(changed).generation != first.generation
+    changed = Tables.from_toml(EXAMPLE_TABLES)
+    changed.ttl -= 1
+    assert _plan(changed).generation != first.generation
+
+
+def test_the_generation_is_written_last_and_only_to_a_target_that_has_the_table():
+    planned = _plan(Tables.from_toml(EXAMPLE_TABLES))
+    recorder = Recorder()
+    apply_plan(recorder, planned)
+    assert recorder.written[-1] == planned.generation
+    assert [e for e in recorder.written if e.table == "tables_generation"] == [planned.generation]
+    without = Recorder()
+    without.tables = frozenset({"translator_config", "structure", "qp"})
+    apply_plan(without, planned)
+    assert all(e.table != "tables_generation" for e in without.written)
