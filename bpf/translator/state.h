@@ -59,7 +59,7 @@ struct postcard_copy {
  * structure the one before was for, and a copy costs less than a hash lookup. Good while the tables generation
  * it was copied in lasts. */
 struct structure_memo {
-	__u64 generation;	/* 0: empty (the control plane's first generation is 1) */
+	__u64 generation;	/* 0: empty (the control plane never writes generation 0) */
 	struct structure_key key;
 	struct structure_value value;
 };
