@@ -47,7 +47,7 @@ static __always_inline int translate(struct xdp_md *ctx)
 	payload_len = d.udp_len - UDP_SIZE;
 
 	cfg = bpf_map_lookup_elem(&translator_config, &zero);
-	s = begin(1);
+	s = begin(1, ctx->rx_queue_index);
 	if (!cfg || !s)
 		return XDP_PASS;
 	__builtin_memcpy(&s->src_ip, d.ip + IPV4_SRC_OFF, IPV4_SRC_LEN);
@@ -124,6 +124,13 @@ static __always_inline int flushable(struct qp_state_value *qs, struct scratch *
 	return s->now_ns - qs->flush_mark_ns >= idle;
 }
 
+/* The RX queue whose QP writes a flush entry out: the one whose report started it, or queue 0 if the tables
+ * no longer give it a QP. Any idle QP of the owner keeps PSN order (flushable), this one keeps the reference's. */
+static __always_inline __u32 flush_queue_of(const struct flush_entry *entry, __u32 queues)
+{
+	return entry->rx_queue < queues ? entry->rx_queue : 0;
+}
+
 SEC("xdp")
 int softdta_flush(struct xdp_md *ctx)
 {
@@ -135,7 +142,7 @@ int softdta_flush(struct xdp_md *ctx)
 	__u64 now;
 
 	cfg = bpf_map_lookup_elem(&translator_config, &zero);
-	s = begin(0);
+	s = begin(0, 0);
 	if (!cfg || !s || bpf_map_peek_elem(&flush_queue, &entry))
 		return XDP_DROP;
 	now = clock_ns(s);
@@ -152,7 +159,8 @@ int softdta_flush(struct xdp_md *ctx)
 		if (now - entry.first_ns < cfg->flush_idle_ns)
 			return XDP_DROP;
 		bpf_map_pop_elem(&flush_queue, &entry);
-		if (!qp_lookup(al->qp_index, &ref) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
+		s->rx_queue = flush_queue_of(&entry, al->queues);
+		if (sender_lookup(s, al->qp_index, al->queues, &ref, 1) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
@@ -169,7 +177,7 @@ int softdta_flush(struct xdp_md *ctx)
 		for (__u32 i = 0; i < MAX_WRITE_PAYLOAD && filled + i < al->batch * al->entry_size; i++)
 			s->out[(write_payload_at(0) + filled + i) & OUT_MASK] = 0;	/* pad with empty entries */
 		count(CNT_APPEND_FLUSHES);
-		reason = append_write(s, al, cfg, entry.owner, head);
+		reason = append_write(s, al, entry.owner, head, &ref);
 	} else {
 		struct postcard_cache_value *pc = bpf_map_lookup_elem(&postcard_cache, &entry.index);
 		struct structure_key key = { .collector_ip = entry.owner, .primitive = DTA_OP_POSTCARDING };
@@ -183,7 +191,8 @@ int softdta_flush(struct xdp_md *ctx)
 		if (now - entry.first_ns < cfg->flush_idle_ns)
 			return XDP_DROP;
 		bpf_map_pop_elem(&flush_queue, &entry);
-		if (!qp_lookup(st->qp_index, &ref) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
+		s->rx_queue = flush_queue_of(&entry, st->queues);
+		if (sender_lookup(s, st->qp_index, st->queues, &ref, 1) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
@@ -197,7 +206,7 @@ int softdta_flush(struct xdp_md *ctx)
 		if (!taken)
 			return XDP_DROP;
 		count(CNT_POSTCARD_FLUSHES);
-		reason = postcard_write(s, &s->postcard, st, cfg, 0);
+		reason = postcard_write(s, &s->postcard, st, 0, &ref);
 	}
 	if (reason) {
 		count(reason);

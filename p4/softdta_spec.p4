@@ -31,6 +31,7 @@ const bit<8> MAX_DATA_LEN = 64;
 const bit<8> MAX_SKETCH_ROWS = 16;
 const bit<8> MAX_POSTCARD_HOPS = 8;
 const bit<8> DTA_V1_POSTCARD_HOPS = 5;
+const bit<8> MAX_RX_QUEUES = 64;
 const bit<8> KEY_CHECKSUM_LEN = 4;
 const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
@@ -46,6 +47,8 @@ const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
 const bit<16> DEFERRED_FRAME_MAX = 256;
 const bit<16> GENERATOR_FRAME_MAX = 256;
+const bit<16> QP_TABLE_ENTRIES = 4096;
+const bit<32> QUEUE_QP_SLOTS = 262144;
 const bit<16> ARENA_PAGE = 4096;
 const bit<16> RESPONDER_IP_LIMIT = 1280;
 const bit<8> P4_APPEND_BATCH_BITS = 4;
@@ -149,6 +152,7 @@ const bit<8> CNT_RX_RNR_NAKS = 10;
 const bit<8> CNT_ESSENTIAL_DEFERRED = 11;
 const bit<8> CNT_APPEND_FLUSHES = 12;
 const bit<8> CNT_POSTCARD_FLUSHES = 13;
+const bit<8> CNT_DROP_NO_QUEUE_QP = 14;
 const bit<8> CNT_DROP_TRUNCATED = 16;
 const bit<8> CNT_DROP_BAD_LENGTH = 17;
 const bit<8> CNT_DROP_UNKNOWN_OPCODE = 18;
@@ -253,6 +257,7 @@ const bit<16> COLLECTOR_MAX_ENTRIES = 1024;
 const bit<16> QP_BY_LOCAL_QPN_MAX_ENTRIES = 4096;
 const bit<16> STRUCTURE_MAX_ENTRIES = 1024;
 const bit<32> APPEND_LIST_MAX_ENTRIES = 65536;
+const bit<32> QUEUE_QP_MAX_ENTRIES = 262144;
 const bit<32> APPEND_STATE_MAX_ENTRIES = 65536;
 const bit<32> POSTCARD_CACHE_MAX_ENTRIES = 131072;
 const bit<32> SKETCH_COLUMN_MAX_ENTRIES = 65536;
@@ -546,7 +551,8 @@ struct structure_key_t {
 
 // structure value: a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP
 struct structure_value_t {
-    bit<32> qp_index;
+    bit<32> qp_index; // the QP of RX queue 0
+    bit<32> queues; // RX queues with a QP (queue_qp)
     bit<32> slot_count;
     bit<32> slot_size;
     bit<8> key_len;
@@ -569,12 +575,23 @@ struct append_list_key_t {
 
 // append_list value: an Append list: its ring inside a QP's region
 struct append_list_value_t {
-    bit<32> qp_index;
+    bit<32> qp_index; // the QP of RX queue 0
+    bit<32> queues; // RX queues with a QP (queue_qp)
     bit<32> first_slot; // ring start within the region, in entries
     bit<32> slot_count; // ring size in entries
     bit<32> entry_size;
     bit<32> batch;
     bit<32> state_index;
+}
+
+// queue_qp key: the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry
+struct queue_qp_key_t {
+    bit<32> slot; // queue 0's qp_index x MAX_RX_QUEUES + RX queue
+}
+
+// queue_qp value: the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry
+struct queue_qp_value_t {
+    bit<32> qp_index;
 }
 
 // icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
@@ -621,6 +638,8 @@ struct translator_tables_t {
     structure_value_t structure;
     append_list_key_t append_list_key;
     append_list_value_t append_list;
+    queue_qp_key_t queue_qp_key;
+    queue_qp_value_t queue_qp;
     icrc_constant_key_t icrc_constant_key;
     icrc_constant_value_t icrc_constant;
 }

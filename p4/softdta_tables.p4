@@ -87,8 +87,9 @@ table qp_by_local_qpn {
 
 // a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP
 @id(0x01000005) @name(".set_structure")
-action set_structure(bit<32> qp_index, bit<32> slot_count, bit<32> slot_size, bit<8> key_len, bit<8> data_len, bit<8> hops, bit<8> merge, bit<32> key_hash, bit<32> rows, bit<32> reporters, bit<32> columns, bit<32> cache_entries, bit<32> batch, bit<32> state_index) {
+action set_structure(bit<32> qp_index, bit<32> queues, bit<32> slot_count, bit<32> slot_size, bit<8> key_len, bit<8> data_len, bit<8> hops, bit<8> merge, bit<32> key_hash, bit<32> rows, bit<32> reporters, bit<32> columns, bit<32> cache_entries, bit<32> batch, bit<32> state_index) {
     meta.tables.structure.qp_index = qp_index;
+    meta.tables.structure.queues = queues;
     meta.tables.structure.slot_count = slot_count;
     meta.tables.structure.slot_size = slot_size;
     meta.tables.structure.key_len = key_len;
@@ -116,8 +117,9 @@ table structure {
 
 // an Append list: its ring inside a QP's region
 @id(0x01000006) @name(".set_append_list")
-action set_append_list(bit<32> qp_index, bit<32> first_slot, bit<32> slot_count, bit<32> entry_size, bit<32> batch, bit<32> state_index) {
+action set_append_list(bit<32> qp_index, bit<32> queues, bit<32> first_slot, bit<32> slot_count, bit<32> entry_size, bit<32> batch, bit<32> state_index) {
     meta.tables.append_list.qp_index = qp_index;
+    meta.tables.append_list.queues = queues;
     meta.tables.append_list.first_slot = first_slot;
     meta.tables.append_list.slot_count = slot_count;
     meta.tables.append_list.entry_size = entry_size;
@@ -134,12 +136,27 @@ table append_list {
     size = 65536;
 }
 
+// the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry
+@id(0x01000007) @name(".set_queue_qp")
+action set_queue_qp(bit<32> qp_index) {
+    meta.tables.queue_qp.qp_index = qp_index;
+}
+@id(0x02000007) @name(".queue_qp")
+table queue_qp {
+    key = {
+        meta.tables.queue_qp_key.slot : exact @name("slot");
+    }
+    actions = { set_queue_qp; @defaultonly softdta_miss; }
+    const default_action = softdta_miss();
+    size = 262144;
+}
+
 // TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
-@id(0x01000007) @name(".set_icrc_constant")
+@id(0x01000008) @name(".set_icrc_constant")
 action set_icrc_constant(bit<32> constant) {
     meta.tables.icrc_constant.constant = constant;
 }
-@id(0x02000007) @name(".icrc_constant")
+@id(0x02000008) @name(".icrc_constant")
 table icrc_constant {
     key = {
         meta.tables.icrc_constant_key.qp_index : exact @name("qp_index");

@@ -36,6 +36,7 @@
 #define MAX_SKETCH_ROWS 16
 #define MAX_POSTCARD_HOPS 8
 #define DTA_V1_POSTCARD_HOPS 5
+#define MAX_RX_QUEUES 64
 #define KEY_CHECKSUM_LEN 4
 #define MAX_WRITE_PAYLOAD 256
 #define POSTCARD_CACHE_ENTRIES 32768
@@ -51,6 +52,8 @@
 #define ICRC_LEN 4
 #define DEFERRED_FRAME_MAX 256
 #define GENERATOR_FRAME_MAX 256
+#define QP_TABLE_ENTRIES 4096
+#define QUEUE_QP_SLOTS 262144 /* 0x40000 */
 #define ARENA_PAGE 4096
 #define RESPONDER_IP_LIMIT 1280
 #define P4_APPEND_BATCH_BITS 4
@@ -158,6 +161,7 @@
 #define CNT_ESSENTIAL_DEFERRED 11
 #define CNT_APPEND_FLUSHES 12
 #define CNT_POSTCARD_FLUSHES 13
+#define CNT_DROP_NO_QUEUE_QP 14
 #define CNT_DROP_TRUNCATED 16
 #define CNT_DROP_BAD_LENGTH 17
 #define CNT_DROP_UNKNOWN_OPCODE 18
@@ -262,6 +266,7 @@
 #define QP_BY_LOCAL_QPN_MAX_ENTRIES 4096
 #define STRUCTURE_MAX_ENTRIES 1024
 #define APPEND_LIST_MAX_ENTRIES 65536 /* 0x10000 */
+#define QUEUE_QP_MAX_ENTRIES 262144 /* 0x40000 */
 #define APPEND_STATE_MAX_ENTRIES 65536 /* 0x10000 */
 #define POSTCARD_CACHE_MAX_ENTRIES 131072 /* 0x20000 */
 #define SKETCH_COLUMN_MAX_ENTRIES 65536 /* 0x10000 */
@@ -1251,7 +1256,8 @@ _Static_assert(sizeof(struct structure_key) == 8, "struct structure_key does not
 
 /* structure value: a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP */
 struct structure_value {
-	__u32 qp_index;
+	__u32 qp_index; /* the QP of RX queue 0 */
+	__u32 queues; /* RX queues with a QP (queue_qp) */
 	__u32 slot_count;
 	__u32 slot_size;
 	__u8 key_len;
@@ -1266,7 +1272,7 @@ struct structure_value {
 	__u32 batch;
 	__u32 state_index; /* index into the primitive's state maps */
 };
-_Static_assert(sizeof(struct structure_value) == 44, "struct structure_value does not match softdta/spec/");
+_Static_assert(sizeof(struct structure_value) == 48, "struct structure_value does not match softdta/spec/");
 
 /* append_list key: an Append list: its ring inside a QP's region */
 struct append_list_key {
@@ -1276,14 +1282,27 @@ _Static_assert(sizeof(struct append_list_key) == 4, "struct append_list_key does
 
 /* append_list value: an Append list: its ring inside a QP's region */
 struct append_list_value {
-	__u32 qp_index;
+	__u32 qp_index; /* the QP of RX queue 0 */
+	__u32 queues; /* RX queues with a QP (queue_qp) */
 	__u32 first_slot; /* ring start within the region, in entries */
 	__u32 slot_count; /* ring size in entries */
 	__u32 entry_size;
 	__u32 batch;
 	__u32 state_index;
 };
-_Static_assert(sizeof(struct append_list_value) == 24, "struct append_list_value does not match softdta/spec/");
+_Static_assert(sizeof(struct append_list_value) == 28, "struct append_list_value does not match softdta/spec/");
+
+/* queue_qp key: the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry */
+struct queue_qp_key {
+	__u32 slot; /* queue 0's qp_index x MAX_RX_QUEUES + RX queue */
+};
+_Static_assert(sizeof(struct queue_qp_key) == 4, "struct queue_qp_key does not match softdta/spec/");
+
+/* queue_qp value: the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry */
+struct queue_qp_value {
+	__u32 qp_index;
+};
+_Static_assert(sizeof(struct queue_qp_value) == 4, "struct queue_qp_value does not match softdta/spec/");
 
 /* append_state key: per-list Append batch and ring head */
 struct append_state_key {
@@ -1470,7 +1489,7 @@ struct deferred_report {
 	__u32 qp_index;
 	__u32 len;
 	__u32 ingress_ifindex;
-	__u32 pad;
+	__u32 rx_queue; /* re-injected on it, so that it writes through the same QP */
 	__u8 frame[256];
 };
 _Static_assert(sizeof(struct deferred_report) == 272, "struct deferred_report does not match softdta/spec/");

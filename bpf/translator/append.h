@@ -3,24 +3,25 @@
 #define SOFTDTA_TRANSLATOR_APPEND_H
 
 /* A WRITE of the batch already copied into the frame's payload, at ring position `head` of the list. */
-static __noinline __u32 append_write(struct scratch *s, const struct append_list_value *al,
-				     const struct translator_config_value *cfg, __u32 list_id, __u32 head)
+static __noinline __u32 append_write(struct scratch *s, const struct append_list_value *al, __u32 list_id,
+				     __u32 head, struct qp_ref *ref)
 {
+	const struct translator_config_value *cfg = config_get();
 	__u32 immediate = s->data_path && s->report.immediate;
 	__u64 offset = ((__u64)al->first_slot + head) * al->entry_size;
-	struct qp_ref ref;
 
-	if (!qp_lookup(al->qp_index, &ref))
+	if (!cfg || !ref->q || !ref->qs)
 		return CNT_DROP_UNKNOWN_LIST;
 	s->frame.payload_len = al->batch * al->entry_size;
 	s->frame.immediate = list_id;
-	single_frame(s, write_frame(s, 0, &ref, cfg, offset, immediate), ref.q->ifindex);
+	single_frame(s, write_frame(s, 0, ref, cfg, offset, immediate), ref->q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
 }
 
-static __always_inline void flush_later(__u32 kind, __u32 index, __u32 owner, __u64 now)
+static __always_inline void flush_later(struct scratch *s, __u32 kind, __u32 index, __u32 owner, __u64 now)
 {
-	struct flush_entry entry = { .first_ns = now, .kind = kind, .index = index, .owner = owner };
+	struct flush_entry entry = { .first_ns = now, .kind = kind, .index = index, .owner = owner,
+				     .rx_queue = s->rx_queue };
 
 	bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 }
@@ -58,9 +59,9 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 		return CNT_DROP_BAD_LENGTH;
 	index = al->state_index;
 	as = bpf_map_lookup_elem(&append_state, &index);
-	if (!as || !qp_lookup(al->qp_index, &ref) || !al->slot_count)
+	if (!as || !al->slot_count)
 		return CNT_DROP_UNKNOWN_LIST;
-	blocked = qp_blocked(ctx, s, al->qp_index, ref.qs);
+	blocked = sender_lookup(s, al->qp_index, al->queues, &ref, CNT_DROP_UNKNOWN_LIST) ?: qp_blocked(ctx, s, &ref);
 	if (blocked)
 		return blocked;
 	if (al->batch * al->entry_size > MAX_WRITE_PAYLOAD || al->batch > MAX_APPEND_BATCH)
@@ -86,12 +87,12 @@ static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *
 		head = take_batch(s, as, al, write_payload_at(r->immediate), &filled);
 	bpf_spin_unlock(&as->lock);
 	if (started)
-		flush_later(FLUSH_TARGET_APPEND_LIST, index, r->list_id, first);
+		flush_later(s, FLUSH_TARGET_APPEND_LIST, index, r->list_id, first);
 	if (!full) {
 		count(CNT_APPEND_BATCHED);
 		return 0;
 	}
-	blocked = append_write(s, al, cfg, r->list_id, head);
+	blocked = append_write(s, al, r->list_id, head, &ref);
 	if (!blocked)
 		count(CNT_TX_FRAMES);
 	return blocked;

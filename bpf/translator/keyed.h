@@ -10,11 +10,12 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 	struct qp_ref ref;
 	__u32 blocked, checksum, frame_len = 0;
 
-	if (!st || !qp_lookup(st->qp_index, &ref))
+	if (!st)
 		return CNT_DROP_UNKNOWN_COLLECTOR;
 	if (r->key_len != st->key_len || (r->opcode == DTA_OP_KEY_WRITE && r->data_len != st->data_len))
 		return CNT_DROP_BAD_LENGTH;
-	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	blocked = sender_lookup(s, st->qp_index, st->queues, &ref, CNT_DROP_UNKNOWN_COLLECTOR) ?:
+		  qp_blocked(ctx, s, &ref);
 	if (blocked)
 		return blocked;
 	checksum = key_checksum(r);

@@ -109,7 +109,7 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 	return XDP_TX;
 }
 
-static __always_inline struct scratch *begin(__u32 data_path)
+static __always_inline struct scratch *begin(__u32 data_path, __u32 rx_queue)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
@@ -117,6 +117,7 @@ static __always_inline struct scratch *begin(__u32 data_path)
 	if (s) {
 		s->now_ns = 0;
 		s->data_path = data_path;
+		s->rx_queue = rx_queue;
 		s->out_count = 0;
 		s->out_via_tc = 0;
 		s->out_ifindex = 0;

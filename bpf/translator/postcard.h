@@ -3,16 +3,15 @@
 #define SOFTDTA_TRANSLATOR_POSTCARD_H
 
 static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_copy *entry,
-				       const struct structure_value *st, const struct translator_config_value *cfg,
-				       __u32 immediate)
+				       const struct structure_value *st, __u32 immediate, struct qp_ref *ref)
 {
+	const struct translator_config_value *cfg = config_get();
 	__u32 pos = write_payload_at(immediate), hops = st->hops & (MAX_POSTCARD_HOPS * 2 - 1);
 	__u64 offset = (__u64)(key_crc(entry->key, entry->key_len, crc32_slice8[0]) & (st->slot_count - 1)) *
 		       st->slot_size;
 	__u32 checksum = 0xffffffff;
-	struct qp_ref ref;
 
-	if (!qp_lookup(st->qp_index, &ref) || hops > MAX_POSTCARD_HOPS)
+	if (!cfg || !ref->q || !ref->qs || hops > MAX_POSTCARD_HOPS)
 		return CNT_DROP_UNKNOWN_COLLECTOR;
 	for (__u32 i = 0; i < MAX_KEY_LEN && i < entry->key_len; i++)
 		checksum = crc32_byte(crc32_slice8[0], checksum,
@@ -21,7 +20,7 @@ static __noinline __u32 postcard_write(struct scratch *s, const struct postcard_
 		s->out[(pos + i) & OUT_MASK] = entry->values[i];
 	s->frame.payload_len = 4 * hops;
 	s->frame.immediate = checksum ^ 0xffffffff;
-	single_frame(s, write_frame(s, 0, &ref, cfg, offset, immediate), ref.q->ifindex);
+	single_frame(s, write_frame(s, 0, ref, cfg, offset, immediate), ref->q->ifindex);
 	return s->out_count ? 0 : CNT_DROP_OUT_OF_REGION;
 }
 
@@ -53,14 +52,15 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 	__u32 evicted = 0, single = 0, started = 0, complete = 0;
 	__u64 now, first = 0;
 
-	if (!st || !qp_lookup(st->qp_index, &ref))
+	if (!st)
 		return CNT_DROP_UNKNOWN_COLLECTOR;
 	if (r->key_len != st->key_len)
 		return CNT_DROP_BAD_LENGTH;
 	path_length = r->path_length ? r->path_length : st->hops;
 	if (r->hop > path_length || path_length > st->hops)
 		return CNT_DROP_BAD_HOP;
-	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	blocked = sender_lookup(s, st->qp_index, st->queues, &ref, CNT_DROP_UNKNOWN_COLLECTOR) ?:
+		  qp_blocked(ctx, s, &ref);
 	if (blocked)
 		return blocked;
 	slot = st->state_index + (key_crc(r->key, r->key_len, crc32_slice8[0]) & (st->cache_entries - 1));
@@ -107,18 +107,18 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 		__builtin_memcpy(s->postcard.key, r->key, MAX_KEY_LEN);
 		s->postcard.key_len = r->key_len;
 		put32(s->postcard.values + 4 * hop, encoded);
-		blocked = postcard_write(s, &s->postcard, st, cfg, r->immediate);
+		blocked = postcard_write(s, &s->postcard, st, r->immediate, &ref);
 		if (!blocked)
 			count(CNT_TX_FRAMES);
 		return blocked;
 	}
 	if (started)
-		flush_later(FLUSH_TARGET_POSTCARD_ENTRY, slot, s->dst_ip, first);
+		flush_later(s, FLUSH_TARGET_POSTCARD_ENTRY, slot, s->dst_ip, first);
 	if (evicted) {
 		count(CNT_POSTCARD_EVICTIONS);
-		blocked = postcard_write(s, &s->postcard, st, cfg, 0);
+		blocked = postcard_write(s, &s->postcard, st, 0, &ref);
 	} else if (complete) {
-		blocked = postcard_write(s, &s->postcard, st, cfg, r->immediate);
+		blocked = postcard_write(s, &s->postcard, st, r->immediate, &ref);
 	} else {
 		count(CNT_POSTCARD_CACHED);
 	}

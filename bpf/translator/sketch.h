@@ -61,7 +61,7 @@ static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *
 	struct qp_ref ref;
 	__u32 blocked, expected, first, batch;
 
-	if (!st || !qp_lookup(st->qp_index, &ref))
+	if (!st)
 		return CNT_DROP_UNKNOWN_COLLECTOR;
 	if (r->reporter >= st->reporters)
 		return CNT_DROP_UNKNOWN_REPORTER;
@@ -86,7 +86,8 @@ static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *
 		build_nack(s, cfg, NACK_KIND_SKETCH_COLUMN, expected, r->reporter);
 		return r->column > expected ? CNT_DROP_SKETCH_GAP : CNT_DROP_SKETCH_STALE;
 	}
-	blocked = qp_blocked(ctx, s, st->qp_index, ref.qs);
+	blocked = sender_lookup(s, st->qp_index, st->queues, &ref, CNT_DROP_UNKNOWN_COLLECTOR) ?:
+		  qp_blocked(ctx, s, &ref);
 	if (blocked)
 		return blocked;
 	if (!column) {

@@ -68,6 +68,7 @@ struct structure_memo {
 struct scratch {
 	__u64 now_ns;		/* read from the clock on first use: most reports never need it */
 	__u32 data_path;	/* frames come from reports, not from a flush */
+	__u32 rx_queue;		/* of the report, or of the report that started the batch a flush writes out */
 	__u32 src_ip;		/* of the report, network order */
 	__u32 dst_ip;
 	__u8 peer_mac[6];
@@ -106,7 +107,7 @@ struct flush_entry {
 	__u32 kind;
 	__u32 index;		/* append_state or postcard_cache slot */
 	__u32 owner;		/* list id (Append) or collector IP (Postcarding) */
-	__u32 pad;
+	__u32 rx_queue;		/* of the report that started it: the flush writes through that queue's QP */
 };
 
 TABLE(translator_config, BPF_MAP_TYPE_ARRAY, __u32, struct translator_config_value, 1);
@@ -118,6 +119,7 @@ TABLE(qp_by_local_qpn, BPF_MAP_TYPE_HASH, struct qp_by_local_qpn_key, struct qp_
 TABLE(collector, BPF_MAP_TYPE_HASH, struct collector_key, struct collector_value, COLLECTOR_MAX_ENTRIES);
 TABLE(structure, BPF_MAP_TYPE_HASH, struct structure_key, struct structure_value, STRUCTURE_MAX_ENTRIES);
 TABLE(append_list, BPF_MAP_TYPE_HASH, struct append_list_key, struct append_list_value, APPEND_LIST_MAX_ENTRIES);
+TABLE(queue_qp, BPF_MAP_TYPE_ARRAY, __u32, struct queue_qp_value, QUEUE_QP_MAX_ENTRIES);
 TABLE(append_state, BPF_MAP_TYPE_ARRAY, __u32, struct append_state_value, APPEND_STATE_MAX_ENTRIES);
 TABLE(postcard_cache, BPF_MAP_TYPE_ARRAY, __u32, struct postcard_cache_value, POSTCARD_CACHE_MAX_ENTRIES);
 TABLE(sketch_column, BPF_MAP_TYPE_HASH, struct sketch_column_key, struct sketch_column_value,

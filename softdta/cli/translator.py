@@ -25,8 +25,6 @@ def register(commands) -> None:
     up.add_argument("--interface", "-i", action="append", required=True,
                     help="interface to translate on (repeat for several: reports in, collectors out)")
     up.add_argument("--mode", choices=["native", "generic"], default="native", help="XDP attach mode")
-    up.add_argument("--allow-multiqueue", action="store_true",
-                    help="attach to multi-queue interfaces whose DTA traffic is steered to one RX queue")
     up.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
                     help="bpffs directory for the maps, so a restart keeps PSNs, heads and caches")
     up.add_argument("--flush-idle-ms", type=float, default=DEFAULT_FLUSH_IDLE_NS / 1e6,
@@ -105,7 +103,7 @@ def _run_translator(args) -> int:
 
     stop = Signals(reload)
     try:
-        engine.attach(args.interface, mode=args.mode, allow_multiqueue=args.allow_multiqueue)
+        engine.attach(args.interface, mode=args.mode)
         mode = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {engine.io_name}" + \
             (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "")
         print(f"softdta translator up on {', '.join(args.interface)} ({mode}), maps pinned in {pin}; "

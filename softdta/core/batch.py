@@ -138,10 +138,6 @@ class _Piece:
     counter: npt.NDArray[np.uint64] | None = None  # Key-Increment
     reports: bool = True  # False: writes a plug-in asked for, counted as its reports
 
-    @property
-    def qp(self) -> QueuePair:
-        return self.structure.qp
-
     def cut(self, low: int, high: int) -> _Piece:
         return _Piece(self.structure, self.kind, self.positions[low:high], self.redundancy[low:high],
                       self.immediate[low:high], self.checksums[low:high], self.slot_hashes[:, low:high],
@@ -160,10 +156,6 @@ class _AppendPiece:
     immediate: npt.NDArray[np.bool_]
     entries: Rows
 
-    @property
-    def qp(self) -> QueuePair:
-        return self.lists.qp
-
     def cut(self, low: int, high: int) -> _AppendPiece:
         return _AppendPiece(self.lists, self.positions[low:high], self.list_ids[low:high],
                             self.immediate[low:high], self.entries[low:high])
@@ -176,10 +168,6 @@ class _Columns:
     COLUMNS: ClassVar[tuple[str, ...]] = ()
     structure: Structure
     positions: npt.NDArray[np.int64]
-
-    @property
-    def qp(self) -> QueuePair:
-        return self.structure.qp
 
     def cut(self, low: int, high: int) -> Self:
         return self.select(slice(low, high))
@@ -268,6 +256,7 @@ class BatchTranslator:
         self._templates: dict[tuple[int, RoceOpcode, int], _Template] = {}
         self._vector_qps: set[int] = set()
         self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
+        self._queue = 0  # the RX queue of the batch being translated
         self._plugin_opcodes: frozenset[int] = frozenset(
             opcode for opcode in oracle.primitives if opcode not in set(DtaOpcode))
         self._batch_plugins = {opcode: oracle.primitives[opcode] for opcode in self._plugin_opcodes
@@ -282,7 +271,9 @@ class BatchTranslator:
             (DTA_BASE_EXT, PAYLOAD_AT, "opcode"), (base, PAYLOAD_AT, "opcode"),
         ) for column in _columns(at, header, name)}))
 
-    def process_batch(self, frames: Sequence[bytes], now_ns: int = 0) -> BatchOutput:
+    def process_batch(self, frames: Sequence[bytes], now_ns: int = 0, queue: int = 0) -> BatchOutput:
+        """`queue`: the RX queue the frames arrived on; their reports write through that queue's QPs."""
+        self.oracle.queue = self._queue = queue
         self._follow_tables()
         out = BatchOutput()
         count = len(frames)
@@ -311,9 +302,10 @@ class BatchTranslator:
             return
         self._tables, self._templates = tables, {}
         targets: list[Structure | AppendLists] = [*tables.structures, *tables.append_lists]
-        owners = Tally(target.qp.index for target in targets)
+        owners = Tally(qp.index for target in targets for qp in target.qps)
         # a QP that two targets share keeps their reports in one PSN order: those stay with the oracle
-        self._vector_qps = {target.qp.index for target in targets if owners[target.qp.index] == 1 and
+        self._vector_qps = {qp.index for target in targets for qp in target.qps
+                            if all(owners[each.index] == 1 for each in target.qps) and
                             (isinstance(target, AppendLists) or target.primitive in VECTOR_KINDS)}
         self._plugins_write = all(structure.qp.index in self._vector_qps for structure in tables.structures
                                   if structure.primitive is DtaOpcode.KEY_WRITE)
@@ -414,10 +406,12 @@ class BatchTranslator:
             if kind is DtaOpcode.APPEND:
                 found = [*_decode_appends(rows[members], positions[members], is_extended, size, base,
                                           [lists for lists in tables.append_lists
-                                           if lists.qp.index in self._vector_qps])]
+                                           if lists.qp.index in self._vector_qps
+                                           and lists.qp_on(self._queue) is not None])]
             else:
                 structure = tables.structure(int(address).to_bytes(4, "big"), kind)
-                if structure is None or structure.qp.index not in self._vector_qps:
+                if structure is None or structure.qp.index not in self._vector_qps or \
+                        structure.qp_on(self._queue) is None:
                     continue  # a counted drop, or a shared QP: the oracle's, at its place (a barrier)
                 decode = {DtaOpcode.POSTCARDING: _decode_postcards, DtaOpcode.SKETCH_MERGE: _decode_sketches}.get(
                     kind, _decode_piece)
@@ -463,7 +457,7 @@ class BatchTranslator:
             here += self._run_plugins(plugins, now_ns, out)
         by_qp: dict[int, list[Vector]] = {}  # a vector QP has one target: its pieces are alike
         for piece in here:
-            qp = piece.qp
+            qp = oracle.sender(piece.lists if isinstance(piece, _AppendPiece) else piece.structure)
             if qp.index not in ready:  # asked when the oracle would ask: at the QP's first report here
                 ready[qp.index] = oracle.qp_ready(qp, now_ns)
             if not ready[qp.index]:  # dropped or deferred: by the oracle, in order
@@ -544,7 +538,7 @@ class BatchTranslator:
             runtime.next_psn = actual
 
     def _through_oracle(self, frames: Sequence[bytes], position: int, now_ns: int, out: BatchOutput) -> None:
-        result = self.oracle.process(frames[position], now_ns)
+        result = self.oracle.process(frames[position], now_ns, self._queue)
         if result.frames:
             out.frames += result.frames
             out.made_by.append(np.full(len(result.frames), position, dtype=np.int64))
@@ -559,7 +553,7 @@ class BatchTranslator:
         """The frames of one structure's vector rows in a segment, in batch order and copy order; returns the
         batch position of each frame sent."""
         structure = parts[0].structure
-        qp = structure.qp
+        qp = self.oracle.sender(structure)
         # one request per frame, in batch order and copy order: each piece's rows expanded into their copies
         requests = [_requests(piece) for piece in parts]
         positions, copies, slots, immediate, checksums, values = (
@@ -626,7 +620,7 @@ class BatchTranslator:
         heads = np.fromiter((runtime.head for runtime in runtimes), dtype=np.int64, count=len(runtimes))
         head = (heads[filled_group] + lap * batch) % lists.entries
         offsets = ((ids[filled_group] - lists.first_list) * lists.entries + head) * width
-        qp = lists.qp
+        qp = self.oracle.sender(lists)
         psn, ack_req = self._sequence(qp, len(sent_at))
         payloads = run[leaves].reshape(-1, batch * width)[order]
         out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + offsets.astype(np.uint64),
@@ -708,7 +702,7 @@ class BatchTranslator:
             positions, values, slot_hashes, checksums, immediate = (np.concatenate(column) for column in zip(*written))
             order = np.argsort(positions)
             sent_at = positions[order]
-            qp = structure.qp
+            qp = self.oracle.sender(structure)
             psn, ack_req = self._sequence(qp, len(sent_at))
             slot_in_region = (slot_hashes[order] & np.uint32(structure.slot_count - 1)).astype(np.uint64)
             out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + slot_in_region *
@@ -780,7 +774,7 @@ class BatchTranslator:
             order = np.argsort(rows.positions[last[done]])
             done, writer = done[order], last[done][order]
             sent = rows.positions[writer]
-            qp = structure.qp
+            qp = self.oracle.sender(structure)
             psn, ack_req = self._sequence(qp, len(done))
             first_column = groups[done] * batch
             payloads = aggregate.reshape(len(groups), -1)[done].astype("<u4").view(np.uint8).reshape(len(done), -1)

@@ -22,6 +22,7 @@ from softdta.spec import (
     ETHERNET,
     ICRC_LEN,
     MAX_REDUNDANCY,
+    MAX_RX_QUEUES,
     P4_TABLES,
     ROCE_PORT,
     TRANSLATOR_TABLES,
@@ -40,7 +41,7 @@ from softdta.wire.roce import transport_payload
 # How long a partial Append batch or Postcarding path waits before it is written out, by default.
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
 # Written by the control plane; the data plane only reads them.
-CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list")
+CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list", "queue_qp")
 # Entries only the P4 data planes take (iCRC constants, packet replication groups); see spec.P4_TABLES.
 P4_ONLY_TABLES = tuple(t.name for t in P4_TABLES)
 # Entries that stop existing when the tables no longer name them (the qp array is zeroed instead, by the
@@ -196,7 +197,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
                 new.sketch[ip] = _free_index(sketch_used, capacity("sketch_column"), "sketches")
             state_index = new.sketch[ip]
         entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, {
-            "qp_index": qp_index[structure.qp.name], "slot_count": structure.slot_count,
+            "qp_index": qp_index[structure.qp.name], "queues": len(structure.qps), "slot_count": structure.slot_count,
             "slot_size": structure.slot_size, "key_len": structure.key_len, "data_len": structure.data_len,
             "hops": structure.hops, "merge": int(structure.merge), "key_hash": int(structure.key_hash),
             "rows": structure.rows, "reporters": structure.reporters, "columns": structure.columns,
@@ -214,7 +215,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
                 # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
                 state.append(Entry("append_state", {"state_index": new.append[list_id]}))
             entries.append(Entry("append_list", {"list_id": list_id}, {
-                "qp_index": qp_index[lists.qp.name], "first_slot": offset * lists.entries,
+                "qp_index": qp_index[lists.qp.name], "queues": len(lists.qps), "first_slot": offset * lists.entries,
                 "slot_count": lists.entries, "entry_size": lists.data_len, "batch": lists.batch,
                 "state_index": new.append[list_id]}))
     live = {(s.qp.collector_ip, s.primitive, s.cache_entries) for s in tables.structures}
@@ -225,7 +226,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
-    entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
+    entries += queue_qps(tables, qp_index) + icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
     keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
     return Plan(entries, state, retire, keep, new, generation_of(entries))
 
@@ -254,6 +255,13 @@ def apply_plan(target: Target, plan: Plan) -> None:
         target.write(entry)
     if plan.generation.table in target.tables:
         target.write(plan.generation)
+
+
+def queue_qps(tables: Tables, qp_index: Mapping[str, int]) -> list[Entry]:
+    """The QP of each RX queue after the first, for every structure and Append range."""
+    return [Entry("queue_qp", {"slot": qp_index[owner.qp.name] * MAX_RX_QUEUES + queue},
+                  {"qp_index": qp_index[qp.name]})
+            for owner in [*tables.structures, *tables.append_lists] for queue, qp in enumerate(owner.qps) if queue]
 
 
 def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:

@@ -68,6 +68,7 @@ class TranslatorContext(Protocol):
 
     tables: Tables
     counters: Tally[Counter]
+    queue: int  # the RX queue being translated: its QPs are the ones written
 
     @property
     def append_state(self) -> dict[int, AppendRuntime]: ...
@@ -76,6 +77,10 @@ class TranslatorContext(Protocol):
     def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]: ...
 
     def drop(self, reason: Counter) -> Output: ...
+
+    def sender(self, target: Structure | AppendLists) -> QueuePair:
+        """The QP of `target` that the RX queue being translated writes through."""
+        ...
 
     def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None: ...
 
@@ -194,7 +199,9 @@ class Primitive(abc.ABC):
         target = self.target(udp, report, now_ns)
         if isinstance(target, Output):
             return target
-        blocked = self.translator.blocked(target.qp, report, now_ns)
+        if target.qp_on(self.translator.queue) is None:
+            return self.translator.drop(Counter.DROP_NO_QUEUE_QP)
+        blocked = self.translator.blocked(self.translator.sender(target), report, now_ns)
         if blocked:
             return blocked
         return self.apply(udp, report, target, now_ns)
@@ -230,7 +237,7 @@ def write_key(t: TranslatorContext, structure: Structure, key: bytes, data: byte
     frames = []
     for copy in range(redundancy):
         offset = key_slot(key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
-        frames.append(t.write(structure.qp, offset, payload, report, key_checksum(key)))
+        frames.append(t.write(t.sender(structure), offset, payload, report, key_checksum(key)))
     return frames
 
 
@@ -239,7 +246,7 @@ class KeyIncrement(Primitive):
 
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
         t, structure = self.translator, target
-        qp = structure.qp
+        qp = t.sender(structure)
         out = Output()
         for copy in range(report.redundancy):
             offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
@@ -290,7 +297,7 @@ class Append(Primitive):
         payload = b"".join(runtime.pending)
         runtime.pending = []
         runtime.head = (runtime.head + lists.batch) % lists.entries
-        return [self.translator.write(lists.qp, offset, payload, report, list_id)]
+        return [self.translator.write(self.translator.sender(lists), offset, payload, report, list_id)]
 
 
 def _append_entry(data: bytes) -> bytes:
@@ -357,7 +364,8 @@ class Postcarding(Primitive):
     def write_path(self, structure: Structure, entry: PostcardEntry, report: Report | None) -> list[bytes]:
         offset = (postcard_slot_hash(entry.key) & (structure.slot_count - 1)) * structure.slot_size
         payload = b"".join(v.to_bytes(4, "big") for v in entry.values)
-        return [self.translator.write(structure.qp, offset, payload, report, key_checksum(entry.key))]
+        return [self.translator.write(self.translator.sender(structure), offset, payload, report,
+                                      key_checksum(entry.key))]
 
 
 @dataclass
@@ -419,7 +427,7 @@ class SketchMerge(Primitive):
         for c in group:
             runtime.aggregate[c] = [0] * structure.rows
             runtime.contributors[c] = set()
-        return Output(frames=[t.write(structure.qp, first * structure.slot_size, payload, report, first)])
+        return Output(frames=[t.write(t.sender(structure), first * structure.slot_size, payload, report, first)])
 
 
 BUILT_IN: tuple[type[Primitive], ...] = (KeyWrite, KeyIncrement, Append, Postcarding, SketchMerge)

@@ -21,6 +21,7 @@ from softdta.spec import (
     MAX_DATA_LEN,
     MAX_KEY_LEN,
     MAX_POSTCARD_HOPS,
+    MAX_RX_QUEUES,
     MAX_SKETCH_ROWS,
     MAX_WRITE_PAYLOAD,
     POSTCARD_CACHE_ENTRIES,
@@ -53,6 +54,33 @@ def slot_size_of(primitive: DtaOpcode, *, data_len: int = 4, hops: int = DTA_V1_
     if primitive is DtaOpcode.POSTCARDING:
         return _power_of_two_at_least(4 * hops)
     return 4 * rows
+
+
+def _check_queue_qps(where: str, qps: list[QueuePair]) -> None:
+    """The QPs of one structure, one per RX queue, write one region: they differ only in QPNs and PSNs."""
+    if len(qps) > MAX_RX_QUEUES:
+        raise TableError(f"{where}: {len(qps)} qps, one per RX queue, exceed {MAX_RX_QUEUES}; use fewer RX queues")
+    region = (qps[0].collector_ip, qps[0].rkey, qps[0].base_va, qps[0].length, qps[0].transport, qps[0].interface)
+    for queue, qp in enumerate(qps[1:], 1):
+        if (qp.collector_ip, qp.rkey, qp.base_va, qp.length, qp.transport, qp.interface) != region:
+            raise TableError(f"{where}: the qp of RX queue {queue} ({qp.name!r}) must write queue 0's region: the "
+                             "same collector, rkey, base, length and transport; only QPNs and start_psn differ")
+
+
+class PerQueue:
+    """A structure or Append range writes through one QP per RX queue of the translator (`qp` is queue 0's, and
+    keys the structure's state), all into one region, so that each queue orders its own PSNs without a lock."""
+
+    qp: QueuePair
+    queue_qps: list[QueuePair]
+
+    @property
+    def qps(self) -> list[QueuePair]:
+        return [self.qp, *self.queue_qps]
+
+    def qp_on(self, queue: int) -> QueuePair | None:
+        """The QP of reports that arrive on RX `queue`; None if there is none."""
+        return self.qps[queue] if queue < len(self.qps) else None
 
 
 @dataclass
@@ -89,7 +117,7 @@ class QueuePair:
 
 
 @dataclass
-class Structure:
+class Structure(PerQueue):
     """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area on one collector."""
 
     primitive: DtaOpcode
@@ -107,6 +135,8 @@ class Structure:
     slot_size: int = 0
     slot_count: int = 0
 
+    queue_qps: list[QueuePair] = field(default_factory=list)  # the QPs of RX queues 1..
+
     def __post_init__(self) -> None:
         self.slot_size = slot_size_of(self.primitive, data_len=self.data_len, hops=self.hops, rows=self.rows)
         self.slot_count = self.qp.length // self.slot_size if self.slot_size else 0
@@ -117,6 +147,7 @@ class Structure:
 
     def validate(self) -> None:
         where = f"structure {self.name}"
+        _check_queue_qps(where, self.qps)
         if not 1 <= self.key_len <= MAX_KEY_LEN:
             raise TableError(f"{where}: key_len {self.key_len} must be 1..{MAX_KEY_LEN}")
         if not 1 <= self.data_len <= MAX_DATA_LEN:
@@ -153,7 +184,7 @@ class Structure:
 
 
 @dataclass
-class AppendLists:
+class AppendLists(PerQueue):
     """A range of Append lists sharing one region: list `first_list + i` is ring i of `entries` entries."""
 
     qp: QueuePair
@@ -162,9 +193,11 @@ class AppendLists:
     entries: int
     data_len: int = 4
     batch: int = 4
+    queue_qps: list[QueuePair] = field(default_factory=list)  # the QPs of RX queues 1..
 
     def validate(self) -> None:
         where = f"append lists {self.first_list}..{self.first_list + self.lists - 1}"
+        _check_queue_qps(where, self.qps)
         if not 1 <= self.batch <= MAX_APPEND_BATCH:
             raise TableError(f"{where}: batch {self.batch} must be 1..{MAX_APPEND_BATCH}")
         if self.entries <= 0 or self.entries % self.batch:
@@ -232,11 +265,14 @@ class Tables:
             if other != qp.name:
                 raise TableError(f"qp {qp.name!r}: remote_qpn {qp.remote_qpn:#x} is already qp {other!r}'s at "
                                  f"{ip_str(qp.collector_ip)}; each structure has its own queue pair at the collector")
-        # one memory region is one R_Key at one collector; other regions may reuse its addresses (other processes)
+        # one memory region is one R_Key at one collector; other regions may reuse its addresses (other processes).
+        # The QPs of one structure's RX queues share its region (checked with the structure).
+        owners = {id(qp): owner.qp.name for owner in [*self.structures, *self.append_lists] for qp in owner.qps}
         by_region = sorted(self.qps, key=lambda qp: (qp.collector_ip, qp.rkey, qp.base_va))
         for first, second in zip(by_region, by_region[1:]):
             if (first.collector_ip, first.rkey) == (second.collector_ip, second.rkey) and \
-                    second.base_va < first.base_va + first.length:
+                    second.base_va < first.base_va + first.length and \
+                    owners.get(id(first), first.name) != owners.get(id(second), second.name):
                 raise TableError(f"qp {second.name!r}: its region (base {second.base_va:#x}) overlaps qp "
                                  f"{first.name!r}'s (base {first.base_va:#x}, length {first.length}); give each "
                                  "structure its own memory")
@@ -266,6 +302,12 @@ class Tables:
             if lists.first_list <= list_id < lists.first_list + lists.lists:
                 return lists
         return None
+
+    def queue_limit(self) -> tuple[int, str]:
+        """How many RX queues every structure and Append range has a QP for, and the first that sets the limit."""
+        owners = [(len(s.qps), f"structure {s.name}") for s in self.structures] + \
+            [(len(lists.qps), f"append lists from {lists.first_list}") for lists in self.append_lists]
+        return min(owners, key=lambda owner: owner[0], default=(MAX_RX_QUEUES, ""))
 
     def qp_by_local_qpn(self, local_qpn: int) -> QueuePair | None:
         return self._local_qpn_index.get(local_qpn)
@@ -307,17 +349,24 @@ def _address(settings: Settings, key: str, parse: Callable[[str], bytes]) -> byt
         raise TableError(f"{settings.where}: {key} = {value!r} is not a valid address") from None
 
 
-def _qp_from(entry: Settings, collector: Settings, default_name: str, default_transport: Transport) -> QueuePair:
-    qp = entry.table("qp", QP_KEYS)
-    name = qp.text("name", default_name)
-    qp.where = f"qp {name!r}"
-    transport = qp.text("transport", default_transport.name.lower(), ("rc", "uc"))
-    return QueuePair(name=name, collector_ip=_address(collector, "ip", ip_bytes),
-                     collector_mac=_address(collector, "mac", mac_bytes),
-                     remote_qpn=qp.integer("remote_qpn"), local_qpn=qp.integer("local_qpn"),
-                     rkey=qp.integer("rkey"), base_va=qp.integer("base"), length=qp.integer("length"),
-                     start_psn=qp.integer("start_psn", 0), transport=Transport[transport.upper()],
-                     interface=collector.text("interface", ""))
+def _qps_from(entry: Settings, collector: Settings, default_name: str,
+              default_transport: Transport) -> list[QueuePair]:
+    """`qp`: one inline table, or an array of them, one per RX queue of the translator (queue 0's first)."""
+    value = entry.value.get("qp")
+    tables = value if isinstance(value, list) and value else [value]
+    qps = []
+    for queue, raw in enumerate(tables):
+        qp = Settings(f"{entry.where} qp" + (f" of RX queue {queue}" if len(tables) > 1 else ""), raw, QP_KEYS)
+        name = qp.text("name", default_name if queue == 0 else f"{default_name}/q{queue}")
+        qp.where = f"qp {name!r}"
+        transport = qp.text("transport", default_transport.name.lower(), ("rc", "uc"))
+        qps.append(QueuePair(name=name, collector_ip=_address(collector, "ip", ip_bytes),
+                             collector_mac=_address(collector, "mac", mac_bytes),
+                             remote_qpn=qp.integer("remote_qpn"), local_qpn=qp.integer("local_qpn"),
+                             rkey=qp.integer("rkey"), base_va=qp.integer("base"), length=qp.integer("length"),
+                             start_psn=qp.integer("start_psn", 0), transport=Transport[transport.upper()],
+                             interface=collector.text("interface", "")))
+    return qps
 
 
 def _from_dict(document: dict[str, Any]) -> Tables:
@@ -343,8 +392,8 @@ def _from_dict(document: dict[str, Any]) -> Tables:
         entry.where = f"{kind} structure"
         collector = collector_of(entry, f"{kind} structure")
         default_transport = Transport.RC if primitive is DtaOpcode.KEY_INCREMENT else Transport.UC
-        qp = _qp_from(entry, collector, f"{kind}@{collector.text('name')}", default_transport)
-        qps.append(qp)
+        qp, *queue_qps = _qps_from(entry, collector, f"{kind}@{collector.text('name')}", default_transport)
+        qps += [qp, *queue_qps]
         key_hash = entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES))
         merge = entry.text("merge", "sum", ("sum", "max"))
         structures.append(Structure(
@@ -353,16 +402,17 @@ def _from_dict(document: dict[str, Any]) -> Tables:
             cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES),
             columns=entry.integer("columns", 0), rows=entry.integer("rows", 0),
             reporters=entry.integer("reporters", 1), merge=SketchMerge[merge.upper()],
-            batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash]))
+            batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash], queue_qps=queue_qps))
     for entry in tables_of(document, "append", APPEND_KEYS, "[[append]]"):
         collector = collector_of(entry, "append lists")
         first = entry.integer("first_list", 0, 0)
         entry.where = f"append lists from {first}"
-        qp = _qp_from(entry, collector, f"append{first}@{collector.text('name')}", Transport.UC)
-        qps.append(qp)
+        qp, *queue_qps = _qps_from(entry, collector, f"append{first}@{collector.text('name')}", Transport.UC)
+        qps += [qp, *queue_qps]
         append_lists.append(AppendLists(qp=qp, first_list=first, lists=entry.integer("lists", 1, 1),
                                         entries=entry.integer("entries", minimum=1),
-                                        data_len=entry.integer("data_len", 4), batch=entry.integer("batch", 4, 1)))
+                                        data_len=entry.integer("data_len", 4), batch=entry.integer("batch", 4, 1),
+                                        queue_qps=queue_qps))
     profile = translator.text("profile", Profile.DTA_V1.value, tuple(p.value for p in Profile))
     return Tables(mac=_address(translator, "mac", mac_bytes), ip=_address(translator, "ip", ip_bytes),
                   profile=Profile(profile), udp_sport=translator.integer("udp_sport", 49152),

@@ -85,8 +85,9 @@ class Translator:
         self.counters: Tally[Counter] = Tally()
         self.qp_state = {qp.index: QpRuntime(qp.start_psn) for qp in tables.qps}
         self.reporter_seqnum: dict[bytes, int] = {}
-        # (token, first ns, list id | index, structure)
-        self.flush_queue: deque[tuple[int, int, int, Structure | None]] = deque()
+        # (token, first ns, list id | index, structure, RX queue)
+        self.flush_queue: deque[tuple[int, int, int, Structure | None, int]] = deque()
+        self.queue = 0  # the RX queue of the frame being translated, or of the flush entry being written
         self._tokens = 0
         self.primitives: dict[int, Primitive] = {}
         for cls in (*BUILT_IN, *plugins):
@@ -113,7 +114,9 @@ class Translator:
     # ----------------------------------------------------------------------------------------------
     # entry points
 
-    def process(self, frame: bytes, now_ns: int = 0) -> Output:
+    def process(self, frame: bytes, now_ns: int = 0, queue: int = 0) -> Output:
+        """`queue`: the RX queue the frame arrived on; its reports write through that queue's QPs."""
+        self.queue = queue
         try:
             udp = parse_udp_frame(frame)
         except WireError:
@@ -142,7 +145,7 @@ class Translator:
         frames: list[bytes] = []
         pushed_back: Tally[int] = Tally()  # since the last write; the second time round ends the pass
         while self.flush_queue:
-            token, first_ns, index, structure = self.flush_queue[0]
+            token, first_ns, index, structure, queue = self.flush_queue[0]
             pending = self._pending_entry(token, index, structure)
             if pending is None:
                 self.flush_queue.popleft()
@@ -150,10 +153,13 @@ class Translator:
             if now_ns - first_ns < idle_ns or pushed_back[token] >= 2:
                 break
             self.flush_queue.popleft()
-            # an entry without a structure is an Append batch (`pending` an AppendRuntime) of a list in a range
-            qp = structure.qp if structure else cast(AppendLists, self.tables.append_range(index)).qp
+            # an entry without a structure is an Append batch (`pending` an AppendRuntime) of a list in a range;
+            # it is written through the QP of the queue whose report started it, or queue 0's if that is gone
+            owner = structure or cast(AppendLists, self.tables.append_range(index))
+            self.queue = queue if owner.qp_on(queue) else 0
+            qp = self.sender(owner)
             if not self._qp_flushable(qp, now_ns, idle_ns):
-                self.flush_queue.append((token, first_ns, index, structure))
+                self.flush_queue.append((token, first_ns, index, structure, queue))
                 pushed_back[token] += 1
                 continue
             if structure is None:
@@ -240,6 +246,10 @@ class Translator:
         self.counters[reason] += 1
         return Output(drop=reason)
 
+    def sender(self, target: Structure | AppendLists) -> QueuePair:
+        """The QP of `target` that the current RX queue writes through (checked to exist by the primitive)."""
+        return cast(QueuePair, target.qp_on(self.queue))
+
     def blocked(self, qp: QueuePair, report: Report | PluginReport, now_ns: int) -> Output | None:
         """None if the QP may send now; otherwise the drop (or deferral of an essential report)."""
         if self.qp_ready(qp, now_ns):
@@ -303,7 +313,7 @@ class Translator:
 
     def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
         self._tokens += 1
-        self.flush_queue.append((self._tokens, now_ns, index, structure))
+        self.flush_queue.append((self._tokens, now_ns, index, structure, self.queue))
         return self._tokens
 
     # ----------------------------------------------------------------------------------------------

@@ -143,8 +143,9 @@ class PythonEngine:
     # ----------------------------------------------------------------------------------------------
     # packet I/O
 
-    def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None:
-        """AF_XDP on the interface's one RX queue (the steering program attached in `mode`), else AF_PACKET."""
+    def attach(self, interfaces: list[str], mode: str = "native") -> None:
+        """AF_XDP on the interface's RX queue 0 (the steering program attached in `mode`), else AF_PACKET, which
+        takes the frames of every queue (translated as queue 0's)."""
         if len(interfaces) != 1:
             raise EngineError("the python engine translates on one interface (reports in, RoCEv2 out); give one -i")
         name = interfaces[0]
@@ -154,12 +155,11 @@ class PythonEngine:
             raise EngineError(f"interface {name!r} does not exist in this network namespace; check `ip link`") \
                 from None
         queues = _rx_queues(ifindex)
-        if queues > 1 and not allow_multiqueue:
-            raise EngineError(f"{name} has {queues} RX queues; the python engine reads queue 0 only. Steer DTA to "
-                              f"it (ethtool -N {name} flow-type udp4 dst-port 40040 action 0) and pass "
-                              "--allow-multiqueue")
-        failure = ""
-        if self.io_choice in ("auto", "af_xdp"):
+        if queues > 1 and self.io_choice == "af_xdp":
+            raise EngineError(f"{name} has {queues} RX queues, and the python engine's AF_XDP socket reads queue 0; "
+                              "use --io af_packet (every queue) or --engine xdp (a QP per queue)")
+        failure = f"{name} has {queues} RX queues, and an AF_XDP socket reads one" if queues > 1 else ""
+        if self.io_choice in ("auto", "af_xdp") and queues == 1:
             try:
                 self.io = XskSocket(name)
                 self.maps["xsks"].update(bytes(4), self.io.fd.to_bytes(4, "little"))  # before any redirect

@@ -117,6 +117,7 @@ class XdpTranslator:
         self.slots = self._slots_in_maps()
         self.tables = tables
         self.attached: list[int] = []
+        self.interfaces: list[str] = []
         self.reinjected = 0
         self._backlog: dict[int, list[tuple[int, bytes]]] = {}
         self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
@@ -140,7 +141,8 @@ class XdpTranslator:
         """Write `tables` into the maps through the shared control plane (`control_plane.plan`). Entries that
         stay keep their state (PSNs, heads, caches); new QPs, and failed ones (their collector re-created its
         end), start at their start_psn; removed entries are deleted last, so traffic for the rest never sees a
-        gap."""
+        gap. Tables that give some structure fewer QPs than the attached interfaces have RX queues are refused."""
+        check_queues(tables, self.interfaces)
         installed = {}
         for local_qpn, index in self.slots.qp.items():
             current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
@@ -214,10 +216,10 @@ class XdpTranslator:
     # ----------------------------------------------------------------------------------------------
     # frames through the program (BPF_PROG_TEST_RUN)
 
-    def process(self, frame: bytes, now_ns: int = 0) -> Output:
+    def process(self, frame: bytes, now_ns: int = 0, queue: int = 0, ifindex: int = 0) -> Output:
         """Run one frame through the XDP program and return what it would put on the wire (the program reads the
-        kernel's clock, not `now_ns`)."""
-        run = self.xdp.test_run(frame, ctx=xdp_md())
+        kernel's clock, not `now_ns`). A `queue` other than 0 needs the `ifindex` of an interface that has it."""
+        run = self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ifindex, rx_queue_index=queue))
         out = _output(run.retval, run.data)
         fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
         if run.retval == XDP_PASS and fanout and fanout["magic"] == FANOUT_META_MAGIC:
@@ -253,54 +255,51 @@ class XdpTranslator:
                 visits[head] += 1
         return frames
 
-    def take_deferred(self) -> list[tuple[int, int, bytes]]:
-        """Essential reports parked while their QP could not send: (qp index, ingress ifindex, frame)."""
+    def take_deferred(self) -> list[tuple[int, int, int, bytes]]:
+        """Essential reports parked while their QP could not send: (qp index, ingress ifindex, RX queue, frame)."""
         records = []
         for raw in self.ring.consume():
             parked = _DEFERRED_REPORT.unpack(raw[:_DEFERRED_REPORT.size])
-            records.append((parked["qp_index"], parked["ingress_ifindex"], parked["frame"][:parked["len"]]))
+            records.append((parked["qp_index"], parked["ingress_ifindex"], parked["rx_queue"],
+                            parked["frame"][:parked["len"]]))
         return records
 
     # ----------------------------------------------------------------------------------------------
     # live operation
 
-    def attach(self, interfaces: list[str], mode: str = "native", allow_multiqueue: bool = False) -> None:
+    def attach(self, interfaces: list[str], mode: str = "native") -> None:
         """XDP on every interface (reports in, collector replies in), tc fan-out on their ingress.
 
-        Per-QP PSN order rests on one NAPI context per interface (docs/translator.md), so an interface with
-        several RX queues is refused unless the caller has steered all DTA traffic to one of them.
+        Each RX queue writes through its own QPs, which keeps PSN order per QP without a lock (docs/translator.md),
+        so every structure needs a QP for every RX queue of the interfaces.
         """
-        for name in interfaces:
-            queues = _rx_queues(_ifindex(name))
-            if queues > 1 and not allow_multiqueue:
-                raise EngineError(
-                    f"{name} has {queues} RX queues; PSNs stay in order only if one queue translates. Steer DTA "
-                    f"to one queue (ethtool -N {name} flow-type udp4 dst-port 40040 action 0; the same for UDP "
-                    "4791 replies) and pass --allow-multiqueue")
+        check_queues(self.tables, interfaces)
         for name in interfaces:
             ifindex = _ifindex(name)
             attach_xdp(ifindex, self.xdp.fd, mode=mode)
             attach_tc_ingress(ifindex, self.fanout.fd)
             self.attached.append(ifindex)
+            self.interfaces.append(name)
 
     def detach(self) -> None:
         while self.attached:
             ifindex = self.attached.pop()
             detach_tc(ifindex)
             detach_xdp(ifindex)
+        self.interfaces = []
 
     def tick(self) -> None:
         """One control-plane step: flush what is idle, re-inject parked essential reports whose QP is back."""
         if not self.attached:
             return
         self._flush_live()
-        for qp_index, ifindex, frame in self.take_deferred():
-            self._backlog.setdefault(qp_index, []).append((ifindex, frame))
+        for qp_index, ifindex, rx_queue, frame in self.take_deferred():
+            self._backlog.setdefault(qp_index, []).append((ifindex, rx_queue, frame))
         now = time.monotonic_ns()
         for qp_index, frames in list(self._backlog.items()):
             if self._idle(qp_index, now):
-                for ifindex, frame in frames:
-                    self.xdp.test_run_live(frame, ifindex=ifindex or self.attached[0])
+                for ifindex, rx_queue, frame in frames:  # on its queue again: its queue's QP writes it
+                    self.xdp.test_run_live(frame, ifindex=ifindex or self.attached[0], rx_queue=rx_queue)
                 self.reinjected += len(frames)
                 del self._backlog[qp_index]
                 self._quiet_since.pop(qp_index, None)
@@ -399,6 +398,18 @@ def route_egress(qp: QueuePair) -> int:
             return ipr.route("get", dst=socket.inet_ntoa(qp.collector_ip))[0].get_attr("RTA_OIF") or 0
     except NetlinkError:
         return 0
+
+
+def check_queues(tables: Tables, interfaces: list[str]) -> None:
+    """Refuse interfaces with more RX queues than some structure has QPs for: its reports on the others would
+    be dropped (DROP_NO_QUEUE_QP)."""
+    limit, owner = tables.queue_limit()
+    for name in interfaces:
+        queues = _rx_queues(_ifindex(name))
+        if queues > limit:
+            raise EngineError(f"{name} has {queues} RX queues, and {owner} has a QP for {limit}; give every "
+                              f"structure one QP per RX queue (a qp array in the tables; --collector asks for "
+                              f"them), or lower the queues (ethtool -L {name} combined {limit})")
 
 
 def _rx_queues(ifindex: int) -> int:

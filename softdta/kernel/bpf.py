@@ -420,13 +420,16 @@ class Program:
         return TestRun(retval=opts.retval, data=out[meta_len:], duration_ns=opts.duration,
                        ctx=ctx_out.raw[:opts.ctx_size_out] if want_ctx else None, meta=out[:meta_len])
 
-    def test_run_live(self, data: bytes, *, ifindex: int, repeat: int = 1, batch_size: int = 0) -> None:
-        """Run an XDP program on repeat copies of data as if received on ifindex; XDP_TX/XDP_REDIRECT really send."""
-        ctx = _xdp_ctx(xdp_md(ingress_ifindex=ifindex), len(data))
+    def test_run_live(self, data: bytes, *, ifindex: int, repeat: int = 1, batch_size: int = 0,
+                      rx_queue: int = 0) -> None:
+        """Run an XDP program on repeat copies of data as if received on ifindex (RX queue `rx_queue`);
+        XDP_TX/XDP_REDIRECT really send."""
+        ctx = _xdp_ctx(xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue), len(data))
         opts = _TestRunOpts(data_in=data, data_size_in=len(data), ctx_in=ctx, ctx_size_in=len(ctx), repeat=repeat,
                             flags=BPF_F_TEST_XDP_LIVE_FRAMES, batch_size=batch_size)
         self._run(opts, "live-frames run of", {
-            errno.EINVAL: "live frames need an XDP program and a frame of 14 to about 3400 bytes (4 KiB pages)",
+            errno.EINVAL: "live frames need an XDP program, a frame of 14 to about 3400 bytes (4 KiB pages) and an "
+                          "RX queue the interface has",
             errno.E2BIG: "batch_size is at most 256",
             errno.ENODEV: f"no interface with ifindex {ifindex} in this network namespace",
         })

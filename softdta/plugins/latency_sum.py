@@ -87,7 +87,10 @@ class LatencySum(Primitive):
                 continue
             fits = mine & (key_lens == structure.key_len)
             t.counters[Counter.DROP_BAD_LENGTH] += int((mine & ~fits).sum())
-            ready, waiting = t.gate(structure.qp, rows.essential[fits], now_ns)
+            if structure.qp_on(t.queue) is None:
+                t.counters[Counter.DROP_NO_QUEUE_QP] += int(fits.sum())
+                continue
+            ready, waiting = t.gate(t.sender(structure), rows.essential[fits], now_ns)
             deferred.append(np.flatnonzero(fits)[waiting])
             targets.append((structure, np.flatnonzero(fits)[ready]))
         # the paths, report by report in arrival order, whichever structure each goes to

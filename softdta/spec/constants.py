@@ -40,6 +40,8 @@ MAX_DATA_LEN = 64
 MAX_SKETCH_ROWS = 16
 MAX_POSTCARD_HOPS = 8
 DTA_V1_POSTCARD_HOPS = 5
+# RX queues a structure can have queue pairs for, one each (and the python engine's AF_XDP sockets).
+MAX_RX_QUEUES = 64
 KEY_CHECKSUM_LEN = 4
 # Largest RDMA WRITE payload the translator builds (an Append batch, a Sketch-Merge group): it bounds the
 # per-list batch buffers kept in kernel maps and keeps every frame far below a 1500-byte MTU.
@@ -160,6 +162,7 @@ class Counter(IntEnum):
     ESSENTIAL_DEFERRED = 11
     APPEND_FLUSHES = 12
     POSTCARD_FLUSHES = 13
+    DROP_NO_QUEUE_QP = 14  # a report came in on an RX queue its structure has no queue pair for
     DROP_TRUNCATED = 16
     DROP_BAD_LENGTH = 17
     DROP_UNKNOWN_OPCODE = 18

@@ -14,7 +14,8 @@ GENERATOR_FRAME_MAX = 256  # the longest report frame the kernel report generato
 
 RECORDS = (
     Record("deferred_report", (
-        Field("qp_index", 32), Field("len", 32), Field("ingress_ifindex", 32), Field("pad", 32),
+        Field("qp_index", 32), Field("len", 32), Field("ingress_ifindex", 32),
+        Field("rx_queue", 32, "re-injected on it, so that it writes through the same QP"),
         Raw("frame", DEFERRED_FRAME_MAX),
     ), "an essential report parked while its QP cannot send (ring buffer `deferred`); userspace re-injects it"),
     Record("completion", (

@@ -7,6 +7,7 @@ from softdta.spec.constants import (
     MAX_KEY_LEN,
     MAX_POSTCARD_HOPS,
     MAX_REDUNDANCY,
+    MAX_RX_QUEUES,
     MAX_SKETCH_ROWS,
     MAX_WRITE_PAYLOAD,
 )
@@ -16,6 +17,9 @@ from softdta.spec.model import Field, Raw, SpinLock, Table
 # --------------------------------------------------------------------------------------------------
 # Translator tables: the contract between control plane and data plane (BPF maps, P4 tables).
 
+
+QP_TABLE_ENTRIES = 4096
+QUEUE_QP_SLOTS = QP_TABLE_ENTRIES * MAX_RX_QUEUES
 
 TRANSLATOR_TABLES = (
     Table("translator_config", (Field("index", 32),), (
@@ -35,7 +39,7 @@ TRANSLATOR_TABLES = (
         Field("transport", 8), Field("pad", 8),
         Field("start_psn", 32), Field("ifindex", 32, "egress interface, 0 = the interface the report came in on"),
         Field("base_va", 64), Field("length", 64),
-    ), 4096, "one RDMA queue pair towards one collector memory region"),
+    ), QP_TABLE_ENTRIES, "one RDMA queue pair towards one collector memory region"),
     Table("qp_state", (Field("qp_index", 32),), (
         Field("next_psn", 32), Field("state", 32), Field("grace_until_ns", 64),
         Field("flush_mark_ns", 64, "when the flusher last saw frames_sent change"),
@@ -43,22 +47,28 @@ TRANSLATOR_TABLES = (
         Field("flush_mark", 32, "frames_sent as the flusher last saw it"),
         Field("unacked_psn", 32, "oldest PSN not yet acknowledged: RC replies count only in [unacked_psn, next_psn)"),
         Field("pad", 32),
-    ), 4096, "per-QP dynamic state (PSN, acknowledgement window, grace, failure)"),
+    ), QP_TABLE_ENTRIES, "per-QP dynamic state (PSN, acknowledgement window, grace, failure)"),
     Table("collector", (Field("ip", 32, "network order"),), (Raw("mac", 6), Field("pad", 16)), 1024,
           "collectors whose RoCE replies (ACK, NAK) the translator consumes"),
-    Table("qp_by_local_qpn", (Field("local_qpn", 32),), (Field("qp_index", 32),), 4096,
+    Table("qp_by_local_qpn", (Field("local_qpn", 32),), (Field("qp_index", 32),), QP_TABLE_ENTRIES,
           "reply demultiplexing: DestQP of an ACK/NAK to the QP"),
     Table("structure", (Field("collector_ip", 32, "network order"), Field("primitive", 32)), (
-        Field("qp_index", 32), Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
+        Field("qp_index", 32, "the QP of RX queue 0"), Field("queues", 32, "RX queues with a QP (queue_qp)"),
+        Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
         Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("key_hash", 32, "spec.KeyHash"),
         Field("rows", 32), Field("reporters", 32), Field("columns", 32), Field("cache_entries", 32),
         Field("batch", 32), Field("state_index", 32, "index into the primitive's state maps"),
     ), 1024, "a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP"),
     Table("append_list", (Field("list_id", 32),), (
-        Field("qp_index", 32), Field("first_slot", 32, "ring start within the region, in entries"),
+        Field("qp_index", 32, "the QP of RX queue 0"), Field("queues", 32, "RX queues with a QP (queue_qp)"),
+        Field("first_slot", 32, "ring start within the region, in entries"),
         Field("slot_count", 32, "ring size in entries"), Field("entry_size", 32), Field("batch", 32),
         Field("state_index", 32),
     ), 65536, "an Append list: its ring inside a QP's region"),
+    Table("queue_qp", (Field("slot", 32, "queue 0's qp_index x MAX_RX_QUEUES + RX queue"),), (
+        Field("qp_index", 32),), QUEUE_QP_SLOTS,
+          "the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its "
+          "own PSNs); queue 0's is the qp_index of its entry"),
     # Translator state, written by the data path; the control plane reads it for stats and keeps it pinned.
     Table("append_state", (Field("state_index", 32),), (
         SpinLock("lock"), Field("head", 32, "next ring entry to write"),

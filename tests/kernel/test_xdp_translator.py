@@ -6,6 +6,7 @@ Every test loads the real object into the kernel; the reference model (softdta.c
 import os
 import random
 import shutil
+import socket
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.netns import Namespace, in_netns
 from softdta.spec import (
     ACK_SYNDROME,
     DTA_PORT,
@@ -44,17 +46,21 @@ COLLECTORS = {"c1": ("10.77.1.1", "02:5d:7a:00:01:01"), "c2": ("10.77.2.1", "02:
 GRACE_MS = 60_000.0  # long enough that no grace period ends by itself during a test
 
 
-def random_tables(rng: random.Random, profile: str = "dta-v1") -> dict:
-    """A small random configuration: tiny stores and caches so that collisions, evictions and wraps happen."""
-    qpn = iter(range(0x100, 0x200))
+def random_tables(rng: random.Random, profile: str = "dta-v1", queues: int = 1) -> dict:
+    """A small random configuration: tiny stores and caches so that collisions, evictions and wraps happen.
+    With `queues` > 1, every structure has a QP per RX queue, all into its one region."""
+    qpn = iter(range(0x100, 0x400))
 
-    def qp(transport: str | None = None, length: int = 4096) -> dict:
-        number = next(qpn)
-        entry = {"remote_qpn": number, "local_qpn": number + 0x1000, "rkey": rng.getrandbits(32),
-                 "base": rng.getrandbits(40) << 8, "length": length, "start_psn": rng.randrange(1 << 24)}
+    def qp(transport: str | None = None, length: int = 4096) -> dict | list[dict]:
+        region = {"rkey": rng.getrandbits(32), "base": rng.getrandbits(40) << 8, "length": length}
         if transport:
-            entry["transport"] = transport
-        return entry
+            region["transport"] = transport
+        entries = []
+        for _ in range(queues):
+            number = next(qpn)
+            entries.append({"remote_qpn": number, "local_qpn": number + 0x1000, **region,
+                            "start_psn": rng.randrange(1 << 24)})
+        return entries if queues > 1 else entries[0]
 
     structures = []
     for name, key_len, data_len in (("c1", 4, 4), ("c2", rng.randint(1, 32), rng.randint(1, 60))):
@@ -179,17 +185,20 @@ def assert_same_state(reference: Translator, kernel: XdpTranslator):
         assert (got["head"], got["pending"]) == (runtime.head, len(runtime.pending)), f"list {list_id}"
 
 
-def run_differential(seed: int, profile: str, reports: int) -> tuple[Translator, XdpTranslator]:
+def run_differential(seed: int, profile: str, reports: int, queues: int = 1,
+                     ifindex: int = 0) -> tuple[Translator, XdpTranslator]:
+    """`queues` > 1: reports arrive on RX queues 0..queues of interface `ifindex`; the last has no QPs."""
     rng = random.Random(seed)
-    document = random_tables(rng, profile)
+    document = random_tables(rng, profile, queues)
     reference = Translator(Tables.from_dict(document))
     kernel = XdpTranslator(Tables.from_dict(document), flush_idle_ns=0)
     reporters = Reporters(rng, reference.tables)
     for index in range(reports):
         frame = reporters.frame()
-        expected = reference.process(frame, time.monotonic_ns())
-        assert_same(expected, kernel.process(frame),
-                    f"seed {seed} report {index}: {parse_udp_frame(frame).payload.hex()}")
+        queue = rng.choices(range(queues + 1), [10] * queues + [1])[0] if queues > 1 else 0
+        expected = reference.process(frame, time.monotonic_ns(), queue)
+        assert_same(expected, kernel.process(frame, queue=queue, ifindex=ifindex),
+                    f"seed {seed} report {index} on queue {queue}: {parse_udp_frame(frame).payload.hex()}")
     return reference, kernel
 
 
@@ -200,6 +209,26 @@ def test_random_reports_match_the_reference_frame_for_frame(seed):
         assert_same_state(reference, kernel)
         assert kernel.flush() == reference.flush_idle(time.monotonic_ns(), 0)
         assert_same_state(reference, kernel)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_rx_queue_writes_through_its_own_qps_like_the_reference(seed):
+    """Three RX queues with a QP each per structure, and a fourth without: Append batches, Postcarding paths and
+    sketch columns are shared by the queues, and written through the QP of the queue that completes them."""
+    namespace = Namespace.create(f"sdta-q{os.getpid()}-{seed}")
+    try:
+        namespace.run("ip", "link", "add", "mq0", "numrxqueues", "4", "numtxqueues", "4", "type", "veth", "peer", "mq1")
+        with in_netns(namespace.name):
+            reference, kernel = run_differential(seed, "dta-v1", 900, queues=3, ifindex=socket.if_nametoindex("mq0"))
+            with kernel:
+                assert_same_state(reference, kernel)
+                assert kernel.flush() == reference.flush_idle(time.monotonic_ns(), 0)
+                assert_same_state(reference, kernel)
+        assert reference.counters[Counter.DROP_NO_QUEUE_QP] > 0
+        sent = {qp.name for qp in reference.tables.qps if reference.qp_state[qp.index].frames_sent}
+        assert {name.rpartition("/q")[2] for name in sent if "/q" in name} == {"1", "2"}
+    finally:
+        namespace.delete()
 
 
 def test_every_frame_the_kernel_emits_is_well_formed():

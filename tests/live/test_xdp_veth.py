@@ -8,7 +8,9 @@ import select
 import shutil
 import socket
 import time
+import zlib
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from scapy.contrib.roce import BTH
@@ -21,11 +23,11 @@ from softdta.engines.xdp import EngineError, XdpTranslator
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
-from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, DtaOpcode, QpState, RoceOpcode
+from softdta.spec import DTA_NACK_PORT, PSN_MASK, ROCE_PORT, Counter, DtaOpcode, QpState, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, queued
 
 pytestmark = pytest.mark.privileged
 
@@ -37,10 +39,11 @@ ETH_P_ALL = 0x0003
 class Lab:
     """Three namespaces: reporter (r0) - translator (t0, t1) - collector (c0)."""
 
-    def __init__(self, tables: Tables):
+    def __init__(self, tables: Tables, queues: int = 1):
         cleanup_prefix(PREFIX)
         self.reporter, self.translator, self.collector = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
-        veth_pair(self.reporter, "r0", self.translator, "t0", mac_a=REPORTER_MAC, mac_b=mac_str(tables.mac))
+        veth_pair(self.reporter, "r0", self.translator, "t0", mac_a=REPORTER_MAC, mac_b=mac_str(tables.mac),
+                  queues=queues)
         veth_pair(self.translator, "t1", self.collector, "c0", mac_a=mac_str(tables.mac),
                   mac_b=mac_str(tables.qps[0].collector_mac))
         for qp in tables.qps:
@@ -333,10 +336,60 @@ def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
         kernel.close()
 
 
-def test_multi_queue_interfaces_are_refused_unless_steered(lab, tables):
+def test_multi_queue_interfaces_need_a_qp_per_queue_in_every_structure(lab, tables):
     lab.translator.run("ip", "link", "add", "mq0", "numrxqueues", "2", "type", "veth", "peer", "name", "mq1")
     with in_netns(lab.translator.name), XdpTranslator(tables) as kernel:
-        with pytest.raises(EngineError, match="mq0 has 2 RX queues.*ethtool -N mq0"):
+        with pytest.raises(EngineError, match="mq0 has 2 RX queues, and structure .* has a QP for 1"):
             kernel.attach(["mq0"])
-        kernel.attach(["mq0"], allow_multiqueue=True)
+        assert "xdp" not in lab.translator.run("ip", "link", "show", "mq0").stdout
+        kernel.apply(queued(tables, 2))
+        kernel.attach(["mq0"])
         assert "xdp" in lab.translator.run("ip", "link", "show", "mq0").stdout
+        with pytest.raises(EngineError, match="mq0 has 2 RX queues"):
+            kernel.apply(tables)  # a reload that takes queue 1's QPs away is refused
+
+
+def _unit_of(report: dta.Report) -> bytes:
+    """What a report shares state with: its key, Append list or sketch reporter. Reports of one unit travel in
+    one flow, so one RX queue takes them in order, as a reporter's flow would be."""
+    if report.opcode is DtaOpcode.APPEND:
+        return report.list_id.to_bytes(4, "big")
+    if report.opcode is DtaOpcode.SKETCH_MERGE:
+        return report.reporter.to_bytes(4, "big")
+    return report.key
+
+
+def _write(frame: bytes) -> tuple:
+    """A frame as what it does to the collector's memory: everything but the QP and PSN a queue gave it."""
+    roce = parse_roce(frame)
+    return roce.opcode, repr(sorted(roce.headers.items())), roce.payload
+
+
+def test_every_rx_queue_translates_through_its_own_qps_in_psn_order(tables):
+    tables = queued(tables, 2)
+    lab = Lab(tables, queues=2)
+    reference = Translator(queued(Tables.from_toml(EXAMPLE_TABLES), 2))
+    reporter = reporter_address(tables)
+    try:
+        kernel = lab.start()
+        sender, capture = lab.socket(lab.reporter, "r0"), lab.socket(lab.collector, "c0")
+        expected = []
+        for report in MIXED:
+            frame = replace(reporter, sport=1024 + zlib.crc32(_unit_of(report)) % 4096).frame(report)
+            expected += reference.process(frame).frames
+            sender.send(frame)
+        got = receive(capture, len(expected), keep=is_roce)
+        with in_netns(lab.translator.name):
+            counters = kernel.counters()
+            kernel.close()
+        assert len(got) == len(expected) and not [c for c in counters if c.name.startswith("DROP_")]
+        assert all(parse_roce(frame).icrc_ok for frame in got)
+        start = {qp.remote_qpn: qp.start_psn for qp in tables.qps}
+        for qpn, frames in by_qp(got).items():
+            assert [parse_roce(f).bth["psn"] for f in frames] == \
+                   [(start[qpn] + i) & PSN_MASK for i in range(len(frames))], f"QP {qpn:#x} out of PSN order"
+        queue_1 = {qp.remote_qpn for owner in tables.structures + tables.append_lists for qp in owner.queue_qps}
+        assert set(by_qp(got)) & queue_1 and set(by_qp(got)) - queue_1, "the reports took one RX queue only"
+        assert sorted(map(_write, got)) == sorted(map(_write, expected))
+    finally:
+        lab.close()
