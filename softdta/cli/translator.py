@@ -185,11 +185,23 @@ def _collector_links(args) -> tuple[TableSource, Tables]:
         tls = client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
     except ControlError as error:
         raise CliError(f"--collector-ca/--collector-cert/--collector-key: {error}") from None
-    links = CollectorLinks(translator, addresses, args.token, tls=tls)
+    links = CollectorLinks(translator, addresses, args.token, tls=tls, queues=_rx_queues_of(args))
     try:
         return links, links.start()
     except ControlError as error:
         links.close()
+        raise CliError(str(error)) from None
+
+
+def _rx_queues_of(args) -> int:
+    """The RX queues the engine translates on, each with its own queue pairs: every queue of the interfaces for
+    the XDP engine; the python engine takes all its frames as one queue."""
+    if args.engine != "xdp":
+        return 1
+    from softdta.engines.xdp import EngineError, interface_index, rx_queues
+    try:
+        return max(rx_queues(interface_index(name)) for name in args.interface)
+    except EngineError as error:
         raise CliError(str(error)) from None
 
 

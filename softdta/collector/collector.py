@@ -67,11 +67,11 @@ class Collector:
         self.connections[qp.qpn] = (structure, peer, qp)
         return self.advertisement(structure, qp, peer)
 
-    def connection_of(self, translator_ip: bytes, structure: str) -> dict | None:
-        """The advertisement of a queue pair this translator already has into `structure` (after a reconnect); it
-        is the translator's again."""
+    def connection_of(self, translator_ip: bytes, structure: str, translator_qpn: int) -> dict | None:
+        """The advertisement of the queue pair this translator already has into `structure` for its QP
+        `translator_qpn` (after a reconnect; a translator has one per RX queue); it is the translator's again."""
         for qpn, (name, peer, qp) in self.connections.items():
-            if name == structure and peer.ip == translator_ip:
+            if name == structure and peer.ip == translator_ip and peer.qpn == translator_qpn:
                 self.released.pop(qpn, None)
                 return self.advertisement(name, qp, peer)
         return None
@@ -88,11 +88,12 @@ class Collector:
             self.connections.pop(qpn, None)
             self.released.pop(qpn, None)
 
-    def recreate(self, translator_ip: bytes, structure: str) -> dict:
-        """The translator reports that its queue pair into `structure` failed (a fatal NAK, real or forged, that
-        this end may never have sent): re-create this end and return the advertisement that replaces the old."""
+    def recreate(self, translator_ip: bytes, structure: str, translator_qpn: int | None = None) -> dict:
+        """The translator reports that its queue pair into `structure` (the one of its QP `translator_qpn`, else
+        the first) failed (a fatal NAK, real or forged, that this end may never have sent): re-create this end and
+        return the advertisement that replaces the old."""
         for qpn, (name, peer, _) in self.connections.items():
-            if name == structure and peer.ip == translator_ip:
+            if name == structure and peer.ip == translator_ip and translator_qpn in (None, peer.qpn):
                 qp = self.backend.reconnect(qpn)
                 del self.connections[qpn]
                 self.connections[qp.qpn] = (structure, peer, qp)
@@ -167,13 +168,20 @@ def tables_document(translator: dict, collector: dict, advertisements: list[dict
     """Translator tables (the TOML of docs/tables.md, as a dict) from a collector's advertisements.
 
     `translator` is the [translator] section and `collector` is {"name", "ip", "mac"}.
+    `advertisements` may hold several per structure, one per RX queue of the translator (their "queue"): the
+    structure gets a QP for each, queue 0's first.
     """
+    by_structure: dict[str, list[dict]] = {}
+    for advert in sorted(advertisements, key=lambda advert: advert.get("queue", 0)):
+        by_structure.setdefault(advert["structure"], []).append(advert)
     structures, append = [], []
-    for advert in advertisements:
-        entry = {key: value for key, value in advert.items() if key != "structure"}
+    for name, adverts in by_structure.items():
+        entry = {key: value for key, value in adverts[0].items() if key not in ("structure", "queue")}
         entry["collector"] = collector["name"]
-        entry["qp"] = {**advert["qp"], "name": f"{advert['structure']}@{collector['name']}"}
-        (append if "first_list" in advert else structures).append(entry)
+        qps = [{**advert["qp"], "name": f"{name}@{collector['name']}" + (f"/q{queue}" if queue else "")}
+               for queue, advert in enumerate(adverts)]
+        entry["qp"] = qps if len(qps) > 1 else qps[0]
+        (append if "first_list" in entry else structures).append(entry)
     return {"translator": translator, "collectors": [collector], "structures": structures, "append": append}
 
 

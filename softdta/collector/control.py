@@ -27,6 +27,7 @@ VERSION = 1
 KEEPALIVE_S = 5.0
 MAX_LINE = 1 << 16
 FAILURE_POLL_S = 0.2  # how often a translator looks for failed QPs to report
+QUEUE_QPN_STRIDE = 0x10000  # a translator's virtual QPN for RX queue q: queue 0's + q x this
 HELLO_TIMEOUT_S = 3.0  # an unauthenticated connection holds a descriptor: it gets this long to say hello
 MAX_CONNECTIONS = 256  # open control connections, authenticated or not, so idle ones cannot exhaust descriptors
 MAX_CONNECTIONS_PER_HOST = 16
@@ -206,7 +207,7 @@ class ControlServer:
             return {"type": "error", "error": "connect needs structure, qpn and psn"}
         if not 0 < qpn < 1 << 24 or not 0 <= psn < 1 << 24:
             return {"type": "error", "error": "qpn and psn are 24-bit numbers (qpn not 0)"}
-        existing = self.collector.connection_of(peer_ip, structure)
+        existing = self.collector.connection_of(peer_ip, structure, qpn)
         try:
             advert = existing or self.collector.connect(structure, Peer(peer_ip, peer_mac, qpn, psn))
         except BackendError as error:
@@ -214,11 +215,12 @@ class ControlServer:
         return {"type": "advertise", **advert}
 
     def _failed(self, message: dict, peer_ip: bytes) -> dict:
-        structure = message.get("structure")
-        if not isinstance(structure, str):
-            return {"type": "error", "error": "failed needs the structure whose queue pair failed"}
+        structure, qpn = message.get("structure"), message.get("qpn")
+        if not isinstance(structure, str) or not (qpn is None or type(qpn) is int):
+            return {"type": "error", "error": "failed needs the structure whose queue pair failed, and the "
+                                              "translator's qpn of it when it has several"}
         try:
-            return {"type": "advertise", **self.collector.recreate(peer_ip, structure)}
+            return {"type": "advertise", **self.collector.recreate(peer_ip, structure, qpn)}
         except BackendError as error:
             return {"type": "error", "error": str(error)}
 
@@ -232,12 +234,14 @@ class ControlServer:
 
 
 async def fetch_advertisements(host: str, port: int, token: str, translator: dict, wanted: dict[str, tuple[int, int]],
-                               timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None
+                               timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1
                                ) -> tuple[dict, list[dict], asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)).
+    """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)): a
+    queue pair for each of its `queues` RX queues, queue q's with the virtual QPN + q x QUEUE_QPN_STRIDE.
 
-    Returns the collector's identity, the advertisements, and the open connection (later advertisements arrive on
-    it). `wanted` may name "*" to take every structure the collector hosts, numbering QPNs from the given one.
+    Returns the collector's identity, the advertisements (each with the "queue" it is for), and the open
+    connection (later advertisements arrive on it). `wanted` may name "*" to take every structure the collector
+    hosts, numbering QPNs from the given one.
     """
     reader, writer = await asyncio.wait_for(asyncio.open_connection(
         host, port, limit=MAX_LINE, ssl=tls, server_hostname=host if tls else None), timeout)
@@ -259,10 +263,12 @@ async def fetch_advertisements(host: str, port: int, token: str, translator: dic
         wanted = {name: (first_qpn + index, psn) for index, name in enumerate(welcome["structures"])}
     adverts = []
     for structure, (qpn, psn) in wanted.items():
-        await send(writer, {"type": "connect", "structure": structure, "qpn": qpn, "psn": psn})
-        reply = await receive(reader, timeout)
-        if reply["type"] != "advertise":
-            writer.close()
-            raise ControlError(f"collector {host}:{port} refused {structure}: {reply.get('error', reply)}")
-        adverts.append({key: value for key, value in reply.items() if key != "type"})
+        for queue in range(queues):
+            await send(writer, {"type": "connect", "structure": structure, "qpn": qpn + queue * QUEUE_QPN_STRIDE,
+                                "psn": psn})
+            reply = await receive(reader, timeout)
+            if reply["type"] != "advertise":
+                writer.close()
+                raise ControlError(f"collector {host}:{port} refused {structure}: {reply.get('error', reply)}")
+            adverts.append({**{key: value for key, value in reply.items() if key != "type"}, "queue": queue})
     return welcome["collector"], adverts, reader, writer

@@ -24,7 +24,7 @@ from softdta.core.primitives import Output, Primitive
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
 from softdta.engines.engine import Stop
-from softdta.engines.xdp import EngineError, _rx_queues, build_object, pinned_stats
+from softdta.engines.xdp import EngineError, build_object, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import record, table
 from softdta.kernel.resources import BPF_DIR
@@ -154,7 +154,7 @@ class PythonEngine:
         except OSError:
             raise EngineError(f"interface {name!r} does not exist in this network namespace; check `ip link`") \
                 from None
-        queues = _rx_queues(ifindex)
+        queues = rx_queues(ifindex)
         if queues > 1 and self.io_choice == "af_xdp":
             raise EngineError(f"{name} has {queues} RX queues, and the python engine's AF_XDP socket reads queue 0; "
                               "use --io af_packet (every queue) or --engine xdp (a QP per queue)")

@@ -275,7 +275,7 @@ class XdpTranslator:
         """
         check_queues(self.tables, interfaces)
         for name in interfaces:
-            ifindex = _ifindex(name)
+            ifindex = interface_index(name)
             attach_xdp(ifindex, self.xdp.fd, mode=mode)
             attach_tc_ingress(ifindex, self.fanout.fd)
             self.attached.append(ifindex)
@@ -390,7 +390,7 @@ def route_egress(qp: QueuePair) -> int:
     """The interface towards a QP's collector: the configured one, else the route to the collector's IP, else
     0 (send back out of the interface the report came in on)."""
     if qp.interface:
-        return _ifindex(qp.interface)
+        return interface_index(qp.interface)
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
     try:
@@ -405,21 +405,21 @@ def check_queues(tables: Tables, interfaces: list[str]) -> None:
     be dropped (DROP_NO_QUEUE_QP)."""
     limit, owner = tables.queue_limit()
     for name in interfaces:
-        queues = _rx_queues(_ifindex(name))
+        queues = rx_queues(interface_index(name))
         if queues > limit:
             raise EngineError(f"{name} has {queues} RX queues, and {owner} has a QP for {limit}; give every "
                               f"structure one QP per RX queue (a qp array in the tables; --collector asks for "
                               f"them), or lower the queues (ethtool -L {name} combined {limit})")
 
 
-def _rx_queues(ifindex: int) -> int:
+def rx_queues(ifindex: int) -> int:
     """RX queues of an interface, from netlink (sysfs shows the namespace it was mounted in, not ours)."""
     from pyroute2 import IPRoute
     with IPRoute() as ipr:
         return ipr.link("get", index=ifindex)[0].get_attr("IFLA_NUM_RX_QUEUES") or 1
 
 
-def _ifindex(name: str) -> int:
+def interface_index(name: str) -> int:
     if not name:
         return 0
     try:

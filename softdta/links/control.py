@@ -28,16 +28,18 @@ class CollectorLinks:
     `start()` connects to every collector and returns the first tables; later tables (a re-created queue pair, a
     collector that came back) are put on `updates`, which the translator applies between control-loop ticks.
     `report_failures` tells it how to find the translator's failed QPs (local QPNs): it reports each to its
-    collector, which re-creates its end and advertises it again.
+    collector, which re-creates its end and advertises it again. `queues`: the translator's RX queues; it asks
+    for a queue pair per queue into each structure.
     """
 
     def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
-                 keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None):
+                 keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1):
         self.translator, self.collectors, self.token, self.tls = translator, collectors, token, tls
-        self.first_qpn, self.keepalive_s = first_qpn, keepalive_s
+        self.first_qpn, self.keepalive_s, self.queues = first_qpn, keepalive_s, queues
         self.failed_qpns: Callable[[], set[int]] = set
         self.updates: queue.Queue[Tables] = queue.Queue()
-        self._state: dict[tuple[str, int], tuple[dict, dict[str, dict]]] = {}  # address -> (collector, adverts)
+        # address -> (collector, adverts by our QPN: one per structure and RX queue)
+        self._state: dict[tuple[str, int], tuple[dict, dict[int, dict]]] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="softdta-control", daemon=True)
         self._first = threading.Event()
@@ -82,10 +84,15 @@ class CollectorLinks:
     def _local_qpn(self, collector_index: int, position: int) -> int:
         return self.first_qpn + 0x100 * collector_index + position
 
-    async def _connect(self, index: int, address: tuple[str, int]) -> None:
+    async def _fetch(self, index: int, address: tuple[str, int]):
         collector, adverts, reader, writer = await fetch_advertisements(
-            *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls)
-        self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
+            *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls,
+            queues=self.queues)
+        self._state[address] = (collector, {advert["qp"]["local_qpn"]: advert for advert in adverts})
+        return reader, writer
+
+    async def _connect(self, index: int, address: tuple[str, int]) -> None:
+        reader, writer = await self._fetch(index, address)
         self._loop.create_task(self._follow(index, address, reader, writer))
 
     async def _report_failures(self, address: tuple[str, int], writer: asyncio.StreamWriter) -> None:
@@ -94,13 +101,13 @@ class CollectorLinks:
         while True:
             await asyncio.sleep(FAILURE_POLL_S)
             failed = self.failed_qpns()
-            for structure, advert in self._state[address][1].items():
-                qp = advert["qp"]
+            for advert in list(self._state[address][1].values()):
+                structure, qp = advert["structure"], advert["qp"]
                 if qp["local_qpn"] in failed and (structure, qp["remote_qpn"], qp["start_psn"]) not in reported:
                     reported.add((structure, qp["remote_qpn"], qp["start_psn"]))
                     print(f"softdta: QP {qp['local_qpn']:#x} into {structure} at {address[0]} failed; "
                           "asking the collector to re-create it", flush=True)
-                    await send(writer, {"type": "failed", "structure": structure})
+                    await send(writer, {"type": "failed", "structure": structure, "qpn": qp["local_qpn"]})
 
     async def _follow(self, index: int, address: tuple[str, int], reader, writer) -> None:
         """Apply re-advertisements; keep the connection alive; report failed QPs; reconnect (with backoff) when it
@@ -114,9 +121,12 @@ class CollectorLinks:
                     message = await receive(reader, 3 * self.keepalive_s)
                     ping.cancel()
                     if message["type"] == "advertise":
-                        collector, adverts = self._state[address]
-                        adverts[message["structure"]] = {k: v for k, v in message.items() if k != "type"}
-                        self.updates.put(self.tables())
+                        adverts, qp = self._state[address][1], message.get("qp")
+                        ours = qp.get("local_qpn") if isinstance(qp, dict) else None
+                        if ours in adverts:  # a re-created queue pair, for the same RX queue
+                            adverts[ours] = {**{k: v for k, v in message.items() if k != "type"},
+                                             "queue": adverts[ours]["queue"]}
+                            self.updates.put(self.tables())
                     elif message["type"] == "error":
                         print(f"softdta: collector {address[0]}:{address[1]}: {message.get('error')}", flush=True)
             except (ControlError, OSError):
@@ -127,11 +137,9 @@ class CollectorLinks:
             while True:
                 await asyncio.sleep(delay)
                 try:
-                    collector, adverts, reader, writer = await fetch_advertisements(
-                        *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls)
+                    reader, writer = await self._fetch(index, address)
                 except (ControlError, OSError, asyncio.TimeoutError):
                     delay = min(delay * 2, 10.0)
                     continue
-                self._state[address] = (collector, {advert["structure"]: advert for advert in adverts})
                 self.updates.put(self.tables())
                 break

@@ -163,8 +163,48 @@ def test_control_protocol_connects_repairs_and_reconnects(tmp_path):
         collector.close()
 
 
-def _fetch_add_with_wrong_key(tables, structure):
-    qp = structure.qp
+def test_a_translator_with_several_rx_queues_gets_a_queue_pair_per_queue_into_each_region(tmp_path):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+    links = CollectorLinks(TRANSLATOR, [("127.0.0.1", server.port)], TOKEN, keepalive_s=0.5, queues=3)
+    try:
+        tables = links.start(timeout=5)
+        assert tables.queue_limit()[0] == 3
+        for owner in tables.structures + tables.append_lists:
+            qps = owner.qps
+            assert len({qp.remote_qpn for qp in qps}) == len({qp.local_qpn for qp in qps}) == 3
+            assert len({(qp.rkey, qp.base_va, qp.length) for qp in qps}) == 1, "one region, registered once"
+            assert all(qp.remote_qpn in collector.connections for qp in qps)
+        # queue 2's Key-Increment QP falls into ERROR: the collector re-creates it, and it stays queue 2's
+        ki = tables.structure(ip_bytes("10.77.1.1"), DtaOpcode.KEY_INCREMENT)
+        bad = _fetch_add_with_wrong_key(tables, ki, queue=2)
+        assert collector.backend.responder.process(bad).replies and collector.backend.failed() == [ki.qps[2].remote_qpn]
+        updated = links.updates.get(timeout=5)
+        assert [qp.local_qpn for qp in updated.qps] == [qp.local_qpn for qp in tables.qps]
+        assert not collector.backend.failed()
+        # the translator reports queue 1's QP failed: the collector re-creates that one, named by our QPN
+        recreated = []
+        recreate = collector.recreate
+        collector.recreate = lambda ip, structure, qpn=None: recreated.append((structure, qpn)) or \
+            recreate(ip, structure, qpn)
+        links.report_failures(lambda: {ki.qps[1].local_qpn})
+        updated = links.updates.get(timeout=5)
+        assert recreated == [("key-increment", ki.qps[1].local_qpn)]
+        assert [qp.local_qpn for qp in updated.qps] == [qp.local_qpn for qp in tables.qps]
+        # a reconnect gets every queue's queue pair back, each for its own queue
+        links.report_failures(set)
+        server.drop_connections()
+        again = links.updates.get(timeout=10)
+        assert [(qp.local_qpn, qp.remote_qpn) for qp in again.qps] == \
+               [(qp.local_qpn, qp.remote_qpn) for qp in updated.qps]
+    finally:
+        links.close()
+        server.close()
+        collector.close()
+
+
+def _fetch_add_with_wrong_key(tables, structure, queue: int = 0):
+    qp = structure.qps[queue]
     ends = UdpEndpoints(tables.mac, qp.collector_mac, tables.ip, qp.collector_ip, 49152, ROCE_PORT)
     atomic = {"atomic_eth": {"va": qp.base_va, "rkey": qp.rkey ^ 1, "swap_add": 1}}
     return build_roce_frame(ends, transport_payload(RoceOpcode.RC_FETCH_ADD, qp.remote_qpn, qp.start_psn, atomic))
@@ -628,7 +668,7 @@ def test_pinned_memory_and_queue_pairs_are_adopted_only_by_the_same_configuratio
         second = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
         assert second.regions["key-write"].view[:4].tolist() == [1, 2, 3, 4]
         assert second.released, "adopted queue pairs wait for their translator"
-        assert second.connection_of(ip_bytes("10.77.0.1"), "key-write") == advert
+        assert second.connection_of(ip_bytes("10.77.0.1"), "key-write", 0x1000) == advert
         assert not second.released, "the translator that came back holds its queue pair again"
         second.backend.responder.close()
         with pytest.raises(BackendError, match=r"holds the memory of a collector configured differently \("
