@@ -23,7 +23,7 @@ from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_byt
 from softdta.wire.hashing import linear_crc_position_tables
 from softdta.wire.icrc_split import linear_crc
 from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome, build_roce_frame, parse_roce, transport_payload
-from tests.common import EXAMPLE_TABLES, hop_frames
+from tests.common import EXAMPLE_TABLES, hop_frames, queued
 
 C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.9.9")
 
@@ -228,14 +228,14 @@ def malformed(rng, tables, to_c1, astray, other, profile, seq) -> bytes:
     return good + bytes(rng.randrange(1, 8))  # Ethernet padding after the datagram
 
 
-def run_oracle(tables, frames, cuts, now_of, plugins=()):
+def run_oracle(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start: 0):
     oracle = Translator(tables, plugins=plugins)
     out = {"frames": [], "to_reporter": [], "deferred": []}
     start = 0
     for cut in cuts:
-        now = now_of(start)
+        now, queue = now_of(start), queue_of(start)
         for position in range(start, cut):
-            result = oracle.process(frames[position], now)
+            result = oracle.process(frames[position], now, queue)
             out["frames"] += result.frames
             out["to_reporter"] += result.to_reporter
             if result.deferred:
@@ -244,12 +244,12 @@ def run_oracle(tables, frames, cuts, now_of, plugins=()):
     return oracle, out
 
 
-def run_batches(tables, frames, cuts, now_of, plugins=()):
+def run_batches(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start: 0):
     batch = BatchTranslator(Translator(tables, plugins=plugins))
     out = {"frames": [], "to_reporter": [], "deferred": []}
     start = 0
     for cut in cuts:
-        result = batch.process_batch(frames[start:cut], now_of(start))
+        result = batch.process_batch(frames[start:cut], now_of(start), queue_of(start))
         out["frames"] += result.frames
         out["to_reporter"] += result.to_reporter
         out["deferred"] += [start + position for position in result.deferred]
@@ -303,6 +303,27 @@ def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile):
         return position * 20_000
 
     assert_same(run_oracle(tables, frames, cuts, now_of), run_batches(tables, frames, cuts, now_of))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), size=st.integers(1, 600), sizes=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+       queues=st.lists(st.integers(0, 2), min_size=8, max_size=8))
+def test_batches_from_several_rx_queues_equal_the_oracle_frame_for_frame(seed, size, sizes, queues):
+    """Each batch comes from one RX queue (2 has no QPs): its reports write through that queue's QPs, into
+    batches, paths and columns the queues share."""
+    tables = queued(batch_tables(), 2)
+    frames = random_workload(seed, tables, size)
+    cuts = cuts_from(sizes, len(frames))
+    starts = [0, *cuts]
+
+    def queue_of(start):
+        return queues[starts.index(start) % len(queues)]
+
+    def now_of(position):
+        return position * 20_000
+
+    assert_same(run_oracle(tables, frames, cuts, now_of, queue_of=queue_of),
+                run_batches(tables, frames, cuts, now_of, queue_of=queue_of))
 
 
 @settings(max_examples=25, deadline=None)

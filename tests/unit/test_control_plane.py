@@ -1,9 +1,9 @@
-"""The control plane's plan (sans-IO): the generation it ends with."""
+"""The control plane's plan (sans-IO): the QPs of every RX queue, and the generation it ends with."""
 
 from softdta.core.control_plane import Entry, Slots, apply_plan, plan
 from softdta.core.tables import Tables
-from softdta.spec import DtaOpcode
-from tests.common import EXAMPLE_TABLES
+from softdta.spec import MAX_RX_QUEUES, DtaOpcode
+from tests.common import EXAMPLE_TABLES, queued
 
 
 def _plan(tables: Tables):
@@ -50,3 +50,19 @@ def test_the_generation_is_written_last_and_only_to_a_target_that_has_the_table(
     without.tables = frozenset({"translator_config", "structure", "qp"})
     apply_plan(without, planned)
     assert all(e.table != "tables_generation" for e in without.written)
+
+
+def test_every_rx_queue_after_the_first_finds_its_qp_in_queue_qp():
+    tables = queued(Tables.from_toml(EXAMPLE_TABLES), 3)
+    entries = _plan(tables).entries
+    index = {e.value["local_qpn"]: e.key["qp_index"] for e in entries if e.table == "qp"}
+    queue_qp = {e.key["slot"]: e.value["qp_index"] for e in entries if e.table == "queue_qp"}
+    owners = [*tables.structures, *tables.append_lists]
+    assert len(queue_qp) == 2 * len(owners)
+    for owner in owners:
+        first = index[owner.qp.local_qpn]
+        for queue, qp in enumerate(owner.qps[1:], 1):
+            assert queue_qp[first * MAX_RX_QUEUES + queue] == index[qp.local_qpn]
+    for entry in entries:
+        if entry.table in ("structure", "append_list"):
+            assert entry.value["queues"] == 3

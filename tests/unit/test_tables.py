@@ -72,3 +72,42 @@ def test_unknown_names_and_missing_settings_say_what_to_do():
 ])
 def test_careless_settings_are_refused_naming_the_setting(change, words):
     assert words in refused(change)
+
+
+def _queue_qp(qp: dict, queue: int) -> dict:
+    return {**qp, "remote_qpn": qp["remote_qpn"] + 0x100 * queue, "local_qpn": qp["local_qpn"] + 0x100 * queue}
+
+
+def test_a_qp_array_gives_a_structure_one_qp_per_rx_queue_into_its_region():
+    doc = document()
+    qp = doc["structures"][0]["qp"]
+    doc["structures"][0]["qp"] = [qp, _queue_qp(qp, 1), _queue_qp(qp, 2)]
+    tables = Tables.from_dict(doc)
+    structure = tables.structures[0]
+    assert [q.remote_qpn for q in structure.qps] == [qp["remote_qpn"] + 0x100 * n for n in range(3)]
+    assert structure.qps[1].name.endswith("/q1") and structure.qp_on(2) is structure.qps[2]
+    assert structure.qp_on(3) is None
+    assert all(q in tables.qps for q in structure.qps)
+    assert tables.queue_limit() == (1, f"structure {tables.structures[1].name}")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda qp: {**qp, "rkey": qp["rkey"] + 1}, "must write queue 0's region"),
+    (lambda qp: {**qp, "base": qp["base"] + 4096}, "must write queue 0's region"),
+    (lambda qp: {**qp, "transport": "rc"}, "must write queue 0's region"),
+    (lambda qp: {**qp, "remote_qpn": qp["remote_qpn"] - 0x100}, "remote_qpn"),
+    (lambda qp: {**qp, "local_qpn": qp["local_qpn"] - 0x100}, "already used"),
+    (lambda qp: 5, "qp of RX queue 1 must be a table"),
+])
+def test_the_qps_of_one_structure_differ_only_in_qpns_and_psns(change, words):
+    def queued(d):
+        qp = d["structures"][0]["qp"]
+        d["structures"][0]["qp"] = [qp, change(_queue_qp(qp, 1))]
+    assert words in refused(queued)
+
+
+def test_more_qps_than_rx_queues_can_have_are_refused():
+    def many(d):
+        qp = d["append"][0]["qp"]
+        d["append"][0]["qp"] = [_queue_qp(qp, n) for n in range(65)]
+    assert "65 qps, one per RX queue, exceed 64" in refused(many)

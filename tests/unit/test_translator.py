@@ -30,7 +30,7 @@ from softdta.wire.roce import (
     parse_roce,
     transport_payload,
 )
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, queued
 
 
 def structure(tables, primitive):
@@ -195,6 +195,34 @@ def test_idle_flush_waits_for_the_qp_to_be_idle_and_goes_oldest_first(tables, re
     lists = tables.append_lists[0]
     assert [(f.headers["reth"]["va"] - lists.qp.base_va) // lists.ring_offset(1) for f in frames] == [7, 6, 5]
     assert [f.payload[:4] for f in frames] == [(v).to_bytes(4, "little") for v in (1, 2, 3)]
+
+
+def test_each_rx_queue_writes_through_its_own_qp_and_shares_the_batches(tables, reporter):
+    """Queue 1's reports take queue 1's QPs and PSNs; an Append batch that queue 0 started and queue 1 filled is
+    written by queue 1; a batch the flusher writes out goes through the QP of the queue that started it."""
+    tables = queued(tables, 2)
+    translator = Translator(tables)
+    kw = structure(tables, DtaOpcode.KEY_WRITE)
+    frames = requests(translator.process(reporter.frame(dta.key_write(1, 2, 1)), 0, queue=1))
+    assert [(f.bth["dest_qp"], f.bth["psn"]) for f in frames] == [(kw.qps[1].remote_qpn, kw.qps[1].start_psn)]
+    lists = tables.append_lists[0]
+    translator.process(reporter.frame(dta.append(5, 1)), 0, queue=0)
+    for value in (2, 3, 4):
+        frames = requests(translator.process(reporter.frame(dta.append(5, value)), 0, queue=1))
+    assert [f.bth["dest_qp"] for f in frames] == [lists.qps[1].remote_qpn]
+    assert frames[0].payload == b"".join(v.to_bytes(4, "little") for v in (1, 2, 3, 4))
+    translator.process(reporter.frame(dta.append(6, 9)), 0, queue=1)
+    translator.flush_idle(now_ns=1000, idle_ns=1000)  # marks the QP busy
+    flushed = [parse_roce(f) for f in translator.flush_idle(now_ns=2000, idle_ns=1000)]
+    assert [f.bth["dest_qp"] for f in flushed] == [lists.qps[1].remote_qpn]
+    assert translator.qp_state[lists.qp.index].frames_sent == 0
+
+
+def test_a_report_on_an_rx_queue_without_a_qp_is_dropped_and_counted(tables, reporter):
+    translator = Translator(queued(tables, 2))
+    for report in (dta.key_write(1, 2, 1), dta.append(5, 1), dta.postcard(3, 1, 5)):
+        assert translator.process(reporter.frame(report), 0, queue=2).drop is Counter.DROP_NO_QUEUE_QP
+    assert translator.counters[Counter.DROP_NO_QUEUE_QP] == 3 and not translator.append_state
 
 
 def test_unknown_list_is_dropped_and_counted(tables, reporter):
