@@ -306,7 +306,8 @@ def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32), size=st.integers(1, 600), sizes=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+@given(seed=st.integers(0, 2**32), size=st.integers(1, 600),
+       sizes=st.lists(st.integers(1, 400), min_size=1, max_size=8),
        queues=st.lists(st.integers(0, 2), min_size=8, max_size=8))
 def test_batches_from_several_rx_queues_equal_the_oracle_frame_for_frame(seed, size, sizes, queues):
     """Each batch comes from one RX queue (2 has no QPs): its reports write through that queue's QPs, into
