@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 
 import pytest
 
 from softdta.collector.xdp_backend import pin_dir_for
 from softdta.core.workload import ReporterAddress
+from softdta.engines.xdp import interface_index, rx_queues
 from softdta.kernel.bpf import ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.wire import dta
@@ -41,12 +43,14 @@ def http(namespace: str, path: str, body: dict | None = None) -> dict:
 
 
 @pytest.fixture
-def topology(tmp_path):
+def topology(tmp_path, request):
+    """`request.param`, when given: the RX queues of the reporters' link into the translator."""
     # memory a killed collector of the same name and IP pinned would be adopted (docs/collector.md): start clean
     shutil.rmtree(pin_dir_for("c1", ip_bytes("10.77.1.1")), ignore_errors=True)
     cleanup_prefix(PREFIX)
     reporter, translator, collector = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
-    veth_pair(reporter, "r0", translator, "t0", mac_a=REPORTER_MAC, mac_b=TRANSLATOR_MAC)
+    veth_pair(reporter, "r0", translator, "t0", mac_a=REPORTER_MAC, mac_b=TRANSLATOR_MAC,
+              queues=getattr(request, "param", 1))
     veth_pair(translator, "t1", collector, "c0", mac_a=TRANSLATOR_MAC, mac_b=COLLECTOR_MAC)
     address(translator, "t1", "10.77.0.1/16")
     address(collector, "c0", "10.77.1.1/16")
@@ -54,8 +58,13 @@ def topology(tmp_path):
     cleanup_prefix(PREFIX)
 
 
+@pytest.mark.parametrize("topology", [1, 2], indirect=True, ids=["one RX queue", "two RX queues"])
 def test_reports_become_queryable_data_through_both_xdp_programs(topology, tmp_path):
+    """With two RX queues, the translator asks for two queue pairs per structure, each queue writes through its
+    own, and the XDP responder executes every write in PSN order (no sequence NAK, no drop)."""
     reporter_ns, translator_ns, collector_ns = topology
+    with in_netns(translator_ns.name):
+        queues = rx_queues(interface_index("t0"))
     config = (ROOT / "examples" / "collector.toml").read_text()
     config = config.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"',
                                                                           f'data_dir = "{tmp_path / "c1"}"')
@@ -83,12 +92,16 @@ def test_reports_become_queryable_data_through_both_xdp_programs(topology, tmp_p
         reporter = ReporterAddress(mac_bytes(REPORTER_MAC), ip_bytes("10.77.9.1"), mac_bytes(TRANSLATOR_MAC),
                                    ip_bytes("10.77.1.1"))
         keys = list(range(1, 201))
-        for key in keys:
-            sender.send(reporter.frame(dta.key_write(key, key * 3, 2)))
-            sender.send(reporter.frame(dta.key_increment(key % 10, 1, 2)))
-        for value in range(9):
+        for key in keys:  # a flow per key: RSS spreads them over the RX queues
+            flow = replace(reporter, sport=1024 + key)
+            sender.send(flow.frame(dta.key_write(key, key * 3, 2)))
+            sender.send(flow.frame(dta.key_increment(key % 10, 1, 2)))
+        for value in range(9):  # one flow: one queue takes them in order
             sender.send(reporter.frame(dta.append(5, 1000 + value)))
-        time.sleep(0.5)
+        wait_until(lambda: translator_stats(pin)["counters"].get("tx_frames", 0) >= 4 * len(keys) + 2,
+                   "every report translated")
+        wait_until(lambda: http(collector_ns.name, "/stats")["responder"].get("executed", 0) >= 4 * len(keys) + 2,
+                   "every write executed")
 
         found = http(collector_ns.name, "/key-write/key-write@10.77.1.1",
                      {"keys": keys, "redundancy": 2})
@@ -100,11 +113,15 @@ def test_reports_become_queryable_data_through_both_xdp_programs(topology, tmp_p
         appended = http(collector_ns.name, "/append/append0@10.77.1.1?list=5")
         assert appended["entries"][:8] == [1000 + value for value in range(8)]  # two full batches of 4
         health = http(collector_ns.name, "/health")
-        assert health["backend"] == "xdp" and len(health["qps"]) == 5
-        stats = json.loads(subprocess.run(SOFTDTA + ["translator", "stats", "--pin", str(pin), "--json"],
-                                          capture_output=True, text=True, check=True).stdout)
+        assert health["backend"] == "xdp" and len(health["qps"]) == 5 * queues
+        stats = translator_stats(pin)
         assert stats["counters"]["rx_acks"] > 0  # the XDP responder's RC ACKs, consumed by the XDP translator
-        assert not [name for name in stats["counters"] if name.startswith("drop_")]
+        assert not [name for name in stats["counters"] if name.startswith("drop_") or "nak" in name]
+        assert len([qp for qp in stats["qps"] if qp["frames_sent"]]) >= 2 * queues, "every queue translated"
+        responder = http(collector_ns.name, "/stats")["responder"]
+        assert responder["executed"] >= 4 * len(keys) + 2
+        assert not {name: n for name, n in responder.items() if n and name not in ("executed", "replies_sent",
+                                                                                   "completions")}
     finally:
         for process in (translator, collector):
             if process is not None:
