@@ -16,7 +16,7 @@ from conftest import benchmarks_disabled
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
 from softdta.kernel.bpf import BpfObject
-from softdta.lab.benchmarks import COLLECTOR_IP, HARNESS, load_reports
+from softdta.lab.benchmarks import COLLECTOR_IP, HARNESS, load_reports, translator_queue_scaling
 from softdta.spec import Counter, DtaOpcode
 from softdta.wire import dta
 
@@ -69,7 +69,7 @@ def test_xdp_translator_ns_per_report(benchmark, pytestconfig, tables, reporter,
         restore, translate = kernel.object.programs["bench_restore"], kernel.object.programs["bench_translate"]
         template = frames[0]
         restore_ns = statistics.median(restore.test_run(template, repeat=repeat).duration_ns for _ in range(ROUNDS))
-        kernel.maps["bench_cursor"].update(bytes(4), bytes(4))  # the reports' protocol state starts over
+        kernel.maps["bench_cursor"].update(bytes(4), bytes(64))  # the reports' protocol state starts over
         translate_ns: list[int] = []
 
         def run():
@@ -99,6 +99,18 @@ def test_xdp_translator_ns_per_report(benchmark, pytestconfig, tables, reporter,
     print(f"\n{case}: kernel {kernel_ns:.0f} ns/report (min {min(translate_ns) - restore_ns}, max "
           f"{max(translate_ns) - restore_ns}; restore {restore_ns:.0f} subtracted), reference {reference_ns:.0f} ns, "
           f"ratio {reference_ns / max(kernel_ns, 1):.0f}x")
+
+
+def test_xdp_translator_scales_over_rx_queues(benchmark, pytestconfig):
+    """Reports/s on one RX queue against two at once, each queue on its own CPU with its own QPs."""
+    repeat = 1000 if benchmarks_disabled(pytestconfig) else 1_000_000
+    results: dict = {}
+    benchmark.pedantic(lambda: results.update(translator_queue_scaling(repeat, rounds=3)), rounds=1, iterations=1)
+    assert results and not [case for case in results.values() if case["drops"]]
+    benchmark.extra_info.update(results)
+    for case, figures in results.items():
+        print(f"\n{case}: {figures['one_queue_reports_per_s']:,} reports/s on one queue, "
+              f"{figures['two_queues_reports_per_s']:,} on two ({figures['scaling']}x)")
 
 
 FLOOR = Path(__file__).resolve().parent / "bpf" / "floor.bpf.c"

@@ -584,16 +584,6 @@ struct append_list_value_t {
     bit<32> state_index;
 }
 
-// queue_qp key: the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry
-struct queue_qp_key_t {
-    bit<32> slot; // queue 0's qp_index x MAX_RX_QUEUES + RX queue
-}
-
-// queue_qp value: the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry
-struct queue_qp_value_t {
-    bit<32> qp_index;
-}
-
 // icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
 struct icrc_constant_key_t {
     bit<32> qp_index;
@@ -638,8 +628,6 @@ struct translator_tables_t {
     structure_value_t structure;
     append_list_key_t append_list_key;
     append_list_value_t append_list;
-    queue_qp_key_t queue_qp_key;
-    queue_qp_value_t queue_qp;
     icrc_constant_key_t icrc_constant_key;
     icrc_constant_value_t icrc_constant;
 }

@@ -136,27 +136,12 @@ table append_list {
     size = 65536;
 }
 
-// the QP a structure or Append range writes through for reports from RX queue 1.. (each queue orders its own PSNs); queue 0's is the qp_index of its entry
-@id(0x01000007) @name(".set_queue_qp")
-action set_queue_qp(bit<32> qp_index) {
-    meta.tables.queue_qp.qp_index = qp_index;
-}
-@id(0x02000007) @name(".queue_qp")
-table queue_qp {
-    key = {
-        meta.tables.queue_qp_key.slot : exact @name("slot");
-    }
-    actions = { set_queue_qp; @defaultonly softdta_miss; }
-    const default_action = softdta_miss();
-    size = 262144;
-}
-
 // TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
-@id(0x01000008) @name(".set_icrc_constant")
+@id(0x01000007) @name(".set_icrc_constant")
 action set_icrc_constant(bit<32> constant) {
     meta.tables.icrc_constant.constant = constant;
 }
-@id(0x02000008) @name(".icrc_constant")
+@id(0x02000007) @name(".icrc_constant")
 table icrc_constant {
     key = {
         meta.tables.icrc_constant_key.qp_index : exact @name("qp_index");

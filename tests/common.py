@@ -1,6 +1,5 @@
 """Shared test constants and helpers (imported by tests; fixtures live in conftest.py)."""
 
-import copy
 import json
 import os
 import select
@@ -8,12 +7,10 @@ import shutil
 import socket
 import subprocess
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from softdta.core.tables import Tables
 from softdta.core.workload import ReporterAddress
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
@@ -25,21 +22,6 @@ from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_byt
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TABLES = ROOT / "examples" / "tables.toml"
-
-
-def queued(tables: Tables, queues: int) -> Tables:
-    """A copy of `tables` with a QP per RX queue in every structure and Append range: queue q's QPNs are queue 0's
-    plus 0x100 q, its start PSN 0x1000 q further."""
-    tables = copy.deepcopy(tables)
-    for owner in [*tables.structures, *tables.append_lists]:
-        qp = owner.qp
-        owner.queue_qps = [replace(qp, name=f"{qp.name}/q{queue}", remote_qpn=qp.remote_qpn + 0x100 * queue,
-                                   local_qpn=qp.local_qpn + 0x100 * queue,
-                                   start_psn=(qp.start_psn + 0x1000 * queue) & 0xFFFFFF)
-                           for queue in range(1, queues)]
-    tables.qps = [qp for owner in [*tables.structures, *tables.append_lists] for qp in owner.qps]
-    tables.validate()
-    return tables
 
 
 def frames_of(reporter: ReporterAddress, reports: list[Report], profile: Profile = Profile.DTA_V1) -> list[bytes]:

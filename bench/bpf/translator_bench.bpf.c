@@ -20,25 +20,32 @@ struct {
 	__uint(max_entries, 1);
 } bench_reports SEC(".maps");
 
-/* Shared by every CPU: a test run the scheduler moves to another CPU must go on with the next report, or the
- * stateful primitives see reports out of order. */
+/* One per RX queue, not per CPU: a test run the scheduler moves to another CPU must go on with the next report,
+ * or the stateful primitives see reports out of order. A cache line each, so that runs on several queues at once
+ * (the scaling benchmark) do not share one. */
+struct bench_cursor {
+	__u32 next;
+	__u8 pad[60];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, __u32);
-	__uint(max_entries, 1);
+	__type(value, struct bench_cursor);
+	__uint(max_entries, MAX_RX_QUEUES);
 } bench_cursor SEC(".maps");
 
 static __always_inline int restore(struct xdp_md *ctx)
 {
-	__u32 zero = 0, *cursor = bpf_map_lookup_elem(&bench_cursor, &zero), next;
+	__u32 zero = 0, queue = ctx->rx_queue_index, next;
+	struct bench_cursor *cursor = bpf_map_lookup_elem(&bench_cursor, &queue);
 	struct bench_reports *reports = bpf_map_lookup_elem(&bench_reports, &zero);
 	__u64 len, have;
 
 	if (!cursor || !reports || !reports->count)
 		return -1;
-	next = *cursor % reports->count % BENCH_REPORTS;
-	*cursor += 1;
+	next = cursor->next % reports->count % BENCH_REPORTS;
+	cursor->next += 1;
 	len = reports->len[next];
 	if (len < 1 || len > BENCH_FRAME)
 		return -1;

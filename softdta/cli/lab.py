@@ -67,6 +67,9 @@ def _bench(args) -> int:
     udp = translator["userspace_udp_python"]["key-write"]["median"]
     print(f"  userspace UDP translator (Python, uvloop), key-write: {udp:.0f} ns per report "
           f"({udp / max(translator['xdp']['key-write']['median'], 1):.0f}x the XDP path)")
+    for name, case in results["translator_rx_queue_scaling"].items():
+        print(f"  XDP translator, {name}: {case['one_queue_reports_per_s']:,} reports/s on one RX queue, "
+              f"{case['two_queues_reports_per_s']:,} on two ({case['scaling']}x)")
     engines = results["translator_python_engine"]
     print("  Key-Write N=1, reports/s per core: " + ", ".join(
         f"{name} {engines[key]['reports_per_s_per_core']:,}" for name, key in (

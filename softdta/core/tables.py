@@ -6,9 +6,10 @@ non-zero remote QPN, every hashed structure has a power-of-two slot count, and e
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from softdta.spec import (
     MAX_SKETCH_ROWS,
     MAX_WRITE_PAYLOAD,
     POSTCARD_CACHE_ENTRIES,
+    PSN_MASK,
     STRUCTURE_KINDS,
     DtaOpcode,
     KeyHash,
@@ -331,6 +333,21 @@ class Tables:
             if isinstance(error, TableError):
                 raise
             raise TableError(f"{source}: {error}; see docs/tables.md") from None
+
+
+def with_queue_qps(tables: Tables, queues: int) -> Tables:
+    """A copy of `tables` whose structures and Append ranges have a QP per RX queue, for labs and benchmarks
+    with static tables: queue q's QPNs are queue 0's plus 0x100 q, its start PSN 0x1000 q further."""
+    tables = copy.deepcopy(tables)
+    for owner in [*tables.structures, *tables.append_lists]:
+        qp = owner.qp
+        owner.queue_qps = [replace(qp, name=f"{qp.name}/q{queue}", remote_qpn=qp.remote_qpn + 0x100 * queue,
+                                   local_qpn=qp.local_qpn + 0x100 * queue,
+                                   start_psn=(qp.start_psn + 0x1000 * queue) & PSN_MASK)
+                           for queue in range(1, queues)]
+    tables.qps = [qp for owner in [*tables.structures, *tables.append_lists] for qp in owner.qps]
+    tables.validate()
+    return tables
 
 
 TRANSLATOR_KEYS = ("profile", "mac", "ip", "udp_sport", "dscp", "ttl", "grace_ms", "ack_request_interval")

@@ -99,8 +99,8 @@ def veth_pair(ns_a: Namespace, name_a: str, ns_b: Namespace, name_b: str, *, mac
               mac_b: str | None = None, mtu: int = 1500, queues: int = 1) -> None:
     """Create a veth pair with one end in each namespace, and bring both ends up.
 
-    One queue by default: the kernel would otherwise give veth one per CPU, and XDP would run on several CPUs
-    at once for one interface (the translator needs one context per interface, see docs/translator.md).
+    One queue by default (the kernel would otherwise give veth one per CPU): a translator on an interface with
+    n RX queues needs n QPs per structure (docs/translator.md).
     """
     def end(ns: Namespace, name: str, mac: str | None) -> list[str]:
         return [name, *(["address", mac] if mac else []), "mtu", str(mtu), "numtxqueues", str(queues),

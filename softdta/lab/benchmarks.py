@@ -25,7 +25,7 @@ from softdta.core import workload
 from softdta.core.analysis import keywrite_empty_return_bound, keywrite_wrong_output_bound, simulate_query_success_curve
 from softdta.core.offline import OfflineCollector
 from softdta.core.regions import KeyWriteRegion
-from softdta.core.tables import Tables
+from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode, Transport
 from softdta.wire import dta
@@ -145,9 +145,67 @@ def translator_kernel(count: int, repeat: int, cases: dict[str, list[dta.Report]
             translate = kernel.object.programs["bench_translate"]
             restore_ns = statistics.median(restore.test_run(frames[0], repeat=repeat).duration_ns
                                            for _ in range(ROUNDS))
-            kernel.maps["bench_cursor"].update(bytes(4), bytes(4))
+            kernel.maps["bench_cursor"].update(bytes(4), bytes(64))
             samples = [translate.test_run(frames[0], repeat=repeat).duration_ns - restore_ns for _ in range(ROUNDS)]
         results[name] = _stats(samples)
+    return results
+
+
+def translator_queue_scaling(repeat: int, rounds: int = ROUNDS, cases: dict[str, list[dta.Report]] | None = None
+                             ) -> dict:
+    """Reports/s of the XDP program on one RX queue against two at once, each on its own CPU with its own QPs
+    (BPF_PROG_TEST_RUN on a two-queue veth, one thread per queue, pinned). Rounds alternate one and two queues;
+    the scaling is the median of the paired rounds' ratios."""
+    import os
+    import threading
+
+    from softdta.engines.xdp import XdpTranslator
+    from softdta.kernel.bpf import xdp_md
+    from softdta.kernel.netns import Namespace, in_netns
+
+    tables = with_queue_qps(example_tables(), 2)
+    reporter = example_reporter(tables)
+    cases = cases or {"key-write N=1": [dta.key_write(k, k, 1) for k in range(1, 17)],
+                      "key-increment N=1": [dta.key_increment(k, 1, 1) for k in range(1, 17)],
+                      "append, one list shared by the queues": [dta.append(tables.append_lists[0].first_list, v)
+                                                     for v in range(16)]}
+    cpus = sorted(os.sched_getaffinity(0))  # with one CPU, the two queues share it, and the figure says so
+    namespace = Namespace.create(f"sdta-scale-{os.getpid()}")
+    results = {}
+    try:
+        namespace.run("ip", "link", "add", "q0", "numrxqueues", "2", "numtxqueues", "2", "type", "veth", "peer", "q1")
+        with in_netns(namespace.name):
+            ifindex = socket.if_nametoindex("q0")
+            for name, reports in cases.items():
+                with XdpTranslator(tables, source=HARNESS, flush_idle_ns=0) as kernel:
+                    translate = kernel.object.programs["bench_translate"]
+                    frames = [reporter.frame(report) for report in reports]
+                    load_reports(kernel, frames)
+
+                    def run(queue: int, took: list[int]) -> None:
+                        os.sched_setaffinity(0, {cpus[queue % len(cpus)]})
+                        took.append(translate.test_run(frames[queue], repeat=repeat,
+                                                       ctx=xdp_md(ifindex, queue)).duration_ns)
+
+                    def rate(queues: int) -> float:
+                        threads, took = [], []
+                        started = time.perf_counter_ns()
+                        for queue in range(queues):
+                            threads.append(threading.Thread(target=run, args=(queue, took)))
+                            threads[-1].start()
+                        for thread in threads:
+                            thread.join()
+                        return queues * repeat / (time.perf_counter_ns() - started) * 1e9
+
+                    pairs = [(rate(1), rate(2)) for _ in range(rounds)]
+                    counters = kernel.counters()
+                results[name] = {
+                    "one_queue_reports_per_s": round(statistics.median(one for one, _ in pairs)),
+                    "two_queues_reports_per_s": round(statistics.median(two for _, two in pairs)),
+                    "scaling": round(statistics.median(two / one for one, two in pairs), 2),
+                    "drops": sum(n for counter, n in counters.items() if counter.name.startswith("DROP_"))}
+    finally:
+        namespace.delete()
     return results
 
 
@@ -653,6 +711,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
         "translator_ns_per_report": {"xdp": translator_kernel(count, repeat),
                                      "reference_python": translator_reference(count),
                                      "userspace_udp_python": translator_userspace_udp(count)},
+        "translator_rx_queue_scaling": translator_queue_scaling(repeat // 10 if quick else repeat),
         "translator_python_engine": translator_python_engine(1000 if quick else 6000),
         "translator_batch": translator_batch(2000 if quick else 20000),
         "translator_live_lab": translator_live(2000 if quick else 20000,

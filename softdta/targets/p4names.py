@@ -41,7 +41,7 @@ def p4_id(prefix: int, index: int) -> int:
 
 def p4_control_tables() -> list[spec.Table]:
     """The P4 tables the control plane writes: the shared configuration tables, then the P4-only ones."""
-    shared = [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_TABLES if t.name == name]
+    shared = [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_TABLES if t.name == name and name not in P4_WITHOUT]
     return shared + [t for t in spec.P4_TABLES if t.name not in P4_REPLICATION]
 
 

@@ -16,7 +16,7 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
-from softdta.core.tables import Tables
+from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import EngineError, XdpTranslator
@@ -27,7 +27,7 @@ from softdta.spec import DTA_NACK_PORT, PSN_MASK, ROCE_PORT, Counter, DtaOpcode,
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, queued
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
 pytestmark = pytest.mark.privileged
 
@@ -342,7 +342,7 @@ def test_multi_queue_interfaces_need_a_qp_per_queue_in_every_structure(lab, tabl
         with pytest.raises(EngineError, match="mq0 has 2 RX queues, and structure .* has a QP for 1"):
             kernel.attach(["mq0"])
         assert "xdp" not in lab.translator.run("ip", "link", "show", "mq0").stdout
-        kernel.apply(queued(tables, 2))
+        kernel.apply(with_queue_qps(tables, 2))
         kernel.attach(["mq0"])
         assert "xdp" in lab.translator.run("ip", "link", "show", "mq0").stdout
         with pytest.raises(EngineError, match="mq0 has 2 RX queues"):
@@ -366,9 +366,9 @@ def _write(frame: bytes) -> tuple:
 
 
 def test_every_rx_queue_translates_through_its_own_qps_in_psn_order(tables):
-    tables = queued(tables, 2)
+    tables = with_queue_qps(tables, 2)
     lab = Lab(tables, queues=2)
-    reference = Translator(queued(Tables.from_toml(EXAMPLE_TABLES), 2))
+    reference = Translator(with_queue_qps(Tables.from_toml(EXAMPLE_TABLES), 2))
     reporter = reporter_address(tables)
     try:
         kernel = lab.start()

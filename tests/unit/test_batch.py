@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from softdta.core import workload
 from softdta.core.batch import MIN_VECTOR_BATCH, BatchTranslator
-from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
+from softdta.core.tables import AppendLists, QueuePair, Structure, Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode, Transport
@@ -23,7 +23,7 @@ from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_byt
 from softdta.wire.hashing import linear_crc_position_tables
 from softdta.wire.icrc_split import linear_crc
 from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome, build_roce_frame, parse_roce, transport_payload
-from tests.common import EXAMPLE_TABLES, hop_frames, queued
+from tests.common import EXAMPLE_TABLES, hop_frames
 
 C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.9.9")
 
@@ -312,7 +312,7 @@ def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile):
 def test_batches_from_several_rx_queues_equal_the_oracle_frame_for_frame(seed, size, sizes, queues):
     """Each batch comes from one RX queue (2 has no QPs): its reports write through that queue's QPs, into
     batches, paths and columns the queues share."""
-    tables = queued(batch_tables(), 2)
+    tables = with_queue_qps(batch_tables(), 2)
     frames = random_workload(seed, tables, size)
     cuts = cuts_from(sizes, len(frames))
     starts = [0, *cuts]

@@ -1,9 +1,9 @@
 """The control plane's plan (sans-IO): the QPs of every RX queue, and the generation it ends with."""
 
 from softdta.core.control_plane import Entry, Slots, apply_plan, plan
-from softdta.core.tables import Tables
+from softdta.core.tables import Tables, with_queue_qps
 from softdta.spec import MAX_RX_QUEUES, DtaOpcode
-from tests.common import EXAMPLE_TABLES, queued
+from tests.common import EXAMPLE_TABLES
 
 
 def _plan(tables: Tables):
@@ -53,7 +53,7 @@ def test_the_generation_is_written_last_and_only_to_a_target_that_has_the_table(
 
 
 def test_every_rx_queue_after_the_first_finds_its_qp_in_queue_qp():
-    tables = queued(Tables.from_toml(EXAMPLE_TABLES), 3)
+    tables = with_queue_qps(Tables.from_toml(EXAMPLE_TABLES), 3)
     entries = _plan(tables).entries
     index = {e.value["local_qpn"]: e.key["qp_index"] for e in entries if e.table == "qp"}
     queue_qp = {e.key["slot"]: e.value["qp_index"] for e in entries if e.table == "queue_qp"}

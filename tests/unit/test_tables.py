@@ -100,10 +100,10 @@ def test_a_qp_array_gives_a_structure_one_qp_per_rx_queue_into_its_region():
     (lambda qp: 5, "qp of RX queue 1 must be a table"),
 ])
 def test_the_qps_of_one_structure_differ_only_in_qpns_and_psns(change, words):
-    def queued(d):
+    def two_queues(d):
         qp = d["structures"][0]["qp"]
         d["structures"][0]["qp"] = [qp, change(_queue_qp(qp, 1))]
-    assert words in refused(queued)
+    assert words in refused(two_queues)
 
 
 def test_more_qps_than_rx_queues_can_have_are_refused():

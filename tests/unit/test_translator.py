@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from softdta.core.primitives import FlushRequest
-from softdta.core.tables import Tables
+from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.spec import (
     ACK_SYNDROME,
@@ -30,7 +30,7 @@ from softdta.wire.roce import (
     parse_roce,
     transport_payload,
 )
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, queued
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
 
 def structure(tables, primitive):
@@ -200,7 +200,7 @@ def test_idle_flush_waits_for_the_qp_to_be_idle_and_goes_oldest_first(tables, re
 def test_each_rx_queue_writes_through_its_own_qp_and_shares_the_batches(tables, reporter):
     """Queue 1's reports take queue 1's QPs and PSNs; an Append batch that queue 0 started and queue 1 filled is
     written by queue 1; a batch the flusher writes out goes through the QP of the queue that started it."""
-    tables = queued(tables, 2)
+    tables = with_queue_qps(tables, 2)
     translator = Translator(tables)
     kw = structure(tables, DtaOpcode.KEY_WRITE)
     frames = requests(translator.process(reporter.frame(dta.key_write(1, 2, 1)), 0, queue=1))
@@ -219,7 +219,7 @@ def test_each_rx_queue_writes_through_its_own_qp_and_shares_the_batches(tables, 
 
 
 def test_a_report_on_an_rx_queue_without_a_qp_is_dropped_and_counted(tables, reporter):
-    translator = Translator(queued(tables, 2))
+    translator = Translator(with_queue_qps(tables, 2))
     for report in (dta.key_write(1, 2, 1), dta.append(5, 1), dta.postcard(3, 1, 5)):
         assert translator.process(reporter.frame(report), 0, queue=2).drop is Counter.DROP_NO_QUEUE_QP
     assert translator.counters[Counter.DROP_NO_QUEUE_QP] == 3 and not translator.append_state
