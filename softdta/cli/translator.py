@@ -194,9 +194,9 @@ def _collector_links(args) -> tuple[TableSource, Tables]:
 
 
 def _rx_queues_of(args) -> int:
-    """The RX queues the engine translates on, each with its own queue pairs: every queue of the interfaces for
-    the XDP engine; the python engine takes all its frames as one queue."""
-    if args.engine != "xdp":
+    """The RX queues the engine translates on, each with its own queue pairs: every queue of the interfaces, but
+    one for the python engine on AF_PACKET, which takes all its frames as queue 0's."""
+    if args.engine != "xdp" and args.io == "af_packet":
         return 1
     from softdta.engines.xdp import EngineError, interface_index, rx_queues
     try:

@@ -12,6 +12,7 @@ pinned in the same place, so `softdta translator stats` and `softdta lab status`
 from __future__ import annotations
 
 import queue
+import select
 import socket
 import time
 from collections import Counter as Tally
@@ -24,7 +25,7 @@ from softdta.core.primitives import Output, Primitive
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
 from softdta.engines.engine import Stop
-from softdta.engines.xdp import EngineError, build_object, pinned_stats, rx_queues
+from softdta.engines.xdp import EngineError, build_object, check_queues, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import record, table
 from softdta.kernel.resources import BPF_DIR
@@ -55,10 +56,11 @@ class PythonEngine:
         except BpfError as error:
             raise EngineError(f"cannot load the AF_XDP steering program: {error}") from None
         self.maps: dict[str, Map] = self.object.maps
-        self.io: XskSocket | PacketRing | None = None
+        self.queues: list[XskSocket | PacketRing] = []  # packet I/O of RX queue 0, 1, ... (AF_PACKET: one for all)
         self.io_name = ""
         self.attached: list[int] = []
-        self.deferred: list[bytes] = []  # essential reports waiting for their QP
+        self.interfaces: list[str] = []
+        self.deferred: list[tuple[int, bytes]] = []  # essential reports waiting for their QP, with their RX queue
         self.run_time_ns = self.runs = 0
         self.fallback_reason = ""  # why AF_XDP was not used, when it was not
         self._published_ns = 0
@@ -93,7 +95,10 @@ class PythonEngine:
 
     def apply(self, tables: Tables) -> None:
         """New tables, live: a QP that stays (same local and remote QPN) keeps its PSN and state, unless it failed
-        (its collector re-created its end): it starts over at its start_psn."""
+        (its collector re-created its end): it starts over at its start_psn. With an AF_XDP socket per RX queue,
+        tables that give some structure fewer QPs than that are refused."""
+        if len(self.queues) > 1:
+            check_queues(tables, self.interfaces)
         old = {(qp.local_qpn, qp.remote_qpn): self.translator.qp_state[qp.index]
                for qp in self.translator.tables.qps
                if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
@@ -144,8 +149,9 @@ class PythonEngine:
     # packet I/O
 
     def attach(self, interfaces: list[str], mode: str = "native") -> None:
-        """AF_XDP on the interface's RX queue 0 (the steering program attached in `mode`), else AF_PACKET, which
-        takes the frames of every queue (translated as queue 0's)."""
+        """An AF_XDP socket on each RX queue of the interface (the steering program attached in `mode`), each
+        queue's reports written through its QPs; else AF_PACKET, which takes the frames of every queue and writes
+        them through queue 0's."""
         if len(interfaces) != 1:
             raise EngineError("the python engine translates on one interface (reports in, RoCEv2 out); give one -i")
         name = interfaces[0]
@@ -154,26 +160,26 @@ class PythonEngine:
         except OSError:
             raise EngineError(f"interface {name!r} does not exist in this network namespace; check `ip link`") \
                 from None
-        queues = rx_queues(ifindex)
-        if queues > 1 and self.io_choice == "af_xdp":
-            raise EngineError(f"{name} has {queues} RX queues, and the python engine's AF_XDP socket reads queue 0; "
-                              "use --io af_packet (every queue) or --engine xdp (a QP per queue)")
-        failure = f"{name} has {queues} RX queues, and an AF_XDP socket reads one" if queues > 1 else ""
-        if self.io_choice in ("auto", "af_xdp") and queues == 1:
+        failure = ""
+        if self.io_choice in ("auto", "af_xdp"):
             try:
-                self.io = XskSocket(name)
-                self.maps["xsks"].update(bytes(4), self.io.fd.to_bytes(4, "little"))  # before any redirect
+                check_queues(self.tables, interfaces)
+                for queue in range(rx_queues(ifindex)):
+                    self.queues.append(XskSocket(name, queue))
+                    # before any redirect to it
+                    self.maps["xsks"].update(queue.to_bytes(4, "little"), self.queues[-1].fd.to_bytes(4, "little"))
                 attach_xdp(ifindex, self.object.programs["softdta_xsk"].fd, mode=mode)
                 self.attached.append(ifindex)
-                self.io_name = f"AF_XDP {self.io.mode}"
-            except (XskError, BpfError) as error:
+                self.interfaces = [name]
+                self.io_name = f"AF_XDP {self.queues[0].mode}"
+            except (XskError, BpfError, EngineError) as error:
                 self.detach()
                 failure = str(error)
                 if self.io_choice == "af_xdp":
                     raise EngineError(f"AF_XDP is unavailable on {name}: {error}; try --io af_packet") from None
-        if self.io is None:
+        if not self.queues:
             try:
-                self.io = PacketRing(name)
+                self.queues = [PacketRing(name)]
             except (XskError, PermissionError) as error:
                 raise EngineError(f"cannot open an AF_PACKET ring on {name}: {error}") from None
             self.io_name = "AF_PACKET TPACKET_V3"
@@ -183,41 +189,46 @@ class PythonEngine:
     def detach(self) -> None:
         while self.attached:
             detach_xdp(self.attached.pop())
-        if self.io is not None:
-            if isinstance(self.io, XskSocket):  # the map holds the socket: the queue is free only without it
-                self.maps["xsks"].delete(bytes(4))
-            self.io.close()
-            self.io = None
+        for rx_queue, io in enumerate(self.queues):
+            if isinstance(io, XskSocket):  # the map holds the socket: the queue is free only without it
+                self.maps["xsks"].delete(rx_queue.to_bytes(4, "little"))
+            io.close()
+        self.queues, self.interfaces = [], []
 
     # ----------------------------------------------------------------------------------------------
     # the loop
 
     def step(self, limit: int = BATCH) -> int:
-        """Translate one batch from the ring and transmit what it produced; returns the frames taken."""
-        started = time.thread_time_ns()
-        frames = self.io.receive(limit)
-        if not frames:
-            return 0
-        out = self.batch.process_batch(frames, time.monotonic_ns())
-        self.deferred += [frames[position] for position in out.deferred]
-        self.io.send(out.frames + out.to_reporter)
-        self.run_time_ns += time.thread_time_ns() - started
-        self.runs += len(frames)
-        return len(frames)
+        """Translate one batch from each RX queue's ring (through that queue's QPs) and transmit what it produced
+        on the same queue; returns the frames taken."""
+        taken = 0
+        for rx_queue, io in enumerate(self.queues):
+            started = time.thread_time_ns()
+            frames = io.receive(limit)
+            if not frames:
+                continue
+            out = self.batch.process_batch(frames, time.monotonic_ns(), rx_queue)
+            self.deferred += [(rx_queue, frames[position]) for position in out.deferred]
+            io.send(out.frames + out.to_reporter)
+            self.run_time_ns += time.thread_time_ns() - started
+            self.runs += len(frames)
+            taken += len(frames)
+        return taken
 
     def tick(self, now: int | None = None) -> None:
         """Flush idle Append batches and Postcarding paths, retry deferred essential reports, publish stats."""
         now = time.monotonic_ns() if now is None else now
         started = time.thread_time_ns()
+        # the flush writes only QPs idle for flush_idle_ns: nothing of theirs is still queued on another socket
         frames = self.translator.flush_idle(now, self.flush_idle_ns)
         waiting, self.deferred = self.deferred, []
-        for frame in waiting:
-            out = self.translator.process(frame, now)
+        for rx_queue, frame in waiting:
+            out = self.translator.process(frame, now, rx_queue)
             if out.deferred:
-                self.deferred.append(frame)
+                self.deferred.append((rx_queue, frame))
             frames += out.frames + out.to_reporter
         if frames:
-            self.io.send(frames)
+            self.queues[0].send(frames)
         self.run_time_ns += time.thread_time_ns() - started
         if now - self._published_ns >= PUBLISH_INTERVAL_NS:
             self.publish()
@@ -229,7 +240,7 @@ class PythonEngine:
         interval = max(self.flush_idle_ns // 2, 100_000)
         next_tick = time.monotonic_ns() + interval
         while not stop.is_set():
-            if self.io.wait(min(max(1, interval // 1_000_000), 100)):
+            if self._wait(min(max(1, interval // 1_000_000), 100)):
                 # Drain the ring before flushing: a path's last hops may be waiting in it, and the idle flush
                 # must judge idleness by what has been translated, not by the clock alone.
                 deadline = time.monotonic_ns() + MAX_DRAIN_NS
@@ -241,6 +252,13 @@ class PythonEngine:
                     self.apply(updates.get_nowait())
                 self.tick(now)
                 next_tick = now + interval
+
+    def _wait(self, timeout_ms: int) -> bool:
+        """Whether frames wait on some queue, within `timeout_ms`."""
+        if len(self.queues) == 1:
+            return self.queues[0].wait(timeout_ms)
+        return any(io.wait(0) for io in self.queues) or \
+            bool(select.select([io.fd for io in self.queues], [], [], timeout_ms / 1000)[0])
 
     # ----------------------------------------------------------------------------------------------
     # stats, in the XDP engine's maps

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,17 +20,18 @@ import pytest
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import keywrite_query
-from softdta.core.tables import Tables
+from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.engines.python import PythonEngine, engine_stats
-from softdta.engines.xdp import XdpTranslator
+from softdta.engines.xdp import EngineError, XdpTranslator
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import ROCE_PORT, Counter, DtaOpcode, QpState
+from softdta.spec import PSN_MASK, ROCE_PORT, Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.wire.roce import parse_roce
 from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, capture_on, hop_frames, udp_frames
 
 pytestmark = pytest.mark.privileged
@@ -39,11 +41,12 @@ NO_FLUSH = 10**12  # the inputs leave nothing to flush; pauses between bursts mu
 
 
 @pytest.fixture
-def wire():
-    """Namespaces r (reporter and collector side, r0) and t (translator, t0), joined by one veth pair."""
+def wire(request):
+    """Namespaces r (reporter and collector side, r0) and t (translator, t0), joined by one veth pair (with
+    `request.param` RX queues, when given)."""
     cleanup_prefix(PREFIX)
     far, translator = Namespace.create(PREFIX + "r"), Namespace.create(PREFIX + "t")
-    veth_pair(far, "r0", translator, "t0", mac_b="02:5d:7a:00:00:01")
+    veth_pair(far, "r0", translator, "t0", mac_b="02:5d:7a:00:00:01", queues=getattr(request, "param", 1))
     address(translator, "t0", "10.77.0.1/16")
     # XDP_TX'd frames enter r0 only if it runs XDP
     with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(far.name):
@@ -216,6 +219,43 @@ def test_without_af_xdp_the_engine_falls_back_to_af_packet_and_says_why(wire, ta
         assert seen == [emitted for frame in frames for emitted in reference.process(frame).frames]
     finally:
         holder.close()
+
+
+@pytest.mark.parametrize("wire", [2], indirect=True)
+def test_an_af_xdp_socket_per_rx_queue_and_each_queue_writes_through_its_own_qps(wire, tables):
+    far, translator_ns, capture = wire
+    with in_netns(translator_ns.name):  # one QP per structure: no AF_XDP on two queues, AF_PACKET takes both
+        with PythonEngine(tables, flush_idle_ns=NO_FLUSH, io="af_xdp") as one_qp, \
+                pytest.raises(EngineError, match="AF_XDP is unavailable on t0: t0 has 2 RX queues"):
+            one_qp.attach(["t0"])
+        with PythonEngine(tables, flush_idle_ns=NO_FLUSH) as one_qp:
+            one_qp.attach(["t0"])
+            assert one_qp.io_name == "AF_PACKET TPACKET_V3" and "t0 has 2 RX queues" in one_qp.fallback_reason
+    tables = with_queue_qps(tables, 2)
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    reports = workload.key_write(200, seed=1, redundancy=2) + workload.append(64, seed=3, lists=1)
+    # a flow per key, and one for the Append list: each list's entries stay in order on one queue
+    frames = [replace(reporter, sport=1024 + index if report.opcode is DtaOpcode.KEY_WRITE else 999).frame(report)
+              for index, report in enumerate(reports)]
+    reference = Translator(tables)
+    expected = [emitted for frame in frames for emitted in reference.process(frame).frames]
+    with PythonEngine(tables, flush_idle_ns=NO_FLUSH, io="af_xdp") as engine:
+        seen = run_live(engine, translator_ns, far, capture, frames, lambda: engine.attach(["t0"]))
+        assert len(engine.queues) == 2 and engine.io_name == "AF_XDP copy"
+    assert len(seen) == len(expected)
+    by_qpn: dict[int, list] = {}
+    for frame in map(parse_roce, seen):
+        by_qpn.setdefault(frame.bth["dest_qp"], []).append(frame)
+    start = {qp.remote_qpn: qp.start_psn for qp in tables.qps}
+    for qpn, sent in by_qpn.items():
+        assert [f.bth["psn"] for f in sent] == [(start[qpn] + i) & PSN_MASK for i in range(len(sent))]
+    queue_1 = {qp.remote_qpn for owner in tables.structures + tables.append_lists for qp in owner.queue_qps}
+    assert set(by_qpn) & queue_1 and set(by_qpn) - queue_1, "the reports took one RX queue only"
+
+    def writes(frames):
+        return sorted((f.opcode, repr(sorted(f.headers.items())), f.payload) for f in frames)
+    assert writes(map(parse_roce, seen)) == writes(map(parse_roce, expected))
 
 
 def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
