@@ -1218,9 +1218,9 @@ struct qp_state_value {
 	__u32 frames_sent; /* drives the AckReq interval and tells the flusher the QP is busy */
 	__u32 flush_mark; /* frames_sent as the flusher last saw it */
 	__u32 unacked_psn; /* oldest PSN not yet acknowledged: RC replies count only in [unacked_psn, next_psn) */
-	__u8 pad[28]; /* to a cache line: the QPs of two RX queues are written by two CPUs */
+	__u8 pad[92]; /* to two cache lines: the QPs of two RX queues are written by two CPUs, and prefetchers fetch lines in pairs */
 };
-_Static_assert(sizeof(struct qp_state_value) == 64, "struct qp_state_value does not match softdta/spec/");
+_Static_assert(sizeof(struct qp_state_value) == 128, "struct qp_state_value does not match softdta/spec/");
 
 /* collector key: collectors whose RoCE replies (ACK, NAK) the translator consumes */
 struct collector_key {

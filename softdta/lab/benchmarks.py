@@ -35,6 +35,7 @@ from softdta.wire.roce import build_roce_frame, transport_payload
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "bench" / "bpf" / "translator_bench.bpf.c"
+FLOOR = ROOT / "bench" / "bpf" / "floor.bpf.c"
 C_COLLECTOR = ROOT / "bench" / "c_collector.c"
 RESULTS = ROOT / "bench" / "results"
 COLLECTOR_IP = ip_bytes("10.77.1.1")
@@ -155,58 +156,67 @@ def translator_queue_scaling(repeat: int, rounds: int = ROUNDS, cases: dict[str,
                              ) -> dict:
     """Reports/s of the XDP program on one RX queue against two at once, each on its own CPU with its own QPs
     (BPF_PROG_TEST_RUN on a two-queue veth, one thread per queue, pinned). Rounds alternate one and two queues;
-    the scaling is the median of the paired rounds' ratios."""
+    the scaling is the median of the paired rounds' ratios. The empty program, run the same way, is the
+    machine's own scaling."""
     import os
-    import threading
 
     from softdta.engines.xdp import XdpTranslator
-    from softdta.kernel.bpf import xdp_md
+    from softdta.kernel.bpf import BpfObject, xdp_md
     from softdta.kernel.netns import Namespace, in_netns
+    from softdta.kernel.programs import build_object
 
     tables = with_queue_qps(example_tables(), 2)
     reporter = example_reporter(tables)
     cases = cases or {"key-write N=1": [dta.key_write(k, k, 1) for k in range(1, 17)],
                       "key-increment N=1": [dta.key_increment(k, 1, 1) for k in range(1, 17)],
                       "append, one list shared by the queues": [dta.append(tables.append_lists[0].first_list, v)
-                                                     for v in range(16)]}
-    cpus = sorted(os.sched_getaffinity(0))  # with one CPU, the two queues share it, and the figure says so
+                                                                for v in range(16)]}
     namespace = Namespace.create(f"sdta-scale-{os.getpid()}")
     results = {}
     try:
         namespace.run("ip", "link", "add", "q0", "numrxqueues", "2", "numtxqueues", "2", "type", "veth", "peer", "q1")
         with in_netns(namespace.name):
-            ifindex = socket.if_nametoindex("q0")
+            contexts = [xdp_md(socket.if_nametoindex("q0"), queue) for queue in range(2)]
             for name, reports in cases.items():
                 with XdpTranslator(tables, source=HARNESS, flush_idle_ns=0) as kernel:
-                    translate = kernel.object.programs["bench_translate"]
                     frames = [reporter.frame(report) for report in reports]
                     load_reports(kernel, frames)
-
-                    def run(queue: int, took: list[int]) -> None:
-                        os.sched_setaffinity(0, {cpus[queue % len(cpus)]})
-                        took.append(translate.test_run(frames[queue], repeat=repeat,
-                                                       ctx=xdp_md(ifindex, queue)).duration_ns)
-
-                    def rate(queues: int) -> float:
-                        threads, took = [], []
-                        started = time.perf_counter_ns()
-                        for queue in range(queues):
-                            threads.append(threading.Thread(target=run, args=(queue, took)))
-                            threads[-1].start()
-                        for thread in threads:
-                            thread.join()
-                        return queues * repeat / (time.perf_counter_ns() - started) * 1e9
-
-                    pairs = [(rate(1), rate(2)) for _ in range(rounds)]
-                    counters = kernel.counters()
-                results[name] = {
-                    "one_queue_reports_per_s": round(statistics.median(one for one, _ in pairs)),
-                    "two_queues_reports_per_s": round(statistics.median(two for _, two in pairs)),
-                    "scaling": round(statistics.median(two / one for one, two in pairs), 2),
-                    "drops": sum(n for counter, n in counters.items() if counter.name.startswith("DROP_"))}
+                    results[name] = _paired_scaling(kernel.object.programs["bench_translate"], frames[0], contexts,
+                                                    repeat, rounds)
+                    results[name]["drops"] = sum(n for counter, n in kernel.counters().items()
+                                                 if counter.name.startswith("DROP_"))
+            with BpfObject(build_object(FLOOR)) as floor:
+                results["empty program"] = _paired_scaling(floor.programs["floor_empty"], bytes(80), contexts,
+                                                           repeat, rounds)
     finally:
         namespace.delete()
     return results
+
+
+def _paired_scaling(program, frame: bytes, contexts: list[bytes], repeat: int, rounds: int) -> dict:
+    """Runs/s of `program` in one thread, and in two at once (thread q on CPU q, with context q)."""
+    import os
+    import threading
+
+    cpus = sorted(os.sched_getaffinity(0))  # with one CPU, the two threads share it, and the figure says so
+
+    def run(queue: int) -> None:
+        os.sched_setaffinity(0, {cpus[queue % len(cpus)]})
+        program.test_run(frame, repeat=repeat, ctx=contexts[queue])
+
+    def rate(queues: int) -> float:
+        threads = [threading.Thread(target=run, args=(queue,)) for queue in range(queues)]
+        started = time.perf_counter_ns()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return queues * repeat / (time.perf_counter_ns() - started) * 1e9
+
+    pairs = [(rate(1), rate(2)) for _ in range(rounds)]
+    return {"one_queue_reports_per_s": round(statistics.median(one for one, _ in pairs)),
+            "two_queues_reports_per_s": round(statistics.median(two for _, two in pairs)),
+            "scaling": round(statistics.median(two / one for one, two in pairs), 2)}
 
 
 def load_reports(kernel, frames: list[bytes]) -> None:

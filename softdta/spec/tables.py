@@ -46,7 +46,8 @@ TRANSLATOR_TABLES = (
         Field("frames_sent", 32, "drives the AckReq interval and tells the flusher the QP is busy"),
         Field("flush_mark", 32, "frames_sent as the flusher last saw it"),
         Field("unacked_psn", 32, "oldest PSN not yet acknowledged: RC replies count only in [unacked_psn, next_psn)"),
-        Raw("pad", 28, "to a cache line: the QPs of two RX queues are written by two CPUs"),
+        Raw("pad", 92, "to two cache lines: the QPs of two RX queues are written by two CPUs, and prefetchers "
+                       "fetch lines in pairs"),
     ), QP_TABLE_ENTRIES, "per-QP dynamic state (PSN, acknowledgement window, grace, failure)"),
     Table("collector", (Field("ip", 32, "network order"),), (Raw("mac", 6), Field("pad", 16)), 1024,
           "collectors whose RoCE replies (ACK, NAK) the translator consumes"),

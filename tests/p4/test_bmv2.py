@@ -69,7 +69,11 @@ class Switch:
         if tables is not None:  # else `softdta p4 run` runs the switch
             self.switch = Bmv2(program, {0: SWITCH_PORT}, grpc_port=GRPC_PORT, thrift_port=THRIFT_PORT,
                                log=log_path)
-            self.switch.translator(**translator_options).apply(tables)
+            try:
+                self.switch.translator(**translator_options).apply(tables)
+            except BaseException:  # the fixture never gets the switch to close: no process may outlive the test
+                self.switch.close()
+                raise
         with in_netns(self.namespace.name):
             self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
         # nothing reads while the reports go out: room for all that comes back, and none taken by our own frames
