@@ -160,7 +160,8 @@ int softdta_flush(struct xdp_md *ctx)
 			return XDP_DROP;
 		bpf_map_pop_elem(&flush_queue, &entry);
 		s->rx_queue = flush_queue_of(&entry, al->queues);
-		if (sender_lookup(s, al->qp_index, al->queues, &ref, 1) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
+		if (sender_lookup(s, al->qp_index, al->queues, &ref, CNT_DROP_UNKNOWN_LIST) ||
+		    !flushable(ref.qs, s, cfg->flush_idle_ns)) {
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}
@@ -192,7 +193,8 @@ int softdta_flush(struct xdp_md *ctx)
 			return XDP_DROP;
 		bpf_map_pop_elem(&flush_queue, &entry);
 		s->rx_queue = flush_queue_of(&entry, st->queues);
-		if (sender_lookup(s, st->qp_index, st->queues, &ref, 1) || !flushable(ref.qs, s, cfg->flush_idle_ns)) {
+		if (sender_lookup(s, st->qp_index, st->queues, &ref, CNT_DROP_UNKNOWN_COLLECTOR) ||
+		    !flushable(ref.qs, s, cfg->flush_idle_ns)) {
 			bpf_map_push_elem(&flush_queue, &entry, BPF_EXIST);
 			return XDP_DROP;
 		}

@@ -181,6 +181,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
         if qp.collector_ip not in collectors:
             collectors.add(qp.collector_ip)
             entries.append(Entry("collector", {"ip": qp.collector_ip}, {"mac": qp.collector_mac}))
+    entries += queue_qps(tables, qp_index)  # before the entries that lead traffic to them
     postcard_ranges = [(first, size) for (_, size), first in slots.postcard.items()]
     sketch_used = set(slots.sketch.values())
     for structure in tables.structures:
@@ -226,7 +227,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
-    entries += queue_qps(tables, qp_index) + icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
+    entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
     keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
     return Plan(entries, state, retire, keep, new, generation_of(entries))
 

@@ -66,3 +66,7 @@ def test_every_rx_queue_after_the_first_finds_its_qp_in_queue_qp():
     for entry in entries:
         if entry.table in ("structure", "append_list"):
             assert entry.value["queues"] == 3
+    # a structure's entry leads traffic to its queues' QPs: it comes after them
+    order = [entry.table for entry in entries]
+    assert max(i for i, name in enumerate(order) if name in ("qp", "queue_qp")) < \
+        min(i for i, name in enumerate(order) if name in ("structure", "append_list"))
