@@ -112,6 +112,21 @@ def veth_pair(ns_a: Namespace, name_a: str, ns_b: Namespace, name_b: str, *, mac
         _ip("-n", ns.name, "link", "set", name, "up")
 
 
+def link_drops(namespaces) -> dict[str, int]:
+    """Packets the links in `namespaces` dropped ("namespace/interface": rx and tx drops; full veth rings), which
+    no BPF counter sees."""
+    from pyroute2 import IPRoute
+    drops: dict[str, int] = {}
+    for namespace in namespaces:
+        with in_netns(namespace), IPRoute() as ipr:
+            for link in ipr.get_links():
+                stats = link.get_attr("IFLA_STATS64") or {}
+                lost = stats.get("rx_dropped", 0) + stats.get("tx_dropped", 0)
+                if lost and link.get_attr("IFLA_IFNAME") != "lo":
+                    drops[f"{namespace}/{link.get_attr('IFLA_IFNAME')}"] = lost
+    return drops
+
+
 def address(ns: Namespace, ifname: str, cidr: str) -> None:
     _ip("-n", ns.name, "address", "replace", cidr, "dev", ifname)
 

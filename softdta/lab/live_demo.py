@@ -25,6 +25,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.python import engine_stats
+from softdta.kernel import netns
 from softdta.kernel.bpf import Map, enable_run_stats
 from softdta.kernel.netns import in_netns
 from softdta.kernel.tx_ring import RingReporter
@@ -124,16 +125,7 @@ def collector_http(path: str, body: dict | None = None, token: str | None = None
 
 def link_drops() -> dict[str, int]:
     """Packets the lab's veth links dropped (full rings), which no BPF counter sees."""
-    from pyroute2 import IPRoute
-    drops: dict[str, int] = {}
-    for namespace in lab.status()["namespaces"]:
-        with in_netns(namespace), IPRoute() as ipr:
-            for link in ipr.get_links():
-                stats = link.get_attr("IFLA_STATS64") or {}
-                lost = stats.get("rx_dropped", 0) + stats.get("tx_dropped", 0)
-                if lost and link.get_attr("IFLA_IFNAME") != "lo":
-                    drops[f"{namespace}/{link.get_attr('IFLA_IFNAME')}"] = lost
-    return drops
+    return netns.link_drops(lab.status()["namespaces"])
 
 
 def _poll_append(appended: dict[int, list[int]], token: str) -> int:
