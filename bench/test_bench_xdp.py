@@ -15,7 +15,14 @@ from conftest import benchmarks_disabled
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
 from softdta.kernel.bpf import BpfObject
-from softdta.lab.benchmarks import COLLECTOR_IP, FLOOR, HARNESS, load_reports, translator_queue_scaling
+from softdta.lab.benchmarks import (
+    COLLECTOR_IP,
+    FLOOR,
+    HARNESS,
+    load_reports,
+    translator_live_direct,
+    translator_queue_scaling,
+)
 from softdta.spec import Counter, DtaOpcode
 from softdta.wire import dta
 
@@ -110,6 +117,24 @@ def test_xdp_translator_scales_over_rx_queues(benchmark, pytestconfig):
     for case, figures in results.items():
         print(f"\n{case}: {figures['one_queue_reports_per_s']:,} reports/s on one queue, "
               f"{figures['two_queues_reports_per_s']:,} on two ({figures['scaling']}x)")
+
+
+def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig):
+    """Key-Write N=1 from kernel generators on two RX queues through the XDP translator to the XDP responder,
+    over veth without the bridge: every report sent is executed, or counted where it was lost."""
+    quick = benchmarks_disabled(pytestconfig)
+    results: dict = {}
+    benchmark.pedantic(lambda: results.update(translator_live_direct(
+        [50_000] if quick else [100_000, 200_000, 400_000, 600_000, 800_000, 1_000_000, 0],
+        seconds=0.2 if quick else 1.0, queues=2)), rounds=1, iterations=1)
+    for step in results["steps"]:
+        lost = step["lost"]
+        assert step["executed"] + lost.get("before_translator", 0) + lost.get("in_translator", 0) + \
+            lost.get("before_collector", 0) == step["sent"], step
+        assert step["lossless"] == (not lost)
+    benchmark.extra_info.update(results)
+    print(f"\ndirect path, 2 RX queues: {results['max_lossless_reports_per_s']:,} reports/s without loss; "
+          f"steps {[(step['offered'], step['achieved'], step['lost']) for step in results['steps']]}")
 
 
 FLOOR_PROGRAMS = ("floor_empty", "floor_clock", "floor_counter_add", "floor_hash_lookup", "floor_store_80",

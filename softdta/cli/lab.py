@@ -86,6 +86,12 @@ def _bench(args) -> int:
     print(f"  live lab, Key-Write N=1 from the kernel generator: {kernel['max_lossless_reports_per_s']:,} reports/s "
           "without loss" + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, reached "
                             f"{first_loss['achieved']:,}/s, lost {first_loss['lost']}" if first_loss else ""))
+    for name, direct in results["translator_live_direct"].items():
+        first_loss = next((step for step in direct["steps"] if not step["lossless"]), None)
+        print(f"  direct path (generators -> XDP translator -> XDP responder), {direct['rx_queues']} RX queue(s): "
+              f"{direct['max_lossless_reports_per_s']:,} reports/s without loss"
+              + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, lost {first_loss['lost']}"
+                 if first_loss else ""))
     c = collector["c_epoll"]
     print(f"  collector CPU per report: xdp responder (kernel, UC 8 B) "
           f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns, userspace 0; "

@@ -30,8 +30,10 @@ class KernelReporter:
     """Sends a plan's reports out of `interface` (in namespace `netns`); report i is `plan.report_at(i)`, and
     `sent` counts every report the program put on the wire, across runs."""
 
-    def __init__(self, plan: GeneratorPlan, interface: str, netns: str | None = None):
-        self.plan, self.netns = plan, netns
+    def __init__(self, plan: GeneratorPlan, interface: str, netns: str | None = None, holder: str = "lo"):
+        """`holder`: an interface of the namespace whose XDP hook keeps the program in the dispatcher (see
+        _keep_dispatched); each generator of a namespace needs its own."""
+        self.plan, self.netns, self.holder = plan, netns, holder
         try:
             with self._inside():
                 self.ifindex = socket.if_nametoindex(interface)
@@ -60,15 +62,15 @@ class KernelReporter:
         A test run of more than one frame adds the program to the dispatcher and takes it out again, and each
         change waits for an RCU grace period: 24 ms per call on this machine, whatever the count. A program
         attached somewhere stays in the dispatcher, and then a call costs 0.1 ms. So the program is linked to
-        the namespace's loopback, where it passes every frame (it sends only in a test run on `ifindex`); the
-        link ends with this object, or with the process. Where that fails (another XDP program on lo), calls
-        stay correct and cost the grace periods."""
+        the holder (the namespace's loopback by default), where it passes every frame (it sends only in a test
+        run on `ifindex`); the link ends with this object, or with the process. Where that fails (another XDP
+        program on the holder), calls stay correct and cost the grace periods."""
         with self._inside():
-            loopback = socket.if_nametoindex("lo")
-            if self.ifindex == loopback:
+            holder = socket.if_nametoindex(self.holder)
+            if self.ifindex == holder:
                 return
             try:
-                self._link = link_xdp(loopback, self._program.fd)
+                self._link = link_xdp(holder, self._program.fd)
             except BpfError:
                 pass
 

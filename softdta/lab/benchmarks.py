@@ -450,7 +450,15 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
     steps: list[dict] = []
     try:
         veth_pair(reporter_ns, "r0", translator_ns, "t0", mac_b=lab.TRANSLATOR_MAC, queues=queues)
-        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=lab.TRANSLATOR_MAC, mac_b=lab.COLLECTOR_MAC)
+        # as many queues towards the collector: a frame keeps the queue its report came in on, so each responder
+        # queue takes the QPs of one translator queue, in order, on that queue's CPU
+        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=lab.TRANSLATOR_MAC, mac_b=lab.COLLECTOR_MAC,
+                  queues=queues)
+        cpus = sorted(os.sched_getaffinity(0))
+        for queue in range(queues if queues > 1 else 0):  # XPS: what CPU q sends leaves on TX queue q (the flow
+            # hash would put every RoCE frame on one queue, and both CPUs would fill its ring)
+            translator_ns.run("sh", "-c", f"echo {1 << cpus[queue % len(cpus)]:x} > "
+                                          f"/sys/class/net/t1/queues/tx-{queue}/xps_cpus")
         address(translator_ns, "t1", f"{lab.TRANSLATOR_IP}/16")
         address(collector_ns, "c0", f"{lab.COLLECTOR_IP}/16")
         config = CollectorConfig.from_dict({
@@ -472,9 +480,11 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
             sender = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"),
                                               mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
             template = dta.key_write(bytes(range(13)), bytes(20), 1, extended=True)
+            for queue in range(1, queues):  # where the generators after the first stay dispatched (lo holds one)
+                reporter_ns.run("ip", "link", "add", f"hold{queue}", "type", "veth", "peer", f"hold{queue}p")
             generators = [KernelReporter(plan(template, sender.frame(template), key_span=keys), "r0",
-                                         reporter_ns.name) for _ in range(queues)]
-            cpus = sorted(os.sched_getaffinity(0))
+                                         reporter_ns.name, holder=f"hold{queue}" if queue else "lo")
+                          for queue in range(queues)]
             namespaces = (reporter_ns.name, translator_ns.name, collector_ns.name)
 
             def counts() -> dict:
@@ -836,6 +846,9 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
         "translator_live_lab_kernel_generator": translator_live_kernel(
             [50_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 0],
             seconds=0.3 if quick else 1.0),
+        "translator_live_direct": {f"{queues}_rx_queues": translator_live_direct(
+            [100_000, 400_000] if quick else [100_000, 200_000, 400_000, 600_000, 800_000, 1_000_000, 1_200_000, 0],
+            seconds=0.3 if quick else 1.0, queues=queues) for queues in (1, 2)},
         "collector_cpu_ns_per_report": {"xdp_responder_kernel": collector_xdp_responder(repeat),
                                         "python_asyncio": collector_python(count),
                                         "c_epoll": collector_c(count)},

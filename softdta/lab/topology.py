@@ -11,10 +11,10 @@ backend over rdma_rxe, at the collector's address.
 The translator is `softdta translator up --engine xdp` (the kernel fast path) or `--engine python` (the
 reference translator on AF_XDP, softdta.engines.python). It is single-armed, like a translator box with one port
 on the switch: reports come in, RoCEv2 leaves and the collector's ACKs and NAKs return on t0, which has one RX
-queue, so the translator asks for one queue pair per structure (docs/translator.md, "Order on the wire"). Every name starts with
-`sdta-lab-`; `down` finds and removes them even when `up` crashed half-way. The translator and the collector run
-as processes (their own CLI); their PIDs, logs and configuration live in STATE_DIR, and the translator's maps are
-pinned in PIN_DIR.
+queue, so the translator asks for one queue pair per structure (docs/translator.md, "Order on the wire").
+Every name starts with `sdta-lab-`; `down` finds and removes them even when `up` crashed half-way. The
+translator and the collector run as processes (their own CLI); their PIDs, logs and configuration live in
+STATE_DIR, and the translator's maps are pinned in PIN_DIR.
 """
 
 from __future__ import annotations
