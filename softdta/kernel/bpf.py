@@ -343,10 +343,15 @@ def program_run_stats(path: str | Path) -> tuple[int, int]:
     fd = _check(_lib.bpf_obj_get(os.fsencode(path)), f"open pinned program {path}",
                 {errno.ENOENT: "nothing is pinned there; is the translator running?"})
     try:
-        fields = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
-                      if ":\t" in line)
+        return run_stats(fd)
     finally:
         os.close(fd)
+
+
+def run_stats(fd: int) -> tuple[int, int]:
+    """(run time in ns, runs) of the program behind `fd` while run-time statistics are on."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+                  if ":\t" in line)
     return int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0))
 
 

@@ -440,6 +440,7 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
     from softdta.collector.xdp_backend import XdpBackend
     from softdta.core.generator import plan
     from softdta.engines.xdp import XdpTranslator
+    from softdta.kernel.bpf import enable_run_stats, run_stats
     from softdta.kernel.generator import KernelReporter
     from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, link_drops, veth_pair
     from softdta.lab import topology as lab
@@ -448,6 +449,7 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
     cleanup_prefix(prefix)
     reporter_ns, translator_ns, collector_ns = (Namespace.create(prefix + name) for name in "rtc")
     steps: list[dict] = []
+    profile = None
     try:
         veth_pair(reporter_ns, "r0", translator_ns, "t0", mac_b=lab.TRANSLATOR_MAC, queues=queues)
         # as many queues towards the collector: a frame keeps the queue its report came in on, so each responder
@@ -486,6 +488,9 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
                                          reporter_ns.name, holder=f"hold{queue}" if queue else "lo")
                           for queue in range(queues)]
             namespaces = (reporter_ns.name, translator_ns.name, collector_ns.name)
+            # where the CPU goes, per report: the translator's XDP and tc stages, and the responder
+            stages = {"translator_xdp": kernel.xdp.fd, "translator_tc": kernel.fanout.fd,
+                      "responder_xdp": collector.backend.responder.program.fd}
 
             def counts() -> dict:
                 with in_netns(translator_ns.name):
@@ -493,38 +498,53 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
                 return {"translated": counters[Counter.RX_REPORTS], "emitted": counters[Counter.TX_FRAMES],
                         "translator_drops": sum(n for counter, n in counters.items()
                                                 if counter.name.startswith("DROP_")),
-                        "executed": collector.counters().get("executed", 0), "links": link_drops(namespaces)}
+                        "executed": collector.counters().get("executed", 0), "links": link_drops(namespaces),
+                        "run_ns": {stage: run_stats(fd)[0] for stage, fd in stages.items()}}
 
             def generate(queue: int, rate: float, sent: list[int]) -> None:
                 os.sched_setaffinity(0, {cpus[queue % len(cpus)]})
                 sent.append(generators[queue].run(rate=rate / queues, seconds=seconds).frames)
 
+            def step(rate: float, profiled: bool = False) -> dict:
+                before, sent = counts(), []
+                threads = [threading.Thread(target=generate, args=(queue, rate, sent)) for queue in range(queues)]
+                started = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                elapsed = time.perf_counter() - started
+                deadline = time.monotonic() + 3.0  # the last reports may still be on their way
+                while (after := counts())["executed"] - before["executed"] < sum(sent) and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.02)
+                lost = {"before_translator": sum(sent) - (after["translated"] - before["translated"]),
+                        "in_translator": after["translator_drops"] - before["translator_drops"],
+                        "before_collector": (after["emitted"] - before["emitted"])
+                        - (after["executed"] - before["executed"]),
+                        **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()
+                           if n != before["links"].get(name, 0)}}
+                lost = {where: n for where, n in lost.items() if n}
+                result = {"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
+                          "executed": after["executed"] - before["executed"], "lost": lost, "lossless": not lost}
+                if profiled:
+                    result["cpu_ns_per_report"] = {stage: round((after["run_ns"][stage] - before["run_ns"][stage])
+                                                                / max(1, sum(sent))) for stage in stages}
+                return result
+
             try:
                 for rate in rates:
-                    before, sent = counts(), []
-                    threads = [threading.Thread(target=generate, args=(queue, rate, sent)) for queue in range(queues)]
-                    started = time.perf_counter()
-                    for thread in threads:
-                        thread.start()
-                    for thread in threads:
-                        thread.join()
-                    elapsed = time.perf_counter() - started
-                    deadline = time.monotonic() + 3.0  # the last reports may still be on their way
-                    while (after := counts())["executed"] - before["executed"] < sum(sent) and \
-                            time.monotonic() < deadline:
-                        time.sleep(0.02)
-                    lost = {"before_translator": sum(sent) - (after["translated"] - before["translated"]),
-                            "in_translator": after["translator_drops"] - before["translator_drops"],
-                            "before_collector": (after["emitted"] - before["emitted"])
-                            - (after["executed"] - before["executed"]),
-                            **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()
-                               if n != before["links"].get(name, 0)}}
-                    lost = {where: n for where, n in lost.items() if n}
-                    steps.append({"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
-                                  "executed": after["executed"] - before["executed"], "lost": lost,
-                                  "lossless": not lost})
-                    if lost:
+                    steps.append(step(rate))
+                    if not steps[-1]["lossless"]:
                         break
+                # where the CPU goes, at the highest lossless rate: run-time statistics cost two clock reads per
+                # program run, so the ladder runs without them
+                lossless = [each["achieved"] for each in steps if each["lossless"]]
+                stats = enable_run_stats()
+                try:
+                    profile = step(max(lossless), profiled=True) if lossless else None
+                finally:
+                    os.close(stats)
             finally:
                 for generator in generators:
                     generator.close()
@@ -534,10 +554,11 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
             collector.close()
     finally:
         cleanup_prefix(prefix)
-    lossless = [step["achieved"] for step in steps if step["lossless"]]
+    lossless = [each["achieved"] for each in steps if each["lossless"]]
     return {"primitive": "key-write N=1", "path": "generator -> veth -> XDP translator -> veth -> XDP responder",
             "rx_queues": queues, "seconds_per_step": seconds, "steps": steps,
-            "max_lossless_reports_per_s": max(lossless) if lossless else 0}
+            "max_lossless_reports_per_s": max(lossless) if lossless else 0,
+            "profiled_step": profile}
 
 
 def translator_python_engine(count: int) -> dict:
