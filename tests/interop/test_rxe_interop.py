@@ -8,6 +8,7 @@ what the reference model predicts.
 """
 
 import json
+import socket
 import time
 import urllib.request
 from dataclasses import replace
@@ -347,3 +348,62 @@ def _tables_with_rkey(rig, qp_name: str, rkey: int) -> Tables:
         if entry["qp"]["name"] == qp_name:
             entry["qp"]["rkey"] = rkey
     return Tables.from_dict(document)
+
+
+def test_two_rx_queues_write_through_their_own_queue_pairs_into_one_rxe_region(collector):
+    """A translator with two RX queues asks the verbs collector for two queue pairs per structure, over the one
+    region it registered: rxe takes each queue's writes in PSN order on that queue's QP. (Last in the module:
+    its session shares the translator's IP with the module's links.)"""
+    rig = collector
+    guest = rig.guest
+    translator = {"mac": guest.host_mac, "ip": guest.host_ip.split("/")[0], "ack_request_interval": 4,
+                  "grace_ms": 50.0}
+    with in_netns(guest.namespace.name):
+        links = CollectorLinks(translator, [(guest.guest_ip, 40050)], TOKEN, first_qpn=0x8000, queues=2)
+        tables = links.start(timeout=30)
+        guest.namespace.run("ip", "link", "add", "mq0", "numrxqueues", "2", "numtxqueues", "2", "type", "veth",
+                            "peer", "mq1")
+        ifindex = socket.if_nametoindex("mq0")
+    kernel = XdpTranslator(tables, flush_idle_ns=0)
+    try:
+        assert tables.queue_limit()[0] == 2
+        for owner in tables.structures + tables.append_lists:
+            first, second = owner.qps
+            assert (first.rkey, first.base_va) == (second.rkey, second.base_va) and \
+                first.remote_qpn != second.remote_qpn
+        reference, balance = Translator(tables), Balance(rig)
+        keys = fresh_keys(71, 60)
+        reports = [dta.key_write(key, 2000 + index, 2) for index, key in enumerate(keys)] + \
+            [dta.key_increment(key, 3, 2) for key in keys[:20]]
+        sent = 0
+        with in_netns(guest.namespace.name):
+            for index, report in enumerate(reports):
+                frame, queue = rig.reporter.frame(report), index % 2
+                out = kernel.process(frame, queue=queue, ifindex=ifindex)
+                assert out.frames == reference.process(frame, 0, queue).frames
+                for emitted_frame in out.frames:
+                    guest.send(emitted_frame)
+                    sent += 1
+                    time.sleep(0.002)  # the guest is emulated (TCG): give rxe time
+                for reply in rig.link.collect():
+                    kernel.process(reply)
+        for reply in rig.link.collect(wait=0.5):
+            kernel.process(reply)
+        rxe = {name: count - balance.rxe.get(name, 0) for name, count in guest.hw_counters().items()}
+        counters = kernel.counters()
+        assert sent == counters[Counter.TX_FRAMES] == rxe["rcvd_pkts"]
+        assert rxe["out_of_seq_request"] == rxe["duplicate_request"] == 0
+        assert counters[Counter.RX_ACKS] > 0 and not counters[Counter.RX_NAK_SEQUENCE] + counters[Counter.RX_NAK_FATAL]
+        kw, ki = tables.structure(rig.ip, DtaOpcode.KEY_WRITE), tables.structure(rig.ip, DtaOpcode.KEY_INCREMENT)
+        assert all(kernel.qp_state(qp)["frames_sent"] for qp in kw.qps + ki.qps), "both queues wrote"
+        expected = {qp.remote_qpn: kernel.qp_state(qp)["next_psn"] for qp in tables.qps}
+        health = http(guest, "/health")["qps"]
+        assert all(health[f"{qpn:#x}"]["expected_psn"] == psn for qpn, psn in expected.items())
+        answer = http(guest, f"/key-write/key-write@{guest.guest_ip}", {"keys": [k.hex() for k in keys],
+                                                                       "redundancy": 2})
+        assert [row["value"] for row in answer["results"]] == [f"{2000 + i:08x}" for i in range(len(keys))]
+        assert counts(rig, keys[:20]) == [3] * 20  # +3 in each of a key's two slots; a query takes the smaller
+    finally:
+        kernel.close()
+        links.close()
+        guest.namespace.run("ip", "link", "del", "mq0", check=False)
