@@ -65,22 +65,23 @@ class Switch:
 
     def __init__(self, program: Path, tables: Tables | None, log_path, **translator_options):
         self.namespace = veth_to_namespace()
-        self.switch = None
-        if tables is not None:  # else `softdta p4 run` runs the switch
-            self.switch = Bmv2(program, {0: SWITCH_PORT}, grpc_port=GRPC_PORT, thrift_port=THRIFT_PORT,
-                               log=log_path)
-            try:
+        self.switch: Bmv2 | None = None
+        self.socket: socket.socket | None = None
+        try:
+            if tables is not None:  # else `softdta p4 run` runs the switch
+                self.switch = Bmv2(program, {0: SWITCH_PORT}, grpc_port=GRPC_PORT, thrift_port=THRIFT_PORT,
+                                   log=log_path)
                 self.switch.translator(**translator_options).apply(tables)
-            except BaseException:  # the fixture never gets the switch to close: no process may outlive the test
-                self.switch.close()
-                raise
-        with in_netns(self.namespace.name):
-            self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-        # nothing reads while the reports go out: room for all that comes back, and none taken by our own frames
-        self.socket.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
-        self.socket.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-        self.socket.bind(("h0", 0))
-        self.socket.settimeout(0.2)
+            with in_netns(self.namespace.name):
+                self.socket = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+            # nothing reads while the reports go out: room for all that comes back, none taken by our own frames
+            self.socket.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+            self.socket.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+            self.socket.bind(("h0", 0))
+            self.socket.settimeout(0.2)
+        except BaseException:  # the fixture never gets a switch to close: no process, link or namespace may stay
+            self.close()
+            raise
 
     def exchange(self, frames: list[bytes], expected: int, deadline_s: float = 60.0) -> list[bytes]:
         self.send(frames)
@@ -106,7 +107,8 @@ class Switch:
         return received
 
     def close(self) -> None:
-        self.socket.close()
+        if self.socket is not None:
+            self.socket.close()
         if self.switch is not None:
             self.switch.close()
         subprocess.run(["ip", "link", "del", SWITCH_PORT], capture_output=True)
