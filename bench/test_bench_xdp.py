@@ -129,9 +129,9 @@ def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig):
         seconds=0.2 if quick else 1.0, queues=2)), rounds=1, iterations=1)
     for step in results["steps"]:
         lost = step["lost"]
+        # Key-Write N=1: each report translated is one frame emitted or one counted drop
         assert step["executed"] + lost.get("before_translator", 0) + lost.get("in_translator", 0) + \
             lost.get("before_collector", 0) == step["sent"], step
-        assert step["lossless"] == (not lost)
     benchmark.extra_info.update(results)
     print(f"\ndirect path, 2 RX queues: {results['max_lossless_reports_per_s']:,} reports/s without loss; "
           f"steps {[(step['offered'], step['achieved'], step['lost']) for step in results['steps']]}")

@@ -16,12 +16,33 @@ from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
 from softdta.lab.benchmarks import COLLECTOR_IP as COLLECTOR_IP  # the collector of examples/tables.toml
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import DTA_PORT
+from softdta.spec import DTA_PORT, PSN_MASK
 from softdta.wire.dta import Profile, Report
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
+from softdta.wire.roce import RoceFrame, parse_roce
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TABLES = ROOT / "examples" / "tables.toml"
+
+
+def assert_every_queue_wrote_in_psn_order(tables, seen: list[bytes], expected: list[bytes]) -> None:
+    """RoCEv2 frames `seen` from a translator with a QP per RX queue, against the reference's `expected` (made as
+    if every report came in on queue 0): each QP's PSNs run on from its start, queue 0's QPs and the others both
+    sent, and the frames do to the collector's memory what the reference's do (all but QPN and PSN)."""
+    by_qpn: dict[int, list[RoceFrame]] = {}
+    for frame in map(parse_roce, seen):
+        assert frame.icrc_ok
+        by_qpn.setdefault(frame.bth["dest_qp"], []).append(frame)
+    start = {qp.remote_qpn: qp.start_psn for qp in tables.qps}
+    for qpn, frames in by_qpn.items():
+        assert [f.bth["psn"] for f in frames] == [(start[qpn] + i) & PSN_MASK for i in range(len(frames))], \
+            f"QP {qpn:#x} out of PSN order"
+    later_queues = {qp.remote_qpn for owner in tables.structures + tables.append_lists for qp in owner.queue_qps}
+    assert set(by_qpn) & later_queues and set(by_qpn) - later_queues, "the reports took one RX queue only"
+
+    def writes(frames: list[bytes]) -> list[tuple]:
+        return sorted((f.opcode, repr(sorted(f.headers.items())), f.payload) for f in map(parse_roce, frames))
+    assert writes(seen) == writes(expected)
 
 
 def frames_of(reporter: ReporterAddress, reports: list[Report], profile: Profile = Profile.DTA_V1) -> list[bytes]:

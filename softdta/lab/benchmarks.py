@@ -404,14 +404,7 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
                     if done or time.monotonic() > deadline:
                         break
                     time.sleep(0.02)
-                # where reports went missing, hop by hop
-                lost = {"before_translator": sent.frames - (after["translated"] - before["translated"]),
-                        "in_translator": after["translator_drops"] - before["translator_drops"],
-                        "before_collector": (after["emitted"] - before["emitted"])
-                        - (after["executed"] - before["executed"]),
-                        **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()
-                           if n != before["links"].get(name, 0)}}
-                lost = {where: n for where, n in lost.items() if n}
+                lost = _losses(before, after, sent.frames)
                 steps.append({"offered": rate, "achieved": round(sent.rate), "sent": sent.frames,
                               "executed": after["executed"] - before["executed"], "lost": lost,
                               "lossless": not lost})
@@ -422,6 +415,16 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
     lossless = [step["achieved"] for step in steps if step["lossless"]]
     return {"primitive": "key-write N=1", "generator": "kernel", "seconds_per_step": seconds, "steps": steps,
             "max_lossless_reports_per_s": max(lossless) if lossless else 0}
+
+
+def _losses(before: dict, after: dict, sent: int) -> dict[str, int]:
+    """Where `sent` reports went missing between two readings of a live path, hop by hop (nonzero hops only):
+    before the translator took them, dropped in it, between it and the collector, and on each link."""
+    lost = {"before_translator": sent - (after["translated"] - before["translated"]),
+            "in_translator": after["translator_drops"] - before["translator_drops"],
+            "before_collector": (after["emitted"] - before["emitted"]) - (after["executed"] - before["executed"]),
+            **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()}}
+    return {where: n for where, n in lost.items() if n}
 
 
 def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int = 2, keys: int = 4096) -> dict:
@@ -457,8 +460,9 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
         veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=lab.TRANSLATOR_MAC, mac_b=lab.COLLECTOR_MAC,
                   queues=queues)
         cpus = sorted(os.sched_getaffinity(0))
-        for queue in range(queues if queues > 1 else 0):  # XPS: what CPU q sends leaves on TX queue q (the flow
-            # hash would put every RoCE frame on one queue, and both CPUs would fill its ring)
+        # XPS: what CPU q sends leaves on TX queue q (the flow hash would put every RoCE frame on one queue, and
+        # both CPUs would fill its ring); a single queue takes no XPS map
+        for queue in range(queues) if queues > 1 else ():
             translator_ns.run("sh", "-c", f"echo {1 << cpus[queue % len(cpus)]:x} > "
                                           f"/sys/class/net/t1/queues/tx-{queue}/xps_cpus")
         address(translator_ns, "t1", f"{lab.TRANSLATOR_IP}/16")
@@ -518,13 +522,7 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
                 while (after := counts())["executed"] - before["executed"] < sum(sent) and \
                         time.monotonic() < deadline:
                     time.sleep(0.02)
-                lost = {"before_translator": sum(sent) - (after["translated"] - before["translated"]),
-                        "in_translator": after["translator_drops"] - before["translator_drops"],
-                        "before_collector": (after["emitted"] - before["emitted"])
-                        - (after["executed"] - before["executed"]),
-                        **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()
-                           if n != before["links"].get(name, 0)}}
-                lost = {where: n for where, n in lost.items() if n}
+                lost = _losses(before, after, sum(sent))
                 result = {"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
                           "executed": after["executed"] - before["executed"], "lost": lost, "lossless": not lost}
                 if profiled:

@@ -29,10 +29,16 @@ from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, v
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import PSN_MASK, ROCE_PORT, Counter, DtaOpcode, QpState
+from softdta.spec import ROCE_PORT, Counter, DtaOpcode, QpState
 from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.wire.roce import parse_roce
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, capture_on, hop_frames, udp_frames
+from tests.common import (
+    COLLECTOR_IP,
+    EXAMPLE_TABLES,
+    assert_every_queue_wrote_in_psn_order,
+    capture_on,
+    hop_frames,
+    udp_frames,
+)
 
 pytestmark = pytest.mark.privileged
 
@@ -244,18 +250,7 @@ def test_an_af_xdp_socket_per_rx_queue_and_each_queue_writes_through_its_own_qps
         seen = run_live(engine, translator_ns, far, capture, frames, lambda: engine.attach(["t0"]))
         assert len(engine.queues) == 2 and engine.io_name == "AF_XDP copy"
     assert len(seen) == len(expected)
-    by_qpn: dict[int, list] = {}
-    for frame in map(parse_roce, seen):
-        by_qpn.setdefault(frame.bth["dest_qp"], []).append(frame)
-    start = {qp.remote_qpn: qp.start_psn for qp in tables.qps}
-    for qpn, sent in by_qpn.items():
-        assert [f.bth["psn"] for f in sent] == [(start[qpn] + i) & PSN_MASK for i in range(len(sent))]
-    queue_1 = {qp.remote_qpn for owner in tables.structures + tables.append_lists for qp in owner.queue_qps}
-    assert set(by_qpn) & queue_1 and set(by_qpn) - queue_1, "the reports took one RX queue only"
-
-    def writes(frames):
-        return sorted((f.opcode, repr(sorted(f.headers.items())), f.payload) for f in frames)
-    assert writes(map(parse_roce, seen)) == writes(map(parse_roce, expected))
+    assert_every_queue_wrote_in_psn_order(tables, seen, expected)
 
 
 def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
