@@ -61,7 +61,7 @@ static __always_inline int translate(struct xdp_md *ctx)
 		if (copy_payload(ctx, s, payload_off, take))
 			reason = CNT_DROP_TRUNCATED;
 		if (!reason)
-			reason = decode_report(payload_len, cfg->profile);
+			reason = decode_report(s, payload_len, cfg->profile);
 		if (!reason)
 			count(CNT_RX_KEY_WRITE + s->report.opcode - 1);
 		if (!reason && s->report.retransmit)

@@ -12,18 +12,39 @@ static __always_inline __u32 reversed_key_state(const struct report *r, const __
 	return crc;
 }
 
+/* CRC-32 of the key reversed, four bytes per step (slice-by-4): the bytes key[n-1-i] .. key[n-4-i], in that
+ * order, are the big-endian word at key[n-4-i] (a load that ends inside the report, as data follows key). */
 static __always_inline __u32 key_checksum(const struct report *r)
 {
-	return reversed_key_state(r, crc32_slice8[0]) ^ 0xffffffff;
+	__u32 crc = 0xffffffff, i = 0, n = r->key_len;
+
+	for (; i < MAX_KEY_LEN && i + 4 <= n; i += 4) {
+		__u32 word = crc ^ get32(r->key + ((n - 4 - i) & (MAX_KEY_LEN - 1)));
+
+		crc = crc32_slice8[3][word & 0xff] ^ crc32_slice8[2][(word >> 8) & 0xff] ^
+		      crc32_slice8[1][(word >> 16) & 0xff] ^ crc32_slice8[0][word >> 24];
+	}
+	for (int step = 0; step < 3 && i < n; step++, i++)
+		crc = crc32_byte(crc32_slice8[0], crc, r->key[(n - 1 - i) & (MAX_KEY_LEN - 1)]);
+	return crc ^ 0xffffffff;
 }
 
-/* The slot hash of copy `copy`. dta-v1 hashes with the checksum's own table, so it continues the checksum (the
- * key's raw state is checksum ^ 0xffffffff) with one byte instead of hashing the key again. */
-static __noinline __u32 key_slot_hash(const struct report *r, __u32 copy, __u32 scheme, __u32 checksum)
+/* The slot hash of copy `copy` under the independent scheme: the key hashed again with the copy's polynomial. */
+static __noinline __u32 independent_slot_hash(const struct report *r, __u32 copy)
 {
 	copy &= MAX_REDUNDANCY - 1;
-	if (scheme == KEY_HASH_INDEPENDENT)
-		return crc32_byte(crc32_key_hash[copy], reversed_key_state(r, crc32_key_hash[copy]), copy) ^ 0xffffffff;
+	return crc32_byte(crc32_key_hash[copy], reversed_key_state(r, crc32_key_hash[copy]), copy) ^ 0xffffffff;
+}
+
+_Static_assert(KEY_HASH_POLYNOMIALS_0 == 0x04c11db7, "copy 0 of the independent scheme hashes like the checksum");
+
+/* The slot hash of copy `copy`. dta-v1 hashes with the checksum's own table, and so does copy 0 of the
+ * independent scheme: those continue the checksum (the key's raw state is checksum ^ 0xffffffff) with one byte
+ * instead of hashing the key again, inline, as that costs less than a call. */
+static __always_inline __u32 key_slot_hash(const struct report *r, __u32 copy, __u32 scheme, __u32 checksum)
+{
+	if (scheme == KEY_HASH_INDEPENDENT && copy)
+		return independent_slot_hash(r, copy);
 	return crc32_byte(crc32_slice8[0], checksum ^ 0xffffffff, copy) ^ 0xffffffff;
 }
 

@@ -80,9 +80,10 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 		count(CNT_DROP_BAD_LENGTH);
 		return XDP_DROP;
 	}
-	/* Grow into the tailroom, or else the headroom: drivers (veth with small skbs) may offer only one. */
-	if (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have) &&
-	    (len < have || bpf_xdp_adjust_head(ctx, (int)have - (int)len))) {
+	/* Grow into the headroom, which, unlike the tailroom, the kernel need not zero first; or else into the
+	 * tailroom: drivers may offer only one. Shrink at the tail. */
+	if (len != have && (len < have || bpf_xdp_adjust_head(ctx, (int)have - (int)len)) &&
+	    bpf_xdp_adjust_tail(ctx, (int)len - (int)have)) {
 		count(CNT_DROP_NO_ROOM);
 		return XDP_DROP;
 	}

@@ -2,7 +2,8 @@
 #ifndef SOFTDTA_TRANSLATOR_REPORT_H
 #define SOFTDTA_TRANSLATOR_REPORT_H
 
-static __always_inline __u32 decode_report_body(struct scratch *s, __u32 len, __u32 profile)
+/* Inline in the one caller: a call would cost more than the checks (docs/translator.md, "Where the time goes"). */
+static __always_inline __u32 decode_report(struct scratch *s, __u32 len, __u32 profile)
 {
 	struct report *r = &s->report;
 	const __u8 *p = s->raw;
@@ -161,24 +162,18 @@ static __always_inline __u32 decode_report_body(struct scratch *s, __u32 len, __
 	if (r->opcode == DTA_OP_SKETCH_MERGE && (r->rows < 1 || r->rows > MAX_SKETCH_ROWS))
 		return CNT_DROP_BAD_LENGTH;
 
+	/* A word at a time: the last word may take up to 7 bytes past the field, which nothing reads (raw has
+	 * room for them, and the arrays are sized in words). */
 	if (r->opcode != DTA_OP_APPEND && r->opcode != DTA_OP_SKETCH_MERGE)
-		for (__u32 i = 0; i < MAX_KEY_LEN && i < r->key_len; i++)
-			r->key[i] = p[(key_at + i) & RAW_MASK];
+		for (__u32 i = 0; i < MAX_KEY_LEN && i < r->key_len; i += 8)
+			*(__u64 *)(r->key + i) = *(const __u64 *)(p + ((key_at + i) & RAW_MASK));
 	if (r->opcode == DTA_OP_SKETCH_MERGE)
 		for (__u32 i = 0; i < MAX_SKETCH_ROWS && i < r->rows; i++)
 			r->counters[i] = get32(p + ((data_at + 4 * i) & RAW_MASK));
 	else if (r->opcode != DTA_OP_KEY_INCREMENT)
-		for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i++)
-			r->data[i] = p[(data_at + i) & RAW_MASK];
+		for (__u32 i = 0; i < MAX_DATA_LEN && i < r->data_len; i += 8)
+			*(__u64 *)(r->data + i) = *(const __u64 *)(p + ((data_at + i) & RAW_MASK));
 	return 0;
-}
-
-/* Global, so the verifier checks it once rather than once per call path. */
-__noinline __u32 decode_report(__u32 len, __u32 profile)
-{
-	struct scratch *s = scratch_get();
-
-	return s ? decode_report_body(s, len, profile) : CNT_DROP_TRUNCATED;
 }
 
 #endif /* SOFTDTA_TRANSLATOR_REPORT_H */

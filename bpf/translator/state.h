@@ -4,6 +4,8 @@
 
 #define RAW_MAX 160		/* longer than any report payload, so every length check sees all it needs */
 #define RAW_MASK 127		/* valid reports end before byte 128 (extended Key-Write: 7 + 32 + 64) */
+_Static_assert(RAW_MAX >= RAW_MASK + 1 + 8, "a word load at any masked raw index stays inside raw");
+_Static_assert(MAX_KEY_LEN % 8 == 0 && MAX_DATA_LEN % 8 == 0, "key and data arrays are copied in words");
 #define OUT_SIZE 2048		/* frames being built; a power of two for index masks */
 #define OUT_MASK (OUT_SIZE - 1)
 #define OUT_LIMIT 1024		/* the frames of one report, back to back, end before this */
@@ -13,6 +15,7 @@
 /* In the IP packet, where the bytes that change from frame to frame of one QP and shape start: BTH AckReq. */
 #define ICRC_VARIABLE_FROM (IPV4_SIZE + UDP_SIZE + BTH_ACK_REQ_OFF)
 #define FRAME_FIXED_LEN (ETHERNET_SIZE + ICRC_VARIABLE_FROM)
+#define TAIL_CRC_INLINE (8 * CRC_SHORT_WORDS + 4)	/* longer tails (Append batches) hash in a subprogram */
 #define FRAME_FIXED_WORDS ((FRAME_FIXED_LEN + 7) / 8)	/* copied a word at a time; the tail is written after */
 /* n, for 1 <= n <= limit (a power of two), in a form the verifier bounds to 1..limit for helper sizes */
 #define NONZERO(n, limit) ((((n) - 1) & ((limit) - 1)) + 1)
