@@ -23,7 +23,7 @@ from softdta.lab.benchmarks import (
     translator_live_direct,
     translator_queue_scaling,
 )
-from softdta.spec import Counter, DtaOpcode
+from softdta.spec import MAX_REDUNDANCY, Counter, DtaOpcode
 from softdta.wire import dta
 
 pytestmark = pytest.mark.privileged
@@ -119,21 +119,23 @@ def test_xdp_translator_scales_over_rx_queues(benchmark, pytestconfig):
               f"{figures['two_queues_reports_per_s']:,} on two ({figures['scaling']}x)")
 
 
-def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig):
+@pytest.mark.parametrize("redundancy", [1, MAX_REDUNDANCY], ids=["frames from XDP", "frames through the tc stage"])
+def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig, redundancy):
     """Key-Write N=1 from kernel generators on two RX queues through the XDP translator to the XDP responder,
     over veth without the bridge: every report sent is executed, or counted where it was lost."""
     quick = benchmarks_disabled(pytestconfig)
     results: dict = {}
     benchmark.pedantic(lambda: results.update(translator_live_direct(
-        [50_000] if quick else [100_000, 200_000, 400_000, 600_000, 800_000, 1_000_000, 0],
-        seconds=0.2 if quick else 1.0, queues=2)), rounds=1, iterations=1)
+        [50_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000, 2_000_000, 0],
+        seconds=0.2 if quick else 1.0, queues=2, redundancy=redundancy)), rounds=1, iterations=1)
     for step in results["steps"]:
         lost = step["lost"]
         # Key-Write N=1: each report translated is one frame emitted or one counted drop
         assert step["executed"] + lost.get("before_translator", 0) + lost.get("in_translator", 0) + \
             lost.get("before_collector", 0) == step["sent"], step
     benchmark.extra_info.update(results)
-    print(f"\ndirect path, 2 RX queues: {results['max_lossless_reports_per_s']:,} reports/s without loss; "
+    print(f"\ndirect path ({results['path']}), 2 RX queues: {results['max_lossless_reports_per_s']:,} reports/s "
+          "without loss; "
           f"steps {[(step['offered'], step['achieved'], step['lost']) for step in results['steps']]}")
 
 

@@ -560,6 +560,8 @@ struct structure_value_t {
     bit<8> hops;
     bit<8> merge;
     bit<32> key_hash; // spec.KeyHash
+    bit<8> redundancy; // Key-Write, Key-Increment: the most copies a report may ask for; at 1 the frames leave from XDP, without the tc stage
+    bit<24> pad;
     bit<32> rows;
     bit<32> reporters;
     bit<32> columns;

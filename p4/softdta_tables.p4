@@ -87,7 +87,7 @@ table qp_by_local_qpn {
 
 // a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP
 @id(0x01000005) @name(".set_structure")
-action set_structure(bit<32> qp_index, bit<32> queues, bit<32> slot_count, bit<32> slot_size, bit<8> key_len, bit<8> data_len, bit<8> hops, bit<8> merge, bit<32> key_hash, bit<32> rows, bit<32> reporters, bit<32> columns, bit<32> cache_entries, bit<32> batch, bit<32> state_index) {
+action set_structure(bit<32> qp_index, bit<32> queues, bit<32> slot_count, bit<32> slot_size, bit<8> key_len, bit<8> data_len, bit<8> hops, bit<8> merge, bit<32> key_hash, bit<8> redundancy, bit<32> rows, bit<32> reporters, bit<32> columns, bit<32> cache_entries, bit<32> batch, bit<32> state_index) {
     meta.tables.structure.qp_index = qp_index;
     meta.tables.structure.queues = queues;
     meta.tables.structure.slot_count = slot_count;
@@ -97,6 +97,7 @@ action set_structure(bit<32> qp_index, bit<32> queues, bit<32> slot_count, bit<3
     meta.tables.structure.hops = hops;
     meta.tables.structure.merge = merge;
     meta.tables.structure.key_hash = key_hash;
+    meta.tables.structure.redundancy = redundancy;
     meta.tables.structure.rows = rows;
     meta.tables.structure.reporters = reporters;
     meta.tables.structure.columns = columns;

@@ -862,7 +862,8 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             if (opcode == DTA_OP_KEY_WRITE || opcode == DTA_OP_KEY_INCREMENT) {
                 bit<8> redundancy = hdr.dta.key_write.isValid() ? hdr.dta.key_write.redundancy
                                                                 : hdr.dta.key_increment.redundancy;
-                if (redundancy == 0 || redundancy > MAX_REDUNDANCY) {
+                if (redundancy == 0 || redundancy > MAX_REDUNDANCY
+                    || redundancy > meta.tables.structure.redundancy) {
                     consume(CNT_DROP_BAD_REDUNDANCY);
                     return;
                 }

@@ -432,7 +432,8 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
             if (opcode == DTA_OP_KEY_WRITE || opcode == DTA_OP_KEY_INCREMENT) {
                 bit<8> redundancy = opcode == DTA_OP_KEY_WRITE ? hdr.key_write.redundancy
                                                                : hdr.key_increment.redundancy;
-                if (redundancy == 0 || redundancy > MAX_REDUNDANCY) {
+                if (redundancy == 0 || redundancy > MAX_REDUNDANCY
+                    || redundancy > meta.tables.structure.redundancy) {
                     consume(CNT_DROP_BAD_REDUNDANCY);
                     return;
                 }

@@ -1265,6 +1265,8 @@ struct structure_value {
 	__u8 hops;
 	__u8 merge;
 	__u32 key_hash; /* spec.KeyHash */
+	__u8 redundancy; /* Key-Write, Key-Increment: the most copies a report may ask for; at 1 the frames leave from XDP, without the tc stage */
+	__u8 pad[3];
 	__u32 rows;
 	__u32 reporters;
 	__u32 columns;
@@ -1272,7 +1274,7 @@ struct structure_value {
 	__u32 batch;
 	__u32 state_index; /* index into the primitive's state maps */
 };
-_Static_assert(sizeof(struct structure_value) == 48, "struct structure_value does not match softdta/spec/");
+_Static_assert(sizeof(struct structure_value) == 52, "struct structure_value does not match softdta/spec/");
 
 /* append_list key: an Append list: its ring inside a QP's region */
 struct append_list_key {

@@ -14,6 +14,8 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 		return CNT_DROP_UNKNOWN_COLLECTOR;
 	if (r->key_len != st->key_len || (r->opcode == DTA_OP_KEY_WRITE && r->data_len != st->data_len))
 		return CNT_DROP_BAD_LENGTH;
+	if (r->redundancy > st->redundancy)
+		return CNT_DROP_BAD_REDUNDANCY;
 	blocked = sender_lookup(s, st->qp_index, st->queues, &ref, CNT_DROP_UNKNOWN_COLLECTOR) ?:
 		  qp_blocked(ctx, s, &ref);
 	if (blocked)
@@ -50,7 +52,8 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 		frame_len = len;
 	}
 	s->out_count = r->redundancy;
-	s->out_via_tc = 1;
+	/* The structure decides, not the report: every frame of its QPs takes one path (see emit). */
+	s->out_via_tc = st->redundancy > 1;
 	s->out_frame_len = frame_len;
 	s->out_ifindex = ref.q->ifindex;
 	count_n(CNT_TX_FRAMES, r->redundancy);

@@ -65,9 +65,10 @@ static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 }
 
 /* Replaces the packet with the first frame the handler built: sent with XDP_TX or a redirect, or, for
- * Key-Write and Key-Increment (which may need several), passed up to the tc stage, which sends them all. Their
- * QPs use the tc stage for every report, N = 1 too: frames of one QP must never take two paths, or a NAPI poll
- * could put them on the wire out of PSN order. */
+ * Key-Write and Key-Increment structures that take redundant reports (which may need several frames), passed
+ * up to the tc stage, which sends them all. Their QPs use the tc stage for every report, N = 1 too: frames of
+ * one QP must never take two paths, or a NAPI poll could put them on the wire out of PSN order. A structure
+ * with redundancy 1 never needs the tc stage, and its frames skip the skb it costs. */
 static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 {
 	__u64 len = s->out_frame_len, have = ctx->data_end - ctx->data;

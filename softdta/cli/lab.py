@@ -88,7 +88,8 @@ def _bench(args) -> int:
                             f"{first_loss['achieved']:,}/s, lost {first_loss['lost']}" if first_loss else ""))
     for name, direct in results["translator_live_direct"].items():
         first_loss = next((step for step in direct["steps"] if not step["lossless"]), None)
-        print(f"  direct path (generators -> XDP translator -> XDP responder), {direct['rx_queues']} RX queue(s): "
+        print(f"  direct path ({direct['path'].replace('generator', 'generators')}), {direct['rx_queues']} RX "
+              "queue(s): "
               f"{direct['max_lossless_reports_per_s']:,} reports/s without loss"
               + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, lost {first_loss['lost']}"
                  if first_loss else ""))

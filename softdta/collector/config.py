@@ -14,6 +14,7 @@ from softdta.core.settings import Settings, tables_of
 from softdta.core.tables import KEY_HASH_NAMES, TableError, slot_size_of
 from softdta.spec import (
     DTA_V1_POSTCARD_HOPS,
+    MAX_REDUNDANCY,
     POSTCARD_CACHE_ENTRIES,
     PRIMITIVES,
     STRUCTURE_KINDS,
@@ -31,7 +32,7 @@ BACKENDS = ("xdp", "verbs")
 COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "data_dir", "token", "control_port", "query_port",
                   "max_qps", "tls_cert", "tls_key", "tls_client_ca")
 STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
-                  "reporters", "merge", "batch", "transport")
+                  "reporters", "merge", "batch", "transport", "redundancy")
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
 
 
@@ -51,6 +52,7 @@ class StructureSpec:
     merge: str = "sum"
     batch: int = 1
     transport: Transport = Transport.UC
+    redundancy: int = MAX_REDUNDANCY  # Key-Write, Key-Increment: the most copies a report may ask for
 
     @property
     def name(self) -> str:
@@ -85,7 +87,8 @@ class StructureSpec:
     def advertised(self) -> dict:
         """The structure fields of a translator-tables entry (docs/tables.md), without the queue pair."""
         fields = {"primitive": self.name, "key_len": self.key_len, "data_len": self.data_len, "hash": self.hash,
-                  "hops": self.hops, "cache_entries": self.cache_entries, "merge": self.merge, "batch": self.batch}
+                  "hops": self.hops, "cache_entries": self.cache_entries, "merge": self.merge, "batch": self.batch,
+                  "redundancy": self.redundancy}
         if self.primitive is DtaOpcode.SKETCH_MERGE:
             fields.update(columns=self.slots, rows=self.rows, reporters=self.reporters)
         return fields
@@ -198,7 +201,8 @@ class CollectorConfig:
                 cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES, 1),
                 rows=entry.integer("rows", 0, 0), reporters=entry.integer("reporters", 1, 1),
                 merge=entry.text("merge", "sum", ("sum", "max")), batch=entry.integer("batch", 1, 1),
-                transport=_transport(entry.text("transport", default, ("rc", "uc")))))
+                transport=_transport(entry.text("transport", default, ("rc", "uc"))),
+                redundancy=entry.integer("redundancy", MAX_REDUNDANCY, 1, MAX_REDUNDANCY)))
         append = [AppendSpec(first_list=e.integer("first_list", 0, 0), lists=e.integer("lists", 1, 1),
                              entries=e.integer("entries", minimum=1), data_len=e.integer("data_len", 4, 1),
                              batch=e.integer("batch", 4, 1),

@@ -992,7 +992,7 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
         key_at = sub_at + byte_offset(sub, "key")
         data_at = sub_at + byte_offset(sub, "data") if kind is DtaOpcode.KEY_WRITE else 0
     redundancy = gather(rows, sub_at, sub, "redundancy").astype(np.int64)
-    take &= (redundancy >= 1) & (redundancy <= MAX_REDUNDANCY)
+    take &= (redundancy >= 1) & (redundancy <= structure.redundancy)  # the oracle drops the others
     rows, positions, redundancy, immediate = rows[take], positions[take], redundancy[take], immediate[take]
     keys = np.ascontiguousarray(rows[:, key_at:key_at + key_len])
     checksums, slot_hashes = key_hashes_rows(keys, int(redundancy.max(initial=1)), structure.key_hash)

@@ -201,6 +201,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             "qp_index": qp_index[structure.qp.name], "queues": len(structure.qps), "slot_count": structure.slot_count,
             "slot_size": structure.slot_size, "key_len": structure.key_len, "data_len": structure.data_len,
             "hops": structure.hops, "merge": int(structure.merge), "key_hash": int(structure.key_hash),
+            "redundancy": structure.redundancy,
             "rows": structure.rows, "reporters": structure.reporters, "columns": structure.columns,
             "cache_entries": structure.cache_entries, "batch": structure.batch, "state_index": state_index}))
     list_ids = set()

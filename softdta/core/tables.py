@@ -22,6 +22,7 @@ from softdta.spec import (
     MAX_DATA_LEN,
     MAX_KEY_LEN,
     MAX_POSTCARD_HOPS,
+    MAX_REDUNDANCY,
     MAX_RX_QUEUES,
     MAX_SKETCH_ROWS,
     MAX_WRITE_PAYLOAD,
@@ -134,6 +135,7 @@ class Structure(PerQueue):
     merge: SketchMerge = SketchMerge.SUM
     batch: int = 1
     key_hash: KeyHash = KeyHash.DTA_V1
+    redundancy: int = MAX_REDUNDANCY  # Key-Write, Key-Increment: the most copies a report may ask for
     slot_size: int = 0
     slot_count: int = 0
 
@@ -154,6 +156,8 @@ class Structure(PerQueue):
             raise TableError(f"{where}: key_len {self.key_len} must be 1..{MAX_KEY_LEN}")
         if not 1 <= self.data_len <= MAX_DATA_LEN:
             raise TableError(f"{where}: data_len {self.data_len} must be 1..{MAX_DATA_LEN}")
+        if not 1 <= self.redundancy <= MAX_REDUNDANCY:
+            raise TableError(f"{where}: redundancy {self.redundancy} must be 1..{MAX_REDUNDANCY}")
         if self.primitive is DtaOpcode.KEY_INCREMENT:
             if self.qp.transport is not Transport.RC:
                 raise TableError(f"{where}: Key-Increment uses Fetch&Add, which needs an RC queue pair "
@@ -354,7 +358,7 @@ TRANSLATOR_KEYS = ("profile", "mac", "ip", "udp_sport", "dscp", "ttl", "grace_ms
 COLLECTOR_KEYS = ("name", "ip", "mac", "interface")
 QP_KEYS = ("remote_qpn", "local_qpn", "rkey", "base", "length", "start_psn", "transport", "name")
 STRUCTURE_KEYS = ("primitive", "collector", "qp", "hash", "key_len", "data_len", "hops", "cache_entries", "columns",
-                  "rows", "reporters", "merge", "batch")
+                  "rows", "reporters", "merge", "batch", "redundancy")
 APPEND_KEYS = ("collector", "qp", "first_list", "lists", "entries", "data_len", "batch")
 
 
@@ -419,7 +423,8 @@ def _from_dict(document: dict[str, Any]) -> Tables:
             cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES),
             columns=entry.integer("columns", 0), rows=entry.integer("rows", 0),
             reporters=entry.integer("reporters", 1), merge=SketchMerge[merge.upper()],
-            batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash], queue_qps=queue_qps))
+            batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash],
+            redundancy=entry.integer("redundancy", MAX_REDUNDANCY, 1, MAX_REDUNDANCY), queue_qps=queue_qps))
     for entry in tables_of(document, "append", APPEND_KEYS, "[[append]]"):
         collector = collector_of(entry, "append lists")
         first = entry.integer("first_list", 0, 0)

@@ -299,8 +299,9 @@ class Translator:
 
     def structure(self, udp: UdpFrame, kind: DtaOpcode, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output:
-        """The collector structure of `kind` at the report's destination, or the drop when there is none or the
-        key (`report.key` unless given) or Key-Write data does not fit it."""
+        """The collector structure of `kind` at the report's destination, or the drop when there is none, when the
+        key (`report.key` unless given) or Key-Write data does not fit it, or when a Key-Write or Key-Increment
+        report asks for more copies than it takes."""
         structure = self.tables.structure(udp.dst_ip, kind)
         if structure is None:
             return self.drop(Counter.DROP_UNKNOWN_COLLECTOR)
@@ -309,6 +310,9 @@ class Translator:
                 (kind is DtaOpcode.KEY_WRITE and isinstance(report, Report)
                  and len(report.data) != structure.data_len):
             return self.drop(Counter.DROP_BAD_LENGTH)
+        if kind in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT) and isinstance(report, Report) \
+                and report.redundancy > structure.redundancy:
+            return self.drop(Counter.DROP_BAD_REDUNDANCY)
         return structure
 
     def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:

@@ -27,7 +27,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.regions import KeyWriteRegion
 from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
-from softdta.spec import ROCE_PORT, Counter, DtaOpcode, KeyHash, RoceOpcode, Transport
+from softdta.spec import MAX_REDUNDANCY, ROCE_PORT, Counter, DtaOpcode, KeyHash, RoceOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.hashing import key_hashes_rows
@@ -427,12 +427,16 @@ def _losses(before: dict, after: dict, sent: int) -> dict[str, int]:
     return {where: n for where, n in lost.items() if n}
 
 
-def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int = 2, keys: int = 4096) -> dict:
+def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int = 2, keys: int = 4096,
+                           redundancy: int = 1) -> dict:
     """Key-Write N=1 at kernel speed without the bridge: a kernel report generator per RX queue (a thread pinned
     to that queue's CPU: veth delivers a frame to the RX queue of the CPU that sends it) -> veth -> the XDP
     translator, with a QP per queue -> veth -> the XDP responder. Each step offers `seconds` of reports at a rate
     (0: as fast as the generators go), and is lossless when every report was translated and executed, and no
-    link dropped a frame. The rate rises until the first lossy step, which says where the loss began."""
+    link dropped a frame. The rate rises until the first lossy step, which says where the loss began.
+
+    The Key-Write structure takes `redundancy` copies at most: at 1 its frames leave from XDP, above that every
+    frame goes through the tc stage (docs/translator.md)."""
     import os
     import threading
 
@@ -469,7 +473,8 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
         address(collector_ns, "c0", f"{lab.COLLECTOR_IP}/16")
         config = CollectorConfig.from_dict({
             "collector": {"name": "direct", "ip": lab.COLLECTOR_IP, "mac": lab.COLLECTOR_MAC, "interface": "c0"},
-            "structures": [{"primitive": "key-write", "slots": 1 << 16, "key_len": 13, "data_len": 20}]})
+            "structures": [{"primitive": "key-write", "slots": 1 << 16, "key_len": 13, "data_len": 20,
+                            "redundancy": redundancy}]})
         with in_netns(collector_ns.name):
             collector = Collector(config, XdpBackend.for_config(config))
         try:
@@ -553,7 +558,9 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
     finally:
         cleanup_prefix(prefix)
     lossless = [each["achieved"] for each in steps if each["lossless"]]
-    return {"primitive": "key-write N=1", "path": "generator -> veth -> XDP translator -> veth -> XDP responder",
+    path = "XDP translator" if redundancy == 1 else "XDP translator -> tc stage"
+    return {"primitive": "key-write N=1", "structure_redundancy": redundancy,
+            "path": f"generator -> veth -> {path} -> veth -> XDP responder",
             "rx_queues": queues, "seconds_per_step": seconds, "steps": steps,
             "max_lossless_reports_per_s": max(lossless) if lossless else 0,
             "profiled_step": profile}
@@ -865,9 +872,12 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
         "translator_live_lab_kernel_generator": translator_live_kernel(
             [50_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 0],
             seconds=0.3 if quick else 1.0),
-        "translator_live_direct": {f"{queues}_rx_queues": translator_live_direct(
-            [100_000, 400_000] if quick else [100_000, 200_000, 400_000, 600_000, 800_000, 1_000_000, 1_200_000, 0],
-            seconds=0.3 if quick else 1.0, queues=queues) for queues in (1, 2)},
+        "translator_live_direct": {
+            f"{queues}_rx_queues" + ("_tc_stage" if redundancy > 1 else ""): translator_live_direct(
+                [100_000, 400_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000,
+                                                  2_000_000, 0],
+                seconds=0.3 if quick else 1.0, queues=queues, redundancy=redundancy)
+            for queues, redundancy in ((1, 1), (2, 1), (1, MAX_REDUNDANCY), (2, MAX_REDUNDANCY))},
         "collector_cpu_ns_per_report": {"xdp_responder_kernel": collector_xdp_responder(repeat),
                                         "python_asyncio": collector_python(count),
                                         "c_epoll": collector_c(count)},

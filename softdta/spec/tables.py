@@ -57,7 +57,9 @@ TRANSLATOR_TABLES = (
         Field("qp_index", 32, "the QP of RX queue 0"), Field("queues", 32, "RX queues with a QP (queue_qp)"),
         Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
         Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("key_hash", 32, "spec.KeyHash"),
-        Field("rows", 32), Field("reporters", 32), Field("columns", 32), Field("cache_entries", 32),
+        Field("redundancy", 8, "Key-Write, Key-Increment: the most copies a report may ask for; at 1 the frames "
+                               "leave from XDP, without the tc stage"),
+        Raw("pad", 3), Field("rows", 32), Field("reporters", 32), Field("columns", 32), Field("cache_entries", 32),
         Field("batch", 32), Field("state_index", 32, "index into the primitive's state maps"),
     ), 1024, "a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP"),
     Table("append_list", (Field("list_id", 32),), (

@@ -15,10 +15,13 @@ from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.bpf import xdp_md
 from softdta.kernel.netns import Namespace, in_netns
+from softdta.kernel.programs import XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX
 from softdta.spec import (
     ACK_SYNDROME,
     DTA_PORT,
+    MAX_REDUNDANCY,
     ROCE_PORT,
     AethKind,
     Counter,
@@ -65,10 +68,11 @@ def random_tables(rng: random.Random, profile: str = "dta-v1", queues: int = 1) 
     structures = []
     for name, key_len, data_len in (("c1", 4, 4), ("c2", rng.randint(1, 32), rng.randint(1, 60))):
         structures.append({"primitive": "key-write", "collector": name, "key_len": key_len, "data_len": data_len,
-                           "hash": rng.choice(["dta-v1", "independent"]),
+                           "hash": rng.choice(["dta-v1", "independent"]), "redundancy": rng.choice([1, 2, 4]),
                            "qp": qp(rng.choice(["uc", "rc"]), length=rng.choice([256, 1024, 4096]))})
         structures.append({"primitive": "key-increment", "collector": name, "key_len": key_len,
-                           "hash": rng.choice(["dta-v1", "independent"]), "qp": qp("rc", length=512)})
+                           "hash": rng.choice(["dta-v1", "independent"]), "redundancy": rng.choice([1, 2, 4]),
+                           "qp": qp("rc", length=512)})
         structures.append({"primitive": "postcarding", "collector": name, "key_len": key_len,
                            "hops": rng.choice([5, 8]), "cache_entries": rng.choice([4, 16, 64]),
                            "qp": qp(rng.choice(["uc", "rc"]), length=2048)})
@@ -386,6 +390,33 @@ def test_forged_and_stale_replies_are_refused_like_the_reference(seed):
         counted = kernel.counters()
         assert counted[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] and counted[Counter.DROP_REPLY_ON_UC]
         assert counted[Counter.RX_ACKS] and counted[Counter.RX_NAK_SEQUENCE]
+
+
+PATHS = {XDP_TX: "xdp", XDP_REDIRECT: "xdp", XDP_PASS: "tc", XDP_DROP: "drop"}
+
+
+def test_a_structure_without_redundancy_sends_from_xdp_and_drops_redundant_reports(tables, reporter):
+    """At redundancy 1, Key-Write and Key-Increment frames leave with XDP_TX, without the tc stage and its skb;
+    a report that asks for more copies is dropped, as the reference drops it. At the default, every report of
+    the structure goes through the tc stage, N = 1 too."""
+    reports = [dta.key_write(1, 2), dta.key_increment(3, 4), dta.key_write(5, 6, 2), dta.key_increment(7, 8, 4),
+               dta.key_write(9, 10)]
+    verdicts = {}
+    for redundancy in (1, MAX_REDUNDANCY):
+        for kind in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT):
+            tables.structure(reporter.collector_ip, kind).redundancy = redundancy
+        reference = Translator(tables)
+        with XdpTranslator(tables) as kernel:
+            verdicts[redundancy] = []
+            for report in reports:
+                frame = reporter.frame(report)
+                expected = reference.process(frame)
+                run = kernel.xdp.test_run(frame, ctx=xdp_md())
+                verdicts[redundancy].append(PATHS[run.retval])
+                assert run.data == (expected.frames[0] if expected.frames else frame)
+            counters = kernel.counters()
+            assert counters[Counter.DROP_BAD_REDUNDANCY] == reference.counters[Counter.DROP_BAD_REDUNDANCY]
+    assert verdicts == {1: ["xdp", "xdp", "drop", "drop", "xdp"], MAX_REDUNDANCY: ["tc"] * 5}
 
 
 def test_grace_ends_on_time(tables, reporter):

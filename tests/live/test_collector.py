@@ -34,7 +34,7 @@ from softdta.engines.xdp import build_object
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.links.control import CollectorLinks
-from softdta.spec import ACK_SYNDROME, ROCE_PORT, DtaOpcode, KeyHash, ResponderCounter, RoceOpcode
+from softdta.spec import ACK_SYNDROME, MAX_REDUNDANCY, ROCE_PORT, DtaOpcode, KeyHash, ResponderCounter, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, ip_bytes, ip_str, mac_bytes
@@ -66,6 +66,7 @@ def open_collector(config: CollectorConfig) -> Collector:
     ({"slots": 1000}, "power of two"),
     ({"transport": "uc", "primitive": "key-increment"}, "needs transport \"rc\""),
     ({"hash": "md5"}, "hash = 'md5'"),
+    ({"redundancy": 5}, "redundancy = 5 is out of range; give a whole number from 1 to 4"),
 ])
 def test_bad_structures_are_refused_with_the_reason(change, message):
     document = {"collector": {"ip": "10.77.1.1", "mac": "02:00:00:00:00:01"},
@@ -343,6 +344,21 @@ def test_reports_roundtrip_through_advertised_tables_and_parse(tmp_path):
         for frame in frames:
             collector.backend.responder.process(frame)
         assert collector.append_region(tables.append_lists[0]).ring(3)[:8].tolist() == list(range(8))
+    finally:
+        collector.close()
+
+
+def test_a_structures_redundancy_reaches_the_translator_tables(tmp_path):
+    config = small_config(tmp_path)
+    next(s for s in config.structures if s.primitive is DtaOpcode.KEY_WRITE).redundancy = 1
+    collector = open_collector(config)
+    try:
+        adverts = [collector.connect(name, Peer(ip_bytes("10.77.0.1"), mac_bytes("02:5d:7a:00:00:01"), qpn, 5))
+                   for qpn, name in ((0x99, "key-write"), (0x9a, "key-increment"))]
+        tables = Tables.from_dict(tables_document(TRANSLATOR, {"name": "c1", "ip": "10.77.1.1",
+                                                               "mac": "02:5d:7a:00:01:01"}, adverts))
+        assert [(s.primitive, s.redundancy) for s in tables.structures] == \
+            [(DtaOpcode.KEY_WRITE, 1), (DtaOpcode.KEY_INCREMENT, MAX_REDUNDANCY)]
     finally:
         collector.close()
 

@@ -289,7 +289,8 @@ def test_replies_are_taken_like_the_reference(program, tmp_path):
 
 
 DROP_COUNTERS = [Counter.DROP_UNKNOWN_COLLECTOR, Counter.DROP_UNKNOWN_LIST, Counter.DROP_UNKNOWN_OPCODE,
-                 Counter.DROP_TRUNCATED, Counter.DROP_BAD_HOP, Counter.RX_REPORTS, Counter.TX_FRAMES]
+                 Counter.DROP_TRUNCATED, Counter.DROP_BAD_HOP, Counter.DROP_BAD_REDUNDANCY, Counter.RX_REPORTS,
+                 Counter.TX_FRAMES]
 
 
 def cut_short(reporter: workload.ReporterAddress, report) -> bytes:
@@ -301,9 +302,10 @@ def cut_short(reporter: workload.ReporterAddress, report) -> bytes:
 
 def test_reports_that_must_be_dropped_are_dropped_and_counted_like_the_reference(program, tmp_path):
     """A collector the tables do not know, an Append list outside every range, an opcode nobody defined, a
-    report cut short, a Postcarding hop past the path: nothing leaves the switch, and each is counted as
-    the reference counts it; a good report after them still goes out."""
+    report cut short, a Postcarding hop past the path, two copies asked of a structure that takes one: nothing
+    leaves the switch, and each is counted as the reference counts it; a good report after them still goes out."""
     tables = Tables.from_toml(EXAMPLE_TABLES)
+    tables.structure(tables.qps[0].collector_ip, DtaOpcode.KEY_WRITE).redundancy = 1
     bmv2 = Switch(program, tables, tmp_path / "switch.log")
     try:
         reference = Translator(tables)
@@ -314,7 +316,8 @@ def test_reports_that_must_be_dropped_are_dropped_and_counted_like_the_reference
         unknown_opcode = bytearray(good)
         unknown_opcode[ETH_IP_UDP] = 0x0F  # the dta-v1 base header's opcode byte
         frames = [stranger.frame(dta.key_write(7, 8)), reporter.frame(dta.append(60000, 5)), bytes(unknown_opcode),
-                  cut_short(reporter, dta.key_write(7, 8)), reporter.frame(dta.postcard(7, 9, 1)), good]
+                  cut_short(reporter, dta.key_write(7, 8)), reporter.frame(dta.postcard(7, 9, 1)),
+                  reporter.frame(dta.key_write(7, 8, 2)), good]
         expected = [out for frame in frames for out in reference.process(frame, 0).frames]
         got = bmv2.exchange(frames, len(expected))
         assert got == expected and len(got) == 1

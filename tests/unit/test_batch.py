@@ -30,7 +30,8 @@ C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.
 
 def batch_tables(profile: str = "dta-v1") -> Tables:
     """The example tables, RC with ACK requests, and a second collector whose Key-Write has 8-byte keys and
-    12-byte data (extended reports only), whose Key-Increment uses dta-v1's hash, whose Append lists hold
+    12-byte data (extended reports only) and takes up to 2 copies, whose Key-Increment uses dta-v1's hash and
+    takes 1 copy, whose Append lists hold
     8-byte entries (stored little-endian) and 6-byte ones (verbatim) in short rings, and whose Postcarding has
     8-byte keys, 3 hops and a cache of 2 entries, and whose Sketch-Merge takes the MAX of 2 reporters. Caches
     are small, so that paths evict each other; sketches are narrow, so that epochs end within a workload."""
@@ -55,9 +56,9 @@ def batch_tables(profile: str = "dta-v1") -> Tables:
     ]
     document["collectors"].append({"name": "c2", "ip": "10.77.2.1", "mac": "02:5d:7a:00:02:01"})
     document["structures"] += [
-        {"primitive": "key-write", "collector": "c2", "key_len": 8, "data_len": 12, "hash": "dta-v1",
+        {"primitive": "key-write", "collector": "c2", "key_len": 8, "data_len": 12, "hash": "dta-v1", "redundancy": 2,
          "qp": {"remote_qpn": 0x301, "local_qpn": 0x401, "rkey": 0x3001, "base": 0x7f0100000000, "length": 1 << 16}},
-        {"primitive": "key-increment", "collector": "c2", "hash": "dta-v1",
+        {"primitive": "key-increment", "collector": "c2", "hash": "dta-v1", "redundancy": 1,
          "qp": {"remote_qpn": 0x302, "local_qpn": 0x402, "rkey": 0x3002, "base": 0x7f0110000000, "length": 1 << 14,
                 "transport": "rc", "start_psn": 77}},
         {"primitive": "postcarding", "collector": "c2", "key_len": 8, "hops": 3, "cache_entries": 2,

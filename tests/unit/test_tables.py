@@ -69,6 +69,9 @@ def test_unknown_names_and_missing_settings_say_what_to_do():
     (lambda d: d["structures"][0]["qp"].update(rkye=1), "did you mean 'rkey'"),
     (lambda d: d["structures"][1]["qp"].update(remote_qpn=0x101), "remote_qpn 0x101 is already"),
     (lambda d: d["structures"][1]["qp"].update(base=0x7f0000000100, rkey=0x1001), "overlaps"),
+    (lambda d: d["structures"][0].update(redundancy=0), "redundancy = 0 is out of range; give a whole number from 1 "
+                                                         "to 4"),
+    (lambda d: d["structures"][0].update(redundancy=5), "redundancy = 5 is out of range"),
 ])
 def test_careless_settings_are_refused_naming_the_setting(change, words):
     assert words in refused(change)

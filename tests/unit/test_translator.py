@@ -11,6 +11,7 @@ from softdta.spec import (
     ACK_SYNDROME,
     DTA_NACK_PORT,
     DTA_PORT,
+    MAX_REDUNDANCY,
     Counter,
     DtaOpcode,
     FlushTarget,
@@ -116,6 +117,22 @@ def test_report_sizes_must_match_the_structure(tables, reporter):
     translator = Translator(tables)
     out = send(translator, reporter, dta.key_write(bytes(13), 1, 1, extended=True))
     assert out.drop is Counter.DROP_BAD_LENGTH and not out.frames
+
+
+@pytest.mark.parametrize("kind", [DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT])
+def test_a_structure_takes_reports_of_at_most_its_redundancy(tables, reporter, kind):
+    structure = tables.structure(reporter.collector_ip, kind)
+    assert structure.redundancy == MAX_REDUNDANCY  # the default takes what the original DTA takes
+    structure.redundancy = 2
+    translator = Translator(tables)
+    report = dta.key_write if kind is DtaOpcode.KEY_WRITE else dta.key_increment
+    assert [len(send(translator, reporter, report(7, 9, n)).frames) for n in (1, 2)] == [1, 2]
+    for n in (3, 4):
+        out = send(translator, reporter, report(7, 9, n))
+        assert out.drop is Counter.DROP_BAD_REDUNDANCY and not out.frames
+    # the sizes are checked first, as every data path checks them
+    assert send(translator, reporter, report(bytes(13), 9, 3, extended=True)).drop is Counter.DROP_BAD_LENGTH
+    assert translator.counters[Counter.DROP_BAD_REDUNDANCY] == 2
 
 
 # -- Key-Increment ----------------------------------------------------------------------------------------------
