@@ -29,6 +29,10 @@ def register(commands) -> None:
     demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000, "
                                                  "--engine python 3000)")
     demo.add_argument("--seconds", type=float, default=60.0, help="stop streaming after this long")
+    demo.add_argument("--burst-rate", type=float, default=1_000_000.0,
+                      help="then a burst of Key-Write N=1 from kernel generators, XDP translator and responder "
+                           "only: reports/s (0: as fast as they go; default 1000000)")
+    demo.add_argument("--burst-seconds", type=float, default=3.0, help="the burst's length (0: no burst; default 3)")
     demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down`)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--seed", type=int, default=0)
@@ -108,11 +112,16 @@ def _demo(args) -> int:
         return 0
     from softdta.lab import live_demo
     from softdta.lab import topology as lab
+    if args.burst_rate < 0:
+        raise CliError(f"--burst-rate {args.burst_rate:g} must be 0 (as fast as the generators go) or more reports/s")
+    if args.burst_seconds < 0:
+        raise CliError(f"--burst-seconds {args.burst_seconds:g} must be 0 (no burst) or more")
     try:
         defaults = live_demo.DEFAULTS[args.collector]
         rate = min(defaults["rate"], live_demo.PYTHON_ENGINE_RATE) if args.engine == "python" else defaults["rate"]
         return live_demo.run(args.reporters, args.seed, args.scale or defaults["scale"], args.seconds, args.keep,
-                             args.json, args.rate or rate, args.collector, args.engine)
+                             args.json, args.rate or rate, args.collector, args.engine, args.burst_rate,
+                             args.burst_seconds)
     except lab.LabError as error:
         raise CliError(str(error)) from None
 

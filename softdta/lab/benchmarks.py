@@ -27,7 +27,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.regions import KeyWriteRegion
 from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
-from softdta.spec import MAX_REDUNDANCY, ROCE_PORT, Counter, DtaOpcode, KeyHash, RoceOpcode, Transport
+from softdta.spec import MAX_REDUNDANCY, ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.hashing import key_hashes_rows
@@ -377,6 +377,7 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
     from softdta.engines.xdp import pinned_stats
     from softdta.kernel.generator import KernelReporter
     from softdta.lab import topology as lab
+    from softdta.lab.direct import losses
     from softdta.lab.live_demo import collector_http, link_drops
 
     def counts() -> dict:
@@ -404,7 +405,7 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
                     if done or time.monotonic() > deadline:
                         break
                     time.sleep(0.02)
-                lost = _losses(before, after, sent.frames)
+                lost = losses(before, after, sent.frames)
                 steps.append({"offered": rate, "achieved": round(sent.rate), "sent": sent.frames,
                               "executed": after["executed"] - before["executed"], "lost": lost,
                               "lossless": not lost})
@@ -417,146 +418,28 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
             "max_lossless_reports_per_s": max(lossless) if lossless else 0}
 
 
-def _losses(before: dict, after: dict, sent: int) -> dict[str, int]:
-    """Where `sent` reports went missing between two readings of a live path, hop by hop (nonzero hops only):
-    before the translator took them, dropped in it, between it and the collector, and on each link."""
-    lost = {"before_translator": sent - (after["translated"] - before["translated"]),
-            "in_translator": after["translator_drops"] - before["translator_drops"],
-            "before_collector": (after["emitted"] - before["emitted"]) - (after["executed"] - before["executed"]),
-            **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()}}
-    return {where: n for where, n in lost.items() if n}
-
-
 def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int = 2, keys: int = 4096,
                            redundancy: int = 1) -> dict:
-    """Key-Write N=1 at kernel speed without the bridge: a kernel report generator per RX queue (a thread pinned
-    to that queue's CPU: veth delivers a frame to the RX queue of the CPU that sends it) -> veth -> the XDP
-    translator, with a QP per queue -> veth -> the XDP responder. Each step offers `seconds` of reports at a rate
-    (0: as fast as the generators go), and is lossless when every report was translated and executed, and no
-    link dropped a frame. The rate rises until the first lossy step, which says where the loss began.
+    """Key-Write N=1 at kernel speed on the direct path (softdta.lab.direct: generators -> veth -> XDP translator
+    -> veth -> XDP responder, no bridge). Each step offers `seconds` of reports at a rate (0: as fast as the
+    generators go), and is lossless when every report was translated and executed and no link dropped a frame.
+    The rate rises until the first lossy step, which says where the loss began; one more step at the highest
+    lossless rate says where the CPU goes.
 
     The Key-Write structure takes `redundancy` copies at most: at 1 its frames leave from XDP, above that every
     frame goes through the tc stage (docs/translator.md)."""
-    import os
-    import threading
+    from softdta.lab.direct import DirectPath
 
-    from softdta.collector.backend import Peer
-    from softdta.collector.collector import Collector, tables_document
-    from softdta.collector.config import CollectorConfig
-    from softdta.collector.control import QUEUE_QPN_STRIDE
-    from softdta.collector.xdp_backend import XdpBackend
-    from softdta.core.generator import plan
-    from softdta.engines.xdp import XdpTranslator
-    from softdta.kernel.bpf import enable_run_stats, run_stats
-    from softdta.kernel.generator import KernelReporter
-    from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, link_drops, veth_pair
-    from softdta.lab import topology as lab
-
-    prefix = f"sdta-direct{os.getpid()}-"
-    cleanup_prefix(prefix)
-    reporter_ns, translator_ns, collector_ns = (Namespace.create(prefix + name) for name in "rtc")
     steps: list[dict] = []
     profile = None
-    try:
-        veth_pair(reporter_ns, "r0", translator_ns, "t0", mac_b=lab.TRANSLATOR_MAC, queues=queues)
-        # as many queues towards the collector: a frame keeps the queue its report came in on, so each responder
-        # queue takes the QPs of one translator queue, in order, on that queue's CPU
-        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=lab.TRANSLATOR_MAC, mac_b=lab.COLLECTOR_MAC,
-                  queues=queues)
-        cpus = sorted(os.sched_getaffinity(0))
-        # XPS: what CPU q sends leaves on TX queue q (the flow hash would put every RoCE frame on one queue, and
-        # both CPUs would fill its ring); a single queue takes no XPS map
-        for queue in range(queues) if queues > 1 else ():
-            translator_ns.run("sh", "-c", f"echo {1 << cpus[queue % len(cpus)]:x} > "
-                                          f"/sys/class/net/t1/queues/tx-{queue}/xps_cpus")
-        address(translator_ns, "t1", f"{lab.TRANSLATOR_IP}/16")
-        address(collector_ns, "c0", f"{lab.COLLECTOR_IP}/16")
-        config = CollectorConfig.from_dict({
-            "collector": {"name": "direct", "ip": lab.COLLECTOR_IP, "mac": lab.COLLECTOR_MAC, "interface": "c0"},
-            "structures": [{"primitive": "key-write", "slots": 1 << 16, "key_len": 13, "data_len": 20,
-                            "redundancy": redundancy}]})
-        with in_netns(collector_ns.name):
-            collector = Collector(config, XdpBackend.for_config(config))
-        try:
-            translator = {"mac": lab.TRANSLATOR_MAC, "ip": lab.TRANSLATOR_IP}
-            adverts = [{**collector.connect("key-write", Peer(ip_bytes(lab.TRANSLATOR_IP),
-                                                              mac_bytes(lab.TRANSLATOR_MAC),
-                                                              0x1000 + queue * QUEUE_QPN_STRIDE, 0)), "queue": queue}
-                       for queue in range(queues)]
-            tables = Tables.from_dict(tables_document(translator, {"name": "direct", "ip": lab.COLLECTOR_IP,
-                                                                   "mac": lab.COLLECTOR_MAC}, adverts))
-            with in_netns(translator_ns.name):
-                kernel = XdpTranslator(tables)
-                kernel.attach(["t0", "t1"])
-            sender = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"),
-                                              mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
-            template = dta.key_write(bytes(range(13)), bytes(20), 1, extended=True)
-            for queue in range(1, queues):  # where the generators after the first stay dispatched (lo holds one)
-                reporter_ns.run("ip", "link", "add", f"hold{queue}", "type", "veth", "peer", f"hold{queue}p")
-            generators = [KernelReporter(plan(template, sender.frame(template), key_span=keys), "r0",
-                                         reporter_ns.name, holder=f"hold{queue}" if queue else "lo")
-                          for queue in range(queues)]
-            namespaces = (reporter_ns.name, translator_ns.name, collector_ns.name)
-            # where the CPU goes, per report: the translator's XDP and tc stages, and the responder
-            stages = {"translator_xdp": kernel.xdp.fd, "translator_tc": kernel.fanout.fd,
-                      "responder_xdp": collector.backend.responder.program.fd}
-
-            def counts() -> dict:
-                with in_netns(translator_ns.name):
-                    counters = kernel.counters()
-                return {"translated": counters[Counter.RX_REPORTS], "emitted": counters[Counter.TX_FRAMES],
-                        "translator_drops": sum(n for counter, n in counters.items()
-                                                if counter.name.startswith("DROP_")),
-                        "executed": collector.counters().get("executed", 0), "links": link_drops(namespaces),
-                        "run_ns": {stage: run_stats(fd)[0] for stage, fd in stages.items()}}
-
-            def generate(queue: int, rate: float, sent: list[int]) -> None:
-                os.sched_setaffinity(0, {cpus[queue % len(cpus)]})
-                sent.append(generators[queue].run(rate=rate / queues, seconds=seconds).frames)
-
-            def step(rate: float, profiled: bool = False) -> dict:
-                before, sent = counts(), []
-                threads = [threading.Thread(target=generate, args=(queue, rate, sent)) for queue in range(queues)]
-                started = time.perf_counter()
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-                elapsed = time.perf_counter() - started
-                deadline = time.monotonic() + 3.0  # the last reports may still be on their way
-                while (after := counts())["executed"] - before["executed"] < sum(sent) and \
-                        time.monotonic() < deadline:
-                    time.sleep(0.02)
-                lost = _losses(before, after, sum(sent))
-                result = {"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
-                          "executed": after["executed"] - before["executed"], "lost": lost, "lossless": not lost}
-                if profiled:
-                    result["cpu_ns_per_report"] = {stage: round((after["run_ns"][stage] - before["run_ns"][stage])
-                                                                / max(1, sum(sent))) for stage in stages}
-                return result
-
-            try:
-                for rate in rates:
-                    steps.append(step(rate))
-                    if not steps[-1]["lossless"]:
-                        break
-                # where the CPU goes, at the highest lossless rate: run-time statistics cost two clock reads per
-                # program run, so the ladder runs without them
-                lossless = [each["achieved"] for each in steps if each["lossless"]]
-                stats = enable_run_stats()
-                try:
-                    profile = step(max(lossless), profiled=True) if lossless else None
-                finally:
-                    os.close(stats)
-            finally:
-                for generator in generators:
-                    generator.close()
-                with in_netns(translator_ns.name):
-                    kernel.close()
-        finally:
-            collector.close()
-    finally:
-        cleanup_prefix(prefix)
+    with DirectPath(queues, keys, redundancy) as direct:
+        for rate in rates:
+            steps.append(direct.step(rate, seconds))
+            if not steps[-1]["lossless"]:
+                break
+        lossless = [each["achieved"] for each in steps if each["lossless"]]
+        if lossless:
+            profile = direct.step(max(lossless), seconds, profiled=True)
     lossless = [each["achieved"] for each in steps if each["lossless"]]
     path = "XDP translator" if redundancy == 1 else "XDP translator -> tc stage"
     return {"primitive": "key-write N=1", "structure_redundancy": redundancy,

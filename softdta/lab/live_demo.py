@@ -6,6 +6,7 @@ collector queried against the truth, and an honest summary. Exit status 1 if any
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import tomllib
@@ -60,6 +61,9 @@ RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"exe
 REPLY_COUNTERS = ("rx_acks", "rx_nak_sequence", "rx_nak_fatal", "rx_rnr_naks", "drop_reply_psn_outside_window",
                   "drop_reply_on_uc")
 APPEND_POLL_S = 0.2
+# The burst after the mixed workload: Key-Write N=1 from kernel generators over the direct path (softdta.lab.direct)
+BURST_RATE = 1_000_000.0  # reports/s over all generators
+BURST_SECONDS = 3.0
 
 
 @dataclass
@@ -432,8 +436,33 @@ def verdict(summary: dict) -> list[str]:
     return problems
 
 
+def burst(rate: float, seconds: float) -> dict:
+    """`seconds` of Key-Write N=1 at `rate` reports/s (0: as fast as the generators go) on the direct path: a
+    kernel generator per CPU into the XDP translator, a QP per RX queue, frames from XDP (the structure takes no
+    redundancy) into the XDP responder. Then every key is read back from the collector's memory."""
+    from softdta.lab.direct import DirectPath
+
+    with DirectPath(queues=min(2, len(os.sched_getaffinity(0)))) as direct:
+        step = direct.step(rate, seconds)
+        return {**step, "seconds": seconds, "rx_queues": direct.queues, "keys": direct.key_write_check()}
+
+
+def burst_problems(result: dict) -> list[str]:
+    """Strict, as the mixed workload's verdict: any loss at all, or keys read back below the bound."""
+    problems = []
+    if result["lost"]:
+        problems.append(f"burst: {result['sent']:,} reports sent, {result['executed']:,} executed; lost "
+                        f"{result['lost']}")
+    keys = result["keys"]
+    if keys["success"] < keys["bound"] - 0.01:
+        problems.append(f"burst: {keys['success']:.2%} of {keys['keys']:,} keys read back right, below the bound "
+                        f"{keys['bound']:.2%}")
+    return problems
+
+
 def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 60.0, keep: bool = False,
-        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp", engine: str = "xdp") -> int:
+        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp", engine: str = "xdp",
+        burst_rate: float = BURST_RATE, burst_seconds: float = BURST_SECONDS) -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -454,12 +483,18 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
             # the idle flush writes out partial batches and paths
             time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)
         finally:
-            import os
             os.close(stats_fd)
         summary, problems = summarize(state, load, streamed["sent"], streamed)
     finally:
         if not keep:
             lab.down()
+    summary["burst"] = None
+    if burst_seconds and (collector, engine) == ("xdp", "xdp"):
+        with console.status(f"burst: {burst_seconds:g} s of Key-Write at "
+                            f"{f'{burst_rate:,.0f} reports/s' if burst_rate else 'full speed'} on the direct path"):
+            summary["burst"] = burst(burst_rate, burst_seconds)
+        problems += burst_problems(summary["burst"])
+        summary["problems"] = problems
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -506,6 +541,13 @@ def _print(console, summary: dict, Table) -> None:
     queries.add_row("sketch-merge", "merged sketch matches the sum of the reporters'"
                     if q["sketch_merge"]["matches_sum_of_reporters"] else "merged sketch DIFFERS")
     console.print(queries)
+    if summary["burst"]:
+        result, keys = summary["burst"], summary["burst"]["keys"]
+        console.print(f"burst: {result['sent']:,} Key-Write N=1 reports in {result['seconds']:g} s "
+                      f"({result['achieved']:,}/s) from {result['rx_queues']} kernel generators through the XDP "
+                      f"translator (a QP per RX queue, frames from XDP) into the XDP responder; executed "
+                      f"{result['executed']:,}, lost {result['lost'] or 'none'}; {keys['correct']:,} of "
+                      f"{keys['keys']:,} keys read back right ({keys['success']:.2%}, bound {keys['bound']:.2%})")
     if summary["problems"]:
         console.print("[bold red]problems:[/] " + "; ".join(summary["problems"]))
     else:

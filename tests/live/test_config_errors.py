@@ -99,6 +99,8 @@ def test_taking_append_entries_without_the_token(flag):
      "network namespace 'sdta-missing' does not exist"),
     (["translator", "up", "--tables", str(ROOT / "examples" / "tables.toml"), "-i", "sdta-missing0",
       "--netns", "sdta-missing"], "network namespace 'sdta-missing' does not exist"),
+    (["demo", "--burst-seconds", "-1"], "--burst-seconds -1 must be 0 (no burst) or more"),
+    (["demo", "--burst-rate", "-5"], "--burst-rate -5 must be 0 (as fast as the generators go) or more reports/s"),
 ])
 def test_every_error_softdta_raises_on_purpose_is_one_line(command, words):
     """One error hierarchy (softdta.errors.SoftdtaError), caught once by the command line."""

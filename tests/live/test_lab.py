@@ -96,7 +96,7 @@ def test_the_soft_roce_lab_comes_up_and_goes_down_with_its_guest(clean_lab):
                                                     pytest.param("rxe", "0.1", "xdp", marks=pytest.mark.interop)])
 def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector, scale, engine):
     result = softdta("demo", "--json", "--scale", scale, "--reporters", "2", "--collector", collector,
-                     "--engine", engine, check=False)
+                     "--engine", engine, "--burst-seconds", "1", check=False)
     summary = json.loads(result.stdout)
     assert result.returncode == 0, json.dumps({key: summary[key] for key in ("problems", "link_drops", "translator",
                                                                              "collector", "queries")})
@@ -118,6 +118,14 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
     assert summary["translator"]["engine"]["name"] == engine
     if engine == "python":
         assert summary["translator"]["engine"]["io"] == "AF_XDP copy"  # veth: no zero-copy, and no fallback
+    burst = summary["burst"]
+    if (collector, engine) != ("xdp", "xdp"):
+        assert burst is None  # the burst is the XDP translator's and the XDP responder's
+        return
+    # a second at the default rate, every report executed and every key read back right
+    assert burst["offered"] == 1_000_000 and burst["sent"] > 0 and burst["executed"] == burst["sent"]
+    assert not burst["lost"] and burst["keys"]["keys"] == min(burst["sent"], 8192)
+    assert burst["keys"]["success"] >= burst["keys"]["bound"] - 0.01
 
 
 def test_docker_compose_runs_only_commands_the_cli_has():

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from softdta.lab.live_demo import verdict
+from softdta.lab.live_demo import burst_problems, verdict
 
 CLEAN = {
     "reports_sent": {"key-write": 100, "key-increment": 50},
@@ -69,3 +69,21 @@ def test_a_shortfall_is_a_problem_even_beside_unrelated_counted_drops(shortfall,
                                    {"link_drops": {"sdta-lab-c/c0": 1}, "translator__received__key-write": 99}])
 def test_any_loss_is_a_problem_even_when_the_queries_come_out_right(where):
     assert verdict(changed(**where))
+
+
+BURST = {"sent": 3_000_000, "executed": 3_000_000, "lost": {},
+         "keys": {"keys": 8192, "correct": 8192, "success": 1.0, "bound": 0.94}}
+
+
+def test_a_clean_burst_has_no_problem():
+    assert burst_problems(copy.deepcopy(BURST)) == []
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"executed": 2_999_999, "lost": {"before_collector": 1}}, "3,000,000 reports sent, 2,999,999 executed"),
+    ({"lost": {"link sdta-direct1-t/t1": 1}}, "link sdta-direct1-t/t1"),
+    ({"keys": {"keys": 8192, "correct": 7000, "success": 0.8545, "bound": 0.94}}, "85.45% of 8,192 keys"),
+])
+def test_any_loss_or_wrong_key_in_the_burst_is_a_problem(change, words):
+    problems = burst_problems({**copy.deepcopy(BURST), **change})
+    assert len(problems) == 1 and words in problems[0]

@@ -1,0 +1,202 @@
+"""The direct path: kernel report generators -> veth -> the XDP translator, with a QP per RX queue -> veth -> the
+XDP responder, in namespaces of its own and without the lab's bridge. It is the fastest live path this machine
+has: `softdta bench` climbs a ladder of rates on it, and `softdta demo` runs a few seconds at a high rate on it
+and reads the collector's memory back.
+
+Generator q runs in a thread pinned to CPU q: veth hands a frame to the RX queue of the CPU that sends it, so
+queue q takes generator q's reports. Its keys are its own (`keys` of them from q x `keys` on, in the last four
+key bytes), and report i of it writes data i, so the collector's memory is predictable key by key.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from softdta.collector.backend import Peer
+from softdta.collector.collector import Collector, tables_document
+from softdta.collector.config import CollectorConfig
+from softdta.collector.control import QUEUE_QPN_STRIDE
+from softdta.collector.xdp_backend import XdpBackend
+from softdta.core.analysis import keywrite_empty_return_bound
+from softdta.core.generator import plan
+from softdta.core.query import keywrite_query
+from softdta.core.tables import Tables
+from softdta.core.workload import ReporterAddress
+from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.bpf import enable_run_stats, run_stats
+from softdta.kernel.generator import KernelReporter
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, link_drops, veth_pair
+from softdta.lab import topology as lab
+from softdta.spec import Counter, DtaOpcode
+from softdta.wire import dta
+from softdta.wire.frames import ip_bytes, mac_bytes
+
+KEY_LEN, DATA_LEN = 13, 20
+SLOTS = 1 << 16  # of the Key-Write structure
+SETTLE_S = 3.0  # how long the last reports of a step may still be on their way
+
+
+def losses(before: dict, after: dict, sent: int) -> dict[str, int]:
+    """Where `sent` reports went missing between two readings of a live path, hop by hop (nonzero hops only):
+    before the translator took them, dropped in it, between it and the collector, and on each link."""
+    lost = {"before_translator": sent - (after["translated"] - before["translated"]),
+            "in_translator": after["translator_drops"] - before["translator_drops"],
+            "before_collector": (after["emitted"] - before["emitted"]) - (after["executed"] - before["executed"]),
+            **{f"link {name}": n - before["links"].get(name, 0) for name, n in after["links"].items()}}
+    return {where: n for where, n in lost.items() if n}
+
+
+class DirectPath:
+    """Key-Write N=1 reports (13-byte keys, 20-byte data) over the direct path. The Key-Write structure takes
+    `redundancy` copies at most: at 1 its frames leave from XDP, above that through the tc stage."""
+
+    def __init__(self, queues: int = 2, keys: int = 4096, redundancy: int = 1):
+        self.queues, self.keys, self.redundancy = queues, keys, redundancy
+        self.prefix = f"sdta-direct{os.getpid()}-"
+        cleanup_prefix(self.prefix)
+        self.collector: Collector | None = None
+        self.kernel: XdpTranslator | None = None
+        self.generators: list[KernelReporter] = []
+        try:
+            self._up()
+        except BaseException:
+            self.close()
+            raise
+
+    def _up(self) -> None:
+        reporter_ns, translator_ns, collector_ns = (Namespace.create(self.prefix + name) for name in "rtc")
+        self.namespaces = (reporter_ns.name, translator_ns.name, collector_ns.name)
+        queues = self.queues
+        veth_pair(reporter_ns, "r0", translator_ns, "t0", mac_b=lab.TRANSLATOR_MAC, queues=queues)
+        # as many queues towards the collector: a frame keeps the queue its report came in on, so each responder
+        # queue takes the QPs of one translator queue, in order, on that queue's CPU
+        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=lab.TRANSLATOR_MAC, mac_b=lab.COLLECTOR_MAC,
+                  queues=queues)
+        self.cpus = sorted(os.sched_getaffinity(0))
+        # XPS: what CPU q sends leaves on TX queue q (the flow hash would put every RoCE frame on one queue, and
+        # both CPUs would fill its ring); a single queue takes no XPS map
+        for queue in range(queues) if queues > 1 else ():
+            translator_ns.run("sh", "-c", f"echo {1 << self.cpus[queue % len(self.cpus)]:x} > "
+                                          f"/sys/class/net/t1/queues/tx-{queue}/xps_cpus")
+        address(translator_ns, "t1", f"{lab.TRANSLATOR_IP}/16")
+        address(collector_ns, "c0", f"{lab.COLLECTOR_IP}/16")
+        config = CollectorConfig.from_dict({
+            "collector": {"name": "direct", "ip": lab.COLLECTOR_IP, "mac": lab.COLLECTOR_MAC, "interface": "c0"},
+            "structures": [{"primitive": "key-write", "slots": SLOTS, "key_len": KEY_LEN, "data_len": DATA_LEN,
+                            "redundancy": self.redundancy}]})
+        with in_netns(collector_ns.name):
+            self.collector = Collector(config, XdpBackend.for_config(config))
+        translator = {"mac": lab.TRANSLATOR_MAC, "ip": lab.TRANSLATOR_IP}
+        peer_of = [Peer(ip_bytes(lab.TRANSLATOR_IP), mac_bytes(lab.TRANSLATOR_MAC), 0x1000 + q * QUEUE_QPN_STRIDE, 0)
+                   for q in range(queues)]
+        adverts = [{**self.collector.connect("key-write", peer), "queue": queue} for queue, peer in enumerate(peer_of)]
+        self.tables = Tables.from_dict(tables_document(translator, {"name": "direct", "ip": lab.COLLECTOR_IP,
+                                                                    "mac": lab.COLLECTOR_MAC}, adverts))
+        with in_netns(translator_ns.name):
+            self.kernel = XdpTranslator(self.tables)
+            self.kernel.attach(["t0", "t1"])
+        sender = ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), mac_bytes(lab.TRANSLATOR_MAC),
+                                 ip_bytes(lab.COLLECTOR_IP))
+        for queue in range(1, queues):  # where the generators after the first stay dispatched (lo holds one)
+            reporter_ns.run("ip", "link", "add", f"hold{queue}", "type", "veth", "peer", f"hold{queue}p")
+        for queue in range(queues):
+            key = bytes(KEY_LEN - 4) + (queue * self.keys).to_bytes(4, "big")
+            template = dta.key_write(key, bytes(DATA_LEN), 1, extended=True)
+            self.generators.append(KernelReporter(plan(template, sender.frame(template), key_span=self.keys), "r0",
+                                                  reporter_ns.name, holder=f"hold{queue}" if queue else "lo"))
+        # where the CPU goes, per report: the translator's XDP and tc stages, and the responder
+        self.stages = {"translator_xdp": self.kernel.xdp.fd, "translator_tc": self.kernel.fanout.fd,
+                       "responder_xdp": self.collector.backend.responder.program.fd}
+
+    def counts(self) -> dict:
+        assert self.kernel is not None and self.collector is not None
+        with in_netns(self.namespaces[1]):
+            counters = self.kernel.counters()
+        return {"translated": counters[Counter.RX_REPORTS], "emitted": counters[Counter.TX_FRAMES],
+                "translator_drops": sum(n for counter, n in counters.items() if counter.name.startswith("DROP_")),
+                "executed": self.collector.counters().get("executed", 0), "links": link_drops(self.namespaces),
+                "run_ns": {stage: run_stats(fd)[0] for stage, fd in self.stages.items()}}
+
+    def _generate(self, queue: int, rate: float, seconds: float, sent: list[int]) -> None:
+        os.sched_setaffinity(0, {self.cpus[queue % len(self.cpus)]})
+        sent[queue] = self.generators[queue].run(rate=rate / self.queues, seconds=seconds).frames
+
+    def step(self, rate: float, seconds: float, profiled: bool = False) -> dict:
+        """`seconds` of reports at `rate` over all generators (0: as fast as they go); lossless when every report
+        was translated and executed and no link dropped a frame. `profiled` adds the CPU per report of each
+        stage (run-time statistics cost two clock reads per program run: keep them for one step)."""
+        stats = enable_run_stats() if profiled else None
+        try:
+            before, sent = self.counts(), [0] * self.queues
+            threads = [threading.Thread(target=self._generate, args=(queue, rate, seconds, sent))
+                       for queue in range(self.queues)]
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.perf_counter() - started
+            deadline = time.monotonic() + SETTLE_S
+            while (after := self.counts())["executed"] - before["executed"] < sum(sent) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            if stats is not None:
+                os.close(stats)
+        lost = losses(before, after, sum(sent))
+        result = {"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
+                  "executed": after["executed"] - before["executed"], "lost": lost, "lossless": not lost}
+        if profiled:
+            result["cpu_ns_per_report"] = {stage: round((after["run_ns"][stage] - before["run_ns"][stage])
+                                                        / max(1, sum(sent))) for stage in self.stages}
+        return result
+
+    def key_write_check(self) -> dict:
+        """Every key the generators sent, looked up in the collector's memory: how many give the data of their
+        last report, against the analytical bound at the store's load (N=1; a key loses only to a later key in
+        its slot)."""
+        assert self.collector is not None
+        keys, data = [], []
+        for generator in self.generators:
+            for index in range(max(0, generator.sent - self.keys), generator.sent):  # each key's last report
+                report = generator.plan.report_at(index)
+                keys.append(report.key)
+                data.append(report.data)
+        if not keys:
+            return {"keys": 0, "correct": 0, "success": 1.0, "bound": 1.0, "load": 0.0}
+        structure = self.tables.structure(ip_bytes(lab.COLLECTOR_IP), DtaOpcode.KEY_WRITE)
+        assert structure is not None
+        region = self.collector.structure_region(DtaOpcode.KEY_WRITE, ip_bytes(lab.COLLECTOR_IP))
+        answer = keywrite_query(region, np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), KEY_LEN), 1,
+                                key_hash=structure.key_hash)
+        expected = np.frombuffer(b"".join(data), np.uint8).reshape(len(keys), DATA_LEN)
+        stored = answer.values.view(np.uint8).reshape(len(keys), -1)[:, :DATA_LEN]
+        correct = int(np.count_nonzero(answer.found & (stored == expected).all(axis=1)))
+        # keys written later fill the store further: each key's chance is the bound at the load after it
+        later = np.arange(len(keys) - 1, -1, -1) / structure.slot_count
+        bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 1) for alpha in later]))
+        return {"keys": len(keys), "correct": correct, "success": round(correct / len(keys), 4),
+                "bound": round(bound, 4), "load": round(len(keys) / structure.slot_count, 4)}
+
+    def close(self) -> None:
+        for generator in self.generators:
+            generator.close()
+        self.generators = []
+        if self.kernel is not None:
+            with in_netns(self.namespaces[1]):
+                self.kernel.close()
+            self.kernel = None
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+        cleanup_prefix(self.prefix)
+
+    def __enter__(self) -> DirectPath:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
