@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""The XDP translator's ns per report, per primitive, before and after a change, measured side by side.
+"""The XDP translator's ns per report, per primitive, at git revisions and in the working tree, side by side.
 
-    sudo python3 scripts/xdp_before_after.py REVISION [--rounds 31] [--repeat 100000]
+    sudo python3 scripts/xdp_before_after.py REVISION... [--rounds 31] [--repeat 100000]
 
-Builds the benchmark harness (bench/bpf/translator_bench.bpf.c) of REVISION from a temporary git worktree and of
-the working tree, loads both, and alternates their runs in one process: each round runs every primitive's
-reports through both programs with BPF_PROG_TEST_RUN, the harness's restore subtracted. It prints the medians and
-the median of the per-round ratios, which holds up where absolute times on a shared VM do not. Both objects are
-driven by the working tree's control plane, so REVISION must share its map layouts.
+Each revision is checked out in a temporary worktree, and a worker process runs its own benchmark harness
+(bench/bpf/translator_bench.bpf.c) with its own control plane, so revisions whose map layouts differ compare
+too. The workers take turns: each round runs every primitive's reports once in every revision, with
+BPF_PROG_TEST_RUN and the harness's restore subtracted. It prints the medians, and the median of the per-round
+ratios to the first revision, which holds up where absolute times on a shared VM do not.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,67 +22,111 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from softdta.engines import xdp  # noqa: E402
-from softdta.kernel import bpf_build  # noqa: E402
-from softdta.lab.benchmarks import HARNESS, example_reporter, example_tables, load_reports  # noqa: E402
-from softdta.wire import dta  # noqa: E402
-
-CASES = {
-    "Key-Write N=1": lambda t: [dta.key_write(k, k * 7, 1) for k in range(1, 17)],
-    "Key-Write N=2": lambda t: [dta.key_write(k, k * 7, 2) for k in range(1, 17)],
-    "Key-Increment N=1": lambda t: [dta.key_increment(k, 1, 1) for k in range(1, 17)],
-    "Append (batch 4)": lambda t: [dta.append(t.append_lists[0].first_list, v) for v in range(16)],
-    "Postcarding, 5 hops": lambda t: [dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)],
-    "Sketch-Merge (2 reporters)": lambda t: [dta.sketch_column(reporter, column, [column, reporter, 1, 2])
-                                             for column in range(8) for reporter in range(2)],
-}
+CASES = ("Key-Write N=1", "Key-Write N=2", "Key-Increment N=1", "Append, batch 16", "Postcarding, 5 hops",
+         "Sketch-Merge, batch 8")
 
 
-def build_revision(revision: str, into: Path) -> Path:
-    """The harness object of `revision`, compiled from a detached worktree under `into`."""
-    tree = into / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), revision], check=True)
-    try:
-        target = into / "translator_bench.bpf.o"
-        bpf_build.compile_bpf(tree / "bench" / "bpf" / "translator_bench.bpf.c", target, tree / "bpf")
-        return target
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+def worker(repeat: int) -> None:
+    """In a revision's tree (the current directory, first on PYTHONPATH): load every case's harness, then
+    answer each line on stdin with one round, a JSON object of ns per report by case."""
+    from softdta.core.tables import Tables
+    from softdta.core.workload import ReporterAddress
+    from softdta.engines.xdp import XdpTranslator
+    from softdta.spec import DtaOpcode
+    from softdta.wire import dta
+
+    harness = Path.cwd() / "bench" / "bpf" / "translator_bench.bpf.c"
+
+    def case(name: str) -> tuple[Tables, list]:
+        tables = Tables.from_toml(Path.cwd() / "examples" / "tables.toml")
+        if name.startswith("Key-Write"):
+            copies = int(name[-1])
+            return tables, [dta.key_write(key, key * 7, copies) for key in range(1, 17)]
+        if name.startswith("Key-Increment"):
+            return tables, [dta.key_increment(key, 1, 1) for key in range(1, 17)]
+        if name.startswith("Append"):
+            lists = tables.append_lists[0]
+            lists.batch, lists.entries = 16, 256
+            return tables, [dta.append(lists.first_list, value) for value in range(16)]
+        if name.startswith("Postcarding"):
+            return tables, [dta.postcard(0x0A000001, hop, hop) for hop in range(1, 6)]
+        sketch = next(s for s in tables.structures if s.primitive is DtaOpcode.SKETCH_MERGE)
+        sketch.columns, sketch.reporters, sketch.batch = 16, 1, 8
+        return tables, [dta.sketch_column(0, column, [column, 1, 2, 3]) for column in range(16)]
+
+    kernels = {}
+    for name in CASES:
+        tables, reports = case(name)
+        reporter = ReporterAddress(bytes.fromhex("025d7a000901"), bytes([10, 77, 9, 1]), tables.mac,
+                                   tables.structures[0].qp.collector_ip)
+        frames = [reporter.frame(report) for report in reports]
+        kernel = XdpTranslator(tables, source=harness, flush_idle_ns=0)
+        stored = kernel.maps["bench_reports"]
+        value = len(frames).to_bytes(4, "little") + b"".join(len(f).to_bytes(4, "little") for f in frames).ljust(64,
+                                                                                                             b"\0")
+        stored.update(bytes(4), (value + b"".join(f.ljust(256, b"\0") for f in frames)).ljust(stored.value_size,
+                                                                                              b"\0"))
+        kernels[name] = (kernel, frames[0])
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        round_ns = {}
+        for name, (kernel, frame) in kernels.items():
+            programs = kernel.object.programs
+            round_ns[name] = (programs["bench_translate"].test_run(frame, repeat=repeat).duration_ns
+                              - programs["bench_restore"].test_run(frame, repeat=repeat).duration_ns)
+        print(json.dumps(round_ns), flush=True)
 
 
-def ns_per_report(kernel: xdp.XdpTranslator, frame: bytes, repeat: int) -> int:
-    translate, restore = kernel.object.programs["bench_translate"], kernel.object.programs["bench_restore"]
-    return translate.test_run(frame, repeat=repeat).duration_ns - restore.test_run(frame, repeat=repeat).duration_ns
+def start(tree: Path, repeat: int) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", "--repeat", str(repeat)],
+                               cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the worker in {tree} did not start; its error is above")
+    return process
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("revision", help="the git revision to compare the working tree with")
+    parser.add_argument("revisions", nargs="*", help="git revisions to compare with the working tree")
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--repeat", type=int, default=100_000, help="test runs per measurement")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args.repeat)
+        return 0
+    names = [*args.revisions, "working tree"]
     with tempfile.TemporaryDirectory() as scratch:
-        before = build_revision(args.revision, Path(scratch))
-        built = xdp.build_object
-        xdp.build_object = lambda source: before if source == before else built(source)  # type: ignore[assignment]
-        print(f"| primitive | {args.revision} | working tree | after / before (median of paired rounds) |")
-        print("| --- | ---: | ---: | ---: |")
-        for name, reports in CASES.items():
-            tables = example_tables()
-            frames = [example_reporter(tables).frame(report) for report in reports(tables)]
-            samples: dict[str, list[int]] = {"before": [], "after": []}
-            with xdp.XdpTranslator(example_tables(), source=before, flush_idle_ns=0) as old, \
-                    xdp.XdpTranslator(example_tables(), source=HARNESS, flush_idle_ns=0) as new:
-                for kernel in (old, new):
-                    load_reports(kernel, frames)
-                for _ in range(args.rounds):
-                    samples["before"].append(ns_per_report(old, frames[0], args.repeat))
-                    samples["after"].append(ns_per_report(new, frames[0], args.repeat))
-            ratio = statistics.median(a / b for a, b in zip(samples["after"], samples["before"]))
-            print(f"| {name} | {statistics.median(samples['before']):.0f} ns | "
-                  f"{statistics.median(samples['after']):.0f} ns | {ratio:.2f} |")
+        trees = []
+        for revision in args.revisions:
+            tree = Path(scratch) / revision
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), revision],
+                           check=True)
+            trees.append(tree)
+        workers = []
+        try:
+            workers = [start(tree, args.repeat) for tree in [*trees, ROOT]]
+            samples: list[list[dict]] = [[] for _ in workers]
+            for _ in range(args.rounds):
+                for process, taken in zip(workers, samples):
+                    assert process.stdin is not None and process.stdout is not None
+                    process.stdin.write("round\n")
+                    process.stdin.flush()
+                    taken.append(json.loads(process.stdout.readline()))
+        finally:
+            for process in workers:
+                process.communicate(timeout=60)
+            for tree in trees:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    print("| primitive | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
+    print("| --- |" + " ---: |" * (2 * len(names) - 1))
+    for case in CASES:
+        medians = [f"{statistics.median(r[case] for r in taken):.0f} ns" for taken in samples]
+        ratios = [f"{statistics.median(a[case] / b[case] for a, b in zip(taken, samples[0])):.2f}"
+                  for taken in samples[1:]]
+        print(f"| {case} | " + " | ".join(medians + ratios) + " |")
     return 0
 
 

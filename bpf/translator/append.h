@@ -46,8 +46,7 @@ static __always_inline __u32 take_batch(struct scratch *s, struct append_state_v
 static __always_inline __u32 on_append_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
-	struct append_list_key key = { .list_id = r->list_id };
-	struct append_list_value *al = bpf_map_lookup_elem(&append_list, &key);
+	const struct append_list_value *al = append_list_find(s, r->list_id);
 	struct append_state_value *as;
 	struct qp_ref ref;
 	__u32 blocked, pos, index, head = 0, started, full, filled;

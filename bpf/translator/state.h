@@ -67,6 +67,13 @@ struct structure_memo {
 	struct structure_value value;
 };
 
+/* The same for the Append list this CPU appended to last: a reporter sends its events to its own list. */
+struct append_list_memo {
+	__u64 generation;
+	struct append_list_key key;
+	struct append_list_value value;
+};
+
 /* Per-CPU working memory: XDP programs never run nested on one CPU. */
 struct scratch {
 	__u64 now_ns;		/* read from the clock on first use: most reports never need it */
@@ -85,6 +92,7 @@ struct scratch {
 	__u32 out_ifindex;
 	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
 	struct structure_memo structure_memo;
+	struct append_list_memo append_list_memo;
 	__u8 out[OUT_SIZE + 8];	/* + 8: word loads at any masked index stay inside */
 };
 
@@ -165,6 +173,16 @@ static __always_inline struct translator_config_value *config_get(void)
 		return s && cfg ? name##_body(ctx, s, cfg) : (fail);                                       \
 	}
 
+/* The tables generation now; 0 (no copy is good) before the control plane's first. */
+static __always_inline __u64 generation_now(void)
+{
+	struct tables_generation_value *current;
+	__u32 zero = 0;
+
+	current = bpf_map_lookup_elem(&tables_generation, &zero);
+	return current ? current->generation : 0;
+}
+
 /* The structure of (collector, primitive): this CPU's copy when it is of the current tables generation, else
  * looked up and copied. Read-only, like the map's entries are for the data path. */
 static __always_inline const struct structure_value *structure_find(struct scratch *s, __u32 collector_ip,
@@ -172,22 +190,37 @@ static __always_inline const struct structure_value *structure_find(struct scrat
 {
 	struct structure_memo *memo = &s->structure_memo;
 	struct structure_key key = { .collector_ip = collector_ip, .primitive = primitive };
-	struct tables_generation_value *current;
 	struct structure_value *found;
-	__u32 zero = 0;
+	__u64 generation = generation_now();
 
-	current = bpf_map_lookup_elem(&tables_generation, &zero);
-	if (!current)
-		return 0;
-	if (current->generation && memo->generation == current->generation &&
-	    memo->key.collector_ip == collector_ip && memo->key.primitive == primitive)
+	if (generation && memo->generation == generation && memo->key.collector_ip == collector_ip &&
+	    memo->key.primitive == primitive)
 		return &memo->value;
 	found = bpf_map_lookup_elem(&structure, &key);
 	if (!found)
 		return 0;
 	memo->value = *found;
 	memo->key = key;
-	memo->generation = current->generation;
+	memo->generation = generation;
+	return &memo->value;
+}
+
+/* The Append list `list_id`, the same way. */
+static __always_inline const struct append_list_value *append_list_find(struct scratch *s, __u32 list_id)
+{
+	struct append_list_memo *memo = &s->append_list_memo;
+	struct append_list_key key = { .list_id = list_id };
+	struct append_list_value *found;
+	__u64 generation = generation_now();
+
+	if (generation && memo->generation == generation && memo->key.list_id == list_id)
+		return &memo->value;
+	found = bpf_map_lookup_elem(&append_list, &key);
+	if (!found)
+		return 0;
+	memo->value = *found;
+	memo->key = key;
+	memo->generation = generation;
 	return &memo->value;
 }
 

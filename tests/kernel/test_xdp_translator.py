@@ -519,6 +519,34 @@ TABLE_CHANGES = {
 }
 
 
+def test_an_append_list_change_shows_in_the_next_report(tables, reporter):
+    """Each CPU keeps a copy of the Append list it appended to last (append_list_find): reports after a table
+    change must see the new list, here entries of 8 bytes where they were 4."""
+    lists = tables.append_lists[0]
+    changed = Tables.from_toml(EXAMPLE_TABLES)
+    changed.append_lists[0].data_len = 8
+    changed.append_lists[0].qp.length *= 2
+    changed.validate()
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the copy is per CPU
+    try:
+        with XdpTranslator(tables, flush_idle_ns=0) as kernel:
+            before = [kernel.process(reporter.frame(dta.append(lists.first_list, value))).frames
+                      for value in range(lists.batch)]
+            assert [len(frames) for frames in before] == [0] * (lists.batch - 1) + [1]
+            kernel.apply(changed)
+            after = [kernel.process(reporter.frame(dta.append(lists.first_list, value.to_bytes(8, "big"),
+                                                              extended=True))).frames
+                     for value in range(lists.batch)]
+            assert not [c for c, n in kernel.counters().items() if c.name.startswith("DROP_") and n]
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert [len(frames) for frames in after] == [0] * (lists.batch - 1) + [1]
+    write = parse_roce(after[-1][0])
+    assert write.headers["reth"]["dma_length"] == 8 * lists.batch
+    assert write.payload == b"".join(value.to_bytes(8, "little") for value in range(lists.batch))
+
+
 @pytest.mark.parametrize("change", TABLE_CHANGES)
 def test_frames_follow_a_table_change_of_what_a_cpu_keeps(change, reporter):
     """The kernel keeps each QP's fixed headers and their iCRC state per frame shape and CPU (frame_cache), and
