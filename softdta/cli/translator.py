@@ -52,7 +52,8 @@ def register(commands) -> None:
     up.add_argument("--collector-cert", metavar="PEM", help="with --collector-ca: this translator's certificate, for "
                                                            "collectors that require one")
     up.add_argument("--collector-key", metavar="PEM", help="with --collector-cert: its private key")
-    up.add_argument("--collector-cm", action="append", default=[], metavar="IP:PORT,kind=K[,list=N][,batch=B]",
+    up.add_argument("--collector-cm", action="append", default=[],
+                    metavar="IP:PORT,kind=K[,list=N][,batch=B][,redundancy=N]",
                     help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
                          "structure (kind: key-write, key-increment, postcarding, append); repeat for each port. "
                          "--tables then needs only its [translator] section (docs/drop-in.md)")

@@ -23,7 +23,7 @@ from softdta.collector.config import AppendSpec, StructureSpec
 from softdta.core.cm import CmConnection, CmEndpoint
 from softdta.core.tables import TableError, Tables
 from softdta.errors import SoftdtaError
-from softdta.spec import DTA_V1_OPCODES, PRIMITIVE_BY_SLUG, PRIMITIVES, ROCE_PORT, Transport
+from softdta.spec import DTA_V1_OPCODES, MAX_REDUNDANCY, PRIMITIVE_BY_SLUG, PRIMITIVES, ROCE_PORT, Transport
 from softdta.wire.codec import WireError
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 
@@ -46,10 +46,11 @@ class CmTarget:
     list_id: int = 0  # append: the list this port's ring holds
     batch: int = 4  # append: entries per write
     hash: str = "dta-v1"  # key-write, key-increment
+    redundancy: int = MAX_REDUNDANCY  # key-write, key-increment: 1 sends their frames from XDP
 
     @classmethod
     def parse(cls, text: str) -> CmTarget:
-        """`IP:PORT,kind=key-write[,list=N][,batch=B][,hash=H]`."""
+        """`IP:PORT,kind=key-write[,list=N][,batch=B][,hash=H][,redundancy=N]`."""
         address, *options = text.split(",")
         host, _, port = address.rpartition(":")
         settings = dict(option.partition("=")[::2] for option in options)
@@ -60,16 +61,21 @@ class CmTarget:
             ip = ip_bytes(host)
         except ValueError:
             raise CmError(f"--collector-cm {text!r}: {host!r} is not an IP address; {example}") from None
-        unknown = set(settings) - {"kind", "list", "batch", "hash"}
+        unknown = set(settings) - {"kind", "list", "batch", "hash", "redundancy"}
         if unknown:
             raise CmError(f"--collector-cm {text!r}: unknown option(s) {sorted(unknown)}; {example}")
         if settings.get("kind") not in KINDS:
             raise CmError(f"--collector-cm {text!r}: kind must be one of {', '.join(KINDS)}; {example}")
         try:
-            return cls(ip, int(port), settings["kind"], int(settings.get("list", 0)), int(settings.get("batch", 4)),
-                       settings.get("hash", "dta-v1"))
+            target = cls(ip, int(port), settings["kind"], int(settings.get("list", 0)),
+                         int(settings.get("batch", 4)), settings.get("hash", "dta-v1"),
+                         int(settings.get("redundancy", MAX_REDUNDANCY)))
         except ValueError:
-            raise CmError(f"--collector-cm {text!r}: list and batch are integers; {example}") from None
+            raise CmError(f"--collector-cm {text!r}: list, batch and redundancy are integers; {example}") from None
+        if not 1 <= target.redundancy <= MAX_REDUNDANCY:
+            raise CmError(f"--collector-cm {text!r}: redundancy must be 1..{MAX_REDUNDANCY} (1: frames from XDP, "
+                          f"no tc stage); {example}")
+        return target
 
     @property
     def name(self) -> str:
@@ -86,7 +92,8 @@ class CmTarget:
                               batch=self.batch, transport=Transport.RC)
             entries = spec.entries - spec.entries % spec.batch
             return {"structure": self.name, **{**spec.advertised(), "entries": entries}, "qp": qp}
-        spec = StructureSpec(PRIMITIVE_BY_SLUG[self.kind], hash=self.hash, transport=Transport.RC)
+        spec = StructureSpec(PRIMITIVE_BY_SLUG[self.kind], hash=self.hash, transport=Transport.RC,
+                             redundancy=self.redundancy)
         slots = metadata.length // spec.slot_size
         usable = (1 << (slots.bit_length() - 1) if slots else 0) * spec.slot_size  # the slot hash is masked
         return {"structure": self.name, **spec.advertised(), "qp": {**qp, "length": usable}}

@@ -26,7 +26,7 @@ from softdta.core.cm import (
     encode_mad,
 )
 from softdta.links.cm import CmError, CmTarget
-from softdta.spec import ROCE_PORT, RoceOpcode
+from softdta.spec import MAX_REDUNDANCY, ROCE_PORT, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
@@ -289,12 +289,15 @@ def test_targets_parse_and_size_their_structures_from_the_region():
     assert advert["qp"]["start_psn"] == COLLECTOR_PSN and advert["qp"]["rkey"] == 0x22
     ring = append.advertisement(link)
     assert (ring["first_list"], ring["lists"], ring["entries"], ring["batch"]) == (3, 1, 744, 8)  # 750 down to B
+    assert advert["redundancy"] == MAX_REDUNDANCY  # the original's: reports may ask for up to 4 copies
+    assert CmTarget.parse("10.0.0.51:1337,kind=key-write,redundancy=1").advertisement(link)["redundancy"] == 1
 
 
 @pytest.mark.parametrize("text,problem", [
     ("10.0.0.51,kind=key-write", "rdma_cm port"), ("nope:1337,kind=key-write", "not an IP address"),
     ("10.0.0.51:1337", "kind must be one of"), ("10.0.0.51:1337,kind=key-write,size=3", "unknown option"),
-    ("10.0.0.51:1337,kind=append,list=x", "integers")])
+    ("10.0.0.51:1337,kind=append,list=x", "integers"),
+    ("10.0.0.51:1337,kind=key-write,redundancy=5", "redundancy must be 1..4")])
 def test_bad_targets_name_the_problem_and_show_an_example(text, problem):
     with pytest.raises(CmError, match=problem) as error:
         CmTarget.parse(text)
