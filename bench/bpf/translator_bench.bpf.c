@@ -51,9 +51,8 @@ static __always_inline int restore(struct xdp_md *ctx)
 		return -1;
 	if (ctx->data_meta < ctx->data && bpf_xdp_adjust_meta(ctx, ctx->data - ctx->data_meta))
 		return -1;
-	/* At the head, where the translator grows a frame: the report then starts where it did the run before. */
 	have = ctx->data_end - ctx->data;
-	if (len != have && bpf_xdp_adjust_head(ctx, (int)have - (int)len))
+	if (len != have && bpf_xdp_adjust_tail(ctx, (int)len - (int)have))
 		return -1;
 	return bpf_xdp_store_bytes(ctx, 0, reports->frame[next], NONZERO(len, BENCH_FRAME));
 }
