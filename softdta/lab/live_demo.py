@@ -20,6 +20,7 @@ import numpy as np
 from softdta.collector.collector import tables_document
 from softdta.collector.config import CollectorConfig
 from softdta.collector.service import OfflineSource, QueryService, key_rows
+from softdta.collector.xdp_backend import pin_dir_for
 from softdta.core import workload
 from softdta.core.analysis import keywrite_empty_return_bound, postcarding_empty_return_bound
 from softdta.core.offline import OfflineCollector
@@ -155,39 +156,61 @@ def _chunk_end(frames: list[tuple[Report, bytes]], start: int, chunk: int) -> in
 
 
 class _Backlog:
-    """The reports the XDP translator has taken since the demo began, from its live counters (the python engine
-    publishes its own only every 100 ms, too late to pace by)."""
+    """What is on its way, from live counters (the python engine publishes its own only every 100 ms, too late to
+    pace by): reports the XDP translator has not yet taken, and, with the XDP collector, frames the translator
+    emitted that the collector has not yet executed."""
 
-    def __init__(self, pin_dir: Path):
+    def __init__(self, pin_dir: Path, collector_pin_dir: Path | None):
         self.counters = Map.from_pinned(pin_dir / "counters")
-        self.key = int(Counter.RX_REPORTS).to_bytes(4, "little")
-        self.written_off = self._total()  # taken before this demo, then: given up for lost after a stall
+        self.responder = Map.from_pinned(collector_pin_dir / "responder_counters") if collector_pin_dir else None
+        # taken or executed before this demo, then: given up for lost after a stall
+        self.written_off, self.frames_written_off = self._taken(), self._unexecuted()
 
-    def _total(self) -> int:
-        return sum(int.from_bytes(value[:8], "little") for value in self.counters.lookup_percpu(self.key) or [])
+    @staticmethod
+    def _total(counters: Map, counter: int) -> int:
+        return sum(int.from_bytes(value[:8], "little")
+                   for value in counters.lookup_percpu(counter.to_bytes(4, "little")) or [])
+
+    def _taken(self) -> int:
+        return self._total(self.counters, int(Counter.RX_REPORTS))
+
+    def _unexecuted(self) -> int:
+        if self.responder is None:
+            return 0
+        return self._total(self.counters, int(Counter.TX_FRAMES)) - \
+            self._total(self.responder, int(ResponderCounter.EXECUTED))
 
     def wait_for_room(self, sent: int) -> None:
-        """Until at most ROUND of `sent` reports are still on their way; after STALL_S without progress, those on
-        their way are given up for lost (the verdict counts them) and the sender goes on."""
-        taken, since = self._total(), time.perf_counter()
-        while sent - (taken - self.written_off) > ROUND:
+        """Until at most ROUND of `sent` reports are still on their way to the translator, and at most ROUND of
+        its frames on their way to the collector; after STALL_S without progress, what is on its way is given
+        up for lost (the verdict counts it) and the sender goes on."""
+        def behind() -> tuple[int, int]:
+            return sent - (self._taken() - self.written_off), self._unexecuted() - self.frames_written_off
+
+        reports, frames = behind()
+        since = time.perf_counter()
+        while reports > ROUND or frames > ROUND:
             time.sleep(0.0001)
-            now_taken = self._total()
-            if now_taken != taken:
-                taken, since = now_taken, time.perf_counter()
+            now = behind()
+            if now != (reports, frames):
+                (reports, frames), since = now, time.perf_counter()
             elif time.perf_counter() - since > STALL_S:
-                self.written_off -= sent - (taken - self.written_off) - ROUND
+                self.written_off -= max(0, reports - ROUND)
+                self.frames_written_off += max(0, frames - ROUND)
                 return
 
     def close(self) -> None:
         self.counters.close()
+        if self.responder is not None:
+            self.responder.close()
 
 
 def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
            rate: float = DEFAULT_RATE) -> dict:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
-    within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it."""
+    within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it, and with
+    the XDP collector too, no more than ROUND of its frames on their way to the collector."""
     sent: Tally[DtaOpcode] = Tally()
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
@@ -201,7 +224,8 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     chunk = max(1, ROUND // len(frames_by_reporter))
     senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], VETH_RING)
                for i in range(1, len(frames_by_reporter) + 1)]
-    backlog = _Backlog(lab.PIN_DIR) if state.engine == "xdp" else None
+    collector_pins = pin_dir_for(lab.COLLECTOR_NAME, ip_bytes(lab.COLLECTOR_IP)) if state.collector == "xdp" else None
+    backlog = _Backlog(lab.PIN_DIR, collector_pins) if state.engine == "xdp" else None
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
     # cannot hold.
