@@ -17,6 +17,15 @@ static __always_inline __u32 crc32_slice8_word(__u32 crc, __u64 word)
 	       crc32_slice8[1][(hi >> 16) & 0xff] ^ crc32_slice8[0][hi >> 24];
 }
 
+/* The raw CRC-32 state after four more bytes, loaded as one little-endian word (slice-by-4). */
+static __always_inline __u32 crc32_slice4_word(__u32 crc, __u32 word)
+{
+	__u32 lo = crc ^ word;
+
+	return crc32_slice8[3][lo & 0xff] ^ crc32_slice8[2][(lo >> 8) & 0xff] ^ crc32_slice8[1][(lo >> 16) & 0xff] ^
+	       crc32_slice8[0][lo >> 24];
+}
+
 /* Raw (pre-xorout) CRC-32 state after `len` bytes of buf[start..], slice-by-8 with 8-byte loads (x86 and
  * arm64 load unaligned words at full speed). buf must hold mask + 8 bytes. */
 static __always_inline __u32 crc32_slice8_update(__u32 crc, const __u8 *buf, __u32 mask, __u32 start, __u32 len)
@@ -39,12 +48,8 @@ static __always_inline __u32 crc32_slice8_update_short(__u32 crc, const __u8 *bu
 
 	for (__u32 i = 0; i < CRC_SHORT_WORDS && i < words; i++)
 		crc = crc32_slice8_word(crc, *(const __u64 *)(buf + ((start + 8 * i) & mask)));
-	if (len & 4) {
-		__u32 lo = crc ^ *(const __u32 *)(buf + ((start + 8 * words) & mask));
-
-		crc = crc32_slice8[3][lo & 0xff] ^ crc32_slice8[2][(lo >> 8) & 0xff] ^
-		      crc32_slice8[1][(lo >> 16) & 0xff] ^ crc32_slice8[0][lo >> 24];
-	}
+	if (len & 4)
+		crc = crc32_slice4_word(crc, *(const __u32 *)(buf + ((start + 8 * words) & mask)));
 	return crc;
 }
 

@@ -27,8 +27,8 @@ __noinline __u32 out_crc_update(struct scratch *s, __u32 crc, __u32 start, __u32
 }
 
 /* The raw CRC-32 state carried over s->out[start, start + len), inline for up to TAIL_CRC_INLINE bytes (the
- * variable tail of a keyed frame, a multiple of 4 like every frame's): a subprogram call costs about as much as hashing 32 bytes where returns go
- * through a mitigation thunk (docs/translator.md, "Where the time goes"). */
+ * variable tail of a keyed frame, a multiple of 4 like every frame's): a subprogram call costs about as much as
+ * hashing 32 bytes where returns go through a mitigation thunk (docs/translator.md, "Cost per report"). */
 static __always_inline __u32 out_crc_tail(struct scratch *s, __u32 crc, __u32 start, __u32 len)
 {
 	if (len > TAIL_CRC_INLINE || len & 3)

@@ -18,12 +18,8 @@ static __always_inline __u32 key_checksum(const struct report *r)
 {
 	__u32 crc = 0xffffffff, i = 0, n = r->key_len;
 
-	for (; i < MAX_KEY_LEN && i + 4 <= n; i += 4) {
-		__u32 word = crc ^ get32(r->key + ((n - 4 - i) & (MAX_KEY_LEN - 1)));
-
-		crc = crc32_slice8[3][word & 0xff] ^ crc32_slice8[2][(word >> 8) & 0xff] ^
-		      crc32_slice8[1][(word >> 16) & 0xff] ^ crc32_slice8[0][word >> 24];
-	}
+	for (; i < MAX_KEY_LEN && i + 4 <= n; i += 4)
+		crc = crc32_slice4_word(crc, get32(r->key + ((n - 4 - i) & (MAX_KEY_LEN - 1))));
 	for (int step = 0; step < 3 && i < n; step++, i++)
 		crc = crc32_byte(crc32_slice8[0], crc, r->key[(n - 1 - i) & (MAX_KEY_LEN - 1)]);
 	return crc ^ 0xffffffff;

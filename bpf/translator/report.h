@@ -2,7 +2,7 @@
 #ifndef SOFTDTA_TRANSLATOR_REPORT_H
 #define SOFTDTA_TRANSLATOR_REPORT_H
 
-/* Inline in the one caller: a call would cost more than the checks (docs/translator.md, "Where the time goes"). */
+/* Inline in the one caller: a call would cost more than the checks (docs/translator.md, "Cost per report"). */
 static __always_inline __u32 decode_report(struct scratch *s, __u32 len, __u32 profile)
 {
 	struct report *r = &s->report;
