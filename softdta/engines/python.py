@@ -35,7 +35,9 @@ from softdta.spec import Counter, QpState
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
 IO_CODES = {"AF_XDP copy": 1, "AF_XDP zero-copy": 2, "AF_PACKET TPACKET_V3": 3}
-BATCH = 256  # the most frames one step takes: enough to amortize a vector batch's fixed cost (about 1 ms)
+# The most frames one step takes: a vector batch has a fixed cost of about 1 ms, which 1024 frames amortize to
+# 2.4 us a report against 6 us at 256 (Key-Write N=1; docs/benchmarks.md); the AF_XDP rings hold 2048.
+BATCH = 1024
 PUBLISH_INTERVAL_NS = 100_000_000
 MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) this often
 
