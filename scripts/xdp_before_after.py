@@ -32,6 +32,7 @@ def worker(repeat: int) -> None:
     from softdta.core.tables import Tables
     from softdta.core.workload import ReporterAddress
     from softdta.engines.xdp import XdpTranslator
+    from softdta.lab.benchmarks import load_reports
     from softdta.spec import DtaOpcode
     from softdta.wire import dta
 
@@ -61,11 +62,7 @@ def worker(repeat: int) -> None:
                                    tables.structures[0].qp.collector_ip)
         frames = [reporter.frame(report) for report in reports]
         kernel = XdpTranslator(tables, source=harness, flush_idle_ns=0)
-        stored = kernel.maps["bench_reports"]
-        value = len(frames).to_bytes(4, "little") + b"".join(len(f).to_bytes(4, "little") for f in frames).ljust(64,
-                                                                                                             b"\0")
-        stored.update(bytes(4), (value + b"".join(f.ljust(256, b"\0") for f in frames)).ljust(stored.value_size,
-                                                                                              b"\0"))
+        load_reports(kernel, frames)  # the revision's own loader, which knows its harness's layout
         kernels[name] = (kernel, frames[0])
     print("ready", flush=True)
     for _ in sys.stdin:
