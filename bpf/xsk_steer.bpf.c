@@ -6,6 +6,12 @@
  * Its maps `counters`, `qp` and `qp_state` have the kernel translator's layouts (bpf/include/softdta_spec.h), so the
  * python engine publishes its counters and QP state where `softdta translator stats` reads them; it adds its
  * CPU time in `python_engine`.
+ *
+ * It also transmits the engine's frames: a BPF_PROG_TEST_RUN in live-frames mode on the loopback sends slot
+ * `next` of `transmit_frames` out of the engine's interface on every run (softdta.kernel.xdp_transmit). One
+ * program does both so that it stays in the kernel's XDP dispatcher while attached: a test run of a program
+ * outside it waits for an RCU grace period. Real frames never arrive here on the loopback: the program is
+ * attached only to the engine's interface, which is never lo.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -28,6 +34,41 @@ TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);
 
 /* written by the python engine only: its CPU time and frames, as `prog_*` run stats are for the kernel's */
 TABLE(python_engine, BPF_MAP_TYPE_ARRAY, __u32, struct python_engine_value, 1);
+TABLE(transmit_control, BPF_MAP_TYPE_ARRAY, __u32, struct transmit_control, 1);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct transmit_frame);
+	__uint(max_entries, TRANSMIT_SLOTS);
+} transmit_frames SEC(".maps");
+
+#define LOOPBACK_IFINDEX 1	/* in every network namespace */
+
+/* one run of a transmit call: the call's next frame, in slot order, out of the engine's interface */
+static __always_inline int transmit(struct xdp_md *ctx)
+{
+	struct transmit_control *control;
+	struct transmit_frame *frame;
+	__u32 zero = 0, slot, len;
+
+	control = bpf_map_lookup_elem(&transmit_control, &zero);
+	if (!control || control->next >= control->count)
+		return XDP_DROP;
+	slot = control->next++;	/* one caller at a time: the engine's thread */
+	frame = bpf_map_lookup_elem(&transmit_frames, &slot);
+	if (!frame)
+		return XDP_DROP;
+	len = *(volatile __u32 *)&frame->len;	/* read once: the bound checked is the length copied */
+	if (len < ETHERNET_SIZE || len > TRANSMIT_FRAME_MAX)
+		return XDP_DROP;
+	if (bpf_xdp_adjust_tail(ctx, (int)len - (int)bpf_xdp_get_buff_len(ctx)))
+		return XDP_DROP;
+	if (bpf_xdp_store_bytes(ctx, 0, frame->frame, len))
+		return XDP_DROP;
+	return bpf_redirect(control->ifindex, 0);
+}
 
 SEC("xdp")
 int softdta_xsk(struct xdp_md *ctx)
@@ -35,6 +76,8 @@ int softdta_xsk(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	struct udp4 d;
 
+	if (ctx->ingress_ifindex == LOOPBACK_IFINDEX)
+		return transmit(ctx);
 	if (parse_udp4(data, end, &d))
 		return XDP_PASS;
 	if (d.dport == DTA_PORT)

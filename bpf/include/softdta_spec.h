@@ -52,6 +52,8 @@
 #define ICRC_LEN 4
 #define DEFERRED_FRAME_MAX 256
 #define GENERATOR_FRAME_MAX 256
+#define TRANSMIT_FRAME_MAX 508
+#define TRANSMIT_SLOTS 4096
 #define QP_TABLE_ENTRIES 4096
 #define QUEUE_QP_SLOTS 262144 /* 0x40000 */
 #define ARENA_PAGE 4096
@@ -1520,9 +1522,25 @@ struct python_engine_value {
 	__u64 run_time_ns;
 	__u64 runs;
 	__u32 io; /* 1 AF_XDP copy, 2 zero-copy, 3 AF_PACKET */
-	__u32 pad;
+	__u32 transmit; /* 0 through the packet I/O, 1 from XDP (test runs of its program) */
 };
 _Static_assert(sizeof(struct python_engine_value) == 24, "struct python_engine_value does not match softdta/spec/");
+
+/* a frame the python engine transmits through its XDP program (map `transmit_frames`, BPF_F_MMAPABLE) */
+struct transmit_frame {
+	__u32 len;
+	__u8 frame[508];
+};
+_Static_assert(sizeof(struct transmit_frame) == 512, "struct transmit_frame does not match softdta/spec/");
+
+/* one transmit call of the python engine (map `transmit_control`, written by userspace before each call) */
+struct transmit_control {
+	__u32 count; /* frames of this call: slots 0..count-1 */
+	__u32 next; /* the slot the next run sends; runs past count send nothing */
+	__u32 ifindex; /* where the frames go */
+	__u32 pad;
+};
+_Static_assert(sizeof(struct transmit_control) == 16, "struct transmit_control does not match softdta/spec/");
 
 /* the kernel report generator's template and how it varies it per report (map `report_generator`) */
 struct report_generator_value {

@@ -106,7 +106,9 @@ def _run_translator(args) -> int:
     try:
         engine.attach(args.interface, mode=args.mode)
         mode = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {engine.io_name}" + \
-            (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "")
+            (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "") + \
+            f"; frames out {engine.transmit_path}" + \
+            (f" because {engine.transmit_reason}" if engine.transmit_reason else "")
         print(f"softdta translator up on {', '.join(args.interface)} ({mode}), maps pinned in {pin}; "
               f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
               f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
@@ -216,7 +218,9 @@ def _translator_stats(args) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
-    print(f"engine: {stats['engine']['name']}" + (f" ({stats['engine']['io']})" if "io" in stats["engine"] else ""))
+    engine = stats["engine"]
+    print(f"engine: {engine['name']}" +
+          (f" ({engine['io']}, frames out through {engine['transmit']})" if "io" in engine else ""))
     print("counters:")
     for name, value in stats["counters"].items():
         print(f"  {name:28} {value}")

@@ -3,7 +3,8 @@
 A tiny XDP program (bpf/xsk_steer.bpf.c) steers DTA reports and collectors' ACKs into an AF_XDP socket; the
 engine takes them a batch at a time, translates the batch (every built-in primitive vectorized, and plug-ins
 with `translate_batch`; everything else through the oracle in order), and transmits what comes out, a batch
-per call.
+per call: from XDP, through the same program (softdta.kernel.xdp_transmit), where the interface takes frames
+from XDP (a veth whose peer runs XDP), else through the AF_XDP socket.
 Without AF_XDP it falls back to an AF_PACKET TPACKET_V3 ring. Tables come from the same TOML or collector
 control links as the XDP engine's, and the counters and QP state go into maps with the XDP engine's layouts,
 pinned in the same place, so `softdta translator stats` and `softdta lab status` read both.
@@ -18,6 +19,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 from softdta.core.batch import BatchTranslator
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
@@ -28,9 +30,11 @@ from softdta.engines.engine import Stop
 from softdta.engines.xdp import EngineError, build_object, check_queues, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import record, table
+from softdta.kernel.netdev import NetdevError
 from softdta.kernel.resources import BPF_DIR
+from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
-from softdta.spec import Counter, QpState
+from softdta.spec import TRANSMIT_FRAME_MAX, Counter, QpState
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
@@ -65,6 +69,8 @@ class PythonEngine:
         self.deferred: list[tuple[int, bytes]] = []  # essential reports waiting for their QP, with their RX queue
         self.run_time_ns = self.runs = 0
         self.fallback_reason = ""  # why AF_XDP was not used, when it was not
+        self.transmitter: XdpTransmitter | None = None  # frames from XDP, when the interface takes them
+        self.transmit_reason = ""  # why frames do not leave from XDP, when they do not
         self._published_ns = 0
         self._qp_indices: set[int] = set()
         self._restore_qp_state(tables)
@@ -157,6 +163,9 @@ class PythonEngine:
         if len(interfaces) != 1:
             raise EngineError("the python engine translates on one interface (reports in, RoCEv2 out); give one -i")
         name = interfaces[0]
+        if name == "lo":  # its program sends the engine's frames in test runs on the loopback
+            raise EngineError("the python engine does not translate on the loopback; give the interface the "
+                              "reports arrive on")
         try:
             ifindex = socket.if_nametoindex(name)
         except OSError:
@@ -174,6 +183,8 @@ class PythonEngine:
                 self.attached.append(ifindex)
                 self.interfaces = [name]
                 self.io_name = f"AF_XDP {self.queues[0].mode}"
+                self.transmitter = XdpTransmitter(self.object, ifindex)
+                self._follow_transmit_path()
             except (XskError, BpfError, EngineError) as error:
                 self.detach()
                 failure = str(error)
@@ -189,6 +200,9 @@ class PythonEngine:
         self.publish()
 
     def detach(self) -> None:
+        if self.transmitter is not None:
+            self.transmitter.close()
+            self.transmitter = None
         while self.attached:
             detach_xdp(self.attached.pop())
         for rx_queue, io in enumerate(self.queues):
@@ -211,7 +225,7 @@ class PythonEngine:
                 continue
             out = self.batch.process_batch(frames, time.monotonic_ns(), rx_queue)
             self.deferred += [(rx_queue, frames[position]) for position in out.deferred]
-            io.send(out.frames + out.to_reporter)
+            self._transmit(io, out.frames + out.to_reporter)
             self.run_time_ns += time.thread_time_ns() - started
             self.runs += len(frames)
             taken += len(frames)
@@ -230,16 +244,46 @@ class PythonEngine:
                 self.deferred.append((rx_queue, frame))
             frames += out.frames + out.to_reporter
         if frames:
-            self.queues[0].send(frames)
+            self._transmit(self.queues[0], frames)
         self.run_time_ns += time.thread_time_ns() - started
         if now - self._published_ns >= PUBLISH_INTERVAL_NS:
+            self._follow_transmit_path()
             self.publish()
             self._published_ns = now
 
+    def _transmit(self, io: XskSocket | PacketRing, frames: list[bytes]) -> None:
+        """From XDP when the interface takes frames from it; else, or for a frame too long for a transmit slot
+        (a plug-in's), through the queue's socket."""
+        if self.transmit_path == "XDP" and all(len(frame) <= TRANSMIT_FRAME_MAX for frame in frames):
+            cast(XdpTransmitter, self.transmitter).send(frames)
+        else:
+            io.send(frames)
+
+    @property
+    def transmit_path(self) -> str:
+        if self.transmitter is not None and not self.transmit_reason:
+            return "XDP"
+        return "AF_PACKET TX ring" if isinstance(self.queues[0] if self.queues else None, PacketRing) \
+            else "AF_XDP socket"
+
+    def _follow_transmit_path(self) -> None:
+        """Whether frames can leave from XDP: the kernel says so per interface, and a veth's answer changes as
+        its peer loads or unloads XDP; asked at attach and then at every stats publication."""
+        if self.transmitter is None:
+            return
+        try:
+            takes = self.transmitter.interface_takes_frames()
+            self.transmit_reason = "" if takes else \
+                f"{self.interfaces[0]} takes no frames from XDP (a veth does only while its peer runs XDP)"
+        except NetdevError as error:
+            self.transmit_reason = f"the kernel does not say whether {self.interfaces[0]} takes frames from XDP " \
+                f"({error.strerror})"
+
     def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None:
         """Translate until `stop` is set; when the ring is empty, ticks at half the idle-flush time (at least
-        100 µs) and applies new tables from `updates`; sees `stop` within 100 ms."""
-        interval = max(self.flush_idle_ns // 2, 100_000)
+        100 µs, at most the stats' publication interval) and applies new tables from `updates`; sees `stop`
+        within 100 ms."""
+        interval = min(max(self.flush_idle_ns // 2, 100_000), PUBLISH_INTERVAL_NS)
         next_tick = time.monotonic_ns() + interval
         while not stop.is_set():
             if self._wait(min(max(1, interval // 1_000_000), 100)):
@@ -277,7 +321,8 @@ class PythonEngine:
                 flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
                 flush_mark=runtime.flush_mark & 0xFFFFFFFF, unacked_psn=runtime.unacked_psn))
         value = record("python_engine_value").pack(run_time_ns=self.run_time_ns, runs=self.runs,
-                                                   io=IO_CODES.get(self.io_name, 0))
+                                                   io=IO_CODES.get(self.io_name, 0),
+                                                   transmit=int(self.transmit_path == "XDP"))
         self.maps["python_engine"].update(bytes(4), value)
 
 
@@ -290,7 +335,8 @@ def engine_stats(pin_dir: Path) -> dict:
             raw = engine.lookup(bytes(4))
         value = record("python_engine_value").unpack(raw)
         names = {code: name for name, code in IO_CODES.items()}
-        stats["engine"] = {"name": "python", "io": names.get(value["io"], "not attached")}
+        stats["engine"] = {"name": "python", "io": names.get(value["io"], "not attached"),
+                           "transmit": "XDP" if value["transmit"] else "packet I/O"}
         stats["cpu"] = {"python_engine": {"run_time_ns": value["run_time_ns"], "runs": value["runs"]}}
     else:
         stats["engine"] = {"name": "xdp"}

@@ -42,16 +42,27 @@ def _setns(fd: int, what: str) -> None:
 @contextmanager
 def in_netns(name: str) -> Iterator[None]:
     """Move the calling thread into network namespace name; sockets opened inside belong to it."""
+    try:
+        target = os.open(NETNS_DIR / name, os.O_RDONLY)
+    except FileNotFoundError:
+        raise NetnsError(f"network namespace {name!r} does not exist") from None
+    try:
+        with in_netns_of(target, f"network namespace {name!r}"):
+            yield
+    finally:
+        os.close(target)
+
+
+@contextmanager
+def in_netns_of(target: int, what: str) -> Iterator[None]:
+    """Move the calling thread into the network namespace of file descriptor `target` (a /proc/.../ns/net), and
+    back; no system call beyond a stat when it is there already."""
+    if os.fstat(target).st_ino == os.stat("/proc/thread-self/ns/net").st_ino:
+        yield
+        return
     original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        try:
-            target = os.open(NETNS_DIR / name, os.O_RDONLY)
-        except FileNotFoundError:
-            raise NetnsError(f"network namespace {name!r} does not exist") from None
-        try:
-            _setns(target, f"network namespace {name!r}")
-        finally:
-            os.close(target)
+        _setns(target, what)
         try:
             yield
         finally:

@@ -11,6 +11,11 @@ from softdta.spec.model import Field, Raw, Record
 
 DEFERRED_FRAME_MAX = 256  # the longest essential report frame the XDP translator parks for userspace
 GENERATOR_FRAME_MAX = 256  # the longest report frame the kernel report generator sends
+# The python engine's transmit slots (map `transmit_frames`): a slot of 512 bytes holds any frame the built-in
+# primitives build (at most 334: a WRITE with immediate of MAX_WRITE_PAYLOAD bytes); a call sends up to a
+# step's worth of Key-Writes of four copies.
+TRANSMIT_FRAME_MAX = 508
+TRANSMIT_SLOTS = 4096
 
 RECORDS = (
     Record("deferred_report", (
@@ -28,8 +33,16 @@ RECORDS = (
        "stage finds the others"),
     Record("python_engine_value", (
         Field("run_time_ns", 64), Field("runs", 64), Field("io", 32, "1 AF_XDP copy, 2 zero-copy, 3 AF_PACKET"),
-        Field("pad", 32),
+        Field("transmit", 32, "0 through the packet I/O, 1 from XDP (test runs of its program)"),
     ), "the python engine's CPU time and frames, and its packet I/O (map `python_engine`, written by userspace)"),
+    Record("transmit_frame", (
+        Field("len", 32), Raw("frame", TRANSMIT_FRAME_MAX),
+    ), "a frame the python engine transmits through its XDP program (map `transmit_frames`, BPF_F_MMAPABLE)"),
+    Record("transmit_control", (
+        Field("count", 32, "frames of this call: slots 0..count-1"),
+        Field("next", 32, "the slot the next run sends; runs past count send nothing"),
+        Field("ifindex", 32, "where the frames go"), Field("pad", 32),
+    ), "one transmit call of the python engine (map `transmit_control`, written by userspace before each call)"),
     Record("report_generator_value", (
         Field("next_index", 64, "reports sent so far: each run sends report `next_index` and counts it"),
         Field("frame_len", 32), Field("key_span", 32, "distinct keys: report i carries key_base + i % key_span"),

@@ -24,7 +24,7 @@ from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.engines.python import PythonEngine, engine_stats
 from softdta.engines.xdp import EngineError, XdpTranslator
-from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.kernel.bpf import BpfObject, attach_xdp, detach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
@@ -112,10 +112,13 @@ def test_python_engine_puts_the_reference_translators_frames_on_the_wire(wire, t
     with PythonEngine(tables, pin_dir=pin, io=io, flush_idle_ns=NO_FLUSH) as engine:
         seen = run_live(engine, translator_ns, far, capture, frames, lambda: engine.attach(["t0"]))
         assert engine.io_name == ("AF_XDP copy" if io == "af_xdp" else "AF_PACKET TPACKET_V3")
+        # r0 runs XDP, so t0 takes frames from XDP
+        assert engine.transmit_path == ("XDP" if io == "af_xdp" else "AF_PACKET TX ring")
     assert len(seen) == len(expected), engine_stats(pin)
     assert seen == expected
     stats = engine_stats(pin)
     assert stats["engine"]["io"] == engine.io_name
+    assert stats["engine"]["transmit"] == ("XDP" if io == "af_xdp" else "packet I/O")
     assert stats["counters"]["rx_reports"] == len(frames)
     assert stats["counters"]["tx_frames"] == len(expected) == reference.counters[Counter.TX_FRAMES]
     assert stats["cpu"]["python_engine"]["runs"] == len(frames)
@@ -133,6 +136,49 @@ def test_python_and_xdp_engines_put_the_same_frames_on_the_wire(wire, tables):
     with PythonEngine(tables, flush_idle_ns=NO_FLUSH) as engine:
         from_python = run_live(engine, translator_ns, far, capture, frames, lambda: engine.attach(["t0"]))
     assert len(from_kernel) == 275 and from_python == from_kernel
+
+
+def test_frames_leave_from_xdp_only_while_the_interface_takes_them(wire, tables):
+    """A veth takes frames from XDP only while its peer runs XDP: without, the engine sends through its AF_XDP
+    socket and says why; once the peer loads XDP, the engine sees it at its next stats publication and sends
+    from XDP. Nothing is lost either way."""
+    far, translator_ns, capture = wire
+    with in_netns(far.name):
+        detach_xdp(socket.if_nametoindex("r0"))
+    frames = mixed_reports(tables)
+    reference = Translator(tables)
+    first = [emitted for frame in frames[:100] for emitted in reference.process(frame).frames]
+    rest = [emitted for frame in frames[100:] for emitted in reference.process(frame).frames]
+    stop = threading.Event()
+    with PythonEngine(tables, flush_idle_ns=NO_FLUSH) as engine:
+        with in_netns(translator_ns.name):
+            engine.attach(["t0"])
+        assert engine.transmit_path == "AF_XDP socket"
+        assert engine.transmit_reason == "t0 takes no frames from XDP (a veth does only while its peer runs XDP)"
+        server = threading.Thread(target=engine.serve, args=(stop,))
+        server.start()
+        try:
+            send(far, frames[:100])
+            before = udp_frames(capture, ROCE_PORT, expected=len(first))
+            with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(far.name):
+                attach_xdp(socket.if_nametoindex("r0"), passer.programs["softdta_pass"].fd)
+            deadline = time.monotonic() + 5
+            while engine.transmit_path != "XDP" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.transmit_path == "XDP" and engine.transmit_reason == ""
+            sent_from_xdp = engine.transmitter.sent
+            send(far, frames[100:])
+            after = udp_frames(capture, ROCE_PORT, quiet_s=0.5)
+        finally:
+            stop.set()
+            server.join()
+        assert engine.transmitter.sent - sent_from_xdp == len(rest)
+    assert before == first and after == rest
+
+
+def test_the_engine_refuses_the_loopback(tables):
+    with PythonEngine(tables) as engine, pytest.raises(EngineError, match="does not translate on the loopback"):
+        engine.attach(["lo"])
 
 
 def test_a_plug_in_primitive_runs_live_and_lands_in_the_collectors_memory(wire, tables):
