@@ -34,7 +34,13 @@ TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);
 
 /* written by the python engine only: its CPU time and frames, as `prog_*` run stats are for the kernel's */
 TABLE(python_engine, BPF_MAP_TYPE_ARRAY, __u32, struct python_engine_value, 1);
-TABLE(transmit_control, BPF_MAP_TYPE_ARRAY, __u32, struct transmit_control, 1);
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct transmit_control);
+	__uint(max_entries, 1);
+} transmit_control SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -1533,7 +1533,7 @@ struct transmit_frame {
 };
 _Static_assert(sizeof(struct transmit_frame) == 512, "struct transmit_frame does not match softdta/spec/");
 
-/* one transmit call of the python engine (map `transmit_control`, written by userspace before each call) */
+/* one transmit call of the python engine (map `transmit_control`, BPF_F_MMAPABLE, written by userspace before each call) */
 struct transmit_control {
 	__u32 count; /* frames of this call: slots 0..count-1 */
 	__u32 next; /* the slot the next run sends; runs past count send nothing */

@@ -80,7 +80,7 @@ from softdta.spec import (
     Transport,
 )
 from softdta.spec import SketchMerge as MergeKind
-from softdta.wire.columns import Rows, byte_offset, gather, matches, scatter
+from softdta.wire.columns import FrameRows, Rows, byte_offset, gather, matches, scatter
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables, postcard_hashes_rows
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
@@ -311,13 +311,16 @@ class BatchTranslator:
                                   if structure.primitive is DtaOpcode.KEY_WRITE)
 
     def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[Piece]]:
-        lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
+        lengths = frames.lengths if isinstance(frames, FrameRows) else \
+            np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
         pieces: list[Piece] = []
         shortest, longest = int(lengths.min()), int(lengths.max())
         for length in [shortest] if shortest == longest else np.unique(lengths).tolist():
             positions = np.flatnonzero(lengths == length)
-            if len(positions) == len(frames):
+            if isinstance(frames, FrameRows):
+                rows = frames.of_length(length, positions)
+            elif len(positions) == len(frames):
                 rows = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(len(frames), length)
             else:
                 chosen = operator.itemgetter(*positions.tolist())(frames)

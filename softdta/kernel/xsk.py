@@ -23,6 +23,7 @@ import numpy as np
 
 from softdta.errors import SoftdtaError
 from softdta.kernel.tx_ring import SLOT_SIZE, TX_DATA_OFFSET, RingReporter
+from softdta.wire.columns import FrameRows
 
 XDP_COPY, XDP_ZEROCOPY = 1 << 1, 1 << 2
 XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD = 1
@@ -132,6 +133,8 @@ class XskSocket:
         self.fill_ring, self.comp_ring = _Cursor(self.fill, _ADDR), _Cursor(self.comp, _ADDR)
         self.rx_ring, self.tx_ring = _Cursor(self.rx, _DESC), _Cursor(self.tx, _DESC)
         self.umem_view = memoryview(self.umem_area)
+        self.umem_bytes = np.frombuffer(self.umem_area, dtype=np.uint8)
+        self.umem_rows = self.umem_bytes.reshape(frames, FRAME_SIZE)
         half = frames // 2
         self.tx_free = [i * FRAME_SIZE for i in range(half, frames)]
         self._refill([i * FRAME_SIZE for i in range(min(half, self.fill_ring.size))])
@@ -150,6 +153,7 @@ class XskSocket:
 
     def close(self) -> None:
         if hasattr(self, "_area"):
+            del self.umem_rows, self.umem_bytes
             self.umem_view.release()
             self._release()
 
@@ -162,20 +166,25 @@ class XskSocket:
         """Block until frames are waiting or `timeout_ms` passes."""
         return self.rx_ring.available() > 0 or bool(self.poller.poll(timeout_ms))
 
-    def receive(self, limit: int = 256) -> list[bytes]:
-        """Every frame waiting in the RX ring (at most `limit`), copied out; their UMEM frames go back to fill."""
+    def receive(self, limit: int = 256) -> FrameRows:
+        """Every frame waiting in the RX ring (at most `limit`), copied out in one gather; their UMEM frames go
+        back to fill."""
         ring = self.rx_ring
         count = min(ring.available(), limit)
         if not count:
-            return []
-        start, view = ring.consumer.value, self.umem_view
+            return FrameRows(np.empty((0, 0), dtype=np.uint8), np.empty(0, dtype=np.int64))
+        start = ring.consumer.value
         descriptors = ring.entries[ring.slots(start, count)]
-        addrs = descriptors["addr"]
-        frames = [bytes(view[addr:addr + length])
-                  for addr, length in zip(addrs.tolist(), descriptors["len"].tolist())]
+        addrs, lengths = descriptors["addr"].astype(np.int64), descriptors["len"].astype(np.int64)
+        longest, offsets = int(lengths.max()), addrs % FRAME_SIZE
+        if (offsets == offsets[0]).all():  # the kernel places every frame at the same offset in its chunk
+            first = int(offsets[0])
+            rows = self.umem_rows[addrs // FRAME_SIZE, first:first + longest]
+        else:
+            rows = self.umem_bytes[np.minimum(addrs[:, None] + np.arange(longest), len(self.umem_bytes) - 1)]
         ring.consumer.value = (start + count) & 0xFFFFFFFF
         self._refill(addrs)
-        return frames
+        return FrameRows(rows, lengths)
 
     def _reclaim(self) -> None:
         ring = self.comp_ring

@@ -42,7 +42,8 @@ RECORDS = (
         Field("count", 32, "frames of this call: slots 0..count-1"),
         Field("next", 32, "the slot the next run sends; runs past count send nothing"),
         Field("ifindex", 32, "where the frames go"), Field("pad", 32),
-    ), "one transmit call of the python engine (map `transmit_control`, written by userspace before each call)"),
+    ), "one transmit call of the python engine (map `transmit_control`, BPF_F_MMAPABLE, written by userspace "
+       "before each call)"),
     Record("report_generator_value", (
         Field("next_index", 64, "reports sent so far: each run sends report `next_index` and counts it"),
         Field("frame_len", 32), Field("key_span", 32, "distinct keys: report i carries key_base + i % key_span"),

@@ -3,6 +3,9 @@ array, at the spec's offsets (sans-IO). The vectorized counterpart of `wire.code
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 import numpy.typing as npt
 
@@ -11,6 +14,35 @@ from softdta.wire.codec import codec
 
 Rows = npt.NDArray[np.uint8]
 Column = npt.NDArray[np.uint64]
+
+
+class FrameRows(Sequence[bytes]):
+    """Frames as the rows of a (frames, longest) uint8 array, with their lengths: what packet I/O takes from its
+    ring in bulk, and what a batch translator reads columns from. Bytes past a frame's length are unspecified.
+    Indexing gives a frame's bytes."""
+
+    def __init__(self, rows: Rows, lengths: npt.NDArray[np.int64]):
+        self.rows, self.lengths = rows, lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> FrameRows: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | FrameRows:
+        if isinstance(index, slice):
+            return FrameRows(self.rows[index], self.lengths[index])
+        return self.rows[index, :self.lengths[index]].tobytes()
+
+    def of_length(self, length: int, positions: npt.NDArray[np.int64]) -> Rows:
+        """The frames at `positions`, all `length` bytes long, as a (positions, length) array."""
+        if len(positions) == len(self.lengths) and length == self.rows.shape[1]:
+            return self.rows
+        return self.rows[positions, :length]
 
 
 def gather(rows: Rows, at: int, header: Header, name: str) -> Column:

@@ -18,6 +18,7 @@ from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode, Transport
 from softdta.wire import dta
+from softdta.wire.columns import FrameRows
 from softdta.wire.dta import Profile
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
 from softdta.wire.hashing import linear_crc_position_tables
@@ -245,12 +246,23 @@ def run_oracle(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start: 
     return oracle, out
 
 
-def run_batches(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start: 0):
+def frame_rows(frames, seed):
+    """The frames as packet I/O hands them over: rows of one array, with other bytes past each frame's end."""
+    longest = max(map(len, frames), default=0)
+    rows = np.frombuffer(random.Random(seed).randbytes(len(frames) * longest), dtype=np.uint8)
+    rows = rows.reshape(len(frames), longest).copy()
+    for row, frame in enumerate(frames):
+        rows[row, :len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+    return FrameRows(rows, np.fromiter(map(len, frames), dtype=np.int64, count=len(frames)))
+
+
+def run_batches(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start: 0, as_rows=False):
     batch = BatchTranslator(Translator(tables, plugins=plugins))
     out = {"frames": [], "to_reporter": [], "deferred": []}
     start = 0
     for cut in cuts:
-        result = batch.process_batch(frames[start:cut], now_of(start), queue_of(start))
+        given = frame_rows(frames[start:cut], start) if as_rows else frames[start:cut]
+        result = batch.process_batch(given, now_of(start), queue_of(start))
         out["frames"] += result.frames
         out["to_reporter"] += result.to_reporter
         out["deferred"] += [start + position for position in result.deferred]
@@ -294,8 +306,9 @@ def assert_same(expected, got):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32), size=st.integers(1, 600),
        sizes=st.lists(st.integers(1, 1024), min_size=1, max_size=8),
-       profile=st.sampled_from(["dta-v1", "dta-v1-short"]))
-def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile):
+       profile=st.sampled_from(["dta-v1", "dta-v1-short"]), as_rows=st.booleans())
+def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile, as_rows):
+    """`as_rows`: batches as rows of one array (softdta.wire.columns.FrameRows), as AF_XDP hands them over."""
     tables = batch_tables(profile)
     frames = random_workload(seed, tables, size)
     cuts = cuts_from(sizes, len(frames))
@@ -303,7 +316,8 @@ def test_batches_equal_the_oracle_frame_for_frame(seed, size, sizes, profile):
     def now_of(position):  # time moves between batches: grace periods end within a workload
         return position * 20_000
 
-    assert_same(run_oracle(tables, frames, cuts, now_of), run_batches(tables, frames, cuts, now_of))
+    assert_same(run_oracle(tables, frames, cuts, now_of),
+                run_batches(tables, frames, cuts, now_of, as_rows=as_rows))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -544,8 +558,9 @@ def test_reports_cut_short_or_padded_are_refused_like_the_oracle_refuses_them(pl
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32), sizes=st.lists(st.integers(12, 200), min_size=1, max_size=6))
-def test_frames_with_flipped_bytes_cut_or_padded_are_taken_like_the_oracle_takes_them(seed, sizes):
+@given(seed=st.integers(0, 2**32), sizes=st.lists(st.integers(12, 200), min_size=1, max_size=6),
+       as_rows=st.booleans())
+def test_frames_with_flipped_bytes_cut_or_padded_are_taken_like_the_oracle_takes_them(seed, sizes, as_rows):
     """Good frames of every kind (reports, a plug-in's, an ACK) with bytes overwritten past the Ethernet header,
     cut short or lengthened: what a fuzzer, or a damaged link, sends."""
     tables = batch_tables()
@@ -571,7 +586,7 @@ def test_frames_with_flipped_bytes_cut_or_padded_are_taken_like_the_oracle_takes
         frames.append(bytes(frame))
     cuts = cuts_from(sizes, len(frames))
     assert_same(run_oracle(tables, frames, cuts, lambda position: position * 1000, [LatencySum]),
-                run_batches(tables, frames, cuts, lambda position: position * 1000, [LatencySum]))
+                run_batches(tables, frames, cuts, lambda position: position * 1000, [LatencySum], as_rows=as_rows))
 
 
 @settings(max_examples=30, deadline=None)

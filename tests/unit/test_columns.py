@@ -9,7 +9,7 @@ import pytest
 from softdta.spec import BTH, DTA_HEADERS, IPV4, ROCE_HEADERS, UDP, Field, Header
 from softdta.spec import ETHERNET as ETH
 from softdta.wire.codec import codec
-from softdta.wire.columns import byte_offset, gather, matches, scatter
+from softdta.wire.columns import FrameRows, byte_offset, gather, matches, scatter
 
 # the fixed parts: columns cover those (a Var tail's place depends on each row's lengths)
 HEADERS = [Header(h.name, h.fields, h.doc) for h in (ETH, IPV4, UDP, *DTA_HEADERS, *ROCE_HEADERS)]
@@ -72,3 +72,15 @@ def test_byte_offset_refuses_a_field_inside_a_byte():
     assert byte_offset(BTH, "psn") == 9
     with pytest.raises(ValueError, match="not byte-aligned"):
         byte_offset(BTH, "migreq")
+
+
+def test_frame_rows_index_to_each_frames_own_bytes():
+    frames = [b"\x01" * 20, b"\x02" * 14, b"\x03" * 31]
+    rows = np.full((3, 31), 0xEE, dtype=np.uint8)  # bytes past a frame's end are not the frame's
+    for row, frame in enumerate(frames):
+        rows[row, :len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+    batch = FrameRows(rows, np.array([20, 14, 31]))
+    assert len(batch) == 3 and list(batch) == frames and batch[-1] == frames[-1]
+    assert list(batch[1:]) == frames[1:]
+    assert batch.of_length(14, np.array([1])).tolist() == [[2] * 14]
+    assert batch.of_length(31, np.array([2])).shape == (1, 31)
