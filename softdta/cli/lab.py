@@ -77,8 +77,11 @@ def _bench(args) -> int:
     engines = results["translator_python_engine"]
     print("  Key-Write N=1, reports/s per core: " + ", ".join(
         f"{name} {engines[key]['reports_per_s_per_core']:,}" for name, key in (
-            ("python engine on AF_XDP", "af_xdp"), ("on AF_PACKET", "af_packet"),
-            ("reference translator alone", "reference_translator_alone"), ("XDP engine", "xdp"))))
+            (f"python engine on AF_XDP (frames out through {engines['af_xdp']['transmit']})", "af_xdp"),
+            ("on AF_PACKET", "af_packet"), ("reference translator alone", "reference_translator_alone"),
+            ("XDP engine", "xdp"))))
+    print(f"  the demo's mix of every primitive, python engine on AF_XDP: "
+          f"{engines['af_xdp_mixed']['reports_per_s_per_core']:,} reports/s per core")
     for name, case in results["translator_batch"].items():
         print(f"  translation alone, {name}, reports/s per core: oracle {case['oracle']['reports_per_s_per_core']:,}, "
               + ", ".join(f"{key.replace('_', ' of ')} {value['reports_per_s_per_core']:,} "
