@@ -255,7 +255,7 @@ class PythonEngine:
     def _transmit(self, io: XskSocket | PacketRing, frames: list[bytes]) -> None:
         """From XDP when the interface takes frames from it; else, or for a frame too long for a transmit slot
         (a plug-in's), through the queue's socket."""
-        if self.transmit_path == "XDP" and all(len(frame) <= TRANSMIT_FRAME_MAX for frame in frames):
+        if self.transmit_path == "XDP" and max(map(len, frames), default=0) <= TRANSMIT_FRAME_MAX:
             cast(XdpTransmitter, self.transmitter).send(frames)
         else:
             io.send(frames)
