@@ -3,7 +3,8 @@
 The engine's XDP program (bpf/xsk_steer.bpf.c) sends slot i of the mmapped map `transmit_frames` on the i-th run
 of a BPF_PROG_TEST_RUN in live-frames mode on the loopback: one system call hands a whole batch to the
 interface's `ndo_xdp_xmit`, with no socket buffer per frame. Copy-mode AF_XDP on veth builds an skb per frame,
-and that cost about 2.9 us a frame against about 0.3 us here (docs/benchmarks.md).
+and that cost about 2.9 us a frame, against about 0.5 us here (1 us with the far end's receive, which runs on
+the same CPU; docs/benchmarks.md).
 
 Like any XDP transmit, this needs an interface that takes frames from XDP (`ndo_xdp_xmit`); a veth does only
 while its peer runs XDP (or has GRO on). `interface_takes_frames` asks the kernel, and the engine sends through
@@ -33,8 +34,9 @@ _RUN_FRAME = bytes(ETHERNET.size)  # what each run starts from; the program writ
 
 
 class XdpTransmitter:
-    """Sends frames of at most TRANSMIT_FRAME_MAX bytes out of interface `ifindex` (in the calling thread's
-    network namespace) through `program` of `bpf_object`, in order.
+    """Sends frames of at most TRANSMIT_FRAME_MAX bytes out of interface `ifindex` (of the network namespace the
+    transmitter is made in, whichever namespace the caller is in later) through `program` of `bpf_object`, in
+    order.
 
     Every call leaves from one CPU, whichever thread calls: veth hands a frame from XDP to the peer's RX queue
     of the sending CPU, and frames of one queue pair on two queues could overtake each other."""
@@ -70,14 +72,6 @@ class XdpTransmitter:
         for first in range(0, len(frames), TRANSMIT_SLOTS):
             chunk = frames[first:first + TRANSMIT_SLOTS]
             self._place(chunk)
-            self._run(len(chunk))
-
-    def send_rows(self, rows: np.ndarray) -> None:
-        """Transmit frames of one length, given as the rows of a (frames, length) uint8 array."""
-        for first in range(0, len(rows), TRANSMIT_SLOTS):
-            chunk = rows[first:first + TRANSMIT_SLOTS]
-            self._bytes[:len(chunk), :chunk.shape[1]] = chunk
-            self._lengths[:len(chunk)] = chunk.shape[1]
             self._run(len(chunk))
 
     def _place(self, frames: list[bytes]) -> None:
