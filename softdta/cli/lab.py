@@ -154,7 +154,8 @@ def _lab(args) -> int:
             else:
                 engine = report["translator"]["engine"]
                 print(f"lab up: {', '.join(report['namespaces'])}; translator ({engine['name']}"
-                      f"{', ' + engine['io'] if 'io' in engine else ''}) "
+                      f"{', ' + engine['io'] if 'io' in engine else ''}"
+                      f"{', frames out through ' + engine['transmit'] if 'transmit' in engine else ''}) "
                       f"{'running' if report['translator']['running'] else 'NOT running'}, collector "
                       f"({report['collector']['kind']}) "
                       f"{'running' if report['collector']['running'] else 'NOT running'}")

@@ -62,10 +62,12 @@ def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
 def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     softdta("lab", "up", "--reporters", "1", "--engine", "python")
     status = json.loads(softdta("lab", "status", "--json").stdout)
+    # the lab's veth peers run XDP, so the engine's frames leave from XDP
     assert status["translator"]["running"] and status["translator"]["engine"] == {"name": "python",
-                                                                                   "io": "AF_XDP copy"}
+                                                                                   "io": "AF_XDP copy",
+                                                                                   "transmit": "XDP"}
     assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
-    assert "translator (python, AF_XDP copy) running" in softdta("lab", "status").stdout
+    assert "translator (python, AF_XDP copy, frames out through XDP) running" in softdta("lab", "status").stdout
 
 
 def test_lab_down_cleans_up_after_a_crash(clean_lab):
@@ -118,6 +120,7 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
     assert summary["translator"]["engine"]["name"] == engine
     if engine == "python":
         assert summary["translator"]["engine"]["io"] == "AF_XDP copy"  # veth: no zero-copy, and no fallback
+        assert summary["translator"]["engine"]["transmit"] == "XDP"
     burst = summary["burst"]
     if (collector, engine) != ("xdp", "xdp"):
         assert burst is None  # the burst is the XDP translator's and the XDP responder's
