@@ -108,17 +108,23 @@ class BatchOutput:
     order per QP), NACKs for reporters, and the positions of the essential reports deferred until their QP can
     send (the caller offers them again later)."""
 
-    frames: list[bytes] = field(default_factory=list)
+    # the frames, in runs: a vector run as the rows of its array (FrameRows), which packet I/O takes as they are
+    runs: list[Sequence[bytes]] = field(default_factory=list)
     to_reporter: list[bytes] = field(default_factory=list)
     deferred: list[int] = field(default_factory=list)
     # the batch position of the report behind each frame, a run per call that added frames
     made_by: list[npt.NDArray[np.int64]] = field(default_factory=list, repr=False)
 
+    @property
+    def frames(self) -> list[bytes]:
+        return [frame for run in self.runs for frame in run]
+
     def in_report_order(self) -> BatchOutput:
         """The frames sorted by the report that made them (frames of one report keep their order)."""
         if len(self.made_by) > 1:
             order = np.argsort(np.concatenate(self.made_by), kind="stable")
-            self.frames = [self.frames[index] for index in order.tolist()]
+            frames = self.frames
+            self.runs = [[frames[index] for index in order.tolist()]]
         self.made_by = []
         return self
 
@@ -235,15 +241,15 @@ class _Template:
     """One QP's frame of one opcode and payload length, with zeros where each frame's own values go.
 
     The iCRC of a frame is `icrc_constant` XOR, for each of the `variable` byte columns, that byte's share of
-    the linear CRC (`shares`, one 256-entry table per column): the rest of the frame is the template's."""
+    the linear CRC (`shares`: column j's 256-entry table at j * 256): the rest of the frame is the template's."""
 
     frame: Rows
     extension_at: int  # where the opcode's first extended header starts
     payload_at: int
     icrc_constant: int = 0
-    variable: list[int] = field(default_factory=list)
-    shares: npt.NDArray[np.uint32] = field(default_factory=lambda: np.empty((0, 256), dtype=np.uint32))
-    share_rows: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    variable: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    shares: npt.NDArray[np.uint32] = field(default_factory=lambda: np.empty(0, dtype=np.uint32))
+    share_offsets: npt.NDArray[np.int32] = field(default_factory=lambda: np.empty((0, 1), dtype=np.int32))
 
 
 class BatchTranslator:
@@ -543,7 +549,7 @@ class BatchTranslator:
     def _through_oracle(self, frames: Sequence[bytes], position: int, now_ns: int, out: BatchOutput) -> None:
         result = self.oracle.process(frames[position], now_ns, self._queue)
         if result.frames:
-            out.frames += result.frames
+            out.runs.append(result.frames)
             out.made_by.append(np.full(len(result.frames), position, dtype=np.int64))
         out.to_reporter += result.to_reporter
         if result.deferred:
@@ -574,12 +580,12 @@ class BatchTranslator:
             frames = _stamp(template, psn, ack_req)
             scatter(frames, template.extension_at, ATOMIC_ETH, "va", va)
             scatter(frames, template.extension_at, ATOMIC_ETH, "swap_add", values)
-            out.frames += _in_order([(np.ones(sent, dtype=bool), _seal(template, frames))], sent)
+            out.runs.append(_in_order([(np.ones(sent, dtype=bool), _seal(template, frames))], sent))
         else:
             payloads = np.empty((sent, KEY_CHECKSUM_LEN + structure.data_len), dtype=np.uint8)
             payloads[:, :KEY_CHECKSUM_LEN] = checksums.astype("<u4").view(np.uint8).reshape(-1, KEY_CHECKSUM_LEN)
             payloads[:, KEY_CHECKSUM_LEN:] = values
-            out.frames += self._writes(qp, psn, ack_req, va, immediate, checksums, payloads)
+            out.runs.append(self._writes(qp, psn, ack_req, va, immediate, checksums, payloads))
         self._count(structure.primitive, sum(len(piece.positions) for piece in parts if piece.reports), sent)
         return positions
 
@@ -626,8 +632,8 @@ class BatchTranslator:
         qp = self.oracle.sender(lists)
         psn, ack_req = self._sequence(qp, len(sent_at))
         payloads = run[leaves].reshape(-1, batch * width)[order]
-        out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + offsets.astype(np.uint64),
-                                   immediate[fills][order], ids[filled_group].astype(np.uint32), payloads)
+        out.runs.append(self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + offsets.astype(np.uint64),
+                                     immediate[fills][order], ids[filled_group].astype(np.uint32), payloads))
 
         rest = run[~leaves].tobytes()
         cursor = 0
@@ -708,9 +714,9 @@ class BatchTranslator:
             qp = self.oracle.sender(structure)
             psn, ack_req = self._sequence(qp, len(sent_at))
             slot_in_region = (slot_hashes[order] & np.uint32(structure.slot_count - 1)).astype(np.uint64)
-            out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + slot_in_region *
-                                       np.uint64(structure.slot_size), immediate[order], checksums[order],
-                                       values[order].astype(">u4").view(np.uint8).reshape(len(order), -1))
+            out.runs.append(self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + slot_in_region *
+                                         np.uint64(structure.slot_size), immediate[order], checksums[order],
+                                         values[order].astype(">u4").view(np.uint8).reshape(len(order), -1)))
         counters = self.oracle.counters
         counters[Counter.POSTCARD_EVICTIONS] += evictions
         counters[Counter.POSTCARD_CACHED] += cached
@@ -781,9 +787,9 @@ class BatchTranslator:
             psn, ack_req = self._sequence(qp, len(done))
             first_column = groups[done] * batch
             payloads = aggregate.reshape(len(groups), -1)[done].astype("<u4").view(np.uint8).reshape(len(done), -1)
-            out.frames += self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + first_column.astype(np.uint64) *
-                                       np.uint64(structure.slot_size), rows.immediate[writer],
-                                       first_column.astype(np.uint32), payloads)
+            out.runs.append(self._writes(qp, psn, ack_req, np.uint64(qp.base_va) + first_column.astype(np.uint64) *
+                                         np.uint64(structure.slot_size), rows.immediate[writer],
+                                         first_column.astype(np.uint32), payloads))
             wiped = (done[:, None] * batch + np.arange(batch)).reshape(-1)
             aggregate[wiped] = 0
             given[wiped] = False
@@ -823,7 +829,7 @@ class BatchTranslator:
 
     def _writes(self, qp: QueuePair, psn: npt.NDArray[np.uint64], ack_req: npt.NDArray[np.bool_],
                 va: npt.NDArray[np.uint64], immediate: npt.NDArray[np.bool_], tags: npt.NDArray[np.uint32],
-                payloads: Rows) -> list[bytes]:
+                payloads: Rows) -> Sequence[bytes]:
         """RDMA WRITE (with immediate `tags` where `immediate`) frames of `payloads` to `va`, in PSN order."""
         payload_len = payloads.shape[1]
         built: list[tuple[npt.NDArray[np.bool_], Rows]] = []
@@ -871,9 +877,10 @@ class BatchTranslator:
             tail_at = IP_AT + VARIABLE_FROM
             tail = frame[tail_at:-ICRC_LEN]
             template.icrc_constant = constant(frame[IP_AT:-ICRC_LEN]) ^ linear_crc(tail)
-            template.variable = variable
-            template.shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
-            template.share_rows = np.arange(len(variable))
+            template.variable = np.array(variable, dtype=np.int64)
+            shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
+            template.shares = shares.reshape(-1)
+            template.share_offsets = (np.arange(len(variable), dtype=np.int32) * 256)[:, None]
             self._templates[key] = template
         return template
 
@@ -996,9 +1003,10 @@ def _decode_piece(rows: Rows, positions: npt.NDArray[np.int64], structure: Struc
         data_at = sub_at + byte_offset(sub, "data") if kind is DtaOpcode.KEY_WRITE else 0
     redundancy = gather(rows, sub_at, sub, "redundancy").astype(np.int64)
     take &= (redundancy >= 1) & (redundancy <= structure.redundancy)  # the oracle drops the others
-    rows, positions, redundancy, immediate = rows[take], positions[take], redundancy[take], immediate[take]
-    keys = np.ascontiguousarray(rows[:, key_at:key_at + key_len])
-    checksums, slot_hashes = key_hashes_rows(keys, int(redundancy.max(initial=1)), structure.key_hash)
+    if not take.all():
+        rows, positions, redundancy, immediate = rows[take], positions[take], redundancy[take], immediate[take]
+    checksums, slot_hashes = key_hashes_rows(rows[:, key_at:key_at + key_len], int(redundancy.max(initial=1)),
+                                             structure.key_hash)
     piece = _Piece(structure, kind, positions, redundancy, immediate, checksums, slot_hashes)
     if kind is DtaOpcode.KEY_WRITE:
         piece.data = rows[:, data_at:data_at + structure.data_len]
@@ -1178,8 +1186,9 @@ def _stamp(template: _Template, psn: npt.NDArray[np.uint64], ack_req: npt.NDArra
 
 def _seal(template: _Template, frames: Rows) -> Rows:
     """Each frame's iCRC: the template's constant XOR the shares of the frame's variable bytes."""
-    shares = template.shares[template.share_rows, frames[:, template.variable]]  # (frames, variable bytes)
-    state = np.bitwise_xor.reduce(shares, axis=1) ^ np.uint32(template.icrc_constant)
+    # (variable bytes, frames): the XOR then runs along whole rows
+    shares = template.shares.take(frames[:, template.variable].T + template.share_offsets)
+    state = np.bitwise_xor.reduce(shares, axis=0) ^ np.uint32(template.icrc_constant)
     frames[:, -ICRC_LEN:] = state.astype("<u4").view(np.uint8).reshape(-1, ICRC_LEN)
     return frames
 
@@ -1190,12 +1199,11 @@ def _columns(at: int, header: Header, name: str) -> range:
     return range(at + start // 8, at + (start + bits + 7) // 8)
 
 
-def _in_order(built: list[tuple[npt.NDArray[np.bool_], Rows]], sent: int) -> list[bytes]:
-    """The frames of one QP as bytes, in PSN order, from the arrays each template built."""
+def _in_order(built: list[tuple[npt.NDArray[np.bool_], Rows]], sent: int) -> Sequence[bytes]:
+    """The frames of one QP in PSN order, from the arrays each template built: one template's array as it is."""
     if len(built) == 1:
         rows = built[0][1]
-        blob, width = rows.tobytes(), rows.shape[1]
-        return [blob[at:at + width] for at in range(0, len(blob), width)]
+        return FrameRows(rows, np.full(len(rows), rows.shape[1], dtype=np.int64))
     ordered: list[bytes] = [b""] * sent
     for mine, rows in built:
         blob, width = rows.tobytes(), rows.shape[1]

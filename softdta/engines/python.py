@@ -17,7 +17,7 @@ import select
 import socket
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import cast
@@ -36,13 +36,15 @@ from softdta.kernel.resources import BPF_DIR
 from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
 from softdta.spec import TRANSMIT_FRAME_MAX, Counter, QpState
+from softdta.wire.columns import FrameRows
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
 IO_CODES = {"AF_XDP copy": 1, "AF_XDP zero-copy": 2, "AF_PACKET TPACKET_V3": 3}
-# The most frames one step takes: a vector batch has a fixed cost of about 1 ms, which 1024 frames amortize to
-# 2.4 us a report against 6 us at 256 (Key-Write N=1; docs/benchmarks.md); the AF_XDP rings hold 2048.
-BATCH = 1024
+# The most frames one step takes: a vector batch has a fixed cost, which larger steps amortize (Key-Write N=1,
+# live: about 490 k reports/s per core at 4096 against 410 k at 2048 and 300 k at 1024; docs/benchmarks.md).
+# The AF_XDP RX ring holds one such step. A step is what waits in the ring: at low rates, a few frames.
+BATCH = 4096
 PUBLISH_INTERVAL_NS = 100_000_000
 MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) this often
 
@@ -226,7 +228,7 @@ class PythonEngine:
                 continue
             out = self.batch.process_batch(frames, time.monotonic_ns(), rx_queue)
             self.deferred += [(rx_queue, frames[position]) for position in out.deferred]
-            self._transmit(io, out.frames + out.to_reporter)
+            self._transmit(io, [*out.runs, out.to_reporter])
             self.run_time_ns += time.thread_time_ns() - started
             self.runs += len(frames)
             taken += len(frames)
@@ -245,20 +247,22 @@ class PythonEngine:
                 self.deferred.append((rx_queue, frame))
             frames += out.frames + out.to_reporter
         if frames:
-            self._transmit(self.queues[0], frames)
+            self._transmit(self.queues[0], [frames])
         self.run_time_ns += time.thread_time_ns() - started
         if now - self._published_ns >= PUBLISH_INTERVAL_NS:
             self._follow_transmit_path()
             self.publish()
             self._published_ns = now
 
-    def _transmit(self, io: XskSocket | PacketRing, frames: list[bytes]) -> None:
-        """From XDP when the interface takes frames from it; else, or for a frame too long for a transmit slot
-        (a plug-in's), through the queue's socket."""
-        if self.transmit_path == "XDP" and max(map(len, frames), default=0) <= TRANSMIT_FRAME_MAX:
-            cast(XdpTransmitter, self.transmitter).send(frames)
-        else:
-            io.send(frames)
+    def _transmit(self, io: XskSocket | PacketRing, runs: list[Sequence[bytes]]) -> None:
+        """Runs of frames, in order: from XDP when the interface takes frames from it; else, or when a frame is
+        too long for a transmit slot (a plug-in's), through the queue's socket."""
+        runs = [run for run in runs if len(run)]
+        if self.transmit_path == "XDP" and max(map(_longest, runs), default=0) <= TRANSMIT_FRAME_MAX:
+            for run in runs:
+                cast(XdpTransmitter, self.transmitter).send(run)
+        elif runs:
+            io.send([frame for run in runs for frame in run])
 
     @property
     def transmit_path(self) -> str:
@@ -329,6 +333,10 @@ class PythonEngine:
                                                    io=IO_CODES.get(self.io_name, 0),
                                                    transmit=int(self.transmit_path == "XDP"))
         self.maps["python_engine"].update(bytes(4), value)
+
+
+def _longest(frames: Sequence[bytes]) -> int:
+    return int(frames.lengths.max()) if isinstance(frames, FrameRows) else max(map(len, frames))
 
 
 def engine_stats(pin_dir: Path) -> dict:

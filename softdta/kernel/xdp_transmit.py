@@ -14,7 +14,7 @@ its AF_XDP socket while the answer is no.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -25,6 +25,7 @@ from softdta.kernel.netdev import XDP_ACT_NDO_XMIT, xdp_features
 from softdta.kernel.netns import in_netns_of
 from softdta.kernel.programs import EngineError
 from softdta.spec import ETHERNET, TRANSMIT_FRAME_MAX, TRANSMIT_SLOTS
+from softdta.wire.columns import FrameRows
 
 LOOPBACK_IFINDEX = 1  # in every network namespace
 BURST = 64  # frames the kernel sends before it flushes them to the interface: a quarter of a veth ring
@@ -67,20 +68,24 @@ class XdpTransmitter:
         with in_netns_of(self._netns, "the network namespace of the engine's interface"):
             return bool(xdp_features(self.ifindex) & XDP_ACT_NDO_XMIT)
 
-    def send(self, frames: list[bytes]) -> None:
-        """Transmit `frames` in order, TRANSMIT_SLOTS a call."""
+    def send(self, frames: Sequence[bytes]) -> None:
+        """Transmit `frames` in order, TRANSMIT_SLOTS a call; FrameRows are copied into the slots row by row."""
         for first in range(0, len(frames), TRANSMIT_SLOTS):
             chunk = frames[first:first + TRANSMIT_SLOTS]
             self._place(chunk)
             self._run(len(chunk))
 
-    def _place(self, frames: list[bytes]) -> None:
-        lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
+    def _place(self, frames: Sequence[bytes]) -> None:
+        lengths = frames.lengths if isinstance(frames, FrameRows) else \
+            np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
         unfit = lengths[(lengths > TRANSMIT_FRAME_MAX) | (lengths < ETHERNET.size)]
         if len(unfit):
             raise EngineError(f"a frame of {int(unfit[0])} bytes does not fit a transmit slot "
                               f"({ETHERNET.size}..{TRANSMIT_FRAME_MAX}): send it through the socket")
-        if lengths.min() == lengths.max():  # the common case: a row copy, no index
+        if isinstance(frames, FrameRows):
+            width = min(frames.rows.shape[1], TRANSMIT_FRAME_MAX)  # what is past a frame's length is not sent
+            self._bytes[:len(frames), :width] = frames.rows[:, :width]
+        elif lengths.min() == lengths.max():  # the common case: a row copy, no index
             length = len(frames[0])
             self._bytes[:len(frames), :length] = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(-1, length)
         else:

@@ -96,12 +96,13 @@ class _Cursor:
 
 
 class XskSocket:
-    """An AF_XDP socket on one RX queue of an interface, with its own UMEM: half of the frames keep the fill ring
-    stocked for receiving, the other half carry transmitted frames. Zero-copy when the driver supports it,
-    else copy mode (veth). An XDP program must redirect into an XSKMAP entry for `fd` (see bpf/xsk_steer.bpf.c).
+    """An AF_XDP socket on one RX queue of an interface, with its own UMEM (16 MiB by default): half of the frames
+    keep the fill ring stocked for receiving, the other half carry transmitted frames. Zero-copy when the driver
+    supports it, else copy mode (veth). An XDP program must redirect into an XSKMAP entry for `fd` (see
+    bpf/xsk_steer.bpf.c).
     """
 
-    def __init__(self, interface: str, queue: int = 0, frames: int = 4096, ring_size: int = 2048):
+    def __init__(self, interface: str, queue: int = 0, frames: int = 8192, ring_size: int = 4096):
         self.lib = _libxdp()
         self.umem_area = mmap.mmap(-1, frames * FRAME_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._area = ctypes.c_char.from_buffer(self.umem_area)

@@ -753,7 +753,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> dict:
                                      "reference_python": translator_reference(count),
                                      "userspace_udp_python": translator_userspace_udp(count)},
         "translator_rx_queue_scaling": translator_queue_scaling(repeat // 10 if quick else repeat),
-        "translator_python_engine": translator_python_engine(1000 if quick else 6000),
+        "translator_python_engine": translator_python_engine(1000 if quick else 16384),
         "translator_batch": translator_batch(2000 if quick else 20000),
         "translator_live_lab": translator_live(2000 if quick else 20000,
                                                [20_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000,

@@ -3,7 +3,7 @@ array, at the spec's offsets (sans-IO). The vectorized counterpart of `wire.code
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import overload
 
 import numpy as np
@@ -26,6 +26,10 @@ class FrameRows(Sequence[bytes]):
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    def __iter__(self) -> Iterator[bytes]:
+        blob, width = self.rows.tobytes(), max(self.rows.shape[1], 1)  # no frames: no columns either
+        return (blob[at:at + length] for at, length in zip(range(0, len(blob), width), self.lengths.tolist()))
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...

@@ -178,7 +178,7 @@ def test_crc32_poly_against_bitwise_reference():
         assert hashing.crc32_poly(polynomial, data) == bitwise_crc32(polynomial, data)
 
 
-@pytest.mark.parametrize("key_len", [4, 13])
+@pytest.mark.parametrize("key_len", [1, 4, 13, 32])
 def test_vectorized_hashes_match_scalar(key_len):
     rng = np.random.default_rng(key_len)
     count, copies = 3000, 4
