@@ -36,6 +36,7 @@ const bit<8> KEY_CHECKSUM_LEN = 4;
 const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
+const bit<32> CRC32_POLYNOMIAL = 79764919;
 const bit<8> FLUSH_OPCODE = 127;
 const bit<8> AETH_KIND_SHIFT = 5;
 const bit<8> AETH_VALUE_MASK = 31;

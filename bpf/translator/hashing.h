@@ -32,7 +32,7 @@ static __noinline __u32 independent_slot_hash(const struct report *r, __u32 copy
 	return crc32_byte(crc32_key_hash[copy], reversed_key_state(r, crc32_key_hash[copy]), copy) ^ 0xffffffff;
 }
 
-_Static_assert(KEY_HASH_POLYNOMIALS_0 == 0x04c11db7, "copy 0 of the independent scheme hashes like the checksum");
+_Static_assert(KEY_HASH_POLYNOMIALS_0 == CRC32_POLYNOMIAL, "copy 0 of the independent scheme hashes like the checksum");
 
 /* The slot hash of copy `copy`. dta-v1 hashes with the checksum's own table, and so does copy 0 of the
  * independent scheme: those continue the checksum (the key's raw state is checksum ^ 0xffffffff) with one byte

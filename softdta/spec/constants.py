@@ -64,8 +64,10 @@ class KeyHash(IntEnum):
     INDEPENDENT = 1
 
 
+# CRC-32 (zlib's, the key checksum's and the iCRC's), in normal notation.
+CRC32_POLYNOMIAL = 0x04C11DB7
 # CRC-32, CRC-32C (Castagnoli), CRC-32K (Koopman), CRC-32Q, in normal notation.
-KEY_HASH_POLYNOMIALS = (0x04C11DB7, 0x1EDC6F41, 0x741B8CD7, 0x814141AB)
+KEY_HASH_POLYNOMIALS = (CRC32_POLYNOMIAL, 0x1EDC6F41, 0x741B8CD7, 0x814141AB)
 
 
 class DtaOpcode(IntEnum):

@@ -16,7 +16,7 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
-from softdta.spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS, KeyHash
+from softdta.spec import CRC32_POLYNOMIAL, KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS, KeyHash
 
 _MASK32 = 0xFFFFFFFF
 
@@ -31,7 +31,7 @@ def _reflect32(value: int) -> int:
 
 
 @cache
-def crc_table(polynomial: int = 0x04C11DB7) -> tuple[int, ...]:
+def crc_table(polynomial: int = CRC32_POLYNOMIAL) -> tuple[int, ...]:
     """Byte table of the reflected CRC-32 with `polynomial` in normal notation."""
     reflected = _reflect32(polynomial)
     table = []
@@ -83,11 +83,11 @@ def postcard_slot_hash(key: bytes) -> int:
 # Vectorized forms, for queries over millions of keys.
 
 @cache
-def _np_table(polynomial: int = 0x04C11DB7) -> np.ndarray:
+def _np_table(polynomial: int = CRC32_POLYNOMIAL) -> np.ndarray:
     return np.array(crc_table(polynomial), dtype=np.uint32)
 
 
-def crc32_update_rows(state: np.ndarray, rows: np.ndarray, polynomial: int = 0x04C11DB7) -> np.ndarray:
+def crc32_update_rows(state: np.ndarray, rows: np.ndarray, polynomial: int = CRC32_POLYNOMIAL) -> np.ndarray:
     """Advance raw CRC states (before xorout) over each row of a (count, width) uint8 array."""
     table = _np_table(polynomial)
     state = state.astype(np.uint32, copy=True)
@@ -97,7 +97,7 @@ def crc32_update_rows(state: np.ndarray, rows: np.ndarray, polynomial: int = 0x0
     return state
 
 
-def crc32_rows(rows: np.ndarray, polynomial: int = 0x04C11DB7) -> np.ndarray:
+def crc32_rows(rows: np.ndarray, polynomial: int = CRC32_POLYNOMIAL) -> np.ndarray:
     """CRC-32 of every row of a (count, width) uint8 array."""
     start = np.full(rows.shape[0], _MASK32, dtype=np.uint32)
     return crc32_update_rows(start, rows, polynomial) ^ np.uint32(_MASK32)
@@ -120,8 +120,9 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int,
     slot_hashes = np.empty((copies, key_rows.shape[0]), dtype=np.uint32)
     table = _np_table()
     for copy in range(copies):
-        if scheme is KeyHash.DTA_V1:
-            # dta-v1 copies share the key's CRC state; one more byte (the copy index) finishes each.
+        if scheme is KeyHash.DTA_V1 or KEY_HASH_POLYNOMIALS[copy] == CRC32_POLYNOMIAL:
+            # dta-v1 copies share the key's CRC state; one more byte (the copy index) finishes each. So does
+            # copy 0 of the independent scheme, whose polynomial is the checksum's.
             index = (state ^ np.uint32(copy)) & 0xFF
             slot_hashes[copy] = (table[index] ^ (state >> np.uint32(8))) ^ np.uint32(_MASK32)
         else:
@@ -153,7 +154,7 @@ def postcard_hashes_rows(key_rows: np.ndarray, hops: np.ndarray) -> tuple[np.nda
 
 
 @cache
-def linear_crc_position_tables(length: int, polynomial: int = 0x04C11DB7) -> np.ndarray:
+def linear_crc_position_tables(length: int, polynomial: int = CRC32_POLYNOMIAL) -> np.ndarray:
     """(length, 256) tables: row j maps a byte at position j of a `length`-byte message to its share of the
     message's linear CRC (init 0, no final XOR). The CRC is linear, so the message's CRC is the XOR of its bytes'
     shares: one lookup per byte, independent of the others, and none for bytes known to be zero."""
