@@ -134,8 +134,7 @@ class XskSocket:
         self.fill_ring, self.comp_ring = _Cursor(self.fill, _ADDR), _Cursor(self.comp, _ADDR)
         self.rx_ring, self.tx_ring = _Cursor(self.rx, _DESC), _Cursor(self.tx, _DESC)
         self.umem_view = memoryview(self.umem_area)
-        self.umem_bytes = np.frombuffer(self.umem_area, dtype=np.uint8)
-        self.umem_rows = self.umem_bytes.reshape(frames, FRAME_SIZE)
+        self.umem_rows = np.frombuffer(self.umem_area, dtype=np.uint8).reshape(frames, FRAME_SIZE)
         half = frames // 2
         self.tx_free = [i * FRAME_SIZE for i in range(half, frames)]
         self._refill([i * FRAME_SIZE for i in range(min(half, self.fill_ring.size))])
@@ -154,7 +153,7 @@ class XskSocket:
 
     def close(self) -> None:
         if hasattr(self, "_area"):
-            del self.umem_rows, self.umem_bytes
+            del self.umem_rows
             self.umem_view.release()
             self._release()
 
@@ -176,16 +175,11 @@ class XskSocket:
             return FrameRows(np.empty((0, 0), dtype=np.uint8), np.empty(0, dtype=np.int64))
         start = ring.consumer.value
         descriptors = ring.entries[ring.slots(start, count)]
-        addrs, lengths = descriptors["addr"].astype(np.int64), descriptors["len"].astype(np.int64)
-        longest, offsets = int(lengths.max()), addrs % FRAME_SIZE
-        if (offsets == offsets[0]).all():  # the kernel places every frame at the same offset in its chunk
-            first = int(offsets[0])
-            rows = self.umem_rows[addrs // FRAME_SIZE, first:first + longest]
-        else:
-            rows = self.umem_bytes[np.minimum(addrs[:, None] + np.arange(longest), len(self.umem_bytes) - 1)]
+        addrs = descriptors["addr"]
+        frames = gather_frames(self.umem_rows, addrs.astype(np.int64), descriptors["len"].astype(np.int64))
         ring.consumer.value = (start + count) & 0xFFFFFFFF
         self._refill(addrs)
-        return FrameRows(rows, lengths)
+        return frames
 
     def _reclaim(self) -> None:
         ring = self.comp_ring
@@ -243,6 +237,22 @@ class XskSocket:
             error = ctypes.get_errno()
             if error not in (errno.EAGAIN, errno.EBUSY, errno.ENOBUFS, errno.ENETDOWN):
                 raise XskError(error, f"AF_XDP transmit: {os.strerror(error)}")
+
+
+def gather_frames(umem_rows: np.ndarray, addrs: np.ndarray, lengths: np.ndarray) -> FrameRows:
+    """Copies of the frames at UMEM addresses `addrs` as rows of one array: `umem_rows` is the UMEM, a row per
+    chunk. One gather per distinct offset in the chunk; copy mode puts every frame at the same one."""
+    chunks, offsets = addrs // umem_rows.shape[1], addrs % umem_rows.shape[1]
+    longest = int(lengths.max())
+    if (offsets == offsets[0]).all():
+        first = int(offsets[0])
+        return FrameRows(umem_rows[chunks, first:first + longest], lengths)
+    rows = np.zeros((len(addrs), longest), dtype=np.uint8)
+    for offset in np.unique(offsets).tolist():
+        mine = offsets == offset
+        width = int(lengths[mine].max())
+        rows[mine, :width] = umem_rows[chunks[mine], offset:offset + width]
+    return FrameRows(rows, lengths)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
