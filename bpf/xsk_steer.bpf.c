@@ -50,8 +50,6 @@ struct {
 	__uint(max_entries, TRANSMIT_SLOTS);
 } transmit_frames SEC(".maps");
 
-#define LOOPBACK_IFINDEX 1	/* in every network namespace */
-
 /* one run of a transmit call: the call's next frame, in slot order, out of the engine's interface */
 static __always_inline int transmit(struct xdp_md *ctx)
 {

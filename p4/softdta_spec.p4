@@ -50,6 +50,7 @@ const bit<16> DEFERRED_FRAME_MAX = 256;
 const bit<16> GENERATOR_FRAME_MAX = 256;
 const bit<16> TRANSMIT_FRAME_MAX = 508;
 const bit<16> TRANSMIT_SLOTS = 4096;
+const bit<8> LOOPBACK_IFINDEX = 1;
 const bit<16> QP_TABLE_ENTRIES = 4096;
 const bit<32> QUEUE_QP_SLOTS = 262144;
 const bit<16> ARENA_PAGE = 4096;

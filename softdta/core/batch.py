@@ -80,7 +80,7 @@ from softdta.spec import (
     Transport,
 )
 from softdta.spec import SketchMerge as MergeKind
-from softdta.wire.columns import FrameRows, Rows, byte_offset, gather, matches, scatter
+from softdta.wire.columns import FrameRows, Rows, byte_offset, frame_lengths, gather, matches, scatter
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables, postcard_hashes_rows
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
@@ -317,8 +317,7 @@ class BatchTranslator:
                                   if structure.primitive is DtaOpcode.KEY_WRITE)
 
     def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[Piece]]:
-        lengths = frames.lengths if isinstance(frames, FrameRows) else \
-            np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
+        lengths = frame_lengths(frames)
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
         pieces: list[Piece] = []
         shortest, longest = int(lengths.min()), int(lengths.max())

@@ -36,7 +36,7 @@ from softdta.kernel.resources import BPF_DIR
 from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
 from softdta.spec import TRANSMIT_FRAME_MAX, Counter, QpState
-from softdta.wire.columns import FrameRows
+from softdta.wire.columns import frame_lengths
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
@@ -258,7 +258,7 @@ class PythonEngine:
         """Runs of frames, in order: from XDP when the interface takes frames from it; else, or when a frame is
         too long for a transmit slot (a plug-in's), through the queue's socket."""
         runs = [run for run in runs if len(run)]
-        if self.transmit_path == "XDP" and max(map(_longest, runs), default=0) <= TRANSMIT_FRAME_MAX:
+        if self.transmit_path == "XDP" and all(frame_lengths(run).max() <= TRANSMIT_FRAME_MAX for run in runs):
             for run in runs:
                 cast(XdpTransmitter, self.transmitter).send(run)
         elif runs:
@@ -333,10 +333,6 @@ class PythonEngine:
                                                    io=IO_CODES.get(self.io_name, 0),
                                                    transmit=int(self.transmit_path == "XDP"))
         self.maps["python_engine"].update(bytes(4), value)
-
-
-def _longest(frames: Sequence[bytes]) -> int:
-    return int(frames.lengths.max()) if isinstance(frames, FrameRows) else max(map(len, frames))
 
 
 def engine_stats(pin_dir: Path) -> dict:

@@ -21,7 +21,9 @@ class Layout:
     def __init__(self, fields: tuple[Field | Raw, ...]):
         members, size = host_members(fields)
         formats, self.names = ["="], []
+        self.offsets: dict[str, int] = {}  # where each member starts: for maps userspace reads as memory
         for member in members:
+            self.offsets[member.name] = struct.calcsize("".join(formats))
             if member.name.startswith("_pad"):
                 formats.append(f"{member.length}x")
             elif member.length:

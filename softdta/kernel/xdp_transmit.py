@@ -24,13 +24,12 @@ from softdta.kernel.maps import record
 from softdta.kernel.netdev import XDP_ACT_NDO_XMIT, xdp_features
 from softdta.kernel.netns import in_netns_of
 from softdta.kernel.programs import EngineError
-from softdta.spec import ETHERNET, TRANSMIT_FRAME_MAX, TRANSMIT_SLOTS
-from softdta.wire.columns import FrameRows
+from softdta.spec import ETHERNET, LOOPBACK_IFINDEX, TRANSMIT_FRAME_MAX, TRANSMIT_SLOTS
+from softdta.wire.columns import FrameRows, frame_lengths
 
-LOOPBACK_IFINDEX = 1  # in every network namespace
 BURST = 64  # frames the kernel sends before it flushes them to the interface: a quarter of a veth ring
 _CONTROL = record("transmit_control")
-_SLOT = record("transmit_frame").size
+_SLOT = record("transmit_frame")
 _RUN_FRAME = bytes(ETHERNET.size)  # what each run starts from; the program writes the frame over it
 
 
@@ -47,10 +46,11 @@ class XdpTransmitter:
         self._program = bpf_object.programs[program]
         self._control_mapping = bpf_object.maps["transmit_control"].mmap()
         self._mapping = bpf_object.maps["transmit_frames"].mmap()
-        slots = np.frombuffer(self._mapping, dtype=np.uint8).reshape(TRANSMIT_SLOTS, _SLOT)
+        slots = np.frombuffer(self._mapping, dtype=np.uint8).reshape(TRANSMIT_SLOTS, _SLOT.size)
         slots[:] = 0  # fault every page in now, not in the first calls (20 us a frame)
-        self._lengths = slots[:, :4].view("<u4").reshape(-1)
-        self._bytes = slots[:, 4:4 + TRANSMIT_FRAME_MAX]
+        length_at, frame_at = _SLOT.offsets["len"], _SLOT.offsets["frame"]
+        self._lengths = slots[:, length_at:length_at + 4].view(np.uint32).reshape(-1)
+        self._bytes = slots[:, frame_at:frame_at + TRANSMIT_FRAME_MAX]
         self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         self.cpu = min(os.sched_getaffinity(0))
         self.sent = 0
@@ -76,8 +76,7 @@ class XdpTransmitter:
             self._run(len(chunk))
 
     def _place(self, frames: Sequence[bytes]) -> None:
-        lengths = frames.lengths if isinstance(frames, FrameRows) else \
-            np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
+        lengths = frame_lengths(frames)
         unfit = lengths[(lengths > TRANSMIT_FRAME_MAX) | (lengths < ETHERNET.size)]
         if len(unfit):
             raise EngineError(f"a frame of {int(unfit[0])} bytes does not fit a transmit slot "

@@ -16,6 +16,8 @@ GENERATOR_FRAME_MAX = 256  # the longest report frame the kernel report generato
 # step's worth of Key-Writes of four copies.
 TRANSMIT_FRAME_MAX = 508
 TRANSMIT_SLOTS = 4096
+# The loopback's ifindex in every network namespace: the python engine's transmit test runs come in on it.
+LOOPBACK_IFINDEX = 1
 
 RECORDS = (
     Record("deferred_report", (

@@ -49,6 +49,13 @@ class FrameRows(Sequence[bytes]):
         return self.rows[positions, :length]
 
 
+def frame_lengths(frames: Sequence[bytes]) -> npt.NDArray[np.int64]:
+    """The length of every frame, whether they come as rows or as bytes."""
+    if isinstance(frames, FrameRows):
+        return frames.lengths
+    return np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
+
+
 def gather(rows: Rows, at: int, header: Header, name: str) -> Column:
     """Field `name` of the `header` that starts at byte `at` of every row, as unsigned integers."""
     start, bits = _span(header, name)
