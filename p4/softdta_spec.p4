@@ -36,6 +36,8 @@ const bit<8> KEY_CHECKSUM_LEN = 4;
 const bit<16> MAX_WRITE_PAYLOAD = 256;
 const bit<16> POSTCARD_CACHE_ENTRIES = 32768;
 const bit<32> DEFAULT_GRACE_NS = 1000000;
+const bit<8> DEFAULT_ACK_REQUEST_INTERVAL = 16;
+const bit<32> MAX_ACK_REQUEST_INTERVAL = 65536;
 const bit<32> CRC32_POLYNOMIAL = 79764919;
 const bit<8> FLUSH_OPCODE = 127;
 const bit<8> AETH_KIND_SHIFT = 5;
@@ -186,6 +188,8 @@ const bit<8> CNT_RX_APPEND = 41;
 const bit<8> CNT_RX_KEY_INCREMENT = 42;
 const bit<8> CNT_RX_POSTCARDING = 43;
 const bit<8> CNT_RX_SKETCH_MERGE = 44;
+const bit<8> CNT_NAK_LOST_WRITES = 45;
+const bit<8> CNT_PSN_ADOPTED = 46;
 
 // Access: Access rights of a registered memory region (ibv_access_flags).
 const bit<8> ACCESS_LOCAL_WRITE = 1;

@@ -41,6 +41,8 @@
 #define MAX_WRITE_PAYLOAD 256
 #define POSTCARD_CACHE_ENTRIES 32768
 #define DEFAULT_GRACE_NS 1000000 /* 0xf4240 */
+#define DEFAULT_ACK_REQUEST_INTERVAL 16
+#define MAX_ACK_REQUEST_INTERVAL 65536 /* 0x10000 */
 #define CRC32_POLYNOMIAL 79764919 /* 0x4c11db7 */
 #define FLUSH_OPCODE 127
 #define AETH_KIND_SHIFT 5
@@ -195,6 +197,8 @@
 #define CNT_RX_KEY_INCREMENT 42
 #define CNT_RX_POSTCARDING 43
 #define CNT_RX_SKETCH_MERGE 44
+#define CNT_NAK_LOST_WRITES 45
+#define CNT_PSN_ADOPTED 46
 
 /* Access: Access rights of a registered memory region (ibv_access_flags). */
 #define ACCESS_LOCAL_WRITE 1

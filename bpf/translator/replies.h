@@ -64,6 +64,8 @@ static __always_inline __u32 on_reply_body(struct xdp_md *ctx, struct scratch *s
 		count(CNT_RX_RNR_NAKS);
 		break;
 	default:
+		/* The collector executed nothing from the NAK's PSN on: those writes are lost. */
+		count_n(CNT_NAK_LOST_WRITES, (ref.qs->next_psn - psn) & PSN_MASK);
 		if (syndrome >> AETH_KIND_SHIFT == AETH_NAK && (syndrome & AETH_VALUE_MASK) == NAK_PSN_SEQUENCE_ERROR) {
 			count(CNT_RX_NAK_SEQUENCE);
 			ref.qs->next_psn = psn;

@@ -24,6 +24,7 @@ from softdta.spec import (
     MAX_REDUNDANCY,
     MAX_RX_QUEUES,
     P4_TABLES,
+    PSN_MASK,
     ROCE_PORT,
     TRANSLATOR_TABLES,
     DtaOpcode,
@@ -71,6 +72,45 @@ class Slots:
     sketch: dict[bytes, int] = field(default_factory=dict)  # collector ip -> sketch state index
 
 
+@dataclass(frozen=True)
+class LiveQp:
+    """A queue pair as a data plane holds it: the remote QPN and start PSN it was installed with, and its PSNs
+    now (None where the data plane cannot be read back, as over P4Runtime)."""
+
+    remote_qpn: int
+    start_psn: int
+    next_psn: int | None = None
+    unacked_psn: int | None = None
+
+
+@dataclass(frozen=True)
+class PsnRestart:
+    """A QP whose PSN state a plan sets anew: at `psn`, from `live_psn` (None: the QP is new to the data plane)."""
+
+    qp: str
+    local_qpn: int
+    psn: int
+    live_psn: int | None
+
+
+def restart_psn(qp: QueuePair, live: LiveQp | None) -> int | None:
+    """The PSN a QP of new tables starts over at, or None when it keeps its live PSN state.
+
+    The collector's responder is the one truth (docs/protocol.md, "Queue-pair PSNs"): an advertisement carries
+    the PSN the collector expects next. A QP new to the data plane, or towards another remote QPN, starts there.
+    An advertisement that repeats the installed one says nothing new. Any other PSN is adopted unless it lies in
+    [unacked_psn, next_psn], where frames the collector has not executed yet explain it.
+    """
+    if live is None or live.remote_qpn != qp.remote_qpn:
+        return qp.start_psn
+    if qp.start_psn == live.start_psn:
+        return None
+    if live.next_psn is None or live.unacked_psn is None:
+        return qp.start_psn
+    in_flight = (qp.start_psn - live.unacked_psn) & PSN_MASK <= (live.next_psn - live.unacked_psn) & PSN_MASK
+    return None if in_flight else qp.start_psn
+
+
 @dataclass
 class Plan:
     """What one application of the tables writes, in order: `state` (initial values for state that is new or
@@ -78,7 +118,8 @@ class Plan:
     whose keys are not in `keep` are deleted, and last the QP slots in `retire` are freed, once nothing refers
     to them. Traffic for what stays never sees a gap. The very last write is the `generation` of the entries,
     which changes with them: a data plane that keeps copies of entries (the XDP translator keeps each CPU's last
-    structure) uses a copy only while the generation it was made in lasts."""
+    structure) uses a copy only while the generation it was made in lasts. `restarts` names the QPs whose PSN
+    state `state` sets anew."""
 
     entries: list[Entry]
     state: list[Entry]
@@ -86,6 +127,7 @@ class Plan:
     keep: dict[str, set[tuple[int | bytes, ...]]]
     slots: Slots
     generation: Entry
+    restarts: list[PsnRestart] = field(default_factory=list)
 
 
 class Target(Protocol):
@@ -141,12 +183,12 @@ def _free_range(ranges: list[tuple[int, int]], size: int, limit: int, what: str)
 
 
 def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[QueuePair], int],
-         installed_qps: Mapping[int, tuple[int, int]] = {}) -> Plan:
+         installed_qps: Mapping[int, LiveQp] = {}) -> Plan:
     """The entries for `tables`, reusing the indexes of `slots` (not modified; the plan carries the new ones).
 
     `egress` names the port towards a QP's collector (an ifindex for XDP, a device port for P4, 0 = the port
-    the report came in on). `installed_qps` maps qp index -> (remote QPN, start PSN) as the data plane holds
-    them: a QP whose index is new or whose peer changed gets its PSN state reset, others keep theirs.
+    the report came in on). `installed_qps` maps qp index -> the QP the data plane holds there
+    (leave out failed ones): `restart_psn` says which QPs keep their PSN state.
     """
     tables.validate()
     if len(tables.ip) != 4:
@@ -160,6 +202,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
         "flush_idle_ns": flush_idle_ns})]
     state: list[Entry] = []
     restarted: set[int] = set()  # QP indexes whose PSN state starts over: a new peer, maybe a new region
+    restarts: list[PsnRestart] = []
     used = set(slots.qp.values())
     qp_index: dict[str, int] = {}
     collectors: set[bytes] = set()
@@ -172,11 +215,13 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             "remote_qpn": qp.remote_qpn, "local_qpn": qp.local_qpn, "rkey": qp.rkey,
             "collector_ip": qp.collector_ip, "collector_mac": qp.collector_mac, "transport": int(qp.transport),
             "start_psn": qp.start_psn, "ifindex": egress(qp), "base_va": qp.base_va, "length": qp.length}))
-        if installed_qps.get(index) != (qp.remote_qpn, qp.start_psn):
+        held = installed_qps.get(index)
+        psn = restart_psn(qp, held)
+        if psn is not None:
             restarted.add(index)
+            restarts.append(PsnRestart(qp.name, qp.local_qpn, psn, held.next_psn if held else None))
             state.append(Entry("qp_state", {"qp_index": index},
-                               {"next_psn": qp.start_psn, "unacked_psn": qp.start_psn,
-                                "state": int(QpState.ACTIVE)}))
+                               {"next_psn": psn, "unacked_psn": psn, "state": int(QpState.ACTIVE)}))
         entries.append(Entry("qp_by_local_qpn", {"local_qpn": qp.local_qpn}, {"qp_index": index}))
         if qp.collector_ip not in collectors:
             collectors.add(qp.collector_ip)
@@ -230,7 +275,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
     entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
     keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
-    return Plan(entries, state, retire, keep, new, generation_of(entries))
+    return Plan(entries, state, retire, keep, new, generation_of(entries), restarts)
 
 
 def generation_of(entries: list[Entry]) -> Entry:

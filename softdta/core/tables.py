@@ -15,9 +15,11 @@ from typing import Any
 
 from softdta.core.settings import Settings, TableError, tables_of
 from softdta.spec import (
+    DEFAULT_ACK_REQUEST_INTERVAL,
     DEFAULT_GRACE_NS,
     DTA_V1_POSTCARD_HOPS,
     KEY_CHECKSUM_LEN,
+    MAX_ACK_REQUEST_INTERVAL,
     MAX_APPEND_BATCH,
     MAX_DATA_LEN,
     MAX_KEY_LEN,
@@ -236,7 +238,7 @@ class Tables:
     dscp: int = 0
     ttl: int = 64
     grace_ns: int = DEFAULT_GRACE_NS
-    ack_request_interval: int = 0
+    ack_request_interval: int = DEFAULT_ACK_REQUEST_INTERVAL
     qps: list[QueuePair] = field(default_factory=list)
     structures: list[Structure] = field(default_factory=list)
     append_lists: list[AppendLists] = field(default_factory=list)
@@ -440,5 +442,6 @@ def _from_dict(document: dict[str, Any]) -> Tables:
                   profile=Profile(profile), udp_sport=translator.integer("udp_sport", 49152),
                   dscp=translator.integer("dscp", 0), ttl=translator.integer("ttl", 64),
                   grace_ns=int(translator.number("grace_ms", DEFAULT_GRACE_NS / 1e6) * 1_000_000),
-                  ack_request_interval=translator.integer("ack_request_interval", 0, 0),
+                  ack_request_interval=translator.integer("ack_request_interval", DEFAULT_ACK_REQUEST_INTERVAL, 1,
+                                                             MAX_ACK_REQUEST_INTERVAL),
                   qps=qps, structures=structures, append_lists=append_lists)

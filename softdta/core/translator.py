@@ -373,9 +373,13 @@ class Translator:
         if kind == AethKind.ACK:
             self.counters[Counter.RX_ACKS] += 1
             runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn (coalesced ACKs)
-        elif kind == AethKind.RNR_NAK:
+            return Output()
+        if kind == AethKind.RNR_NAK:
             self.counters[Counter.RX_RNR_NAKS] += 1
-        elif kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
+            return Output()
+        # the collector executed nothing from the NAK's PSN on: those writes are lost
+        self.counters[Counter.NAK_LOST_WRITES] += (runtime.next_psn - psn) & PSN_MASK
+        if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
             self.counters[Counter.RX_NAK_SEQUENCE] += 1
             self.resync(qp, psn, now_ns)
         else:

@@ -8,6 +8,7 @@ import queue
 from collections import Counter as Tally
 from typing import Protocol
 
+from softdta.core.control_plane import PsnRestart
 from softdta.core.primitives import Output
 from softdta.core.tables import QueuePair, Tables
 from softdta.spec import Counter
@@ -46,3 +47,12 @@ class LiveEngine(Engine, Protocol):
     def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+
+def report_adoptions(restarts: list[PsnRestart]) -> int:
+    """Log each QP that takes over its collector's PSN in place of its own; returns how many did."""
+    adopted = [restart for restart in restarts if restart.live_psn is not None and restart.live_psn != restart.psn]
+    for restart in adopted:
+        print(f"softdta: QP {restart.qp} ({restart.local_qpn:#x}) adopts its collector's PSN {restart.psn} "
+              f"(it was at {restart.live_psn})", flush=True)
+    return len(adopted)

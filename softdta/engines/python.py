@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import cast
 
 from softdta.core.batch import BatchTranslator
-from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, LiveQp, PsnRestart, restart_psn
 from softdta.core.primitives import Output, Primitive
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
-from softdta.engines.engine import Stop
+from softdta.engines.engine import Stop, report_adoptions
 from softdta.engines.xdp import EngineError, build_object, check_queues, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import record, table
@@ -110,11 +110,22 @@ class PythonEngine:
         tables that give some structure fewer QPs than that are refused."""
         if len(self.queues) > 1:
             check_queues(tables, self.interfaces)
-        old = {(qp.local_qpn, qp.remote_qpn): self.translator.qp_state[qp.index]
-               for qp in self.translator.tables.qps
-               if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
-        self.translator.qp_state = {qp.index: old.get((qp.local_qpn, qp.remote_qpn)) or QpRuntime(qp.start_psn)
-                                    for qp in tables.qps}
+        held = {qp.local_qpn: (qp, self.translator.qp_state[qp.index]) for qp in self.translator.tables.qps
+                if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
+        states, restarts = {}, []
+        for qp in tables.qps:
+            before, runtime = held.get(qp.local_qpn, (None, None))
+            live = None if before is None or runtime is None else LiveQp(
+                before.remote_qpn, before.start_psn, runtime.next_psn, runtime.unacked_psn)
+            psn = restart_psn(qp, live)
+            if psn is None and runtime is not None:
+                states[qp.index] = runtime
+            else:
+                states[qp.index] = QpRuntime(qp.start_psn if psn is None else psn)
+                restarts.append(PsnRestart(qp.name, qp.local_qpn, states[qp.index].next_psn,
+                                           live.next_psn if live else None))
+        self.translator.qp_state = states
+        self.translator.counters[Counter.PSN_ADOPTED] += report_adoptions(restarts)
         self.translator.tables = tables
         collectors, layout = self.maps["collector"], table("collector")
         wanted = {layout.key.pack(ip=int.from_bytes(qp.collector_ip, "little")): layout.value.pack(mac=qp.collector_mac)

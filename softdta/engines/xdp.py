@@ -12,10 +12,18 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, Entry, Slots, address_fields, apply_plan, plan
+from softdta.core.control_plane import (
+    DEFAULT_FLUSH_IDLE_NS,
+    Entry,
+    LiveQp,
+    Slots,
+    address_fields,
+    apply_plan,
+    plan,
+)
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
-from softdta.engines.engine import Stop
+from softdta.engines.engine import Stop, report_adoptions
 from softdta.kernel.bpf import (
     BpfError,
     BpfObject,
@@ -146,13 +154,23 @@ class XdpTranslator:
         installed = {}
         for local_qpn, index in self.slots.qp.items():
             current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
-            if current is not None and (state is None or state["state"] != QpState.FAILED):
-                installed[index] = (current["remote_qpn"], current["start_psn"])
+            if current is not None and state is not None and state["state"] != QpState.FAILED:
+                installed[index] = LiveQp(current["remote_qpn"], current["start_psn"], state["next_psn"],
+                                          state["unacked_psn"])
         planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=route_egress,
                        installed_qps=installed)
         apply_plan(MapTarget(self.maps), planned)
         self.slots = planned.slots
         self.tables = tables
+        self._add(Counter.PSN_ADOPTED, report_adoptions(planned.restarts))
+
+    def _add(self, counter: Counter, n: int) -> None:
+        """Count what the control plane did in the data path's counters (on CPU 0's copy)."""
+        if n:
+            key = int(counter).to_bytes(4, "little")
+            values = self.maps["counters"].lookup_percpu(key) or [bytes(8)]
+            values[0] = (int.from_bytes(values[0][:8], "little") + n).to_bytes(8, "little")
+            self.maps["counters"].update_percpu(key, values)
 
     def _slots_in_maps(self) -> Slots:
         """Rebuild the index assignment from (pinned) maps, so a restarted translator keeps its state."""

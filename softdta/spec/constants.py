@@ -48,6 +48,10 @@ KEY_CHECKSUM_LEN = 4
 MAX_WRITE_PAYLOAD = 256
 POSTCARD_CACHE_ENTRIES = 32768
 DEFAULT_GRACE_NS = 1_000_000
+# An RC QP asks for an ACK every this many frames unless its tables say otherwise: ACKs move the oldest
+# unacknowledged PSN, which bounds the PSNs a reply may name (docs/protocol.md, "Queue-pair PSNs").
+DEFAULT_ACK_REQUEST_INTERVAL = 16
+MAX_ACK_REQUEST_INTERVAL = 1 << 16
 
 # Polynomials (normal notation) of the per-hop Postcarding checksums in dta-v1; dta-v1 names them "seeds".
 POSTCARD_HOP_POLYNOMIALS = (0x1E12A700, 0x65B96595, 0x49CF878B, 0x36518F0D, 0x7A40A908,
@@ -195,6 +199,8 @@ class Counter(IntEnum):
     RX_KEY_INCREMENT = 42
     RX_POSTCARDING = 43
     RX_SKETCH_MERGE = 44
+    NAK_LOST_WRITES = 45  # frames sent at or after the PSN of a NAK: the collector did not execute them
+    PSN_ADOPTED = 46  # advertisements whose PSN the translator took over from the collector (control plane)
 
 
 COUNTER_SLOTS = 48

@@ -18,6 +18,7 @@ from pathlib import Path
 from softdta.core.control_plane import (
     DEFAULT_FLUSH_IDLE_NS,
     Entry,
+    LiveQp,
     Plan,
     Slots,
     address_fields,
@@ -405,7 +406,7 @@ class P4Translator:
         self.slots = slots_of(present)
 
     def apply(self, tables: Tables) -> None:
-        installed = {key[0]: (entry.value["remote_qpn"], entry.value["start_psn"])
+        installed = {key[0]: LiveQp(entry.value["remote_qpn"], entry.value["start_psn"])
                      for key, entry in self.target.present["qp"].items()}
         planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=self.egress,
                        installed_qps=installed)

@@ -94,7 +94,7 @@ def random_tables(rng: random.Random, profile: str = "dta-v1", queues: int = 1) 
     return {
         "translator": {"profile": profile, "mac": "02:5d:7a:00:00:01", "ip": "10.77.0.1",
                        "udp_sport": rng.randrange(49152, 65536), "dscp": rng.randrange(64), "ttl": rng.randint(1, 255),
-                       "grace_ms": GRACE_MS, "ack_request_interval": rng.choice([0, 1, 3])},
+                       "grace_ms": GRACE_MS, "ack_request_interval": rng.choice([1, 3, 16])},
         "collectors": [{"name": n, "ip": ip, "mac": mac} for n, (ip, mac) in COLLECTORS.items()],
         "structures": structures, "append": appends,
     }
@@ -390,6 +390,7 @@ def test_forged_and_stale_replies_are_refused_like_the_reference(seed):
         counted = kernel.counters()
         assert counted[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] and counted[Counter.DROP_REPLY_ON_UC]
         assert counted[Counter.RX_ACKS] and counted[Counter.RX_NAK_SEQUENCE]
+        assert counted[Counter.NAK_LOST_WRITES] == reference.counters[Counter.NAK_LOST_WRITES] > 0
 
 
 PATHS = {XDP_TX: "xdp", XDP_REDIRECT: "xdp", XDP_PASS: "tc", XDP_DROP: "drop"}
