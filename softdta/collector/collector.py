@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import secrets
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -15,10 +20,25 @@ from softdta.spec import DtaOpcode
 from softdta.wire.frames import ip_str, mac_str
 
 RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
+OWNERS_FILE = "queue-pairs.json"  # in data_dir: each queue pair's translator and secret digest, for adoption
 
 
 def _now(now: float | None) -> float:
     return time.monotonic() if now is None else now
+
+
+@dataclass(eq=False)
+class Session:
+    """One authenticated control connection, for the translator it names. It holds the queue pairs it created or
+    reclaimed; `secret`, given to the translator in `welcome`, lets a later session reclaim them."""
+
+    ip: bytes
+    mac: bytes
+    secret: str
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
 
 
 class Collector:
@@ -28,10 +48,11 @@ class Collector:
     PSN, R_Key, address and size, and the structure's layout. `repair` re-creates queue pairs that fell into
     ERROR and returns the advertisements that replace the old ones.
 
-    Queue pairs are held for as long as their translator's session lasts. `release` marks those of a translator
-    whose session ended; it gets them back if it reconnects within RELEASE_GRACE_S, else `repair` frees them, and
-    a `connect` that finds the table full frees them at once. Queue pairs adopted from a killed collector's
-    pinned table start out released.
+    Queue pairs are held for as long as the session that created them lasts. `release` marks those of a session
+    that ended; a session of the same translator that presents the ended one's secret gets them back within
+    RELEASE_GRACE_S, else `repair` frees them, and a `connect` that finds the table full frees them at once.
+    Queue pairs adopted from a killed collector's pinned table start out released; the secret digests saved in
+    data_dir (OWNERS_FILE) let their translator reclaim them.
     """
 
     def __init__(self, config: CollectorConfig, backend: Backend, now: float | None = None):
@@ -43,9 +64,16 @@ class Collector:
                                            for name, spec in self.specs.items()}
         self.connections: dict[int, tuple[str, Peer, QpInfo]] = {}  # collector QPN -> (structure, translator, QP)
         self.released: dict[int, float] = {}  # collector QPN -> when its translator's session ended
+        self.owners: dict[int, Session] = {}  # collector QPN -> the open session holding it
+        self.secrets: dict[int, bytes] = {}  # collector QPN -> digest of the secret that reclaims it
+        saved = self._saved_owners()
         for peer, qp in backend.adopted():
             self.connections[qp.qpn] = (qp.region, peer, qp)
             self.released[qp.qpn] = _now(now)
+            owner = saved.get(str(qp.qpn), {})
+            if (owner.get("structure"), owner.get("ip"), owner.get("qpn")) == (qp.region, ip_str(peer.ip), peer.qpn):
+                self.secrets[qp.qpn] = bytes.fromhex(owner["secret_sha256"])
+        self._save_owners()
         self.tables = tables_for(config, self.regions)
         self.completion_log = CompletionLog()
 
@@ -55,7 +83,16 @@ class Collector:
     def close(self) -> None:
         self.backend.close()
 
-    def connect(self, structure: str, peer: Peer) -> dict:
+    def open_session(self, translator_ip: bytes, translator_mac: bytes, secret: str | None = None) -> Session:
+        """A session for this translator: it keeps `secret` if some queue pair is held by it, else gets a new
+        one."""
+        if secret is None or _digest(secret) not in self.secrets.values():
+            secret = secrets.token_urlsafe(24)
+        return Session(translator_ip, translator_mac, secret)
+
+    def connect(self, structure: str, peer: Peer, session: Session | None = None) -> dict:
+        """A new queue pair for `peer` into `structure`, held by `session` (None: held until the collector
+        stops)."""
         if structure not in self.specs:
             raise BackendError(f"no structure {structure!r} here; this collector hosts {sorted(self.specs)}")
         if len(self.connections) >= self.config.max_qps:
@@ -65,46 +102,102 @@ class Collector:
                                "held by connected translators; raise [collector] max_qps or stop unused translators")
         qp = self.backend.connect(self.regions[structure], self.specs[structure].transport, peer)
         self.connections[qp.qpn] = (structure, peer, qp)
+        if session is not None:
+            self.owners[qp.qpn], self.secrets[qp.qpn] = session, _digest(session.secret)
+            try:
+                self._save_owners()
+            except BackendError:
+                del self.connections[qp.qpn], self.owners[qp.qpn], self.secrets[qp.qpn]
+                self.backend.release(qp.qpn)
+                raise
         return self.advertisement(structure, qp, peer)
 
-    def connection_of(self, translator_ip: bytes, structure: str, translator_qpn: int) -> dict | None:
-        """The advertisement of the queue pair this translator already has into `structure` for its QP
-        `translator_qpn` (after a reconnect; a translator has one per RX queue); it is the translator's again."""
+    def connection_of(self, session: Session, structure: str, translator_qpn: int) -> dict | None:
+        """The advertisement of the queue pair the session's translator already has into `structure` for its QP
+        `translator_qpn` (after a reconnect; a translator has one per RX queue), if the session holds it or
+        proves with its secret to be the translator that does; it is the session's then."""
+        digest = _digest(session.secret)
         for qpn, (name, peer, qp) in self.connections.items():
-            if name == structure and peer.ip == translator_ip and peer.qpn == translator_qpn:
+            if (name, peer.ip, peer.qpn) == (structure, session.ip, translator_qpn) and \
+                    (self.owners.get(qpn) is session or self.secrets.get(qpn) == digest):
+                self.owners[qpn] = session
                 self.released.pop(qpn, None)
                 return self.advertisement(name, qp, peer)
         return None
 
-    def release(self, translator_ip: bytes, now: float | None = None) -> None:
-        """The translator's session ended: its queue pairs go after RELEASE_GRACE_S unless it comes back."""
-        for qpn, (_, peer, _) in self.connections.items():
-            if peer.ip == translator_ip:
-                self.released.setdefault(qpn, _now(now))
+    def release(self, session: Session, now: float | None = None) -> None:
+        """The session ended: the queue pairs it holds go after RELEASE_GRACE_S unless reclaimed."""
+        for qpn in [qpn for qpn, owner in self.owners.items() if owner is session]:
+            del self.owners[qpn]
+            self.released.setdefault(qpn, _now(now))
 
     def _free(self, qpns: list[int]) -> None:
         for qpn in qpns:
             self.backend.release(qpn)
             self.connections.pop(qpn, None)
             self.released.pop(qpn, None)
+            self.owners.pop(qpn, None)
+            self.secrets.pop(qpn, None)
+        if qpns:
+            self._save_owners()
 
-    def recreate(self, translator_ip: bytes, structure: str, translator_qpn: int | None = None) -> dict:
-        """The translator reports that its queue pair into `structure` (the one of its QP `translator_qpn`, else
-        the first) failed (a fatal NAK, real or forged, that this end may never have sent): re-create this end and
-        return the advertisement that replaces the old."""
+    def _renumber(self, old: int, qp: QpInfo, structure: str, peer: Peer) -> None:
+        """A re-created queue pair keeps its holder, secret and release time under its (maybe new) QPN."""
+        del self.connections[old]
+        self.connections[qp.qpn] = (structure, peer, qp)
+        if old in self.released:
+            self.released[qp.qpn] = self.released.pop(old)
+        if old in self.owners:
+            self.owners[qp.qpn] = self.owners.pop(old)
+        if old in self.secrets:
+            self.secrets[qp.qpn] = self.secrets.pop(old)
+        if qp.qpn != old:
+            self._save_owners()
+
+    def _saved_owners(self) -> dict:
+        path = self._owners_path()
+        try:
+            saved = json.loads(path.read_text()) if path is not None else {}
+        except (OSError, ValueError):
+            return {}  # none saved, or torn: adopted queue pairs then go after the grace period
+        return saved if isinstance(saved, dict) else {}
+
+    def _save_owners(self) -> None:
+        """Saved atomically before a queue pair is advertised, so a kill -9 never loses a translator's claim."""
+        path = self._owners_path()
+        if path is None:
+            return
+        owners = {str(qpn): {"structure": self.connections[qpn][0], "ip": ip_str(self.connections[qpn][1].ip),
+                             "qpn": self.connections[qpn][1].qpn, "secret_sha256": digest.hex()}
+                  for qpn, digest in self.secrets.items()}
+        partial = path.with_suffix(".partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(owners))
+            partial.chmod(0o600)
+            partial.replace(path)
+        except OSError as error:
+            raise BackendError(f"cannot save the queue pairs' owners to {path}: {error.strerror}; make data_dir "
+                               "writable") from None
+
+    def _owners_path(self) -> Path | None:
+        return None if self.config.data_dir is None else self.config.data_dir / OWNERS_FILE
+
+    def recreate(self, session: Session, structure: str, translator_qpn: int | None = None) -> dict:
+        """The session's translator reports that its queue pair into `structure` (the one of its QP
+        `translator_qpn`, else the first) failed (a fatal NAK, real or forged, that this end may never have sent):
+        re-create this end and return the advertisement that replaces the old. Only a queue pair the session
+        holds."""
         for qpn, (name, peer, _) in self.connections.items():
-            if name == structure and peer.ip == translator_ip and translator_qpn in (None, peer.qpn):
+            if name == structure and self.owners.get(qpn) is session and translator_qpn in (None, peer.qpn):
                 qp = self.backend.reconnect(qpn)
-                del self.connections[qpn]
-                self.connections[qp.qpn] = (structure, peer, qp)
-                if qpn in self.released:
-                    self.released[qp.qpn] = self.released.pop(qpn)
+                self._renumber(qpn, qp, structure, peer)
                 return self.advertisement(structure, qp, peer)
-        raise BackendError(f"this translator has no queue pair into {structure!r}; connect first")
+        raise BackendError(f"this session holds no queue pair into {structure!r}; connect first")
 
-    def repair(self, now: float | None = None) -> list[tuple[Peer, dict]]:
-        """Frees queue pairs released more than RELEASE_GRACE_S ago, and re-creates those in ERROR: (translator
-        end, new advertisement) for each re-created one."""
+    def repair(self, now: float | None = None) -> list[tuple[Session | None, dict]]:
+        """Frees queue pairs released more than RELEASE_GRACE_S ago, and re-creates those in ERROR: (the session
+        holding it, None if none does; new advertisement) for each re-created one."""
         now = _now(now)
         self._free([qpn for qpn, since in self.released.items() if now - since >= RELEASE_GRACE_S])
         repaired = []
@@ -115,11 +208,9 @@ class Collector:
                 qp = self.backend.reconnect(qpn)
             except BackendError:
                 continue  # tried again on the next pass
-            structure, peer, _ = self.connections.pop(qpn)
-            self.connections[qp.qpn] = (structure, peer, qp)
-            if qpn in self.released:
-                self.released[qp.qpn] = self.released.pop(qpn)
-            repaired.append((peer, self.advertisement(structure, qp, peer)))
+            structure, peer, _ = self.connections[qpn]
+            self._renumber(qpn, qp, structure, peer)
+            repaired.append((self.owners.get(qp.qpn), self.advertisement(structure, qp, peer)))
         return repaired
 
     def advertisement(self, structure: str, qp: QpInfo, peer: Peer) -> dict:

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import ssl
 import sys
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from softdta.collector.backend import BackendError, Peer
-from softdta.collector.collector import Collector
+from softdta.collector.collector import Collector, Session
 from softdta.errors import SoftdtaError
-from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str
+from softdta.wire.frames import ip_str, mac_bytes, mac_str
 
 VERSION = 1
 KEEPALIVE_S = 5.0
@@ -31,6 +33,7 @@ QUEUE_QPN_STRIDE = 0x10000  # a translator's virtual QPN for RX queue q: queue 0
 HELLO_TIMEOUT_S = 3.0  # an unauthenticated connection holds a descriptor: it gets this long to say hello
 MAX_CONNECTIONS = 256  # open control connections, authenticated or not, so idle ones cannot exhaust descriptors
 MAX_CONNECTIONS_PER_HOST = 16
+MAX_SECRET = 256  # characters of a presented session secret
 
 
 class ControlError(SoftdtaError, RuntimeError):
@@ -122,7 +125,7 @@ class ControlServer:
     token: str
     keepalive_s: float = KEEPALIVE_S
     tls: ssl.SSLContext | None = None
-    sessions: dict[bytes, asyncio.StreamWriter] = field(default_factory=dict)  # translator IP -> connection
+    sessions: dict[Session, asyncio.StreamWriter] = field(default_factory=dict)  # authenticated connections
     open_per_host: dict[str, int] = field(default_factory=dict)
 
     async def start(self, host: str, port: int) -> asyncio.Server:
@@ -148,27 +151,30 @@ class ControlServer:
                 del self.open_per_host[host]
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer_ip = None
+        session = None
         try:
             hello = await receive(reader, HELLO_TIMEOUT_S)
-            translator = self._welcome(hello)
-            peer_ip, peer_mac = ip_bytes(translator["ip"]), mac_bytes(translator["mac"])
-            self.sessions[peer_ip] = writer
+            session = self._welcome(hello)
+            self.sessions[session] = writer
             config = self.collector.config
             identity = {"name": config.name, "ip": ip_str(config.ip), "mac": mac_str(config.mac)}
             await send(writer, {"type": "welcome", "version": VERSION, "structures": sorted(self.collector.specs),
-                                "collector": identity})
+                                "collector": identity, "secret": session.secret})
             while True:
                 message = await receive(reader, 3 * self.keepalive_s)
                 if message["type"] == "ping":
-                    await send(writer, {"type": "pong"})
+                    reply = {"type": "pong"}
                 elif message["type"] == "connect":
-                    await send(writer, self._connect(message, peer_ip, peer_mac))
+                    reply = self._connect(message, session)
                 elif message["type"] == "failed":
-                    await send(writer, self._failed(message, peer_ip))
+                    reply = self._failed(message, session)
                 else:
-                    await send(writer, {"type": "error", "error": f"unknown message type {message['type']!r}; "
-                                                                 "expected connect, failed or ping"})
+                    reply = {"type": "error", "error": f"unknown message type {message['type']!r}; "
+                                                      "expected connect, failed or ping"}
+                if reply["type"] == "error":
+                    print(f"softdta: control message from {_peer(writer)} refused: {reply['error']}",
+                          file=sys.stderr, flush=True)
+                await send(writer, reply)
         except ControlError as error:
             print(f"softdta: control connection from {_peer(writer)} refused: {error}", file=sys.stderr, flush=True)
             if not writer.is_closing():
@@ -179,12 +185,12 @@ class ControlServer:
         except ConnectionError:
             pass
         finally:
-            if peer_ip is not None and self.sessions.get(peer_ip) is writer:
-                del self.sessions[peer_ip]
-                self.collector.release(peer_ip)
+            if session is not None:
+                del self.sessions[session]
+                self.collector.release(session)
             writer.close()
 
-    def _welcome(self, hello: dict) -> dict:
+    def _welcome(self, hello: dict) -> Session:
         if hello["type"] != "hello":
             raise ControlError("say hello first: {\"type\": \"hello\", \"version\": 1, \"token\": ..., \"translator\": "
                                "{\"ip\": ..., \"mac\": ...}}")
@@ -193,61 +199,89 @@ class ControlServer:
                                f"{VERSION}")
         if not hmac.compare_digest(str(hello.get("token", "")).encode(), self.token.encode()):
             raise ControlError("wrong token; use the collector's token (its configuration, [collector] token)")
-        translator = hello.get("translator")
+        translator, secret = hello.get("translator"), hello.get("secret")
+        if not isinstance(translator, dict) or not isinstance(translator.get("ip"), str) or \
+                not isinstance(translator.get("mac"), str):
+            raise ControlError("hello needs translator {\"ip\": \"a.b.c.d\", \"mac\": \"02:..\"}, both strings")
         try:
-            ip_bytes(translator["ip"]), mac_bytes(translator["mac"])
-        except (TypeError, KeyError, ValueError):
-            raise ControlError("hello needs translator {\"ip\": \"a.b.c.d\", \"mac\": \"02:..\"}") from None
-        return translator
+            address = ipaddress.ip_address(translator["ip"])
+        except ValueError:
+            raise ControlError(f"translator ip {translator['ip'][:64]!r} is not an IP address; give its IPv4 "
+                               "address, a.b.c.d") from None
+        if address.version != 4:
+            raise ControlError(f"translator ip {translator['ip']} is IPv6; softdta's data path is IPv4: give the "
+                               "translator's IPv4 address, a.b.c.d")
+        try:
+            mac = mac_bytes(translator["mac"])
+        except ValueError:
+            raise ControlError(f"translator mac {translator['mac'][:64]!r} is not a MAC address; give six hex "
+                               "bytes like 02:00:00:00:00:01") from None
+        if secret is not None and not (isinstance(secret, str) and len(secret) <= MAX_SECRET):
+            raise ControlError("secret is the string this collector sent in its welcome; leave it out to get new "
+                               "queue pairs")
+        return self.collector.open_session(address.packed, mac, secret)
 
-    def _connect(self, message: dict, peer_ip: bytes, peer_mac: bytes) -> dict:
-        try:
-            qpn, psn, structure = int(message["qpn"]), int(message["psn"]), str(message["structure"])
-        except (KeyError, TypeError, ValueError):
+    def _connect(self, message: dict, session: Session) -> dict:
+        qpn, psn, structure = message.get("qpn"), message.get("psn"), message.get("structure")
+        if qpn is None or psn is None or not isinstance(structure, str):
             return {"type": "error", "error": "connect needs structure, qpn and psn"}
-        if not 0 < qpn < 1 << 24 or not 0 <= psn < 1 << 24:
-            return {"type": "error", "error": "qpn and psn are 24-bit numbers (qpn not 0)"}
-        existing = self.collector.connection_of(peer_ip, structure, qpn)
+        if type(qpn) is not int or type(psn) is not int or not 0 < qpn < 1 << 24 or not 0 <= psn < 1 << 24:
+            return {"type": "error", "error": f"qpn and psn are 24-bit whole numbers (qpn not 0), not "
+                                              f"{json.dumps(qpn)[:32]} and {json.dumps(psn)[:32]}"}
         try:
-            advert = existing or self.collector.connect(structure, Peer(peer_ip, peer_mac, qpn, psn))
+            advert = self.collector.connection_of(session, structure, qpn) or \
+                self.collector.connect(structure, Peer(session.ip, session.mac, qpn, psn), session)
         except BackendError as error:
             return {"type": "error", "error": str(error)}
         return {"type": "advertise", **advert}
 
-    def _failed(self, message: dict, peer_ip: bytes) -> dict:
+    def _failed(self, message: dict, session: Session) -> dict:
         structure, qpn = message.get("structure"), message.get("qpn")
         if not isinstance(structure, str) or not (qpn is None or type(qpn) is int):
             return {"type": "error", "error": "failed needs the structure whose queue pair failed, and the "
                                               "translator's qpn of it when it has several"}
         try:
-            return {"type": "advertise", **self.collector.recreate(peer_ip, structure, qpn)}
+            return {"type": "advertise", **self.collector.recreate(session, structure, qpn)}
         except BackendError as error:
             return {"type": "error", "error": str(error)}
 
     async def repair_forever(self) -> None:
         while True:
             await asyncio.sleep(self.keepalive_s / 5)
-            for peer, advert in self.collector.repair():
-                writer = self.sessions.get(peer.ip)
+            for owner, advert in self.collector.repair():
+                writer = self.sessions.get(owner) if owner is not None else None
                 if writer is not None and not writer.is_closing():
-                    await send(writer, {"type": "advertise", **advert})
+                    try:
+                        await send(writer, {"type": "advertise", **advert})
+                    except ConnectionError:
+                        pass  # its session ends and releases the queue pair
+
+
+class Advertised(NamedTuple):
+    """What a translator's control session got from a collector."""
+
+    collector: dict  # its identity: name, ip, mac
+    adverts: list[dict]  # each with the "queue" it is for
+    reader: asyncio.StreamReader  # the open connection: later advertisements arrive on it
+    writer: asyncio.StreamWriter
+    secret: str  # presented in the next session's hello, it reclaims these queue pairs
 
 
 async def fetch_advertisements(host: str, port: int, token: str, translator: dict, wanted: dict[str, tuple[int, int]],
-                               timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1
-                               ) -> tuple[dict, list[dict], asyncio.StreamReader, asyncio.StreamWriter]:
+                               timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1,
+                               secret: str | None = None) -> Advertised:
     """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)): a
     queue pair for each of its `queues` RX queues, queue q's with the virtual QPN + q x QUEUE_QPN_STRIDE.
+    `secret`, the one an earlier session was given, takes back that session's queue pairs.
 
-    Returns the collector's identity, the advertisements (each with the "queue" it is for), and the open
-    connection (later advertisements arrive on it). `wanted` may name "*" to take every structure the collector
-    hosts, numbering QPNs from the given one.
+    `wanted` may name "*" to take every structure the collector hosts, numbering QPNs from the given one.
     """
     reader, writer = await asyncio.wait_for(asyncio.open_connection(
         host, port, limit=MAX_LINE, ssl=tls, server_hostname=host if tls else None), timeout)
+    hello = {"type": "hello", "version": VERSION, "token": token,
+             "translator": {"ip": translator["ip"], "mac": translator["mac"]}}
     try:
-        await send(writer, {"type": "hello", "version": VERSION, "token": token,
-                            "translator": {"ip": translator["ip"], "mac": translator["mac"]}})
+        await send(writer, hello if secret is None else {**hello, "secret": secret})
         welcome = await receive(reader, timeout)
     except (ControlError, OSError) as error:  # with TLS 1.3 a refused client certificate shows up here
         writer.close()
@@ -271,4 +305,4 @@ async def fetch_advertisements(host: str, port: int, token: str, translator: dic
                 writer.close()
                 raise ControlError(f"collector {host}:{port} refused {structure}: {reply.get('error', reply)}")
             adverts.append({**{key: value for key, value in reply.items() if key != "type"}, "queue": queue})
-    return welcome["collector"], adverts, reader, writer
+    return Advertised(welcome["collector"], adverts, reader, writer, welcome["secret"])

@@ -111,15 +111,19 @@ class XdpBackend:
         return found
 
     def connect(self, region: Region, transport: Transport, peer: Peer) -> QpInfo:
+        if len(peer.ip) != 4:
+            raise BackendError("the xdp responder answers IPv4 translators only; give the translator an IPv4 address")
         if len(self.qps) >= self.capacity:
             raise BackendError(f"the queue-pair table is full ({self.capacity} queue pairs)")
         qpn = self._free_qpn()
         self.qps[qpn] = (region, transport, peer)
         try:
             self._bring_up(qpn, peer.psn)
-        except EngineError as error:
-            del self.qps[qpn]
-            raise BackendError(str(error)) from None
+        except Exception as error:
+            del self.qps[qpn]  # whatever failed, the table keeps no half-made queue pair (add_qp removes its own)
+            if isinstance(error, EngineError):
+                raise BackendError(str(error)) from None
+            raise
         return QpInfo(qpn, peer.psn, transport, region.name)
 
     def _free_qpn(self) -> int:

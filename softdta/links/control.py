@@ -40,6 +40,7 @@ class CollectorLinks:
         self.updates: queue.Queue[Tables] = queue.Queue()
         # address -> (collector, adverts by our QPN: one per structure and RX queue)
         self._state: dict[tuple[str, int], tuple[dict, dict[int, dict]]] = {}
+        self._secrets: dict[tuple[str, int], str] = {}  # address -> our session's secret: a reconnect reclaims our QPs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="softdta-control", daemon=True)
         self._first = threading.Event()
@@ -85,9 +86,9 @@ class CollectorLinks:
         return self.first_qpn + 0x100 * collector_index + position
 
     async def _fetch(self, index: int, address: tuple[str, int]):
-        collector, adverts, reader, writer = await fetch_advertisements(
+        collector, adverts, reader, writer, self._secrets[address] = await fetch_advertisements(
             *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls,
-            queues=self.queues)
+            queues=self.queues, secret=self._secrets.get(address))
         self._state[address] = (collector, {advert["qp"]["local_qpn"]: advert for advert in adverts})
         return reader, writer
 

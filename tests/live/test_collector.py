@@ -22,7 +22,7 @@ from softdta.collector import service
 from softdta.collector.backend import BackendError, Peer
 from softdta.collector.collector import RELEASE_GRACE_S, Collector, tables_document
 from softdta.collector.config import CollectorConfig
-from softdta.collector.control import ControlError, ControlServer, cancel_tasks, fetch_advertisements, receive
+from softdta.collector.control import ControlError, ControlServer, cancel_tasks, fetch_advertisements, receive, send
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
 from softdta.core import workload
 from softdta.core.query import keyincrement_query, keywrite_query
@@ -399,6 +399,165 @@ def test_bad_control_messages_get_clear_errors(tmp_path):
         collector.close()
 
 
+def _hello(**translator) -> bytes:
+    return json.dumps({"type": "hello", "version": 1, "token": TOKEN,
+                       "translator": {"ip": "10.77.0.1", "mac": "02:5d:7a:00:00:01", **translator}}).encode()
+
+
+def _no_queue_pairs(collector: Collector) -> bool:
+    return not collector.connections and not collector.backend.qps and not collector.backend.responder.qp_entries()
+
+
+CONNECT_KEY_WRITE = b'{"type": "connect", "structure": "key-write", '
+
+
+@pytest.mark.parametrize("lines, words", [
+    ([_hello(mac=5)], "both strings"),
+    ([_hello(mac=[2, 93, 122, 0, 0, 1])], "both strings"),
+    ([_hello(mac="02:5d:7a:00:00:1ff")], "is not a MAC address; give six hex bytes"),
+    ([_hello(ip=167772161)], "both strings"),
+    ([_hello(ip="fd00::1")], "is IPv6; softdta's data path is IPv4: give the translator's IPv4 address"),
+    ([_hello(), CONNECT_KEY_WRITE + b'"qpn": 1e400, "psn": 0}'], "24-bit whole numbers (qpn not 0), not Infinity"),
+    ([_hello(), CONNECT_KEY_WRITE + b'"qpn": 4096, "psn": -1e999}'], "24-bit whole numbers (qpn not 0), not 4096 and "
+                                                                     "-Infinity"),
+    ([_hello(), CONNECT_KEY_WRITE + b'"qpn": 4096.5, "psn": 0}'], "24-bit whole numbers"),
+], ids=["mac-number", "mac-list", "mac-too-big", "ip-number", "ipv6", "qpn-overflow", "psn-overflow", "qpn-fraction"])
+def test_bad_translator_addresses_and_numbers_get_one_line_errors_and_leave_no_queue_pair(tmp_path, lines, words,
+                                                                                         capfd):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    async def converse() -> tuple[list[dict], bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        replies = []
+        for line in lines:
+            writer.write(line + b"\n")
+            replies.append(json.loads(await asyncio.wait_for(reader.readline(), 5)))
+        if replies[-1]["type"] == "error" and replies[0]["type"] == "welcome":  # a refused connect: still answered
+            writer.write(b'{"type": "ping"}\n')
+        after = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        return replies, after
+
+    try:
+        replies, after = asyncio.run(converse())
+        assert replies[-1]["type"] == "error" and words in replies[-1]["error"]
+        if len(lines) > 1:
+            assert json.loads(after) == {"type": "pong"}, "a refused connect leaves the session open"
+        else:
+            assert after == b"", "a refused hello closes the connection"
+        assert _no_queue_pairs(collector)
+        # the collector serves the next translator as before
+        _, adverts, _, writer, _ = asyncio.run_coroutine_threadsafe(fetch_advertisements(
+            "127.0.0.1", server.port, TOKEN, TRANSLATOR, {"key-write": (0x1000, 0)}, timeout=5), server.loop).result(10)
+        asyncio.run_coroutine_threadsafe(_close(writer), server.loop).result(5)
+        assert set(collector.connections) == {adverts[0]["qp"]["remote_qpn"]}
+    finally:
+        server.close()
+        collector.close()
+    err = capfd.readouterr().err
+    assert len([line for line in err.splitlines() if words in line]) == 1 and "Traceback" not in err
+
+
+def test_a_connect_the_backend_cannot_bring_up_leaves_no_queue_pair_behind(tmp_path):
+    collector = open_collector(small_config(tmp_path))
+    try:
+        ipv6 = Peer(ip_bytes("fd00::1"), mac_bytes(TRANSLATOR["mac"]), 0x1000, 0)
+        for _ in range(collector.config.max_qps + 1):
+            with pytest.raises(BackendError, match="IPv4 translators only"):
+                collector.connect("key-write", ipv6)
+        assert _no_queue_pairs(collector)
+        collector.connect("key-write", Peer(ip_bytes(TRANSLATOR["ip"]), mac_bytes(TRANSLATOR["mac"]), 0x1000, 0))
+        assert len(collector.backend.qps) == 1
+    finally:
+        collector.close()
+
+
+def _wait_released(collector: Collector, qpns: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while not qpns <= set(collector.released) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert qpns <= set(collector.released)
+
+
+def test_a_client_claiming_a_live_translators_ip_cannot_release_repair_or_take_its_queue_pairs(tmp_path):
+    """With the token, anyone can say hello with a translator's IP. Such a session gets queue pairs of its own:
+    its end, its reports of failure and the repair loop leave the real translator's alone."""
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    def on_loop(coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, server.loop).result(15)
+
+    wanted = {"key-write": (0x1000, 0), "key-increment": (0x1001, 0)}
+    try:
+        real = on_loop(fetch_advertisements("127.0.0.1", server.port, TOKEN, TRANSLATOR, wanted, timeout=5))
+        real_qpns = {advert["qp"]["remote_qpn"] for advert in real[1]}
+        impostor = on_loop(fetch_advertisements("127.0.0.1", server.port, TOKEN, TRANSLATOR,
+                                                {"key-write": (0x1000, 0)}, timeout=5))
+        impostor_qpn = impostor[1][0]["qp"]["remote_qpn"]
+        assert impostor_qpn not in real_qpns, "the same IP and QPN without the secret: a queue pair of its own"
+        on_loop(send(impostor[3], {"type": "failed", "structure": "key-increment", "qpn": 0x1001}))
+        assert "holds no queue pair into 'key-increment'" in on_loop(receive(impostor[2], 5))["error"]
+        # the real translator's Key-Increment QP falls into ERROR: its re-advertisement goes to its session only
+        ki = next(advert for advert in real[1] if advert["structure"] == "key-increment")
+        assert collector.backend.responder.process(
+            _fetch_add_to(collector.config, TRANSLATOR, ki["qp"], rkey_flip=1)).replies
+        readvertised = on_loop(receive(real[2], 10))
+        assert (readvertised["type"], readvertised["qp"]["remote_qpn"]) == ("advertise", ki["qp"]["remote_qpn"])
+        on_loop(send(impostor[3], {"type": "ping"}))
+        assert on_loop(receive(impostor[2], 5)) == {"type": "pong"}
+        # the impostor leaves: its queue pair goes after the grace period, the real translator's stay
+        on_loop(_close(impostor[3]))
+        _wait_released(collector, {impostor_qpn})
+        collector.repair(now=collector.released[impostor_qpn] + RELEASE_GRACE_S + 1)
+        assert set(collector.connections) == real_qpns and not collector.released
+        assert set(collector.backend.responder.qp_entries()) == real_qpns
+        on_loop(_close(real[3]))
+    finally:
+        server.close()
+        collector.close()
+
+
+def test_a_translator_reclaims_its_queue_pairs_with_its_secret_and_only_with_it(tmp_path):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    def ask(secret=None):
+        asking = fetch_advertisements("127.0.0.1", server.port, TOKEN, TRANSLATOR, {"*": (0x1000, 0)}, timeout=5,
+                                      secret=secret)
+        return asyncio.run_coroutine_threadsafe(asking, server.loop).result(15)
+
+    def qpns(session) -> set[int]:
+        return {advert["qp"]["remote_qpn"] for advert in session.adverts}
+
+    try:
+        first = ask()
+        asyncio.run_coroutine_threadsafe(_close(first.writer), server.loop).result(5)
+        _wait_released(collector, qpns(first))
+        guessing = ask(secret="a guess")
+        assert guessing.secret not in (first.secret, "a guess") and not qpns(guessing) & qpns(first)
+        asyncio.run_coroutine_threadsafe(_close(guessing.writer), server.loop).result(5)
+        _wait_released(collector, qpns(guessing))
+        again = ask(secret=first.secret)
+        assert again.secret == first.secret and again.adverts == first.adverts
+        # a second session with the secret takes the queue pairs over; the first one's end then releases none
+        taking_over = ask(secret=first.secret)
+        assert taking_over.adverts == first.adverts
+        asyncio.run_coroutine_threadsafe(_close(again.writer), server.loop).result(5)
+        deadline = time.monotonic() + 10
+        while len(server.control.sessions) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.control.sessions) == 1, "the first session ended"
+        collector.repair(now=time.monotonic() + RELEASE_GRACE_S + 1)
+        assert set(collector.connections) == qpns(first), "the stranger's went after the grace period"
+        assert not set(collector.released) & qpns(first)
+        asyncio.run_coroutine_threadsafe(_close(taking_over.writer), server.loop).result(5)
+    finally:
+        server.close()
+        collector.close()
+
+
 @pytest.mark.parametrize("line, words", [(b"\xff\xfe", "not UTF-8"), (b"[" * 30_000, "nested too deeply"),
                                          (b'{"type": "hello", "version": Infinity}', "NaN or Infinity"),
                                          (b'{"type": NaN}', "NaN or Infinity")],
@@ -434,8 +593,8 @@ def test_idle_connections_are_bounded_and_a_translator_still_connects(tmp_path):
     async def flood_then_connect() -> tuple[list[bytes], list[dict]]:
         idle = [await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
                 for _ in range(3 * control.MAX_CONNECTIONS_PER_HOST)]
-        _, adverts, _, writer = await control.fetch_advertisements("127.0.0.1", server.port, TOKEN, _translator(1),
-                                                                   {"key-write": (0x1000, 0)})
+        _, adverts, _, writer, _ = await control.fetch_advertisements("127.0.0.1", server.port, TOKEN,
+                                                                      _translator(1), {"key-write": (0x1000, 0)})
         writer.close()
         ends = [await asyncio.wait_for(reader.read(), control.HELLO_TIMEOUT_S + 10) for reader, _ in idle]
         for _, idle_writer in idle:
@@ -478,7 +637,7 @@ def test_a_full_qp_table_refuses_clearly_keeps_every_loop_alive_and_frees_what_t
         return asyncio.run_coroutine_threadsafe(asking, server.loop).result(10)
 
     try:
-        _, adverts, first_reader, first = ask(_translator(1),
+        _, adverts, first_reader, first, _ = ask(_translator(1),
                                               {name: (0x1000 + i, 0) for i, name in enumerate(structures[:3])})
         assert len(collector.connections) == 3
         with pytest.raises(ControlError, match=r"collector c1 is full: all 3 queue pairs .* max_qps"):
@@ -499,7 +658,7 @@ def test_a_full_qp_table_refuses_clearly_keeps_every_loop_alive_and_frees_what_t
         while len(collector.released) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(collector.released) == 3
-        _, second, _, writer = ask(_translator(2), {structures[3]: (0x2000, 0)})
+        _, second, _, writer, _ = ask(_translator(2), {structures[3]: (0x2000, 0)})
         assert len(collector.connections) == 1
         qpn = second[0]["qp"]["remote_qpn"]
         assert set(collector.backend.responder.qp_entries()) == {qpn}, "the first translator's QPs are gone"
@@ -553,13 +712,15 @@ class RcWriter:
             self.socket.bind((interface, 0))
             self.socket.settimeout(0.2)
         self.psn = 0
+        self.secret = None  # the control session's: presented again, it reclaims the queue pair
         self.sent: list[int] = []
         self.acknowledged: dict[int, bytes] = {}  # arena-relative offset -> payload, for every ACKed write
 
     def connect(self) -> dict:
         async def ask():
-            _, adverts, _, writer = await fetch_advertisements(ip_str(self.config.ip), self.config.control_port, TOKEN,
-                                                               KILL_TRANSLATOR, {"key-write": (0x1000, 0)}, timeout=10)
+            _, adverts, _, writer, self.secret = await fetch_advertisements(
+                ip_str(self.config.ip), self.config.control_port, TOKEN, KILL_TRANSLATOR, {"key-write": (0x1000, 0)},
+                timeout=10, secret=self.secret)
             writer.close()
             return adverts[0]["qp"]
         with in_netns(self.namespace):
@@ -677,14 +838,21 @@ def test_pinned_memory_and_queue_pairs_are_adopted_only_by_the_same_configuratio
     pins = ensure_bpffs() / f"softdta-adopt-{os.getpid()}"
     try:
         first = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
-        advert = first.connect("key-write", Peer(ip_bytes("10.77.0.1"), mac_bytes("02:5d:7a:00:00:01"), 0x1000, 7))
+        translator_ip, translator_mac = ip_bytes("10.77.0.1"), mac_bytes("02:5d:7a:00:00:01")
+        session = first.open_session(translator_ip, translator_mac)
+        advert = first.connect("key-write", Peer(translator_ip, translator_mac, 0x1000, 7), session)
         first.backend.checkpoint()
         first.regions["key-write"].view[:4] = [1, 2, 3, 4]  # written after the last save
         first.backend.responder.close()  # what a kill -9 leaves: the pins, and no save
         second = Collector(config, XdpBackend.for_config(config, pin_dir=pins))
         assert second.regions["key-write"].view[:4].tolist() == [1, 2, 3, 4]
         assert second.released, "adopted queue pairs wait for their translator"
-        assert second.connection_of(ip_bytes("10.77.0.1"), "key-write", 0x1000) == advert
+        stranger = second.open_session(translator_ip, translator_mac, "a guess")
+        assert stranger.secret != "a guess" and second.connection_of(stranger, "key-write", 0x1000) is None
+        assert second.released, "only the secret saved in data_dir reclaims an adopted queue pair"
+        reclaiming = second.open_session(translator_ip, translator_mac, session.secret)
+        assert reclaiming.secret == session.secret
+        assert second.connection_of(reclaiming, "key-write", 0x1000) == advert
         assert not second.released, "the translator that came back holds its queue pair again"
         second.backend.responder.close()
         with pytest.raises(BackendError, match=r"holds the memory of a collector configured differently \("
