@@ -44,10 +44,9 @@ def register(commands) -> None:
 def _p4(args) -> int:
     import tempfile
 
-    from google.protobuf import text_format  # after .p4runtime, which picks protobuf's runtime
-
     from softdta.core.control_plane import Slots, plan
     from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model, tool
+    from softdta.targets.p4info import one_line_text
     from softdta.targets.p4runtime import (
         P4Names,
         P4RuntimeClient,
@@ -70,7 +69,7 @@ def _p4(args) -> int:
                           getattr(args, "architecture", "v1model"))
         if args.action == "entries":
             for update in planned_updates(tables, egress=egress):
-                print(text_format.MessageToString(update, as_one_line=True))
+                print(one_line_text(update))
             return 0
         if args.action == "push":
             with P4RuntimeClient(args.p4runtime, device_id=args.device_id, election_id=args.election_id,

@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import os
 
-# The `p4runtime` wheels on PyPI hold code from an old protoc, which protobuf's default (upb) runtime refuses;
-# its pure-Python runtime accepts it. This must happen before google.protobuf is first imported.
-os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+from softdta.errors import SoftdtaError
 
-from google.protobuf import text_format  # noqa: E402
+
+class ProtobufRuntimeError(SoftdtaError, ImportError):
+    """protobuf was imported with a runtime that refuses the p4runtime wheel's code before this module."""
+
+
+# The `p4runtime` wheels on PyPI hold code from an old protoc, which protobuf's default (upb) runtime refuses;
+# its pure-Python runtime accepts it. protobuf reads this variable when it is first imported: every module that
+# uses the p4runtime protos imports this one first, and nothing in softdta imports protobuf without it.
+os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+
+from google.protobuf import message, text_format  # noqa: E402
 
 try:
     from p4.config.v1 import p4info_pb2  # noqa: E402
 except TypeError as error:  # protobuf was imported with its upb runtime before this module
-    raise ImportError("the p4runtime protos need protobuf's pure-Python runtime: import softdta.targets.p4info before "
-                      "anything that imports google.protobuf, or set PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="
-                      f"python ({error})") from None
+    raise ProtobufRuntimeError(
+        "the p4runtime protos need protobuf's pure-Python runtime, but protobuf was imported before "
+        f"softdta.targets.p4info ({str(error).splitlines()[0]})",
+        hint="import softdta.targets.p4info before anything that imports google.protobuf, or set "
+             "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python") from None
 
 from softdta.targets.p4names import (  # noqa: E402
     P4_MISS_ACTION,
@@ -70,6 +80,11 @@ def build_p4info() -> p4info_pb2.P4Info:
 
 def p4info_text() -> str:
     return text_format.MessageToString(build_p4info())
+
+
+def one_line_text(update: message.Message) -> str:
+    """A P4Runtime message in protobuf's text format, on one line."""
+    return text_format.MessageToString(update, as_one_line=True)
 
 
 def parse_p4info(text: str) -> p4info_pb2.P4Info:
