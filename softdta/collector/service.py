@@ -21,18 +21,21 @@ integers (their big-endian bytes). Endpoints (details and examples in docs/query
   GET  /metrics                  Prometheus text format: fill and load-factor gauges, responder counters
 
 Bad requests get a 4xx status and a JSON body {"error": "..."}. Requests are bounded (MAX_BODY_BYTES,
-MAX_KEYS, BODY_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS). Queries run one at a time on a worker thread, so a
-big one never holds up /health; Append pollers run on the event loop and need no locks.
+MAX_KEYS, BODY_TIMEOUT_S, MAX_BUFFERED_BODY_BYTES, IDLE_TIMEOUT_S, MAX_CONNECTIONS). A query's body is read in
+full before the query takes its turn, so a slow client holds up only itself; queries run one at a time on a
+worker thread, so a big one never holds up /health; Append pollers run on the event loop and need no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import math
 import signal
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -57,6 +60,9 @@ FOLLOW_POLL_S = 0.005
 MAX_KEYS = 100_000  # per request: the answer takes some 400 bytes a key
 MAX_BODY_BYTES = 4 << 20  # MAX_KEYS keys of 16 bytes in hex
 BODY_TIMEOUT_S = 10.0  # to send a request's body
+MAX_BUFFERED_BODY_BYTES = 16 * MAX_BODY_BYTES  # bodies read and not yet answered, all connections together
+LINGER_S = 2.0  # after an answer sent before the whole body came (408, 413, 503), its rest is read and dropped
+# this long, so that the client can read the answer, then the connection is closed
 IDLE_TIMEOUT_S = 10.0  # a connection that sends no (complete) request is closed
 MAX_CONNECTIONS = 256
 log = logging.getLogger("softdta.collector.service")
@@ -151,11 +157,19 @@ async def _json_errors(request: web.Request, handler):
                                  status=500)
 
 
-async def _json_body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
-    try:
-        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        raise _error(web.HTTPRequestTimeout, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
+def _closing(error: web.HTTPException) -> web.HTTPException:
+    """An answer sent before the whole body was read: the connection closes after it (LINGER_S later at most)."""
+    error.force_close()
+    return error
+
+
+def _body_too_large(size: int) -> web.HTTPException:
+    message = f"the body is over {MAX_BODY_BYTES:,} bytes ({MAX_BODY_BYTES >> 20} MiB); split the query"
+    return _closing(web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, size, text=json.dumps({"error": message}),
+                                                  content_type="application/json"))
+
+
+def _json_object(raw: bytearray, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, deep nesting
@@ -326,9 +340,10 @@ class QueryService:
         self.source = source
         self.token = token
         self.queries = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softdta-query")
-        # one query parsed and answered at a time: its memory, some 50 MB at MAX_KEYS, is the service's peak;
-        # bodies of the others wait in their sockets
+        # one query parsed and answered at a time: its memory, some 50 MB at MAX_KEYS, and the bodies read and
+        # waiting for their turn (at most MAX_BUFFERED_BODY_BYTES) are the service's peak
         self.one_query = asyncio.Semaphore(1)
+        self.buffered_body_bytes = 0
         self.structures = {structure_name(s): s for s in source.tables.structures}
         self.append_feeds = {append_name(lists): _AppendFeed(lists, source.append_region(lists),
                                                              source.append_ring_writes(lists))
@@ -381,13 +396,40 @@ class QueryService:
     async def list_structures(self, request: web.Request) -> web.Response:
         return web.json_response({"structures": self.structure_stats()})
 
-    async def keywrite(self, request: web.Request) -> web.Response:
-        async with self.one_query:
-            return await self._keywrite(request)
+    @contextlib.asynccontextmanager
+    async def _received_body(self, request: web.Request) -> AsyncIterator[bytearray]:
+        """The request's whole body, read within BODY_TIMEOUT_S before its query takes its turn (so a slow client
+        holds up only itself), and counted in MAX_BUFFERED_BODY_BYTES until the query is answered."""
+        body = bytearray()
+        try:
+            declared = request.content_length or 0  # none for a chunked body
+            if declared > MAX_BODY_BYTES:
+                raise _body_too_large(declared)
+            try:
+                async with asyncio.timeout(BODY_TIMEOUT_S):
+                    while chunk := await request.content.readany():
+                        if len(body) + len(chunk) > MAX_BODY_BYTES:
+                            raise _body_too_large(len(body) + len(chunk))
+                        if self.buffered_body_bytes + len(chunk) > MAX_BUFFERED_BODY_BYTES:
+                            raise _closing(_error(web.HTTPServiceUnavailable, "the service holds "
+                                                  f"{MAX_BUFFERED_BODY_BYTES >> 20} MiB of request bodies waiting "
+                                                  "for their queries; try again in a few seconds"))
+                        self.buffered_body_bytes += len(chunk)
+                        body += chunk
+            except TimeoutError:
+                raise _closing(_error(web.HTTPRequestTimeout,
+                                      f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s")) from None
+            yield body
+        finally:
+            self.buffered_body_bytes -= len(body)
 
-    async def _keywrite(self, request: web.Request) -> web.Response:
+    async def keywrite(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, DtaOpcode.KEY_WRITE)
-        body = await _json_body(request, ("keys", "redundancy"), ("mode", "consensus"))
+        async with self._received_body(request) as raw, self.one_query:
+            return await self._keywrite(name, structure, raw)
+
+    async def _keywrite(self, name: str, structure: Structure, raw: bytearray) -> web.Response:
+        body = _json_object(raw, ("keys", "redundancy"), ("mode", "consensus"))
         rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
         mode = body.get("mode", "plurality")
@@ -425,12 +467,12 @@ class QueryService:
         return {"structure": name, "redundancy": redundancy, "consensus": consensus, **counts, "results": results}
 
     async def keyincrement(self, request: web.Request) -> web.Response:
-        async with self.one_query:
-            return await self._keyincrement(request)
-
-    async def _keyincrement(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, DtaOpcode.KEY_INCREMENT)
-        body = await _json_body(request, ("keys", "redundancy"))
+        async with self._received_body(request) as raw, self.one_query:
+            return await self._keyincrement(name, structure, raw)
+
+    async def _keyincrement(self, name: str, structure: Structure, raw: bytearray) -> web.Response:
+        body = _json_object(raw, ("keys", "redundancy"))
         rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
         return web.json_response(await self._off_loop(self.keyincrement_answer, name, structure, rows, redundancy))
@@ -442,12 +484,12 @@ class QueryService:
         return {"structure": name, "redundancy": redundancy, "results": results}
 
     async def postcarding(self, request: web.Request) -> web.Response:
-        async with self.one_query:
-            return await self._postcarding(request)
-
-    async def _postcarding(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, DtaOpcode.POSTCARDING)
-        body = await _json_body(request, ("keys", "value_set"))
+        async with self._received_body(request) as raw, self.one_query:
+            return await self._postcarding(name, structure, raw)
+
+    async def _postcarding(self, name: str, structure: Structure, raw: bytearray) -> web.Response:
+        body = _json_object(raw, ("keys", "value_set"))
         rows = key_rows(body["keys"], structure, name)
         value_set = body["value_set"]
         if not isinstance(value_set, list) or not value_set:
@@ -615,7 +657,7 @@ class _Refused(asyncio.Protocol):
 async def serve(source: QuerySource, host: str = "127.0.0.1", port: int = 0,
                 token: str | None = None) -> web.AppRunner:
     """Start serving on the running loop; `runner.addresses[0][1]` is the bound port, `runner.cleanup()` stops."""
-    runner = web.AppRunner(make_app(source, token), keepalive_timeout=IDLE_TIMEOUT_S)
+    runner = web.AppRunner(make_app(source, token), keepalive_timeout=IDLE_TIMEOUT_S, lingering_time=LINGER_S)
     await runner.setup()
     await _LimitedSite(runner, host, port).start()
     return runner

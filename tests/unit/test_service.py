@@ -432,7 +432,7 @@ BAD_REQUESTS = [
     ("POST", f"/key-write/{KEY_WRITE}", b"\xff\xfe{}", 400, "body is not valid JSON"),
     ("POST", f"/key-write/{KEY_WRITE}", {"keys": [0] * 100_001, "redundancy": 2}, 400,
      "100,001 keys in one request; send at most 100,000 at a time"),
-    ("POST", f"/key-write/{KEY_WRITE}", b" " * ((4 << 20) + 1), 413, "Maximum request body size 4194304 exceeded"),
+    ("POST", f"/key-write/{KEY_WRITE}", b" " * ((4 << 20) + 1), 413, "the body is over 4,194,304 bytes (4 MiB)"),
     ("GET", "/nope", None, 404, "404: Not Found (GET /nope)"),
     ("GET", f"/key-write/{KEY_WRITE}", None, 405, "405: Method Not Allowed"),
 ]
@@ -447,6 +447,12 @@ def test_bad_requests_get_a_clear_json_error(service):
             assert answer["known"] == [KEY_WRITE]
         if path == "/append/nope":
             assert answer["known"] == [APPEND]
+
+    async def chunked_over_the_limit():
+        for _ in range(5):
+            yield b" " * (1 << 20)
+    answer = service.call("POST", f"/key-write/{KEY_WRITE}", 413, data=chunked_over_the_limit())
+    assert "the body is over 4,194,304 bytes (4 MiB)" in answer["error"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -516,6 +522,144 @@ def test_idle_and_slow_clients_are_cut_off(filled, start_service, monkeypatch):
     assert silent == b"" and half_header == b""
     assert half_body.startswith(b"HTTP/1.1 408") and b'{"error": "the body did not arrive within' in half_body
     assert service.call("GET", "/health")["status"] == "ok"
+
+
+class Dribbler:
+    """A slow client: the head of a Key-Write query at once, then `burst` bytes of its body, then the rest one byte
+    every `interval` seconds, going on after any answer as a hostile client would."""
+
+    def __init__(self, port: int, body: bytes, interval: float, burst: int = 0):
+        self.port, self.body, self.interval, self.burst = port, body, interval, burst
+        self.sent_some = asyncio.Event()  # set once the server has had the head and a byte of the body
+
+    async def start(self) -> "Dribbler":
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writer.write(b"POST /key-write/%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (KEY_WRITE.encode(), len(self.body),
+                                                              self.body[:self.burst]))
+        self.began = asyncio.get_running_loop().time()
+        self.sending = asyncio.create_task(self._send())
+        return self
+
+    async def _send(self) -> None:
+        try:
+            for index in range(self.burst, len(self.body)):
+                await asyncio.sleep(self.interval)  # the client's pace
+                self.writer.write(self.body[index:index + 1])
+                await self.writer.drain()
+                self.sent_some.set()
+        except ConnectionError:
+            pass  # the server has closed the connection
+
+    def _since_start(self) -> float:
+        return asyncio.get_running_loop().time() - self.began
+
+    async def answer(self, deadline: float) -> tuple[bytes, float]:
+        """The server's response, and when it came (seconds after the head)."""
+        return await _response(self.reader, deadline), self._since_start()
+
+    async def closed(self, deadline: float) -> float:
+        """When the server closed the connection (seconds after the head), waiting at most `deadline`."""
+        try:
+            async with asyncio.timeout(deadline):
+                while await self.reader.read(1 << 16):
+                    pass
+        except ConnectionResetError:
+            pass  # closed with the client's last bytes unread
+        return self._since_start()
+
+    def stop(self) -> None:
+        self.sending.cancel()
+        self.writer.close()
+
+
+def _one_key_body(filled: Filled, pad_to: int = 0) -> bytes:
+    return json.dumps({"keys": [filled.key_write[0].key.hex()], "redundancy": REDUNDANCY}).encode().ljust(pad_to)
+
+
+def test_slow_bodies_hold_up_no_other_query(filled, start_service, monkeypatch):
+    """Five clients dribble their bodies at once; a one-key query from another client is answered at once, the two
+    dribblers that finish within the body deadline get their answer, the three that would take 12 s a 408."""
+    from softdta.collector import service as service_module
+    body_timeout_s = 3.0
+    monkeypatch.setattr(service_module, "BODY_TIMEOUT_S", body_timeout_s)
+    service = start_service(OfflineSource(filled.collector))
+    body = _one_key_body(filled)
+
+    async def clients():
+        port = service.server.addresses[0][1]
+        slow = [await Dribbler(port, body, 12.0 / len(body)).start() for _ in range(3)]
+        in_time = [await Dribbler(port, body, 1.0 / len(body)).start() for _ in range(2)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(dribbler.sent_some.wait() for dribbler in slow + in_time)), 5)
+            began = asyncio.get_running_loop().time()
+
+            async def query():
+                async with service.http.post(f"/key-write/{KEY_WRITE}", data=body) as response:
+                    return response.status, await response.json()
+
+            status, answer = await asyncio.wait_for(query(), 2.0)
+            took = asyncio.get_running_loop().time() - began
+            answers = await asyncio.gather(*(dribbler.answer(body_timeout_s + 5) for dribbler in slow + in_time))
+        finally:
+            for dribbler in slow + in_time:
+                dribbler.stop()
+        return status, answer, took, answers[:3], answers[3:]
+
+    status, answer, took, slow, in_time = service.run(clients())
+    assert status == 200 and answer["results"][0]["key"] == filled.key_write[0].key.hex() and took < 2.0
+    for response, after in in_time:
+        assert response.startswith(b"HTTP/1.1 200") and after < body_timeout_s
+        assert json.loads(response.split(b"\r\n\r\n", 1)[1]) == answer
+    for response, after in slow:
+        assert response.startswith(b"HTTP/1.1 408") and body_timeout_s <= after < body_timeout_s + 1.5
+        assert b'{"error": "the body did not arrive within 3 s' in response
+
+
+def test_a_client_too_slow_with_its_body_is_answered_408_and_disconnected(filled, start_service, monkeypatch):
+    from softdta.collector import service as service_module
+    monkeypatch.setattr(service_module, "BODY_TIMEOUT_S", 1.0)
+    service = start_service(OfflineSource(filled.collector))
+
+    async def client():
+        dribbler = await Dribbler(service.server.addresses[0][1], _one_key_body(filled, 100), 0.2).start()  # 20 s
+        try:
+            return *await dribbler.answer(6.0), await dribbler.closed(service_module.LINGER_S + 3.0)
+        finally:
+            dribbler.stop()
+
+    response, answered_after, closed_after = service.run(client())
+    assert response.startswith(b"HTTP/1.1 408") and b"Connection: close" in response
+    assert 1.0 <= answered_after < 2.5
+    assert closed_after < answered_after + service_module.LINGER_S + 1.0
+    assert service.call("GET", "/health")["status"] == "ok"
+
+
+def test_bodies_waiting_for_their_query_are_bounded_in_memory(filled, start_service, monkeypatch):
+    """Beyond MAX_BUFFERED_BODY_BYTES of bodies held at once, a query is refused with 503 until they are gone."""
+    from softdta.collector import service as service_module
+    monkeypatch.setattr(service_module, "MAX_BUFFERED_BODY_BYTES", 1000)
+    monkeypatch.setattr(service_module, "BODY_TIMEOUT_S", 3.0)
+    service = start_service(OfflineSource(filled.collector))
+    query = {"data": _one_key_body(filled, 300)}
+
+    async def over_the_limit():
+        # 800 bytes at once, then a byte every 0.5 s: the body holds 800 bytes until the server cuts it off
+        dribbler = await Dribbler(service.server.addresses[0][1], _one_key_body(filled, 900), 0.5, 800).start()
+        try:
+            await asyncio.wait_for(dribbler.sent_some.wait(), 15)
+            async with service.http.post(f"/key-write/{KEY_WRITE}", **query) as response:
+                refused = response.status, await response.json()
+            cut_off, _ = await dribbler.answer(5.0)
+        finally:
+            dribbler.stop()
+        return refused, cut_off
+
+    (status, refused), cut_off = service.run(over_the_limit())
+    assert status == 503 and "request bodies" in refused["error"], refused
+    assert cut_off.startswith(b"HTTP/1.1 408")
+    answer = service.call("POST", f"/key-write/{KEY_WRITE}", **query)  # the held body is gone
+    assert answer["results"][0]["key"] == filled.key_write[0].key.hex()
 
 
 def test_connections_beyond_the_limit_are_refused_and_the_service_goes_on(filled, start_service, monkeypatch):
