@@ -1,0 +1,460 @@
+"""The restart matrix: every restart of the collector or the translator keeps every acknowledged write.
+
+Each case runs the real processes as users run them (`softdta collector up`, `softdta translator up --collector`)
+in reporter, translator and collector namespaces joined by veth pairs, with the translator's defaults (no
+`ack_request_interval`). Key-Write reports go in from a raw socket; once the collector's responder has executed
+them they are acknowledged, and must be found after the restart. Writes made after the restart must land too,
+unless a counter names exactly those lost. `scripts/restart_matrix_soak.sh` runs the matrix repeatedly under CPU
+hogs.
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from softdta.collector.control import VERSION, receive, send
+from softdta.collector.xdp_backend import pin_dir_for
+from softdta.core.workload import ReporterAddress
+from softdta.engines.python import engine_stats
+from softdta.errors import SoftdtaError
+from softdta.kernel.bpf import ensure_bpffs
+from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.spec import ROCE_PORT, KeyHash, RoceOpcode
+from softdta.wire import dta
+from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
+from softdta.wire.hashing import key_hashes_rows, keys_to_rows
+from softdta.wire.roce import build_roce_frame, transport_payload
+from tests.common import ROOT
+
+pytestmark = pytest.mark.privileged
+
+PREFIX = f"sdta-m{os.getpid()}-"
+COLLECTOR = f"matrix{os.getpid()}"
+COLLECTOR_IP, TRANSLATOR_IP, REPORTER_IP = "10.77.1.1", "10.77.0.1", "10.77.9.1"
+TRANSLATOR_MAC, COLLECTOR_MAC, REPORTER_MAC = "02:5d:7a:00:00:01", "02:5d:7a:00:01:01", "02:5d:7a:00:09:01"
+TOKEN = "matrix-token"
+STRUCTURE = f"key-write@{COLLECTOR_IP}"
+SLOTS = 4096
+SOFTDTA = [sys.executable, "-m", "softdta.cli"]
+# translator counters that name writes which never reached the collector's memory
+LOST_WRITE_COUNTERS = ("nak_lost_writes", "drop_grace", "drop_qp_failed")
+RESTARTS = ("collector-sigterm", "collector-kill9", "second-collector", "translator-sigterm", "translator-kill9",
+            "translator-down-forget")
+START_S, WRITES_S = 30.0, 10.0
+
+
+def distinct_slot_keys(count: int) -> list[int]:
+    """Keys that each have a Key-Write slot of their own (redundancy 1): no write can be lost to a collision."""
+    candidates = np.arange(1, 16 * count + 1)
+    _, hashes = key_hashes_rows(keys_to_rows(candidates), 1, KeyHash.INDEPENDENT)
+    _, first = np.unique(hashes[0] & (SLOTS - 1), return_index=True)
+    return sorted(candidates[np.sort(first)[:count]].tolist())
+
+
+KEYS = distinct_slot_keys(400)
+BATCH_1, BATCH_1B, BATCH_2_NEW = KEYS[:200], KEYS[200:300], KEYS[300:]
+OVERWRITTEN = BATCH_1[:50] + BATCH_1B[:25]  # batch 2 gives these new values
+
+
+@dataclass
+class Case:
+    """One cell of the matrix: its processes, what it wrote, what it saw, for the summary on failure."""
+
+    restart: str
+    recreated: bool
+    transport: str
+    tmp: Path
+    reporter: Namespace
+    translator_ns: Namespace
+    collector_ns: Namespace
+    pin: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by the name of its log files
+    collector: subprocess.Popen | None = None
+    translator: subprocess.Popen | None = None
+    timeline: list[str] = field(default_factory=list)
+    latest: dict[int, int] = field(default_factory=dict)  # key -> the value of its last write
+    acknowledged: dict[int, int] = field(default_factory=dict)  # key -> value, executed before the restart
+    notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def log(self, text: str) -> None:
+        self.timeline.append(f"{time.monotonic() - self.started:6.2f} s  {text}")
+
+    # the processes, as users start them
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        out, err = (open(self.tmp / f"{name}.{stream}", "w") for stream in ("out", "err"))
+        process = subprocess.Popen(SOFTDTA + argv, stdout=out, stderr=err, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        out.close()
+        err.close()
+        self.processes[name] = process
+        return process
+
+    def start_collector(self, name: str = "collector") -> subprocess.Popen:
+        return self.spawn(name, ["collector", "up", "--config", str(self.tmp / "collector.toml"),
+                                 "--netns", self.collector_ns.name, "--query-host", COLLECTOR_IP])
+
+    def collector_up(self, name: str = "collector") -> None:
+        self.collector = self.start_collector(name)
+        self.wait_for_line(self.collector, f"collector {COLLECTOR} up")
+        self.log(f"{name} up (pid {self.collector.pid})")
+
+    def translator_up(self, name: str = "translator") -> None:
+        self.translator = self.spawn(name, [
+            "translator", "up", "--tables", str(self.tmp / "translator.toml"), "-i", "t0", "-i", "t1",
+            "--pin", str(self.pin), "--netns", self.translator_ns.name, "--collector", f"{COLLECTOR_IP}:40050",
+            "--token", TOKEN])
+        self.wait_for_line(self.translator, "translator up on t0, t1")
+        self.log(f"{name} up (pid {self.translator.pid})")
+
+    def name_of(self, process: subprocess.Popen) -> str:
+        return next(name for name, known in self.processes.items() if known is process)
+
+    def output(self, process: subprocess.Popen, stream: str = "out") -> str:
+        return (self.tmp / f"{self.name_of(process)}.{stream}").read_text()
+
+    def wait_for_line(self, process: subprocess.Popen, text: str) -> None:
+        self.wait_until(lambda: text in self.output(process) or process.poll() is not None, f"{text!r}", START_S)
+        if text not in self.output(process):
+            raise AssertionError(f"{self.name_of(process)} exited with {process.returncode} before printing "
+                                 f"{text!r}: {self.output(process, 'err').strip()}")
+
+    def stop(self, process: subprocess.Popen, how: str) -> int:
+        """SIGTERM or kill -9, and wait for the exit."""
+        process.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        code = process.wait(20)
+        self.log(f"{self.name_of(process)} {how}: exited with {code}")
+        return code
+
+    def softdta(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(SOFTDTA + list(argv), capture_output=True, text=True, timeout=60)
+
+    # what the collector and the translator say
+
+    def http(self, path: str, body: dict | None = None) -> dict:
+        with in_netns(self.collector_ns.name):
+            request = urllib.request.Request(f"http://{COLLECTOR_IP}:8040{path}",
+                                             data=json.dumps(body).encode() if body else None,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return json.loads(response.read())
+
+    def responder(self) -> dict:
+        return self.http("/stats")["responder"]
+
+    def executed(self) -> int:
+        return self.responder().get("executed", 0)
+
+    def translator_stats(self) -> dict:
+        """What `softdta translator stats --pin PIN --json` prints, read in this process: polled, the command's
+        start-up time would dominate."""
+        return engine_stats(self.pin)
+
+    def counters(self) -> dict:
+        return self.translator_stats()["counters"]
+
+    def collector_qps(self) -> dict[int, dict]:
+        """This translator's queue pairs at the collector, by collector QPN."""
+        return {int(qpn, 16): entry for qpn, entry in self.http("/health")["qps"].items()
+                if entry["translator"] == TRANSLATOR_IP}
+
+    def key_write_qps(self) -> tuple[int, dict, dict | None]:
+        """The collector's Key-Write queue pair (QPN, /health entry) and the translator's QP that writes it."""
+        qpn, entry = next((qpn, entry) for qpn, entry in self.collector_qps().items()
+                          if entry["structure"] == "key-write")
+        ours = next((qp for qp in self.translator_stats()["qps"] if qp["remote_qpn"] == qpn), None)
+        return qpn, entry, ours
+
+    def wait_until(self, condition, what: str, timeout: float = WRITES_S):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = condition()
+            except (OSError, urllib.error.URLError, StopIteration, json.JSONDecodeError, SoftdtaError):
+                value = None  # a process between restarts
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def connected(self) -> bool:
+        """The translator holds its queue pairs again (an open session at the collector), and writes through an
+        active QP into the collector's Key-Write queue pair."""
+        qps = self.collector_qps()
+        _, _, ours = self.key_write_qps()
+        return bool(qps) and all(entry["session"] == "open" for entry in qps.values()) and ours is not None \
+            and ours["state"] == "active"
+
+    # writes
+
+    def write(self, batch: str, items: dict[int, int]) -> None:
+        """Key-Write reports for `items` (key -> value); returns once the responder executed them all, or its
+        translator took them all in and the collector executed nothing more for a second."""
+        with in_netns(self.reporter.name):
+            sender = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+            sender.bind(("r0", 0))
+        reporter = ReporterAddress(mac_bytes(REPORTER_MAC), ip_bytes(REPORTER_IP), mac_bytes(TRANSLATOR_MAC),
+                                   ip_bytes(COLLECTOR_IP))
+        executed_before, taken_before = self.executed(), self.counters().get("rx_key_write", 0)
+        with sender:
+            for key, value in items.items():
+                sender.send(reporter.frame(dta.key_write(key, value, 1)))
+                self.latest[key] = value
+        quiet = {"executed": -1, "since": time.monotonic()}
+
+        def done() -> bool:
+            executed = self.executed() - executed_before
+            if executed >= len(items):
+                return True
+            if executed != quiet["executed"]:
+                quiet.update(executed=executed, since=time.monotonic())
+                return False
+            taken = self.counters().get("rx_key_write", 0) - taken_before
+            return taken >= len(items) and time.monotonic() - quiet["since"] >= 1.0
+        self.wait_until(done, f"batch {batch}: the translator taking its {len(items)} reports in", WRITES_S)
+        executed = self.executed() - executed_before
+        self.log(f"batch {batch}: {len(items)} writes, {executed} executed")
+        if batch != "2":
+            if executed < len(items):
+                raise AssertionError(f"batch {batch} (before the restart): {executed} of {len(items)} writes "
+                                     "executed")
+            self.acknowledged.update(items)
+
+    # the QP re-creation
+
+    def recreate_key_write_qp(self) -> None:
+        """Have the collector re-create the translator's Key-Write queue pair, and the translator go on with it."""
+        qpn, entry, ours = self.key_write_qps()
+        assert ours is not None, "the translator has no QP into the collector's Key-Write queue pair"
+        errors_before = self.responder().get("remote_access_errors", 0)
+        if self.transport == "rc":
+            # an RC WRITE with the right PSN and iCRC but an R_Key no region has (they are never 0): a fatal
+            # remote-access error puts the queue pair in ERROR, and the collector's repair loop re-creates it
+            ends = UdpEndpoints(src_mac=mac_bytes(TRANSLATOR_MAC), dst_mac=mac_bytes(COLLECTOR_MAC),
+                                src_ip=ip_bytes(TRANSLATOR_IP), dst_ip=ip_bytes(COLLECTOR_IP), sport=49152,
+                                dport=ROCE_PORT)
+            payload = bytes(8)
+            frame = build_roce_frame(ends, transport_payload(
+                RoceOpcode.RC_WRITE_ONLY, qpn, entry["expected_psn"],
+                {"reth": {"va": 0, "rkey": 0, "dma_length": len(payload)}}, payload))
+            with in_netns(self.translator_ns.name):
+                with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as forger:
+                    forger.bind(("t1", 0))
+                    forger.send(frame)
+            self.wait_until(lambda: self.responder().get("remote_access_errors", 0) > errors_before,
+                            "the collector's queue pair put in ERROR")
+            self.log(f"queue pair {qpn:#x} in ERROR (a WRITE with a bad R_Key at PSN {entry['expected_psn']})")
+        else:
+            # UC drops a bad WRITE without an error state, and the translator takes no NAK on UC: what re-creates
+            # a UC queue pair is a `failed` report over the control protocol
+            answer = self.report_failed(ours["local_qpn"])
+            if answer.get("type") != "advertise":
+                raise AssertionError(f"`failed` for QP {ours['local_qpn']:#x}: {answer}")
+            self.log(f"queue pair {qpn:#x} re-created on a `failed` report (advertised PSN "
+                     f"{answer['qp']['start_psn']})")
+
+        def revived() -> bool:
+            qpn_now, entry_now, ours_now = self.key_write_qps()
+            return entry_now["state"] == "ready" and ours_now is not None and ours_now["state"] == "active" and \
+                ours_now["next_psn"] == entry_now["expected_psn"]
+        self.wait_until(revived, "the queue pair re-created and the translator writing at its expected PSN")
+        self.log("queue pair re-created; the translator's QP active at the collector's expected PSN")
+
+    def report_failed(self, local_qpn: int) -> dict:
+        """What the translator sends for a failed QP, on a control connection of its own from the translator's
+        namespace."""
+        async def exchange() -> dict:
+            reader, writer = await asyncio.open_connection(COLLECTOR_IP, 40050)
+            try:
+                await send(writer, {"type": "hello", "version": VERSION, "token": TOKEN,
+                                    "translator": {"ip": TRANSLATOR_IP, "mac": TRANSLATOR_MAC}})
+                welcome = await receive(reader, 5)
+                assert welcome["type"] == "welcome", welcome
+                await send(writer, {"type": "failed", "structure": "key-write", "qpn": local_qpn})
+                return await receive(reader, 5)
+            finally:
+                writer.close()
+        with in_netns(self.translator_ns.name):
+            return asyncio.run(exchange())
+
+    # the restarts
+
+    def restart_now(self) -> None:
+        if self.restart in ("collector-sigterm", "collector-kill9"):
+            code = self.stop(self.collector, self.restart.removeprefix("collector-"))
+            if self.restart == "collector-sigterm" and code != 0:
+                self.notes.append(f"the collector exited with {code} on SIGTERM")
+            self.collector_up("collector-2")
+            self.wait_until(self.connected, "the translator back with its queue pairs", START_S)
+        elif self.restart == "second-collector":
+            second = self.start_collector("collector-second")
+            code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
+                                   "the second collector refusing to start", START_S)[0]
+            refusal = self.output(second, "err").strip()
+            self.log(f"second collector exited with {code}: {refusal}")
+            if code != 2 or len(refusal.splitlines()) != 1:
+                self.notes.append(f"the second collector exited with {code} (expected 2 and one line): "
+                                  f"{refusal[-400:]!r}")
+            if self.collector.poll() is not None:
+                raise AssertionError(f"the first collector exited ({self.collector.returncode}) when the second "
+                                     "one started")
+        elif self.restart in ("translator-sigterm", "translator-kill9", "translator-down-forget"):
+            how = "kill9" if self.restart == "translator-kill9" else "sigterm"
+            code = self.stop(self.translator, how)
+            if how == "sigterm" and code != 0:
+                self.notes.append(f"the translator exited with {code} on SIGTERM")
+            if self.restart == "translator-down-forget":
+                down = self.softdta("translator", "down", "--pin", str(self.pin), "--forget")
+                self.log(f"translator down --forget: {down.returncode} {down.stdout.strip()}")
+                if down.returncode or self.pin.exists():
+                    raise AssertionError(f"translator down --forget: {down.returncode} {down.stderr.strip()}")
+            self.translator_up("translator-2")
+            self.wait_until(self.connected, "the translator back with its queue pairs", START_S)
+        self.log("restarted")
+
+    # the verdict
+
+    def verdict(self, lost_counted: int, counters_before: dict, counters_after: dict) -> list[str]:
+        keys = sorted(self.latest)
+        found = self.http(f"/key-write/{STRUCTURE}", {"keys": keys, "redundancy": 1})["results"]
+        value_of = {key: int(row["value"], 16) if row["value"] is not None else None
+                    for key, row in zip(keys, found)}
+        problems = []
+        lost_acknowledged = {key: (value, value_of[key]) for key, value in self.acknowledged.items()
+                             if key not in OVERWRITTEN and value_of[key] != value}
+        if lost_acknowledged:
+            problems.append(f"{len(lost_acknowledged)} acknowledged writes lost (no counter excuses those): "
+                            + describe(lost_acknowledged))
+        batch_2 = {key: value for key, value in self.latest.items() if value >> 24 == 2}
+        missing = {key: (value, value_of[key]) for key, value in batch_2.items() if value_of[key] != value}
+        # a missing batch-2 write leaves the key as it was: its acknowledged value, or nothing
+        wrong = {key: got for key, (_, got) in missing.items() if got != self.acknowledged.get(key)}
+        if wrong:
+            problems.append(f"{len(wrong)} keys hold a value never written last nor before: "
+                            + describe({key: missing[key] for key in wrong}))
+        if len(missing) != lost_counted:
+            problems.append(f"batch 2: {len(missing)} of {len(batch_2)} writes missing, and the translator's "
+                            f"counters name {lost_counted} lost ({counter_delta(counters_before, counters_after)})"
+                            + (": " + describe(missing) if missing else ""))
+        self.log(f"queried {len(keys)} keys: {len(lost_acknowledged)} acknowledged lost, {len(missing)} of batch 2 "
+                 f"missing, {lost_counted} counted lost")
+        return problems
+
+    def summary(self) -> str:
+        lines = [f"case {self.restart} / {'after a QP re-creation' if self.recreated else 'no re-creation'} / "
+                 f"{self.transport.upper()}", "timeline:", *("  " + line for line in self.timeline)]
+        for what, read in (("translator stats", self.translator_stats), ("collector /health", lambda: self.http(
+                "/health")["qps"]), ("collector responder", self.responder)):
+            try:
+                lines.append(f"{what}: {json.dumps(read(), sort_keys=True)}")
+            except (OSError, urllib.error.URLError, SoftdtaError) as error:
+                lines.append(f"{what}: unavailable ({error})")
+        for name, process in self.processes.items():
+            for stream in ("out", "err"):
+                text = self.output(process, stream).strip().splitlines()
+                if text:
+                    lines.append(f"{name}.{stream} (last lines):")
+                    lines += ["  " + line[:300] for line in text[-8:]]
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for process in reversed(self.processes.values()):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(10)
+
+
+def describe(values: dict[int, tuple]) -> str:
+    shown = ", ".join(f"{key}: wrote {want:#x}, found {'nothing' if got is None else hex(got)}"
+                      for key, (want, got) in list(values.items())[:6])
+    return shown + (f" and {len(values) - 6} more" if len(values) > 6 else "")
+
+
+def lost_writes(counters: dict) -> int:
+    return sum(counters.get(name, 0) for name in LOST_WRITE_COUNTERS)
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    return {name: after.get(name, 0) - before.get(name, 0) for name in sorted(set(before) | set(after))
+            if after.get(name, 0) != before.get(name, 0)}
+
+
+def configure(tmp: Path, transport: str) -> None:
+    config = (ROOT / "examples" / "collector.toml").read_text()
+    config = config.replace('name = "c1"', f'name = "{COLLECTOR}"').replace('token = "change-me"',
+                                                                           f'token = "{TOKEN}"')
+    config = config.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"',
+                                                                          f'data_dir = "{tmp / "regions"}"')
+    config = config.replace('hash = "independent"', f'hash = "independent"\nredundancy = 1\ntransport = "{transport}"')
+    config = config.replace("slots = 131072", f"slots = {SLOTS}").replace("slots = 65536", "slots = 1024")
+    config = config.replace("slots = 32768", "slots = 1024")
+    (tmp / "collector.toml").write_text(config)
+    # the translator's defaults are part of what is tested: its section names only its addresses
+    (tmp / "translator.toml").write_text(f'[translator]\nmac = "{TRANSLATOR_MAC}"\nip = "{TRANSLATOR_IP}"\n')
+
+
+CASES = [pytest.param(restart, recreated, transport,
+                      id=f"{restart}-{'recreated' if recreated else 'plain'}-{transport}")
+         for restart in RESTARTS for recreated in (False, True) for transport in ("uc", "rc")]
+
+
+@pytest.mark.parametrize("restart, recreated, transport", CASES)
+def test_a_restart_keeps_every_acknowledged_write(restart, recreated, transport, tmp_path):
+    """Batch 1 executed (and, after a QP re-creation, batch 1b); the restart; batch 2 with new keys and new values
+    for old ones; then every key holds its last value, but for batch-2 writes the translator counts as lost."""
+    collector_pins = pin_dir_for(COLLECTOR, ip_bytes(COLLECTOR_IP))
+    pin = ensure_bpffs() / f"softdta-matrix-{os.getpid()}"
+    shutil.rmtree(collector_pins, ignore_errors=True)
+    shutil.rmtree(pin, ignore_errors=True)
+    cleanup_prefix(PREFIX)
+    configure(tmp_path, transport)
+    reporter, translator_ns, collector_ns = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
+    case = Case(restart, recreated, transport, tmp_path, reporter, translator_ns, collector_ns, pin)
+    try:
+        veth_pair(reporter, "r0", translator_ns, "t0", mac_a=REPORTER_MAC, mac_b=TRANSLATOR_MAC)
+        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=TRANSLATOR_MAC, mac_b=COLLECTOR_MAC)
+        address(translator_ns, "t1", f"{TRANSLATOR_IP}/16")
+        address(collector_ns, "c0", f"{COLLECTOR_IP}/16")
+        try:
+            case.collector_up()
+            case.translator_up()
+            case.wait_until(case.connected, "the translator connected", START_S)
+            case.write("1", {key: 1 << 24 | key for key in BATCH_1})
+            if recreated:
+                case.recreate_key_write_qp()
+                case.write("1b", {key: 1 << 24 | 0x800000 | key for key in BATCH_1B})
+            case.restart_now()
+            before = case.counters()
+            batch_2 = {key: 2 << 24 | key for key in OVERWRITTEN if key in case.latest}
+            batch_2.update({key: 2 << 24 | key for key in BATCH_2_NEW})
+            case.write("2", batch_2)
+            after = case.counters()
+            problems = case.verdict(lost_writes(after) - lost_writes(before), before, after)
+        except Exception as error:  # any failure gets the case's summary
+            problems = [f"{type(error).__name__}: {error}"]
+        problems = case.notes + problems
+        assert not problems, "\n".join(problems) + "\n" + case.summary()
+    finally:
+        case.close()
+        cleanup_prefix(PREFIX)
+        shutil.rmtree(pin, ignore_errors=True)
+        shutil.rmtree(collector_pins, ignore_errors=True)
