@@ -92,6 +92,7 @@ def _run_translator(args) -> int:
     # failed QPs go back to the collectors, which re-create their ends
     source.report_failures(lambda: {qp.local_qpn for qp in engine.tables.qps
                                     if engine.qp_state(qp)["state"] == QpState.FAILED})
+    source.report_psns(lambda: next_psns(engine))
 
     def reload() -> None:
         try:
@@ -120,6 +121,18 @@ def _run_translator(args) -> int:
         source.close()
     print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
     return 0
+
+
+def next_psns(engine: LiveEngine) -> dict[int, int]:
+    """The PSN each of the engine's QPs sends next, by local QPN (read from the control thread while the engine
+    may be swapping its tables: a QP in the middle of that is left out)."""
+    psns = {}
+    for qp in engine.tables.qps:
+        try:
+            psns[qp.local_qpn] = engine.qp_state(qp)["next_psn"]
+        except (KeyError, TypeError):
+            continue
+    return psns
 
 
 def _translator_engine(args, tables: Tables, pin: Path) -> LiveEngine:

@@ -217,7 +217,8 @@ class Collector:
         region, spec = self.regions[structure], self.specs[structure]
         return {"structure": structure, **spec.advertised(),
                 "qp": {"remote_qpn": qp.qpn, "local_qpn": peer.qpn, "rkey": region.rkey, "base": region.base_va,
-                       "length": region.view.size, "start_psn": qp.psn, "transport": qp.transport.name.lower()}}
+                       "length": region.view.size, "start_psn": self.backend.expected_psn(qp.qpn),
+                       "transport": qp.transport.name.lower()}}
 
     # ----------------------------------------------------------------------------------------------
     # what the query service reads (service.QuerySource)

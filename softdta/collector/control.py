@@ -17,6 +17,7 @@ import ipaddress
 import json
 import ssl
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -269,10 +270,11 @@ class Advertised(NamedTuple):
 
 async def fetch_advertisements(host: str, port: int, token: str, translator: dict, wanted: dict[str, tuple[int, int]],
                                timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1,
-                               secret: str | None = None) -> Advertised:
+                               secret: str | None = None, psns: Mapping[int, int] = {}) -> Advertised:
     """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)): a
     queue pair for each of its `queues` RX queues, queue q's with the virtual QPN + q x QUEUE_QPN_STRIDE.
-    `secret`, the one an earlier session was given, takes back that session's queue pairs.
+    `secret`, the one an earlier session was given, takes back that session's queue pairs. `psns` maps a virtual
+    QPN to the PSN it sends next, in place of the first PSN, so that a queue pair made anew starts there.
 
     `wanted` may name "*" to take every structure the collector hosts, numbering QPNs from the given one.
     """
@@ -298,8 +300,9 @@ async def fetch_advertisements(host: str, port: int, token: str, translator: dic
     adverts = []
     for structure, (qpn, psn) in wanted.items():
         for queue in range(queues):
-            await send(writer, {"type": "connect", "structure": structure, "qpn": qpn + queue * QUEUE_QPN_STRIDE,
-                                "psn": psn})
+            queue_qpn = qpn + queue * QUEUE_QPN_STRIDE
+            await send(writer, {"type": "connect", "structure": structure, "qpn": queue_qpn,
+                                "psn": psns.get(queue_qpn, psn)})
             reply = await receive(reader, timeout)
             if reply["type"] != "advertise":
                 writer.close()

@@ -152,6 +152,9 @@ class CmLinks:
     def report_failures(self, failed_qpns: Callable[[], set[int]]) -> None:
         self.failed_qpns = failed_qpns
 
+    def report_psns(self, next_psns: Callable[[], dict[int, int]]) -> None:
+        """Nothing to do: the collector's REP names the PSN its new QP expects, and the tables carry it."""
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

@@ -28,7 +28,8 @@ class CollectorLinks:
     `start()` connects to every collector and returns the first tables; later tables (a re-created queue pair, a
     collector that came back) are put on `updates`, which the translator applies between control-loop ticks.
     `report_failures` tells it how to find the translator's failed QPs (local QPNs): it reports each to its
-    collector, which re-creates its end and advertises it again. `queues`: the translator's RX queues; it asks
+    collector, which re-creates its end and advertises it again; `report_psns`, how to read the PSN each QP sends
+    next, which a queue pair the collector makes anew starts at. `queues`: the translator's RX queues; it asks
     for a queue pair per queue into each structure.
     """
 
@@ -37,6 +38,7 @@ class CollectorLinks:
         self.translator, self.collectors, self.token, self.tls = translator, collectors, token, tls
         self.first_qpn, self.keepalive_s, self.queues = first_qpn, keepalive_s, queues
         self.failed_qpns: Callable[[], set[int]] = set
+        self.next_psns: Callable[[], dict[int, int]] = dict
         self.updates: queue.Queue[Tables] = queue.Queue()
         # address -> (collector, adverts by our QPN: one per structure and RX queue)
         self._state: dict[tuple[str, int], tuple[dict, dict[int, dict]]] = {}
@@ -63,6 +65,9 @@ class CollectorLinks:
     def report_failures(self, failed_qpns: Callable[[], set[int]]) -> None:
         self.failed_qpns = failed_qpns
 
+    def report_psns(self, next_psns: Callable[[], dict[int, int]]) -> None:
+        self.next_psns = next_psns
+
     def close(self) -> None:
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(cancel_tasks(), self._loop).result(5)
@@ -88,7 +93,7 @@ class CollectorLinks:
     async def _fetch(self, index: int, address: tuple[str, int]):
         collector, adverts, reader, writer, self._secrets[address] = await fetch_advertisements(
             *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls,
-            queues=self.queues, secret=self._secrets.get(address))
+            queues=self.queues, secret=self._secrets.get(address), psns=self.next_psns())
         self._state[address] = (collector, {advert["qp"]["local_qpn"]: advert for advert in adverts})
         return reader, writer
 

@@ -15,7 +15,8 @@ from softdta.core.tables import Tables
 class TableSource(Protocol):
     """`start()` gives the first tables; later ones are put on `updates` (or given by `tables()` on demand, a
     SIGHUP), and the translator applies them between ticks. `report_failures` hands the source a way to find the
-    translator's failed QPs (local QPNs), so that it can have them re-created."""
+    translator's failed QPs (local QPNs), so that it can have them re-created; `report_psns` a way to read the PSN
+    each QP sends next (local QPN -> PSN), so that a queue pair a collector makes anew starts there."""
 
     updates: queue.Queue[Tables]
 
@@ -24,6 +25,8 @@ class TableSource(Protocol):
     def tables(self) -> Tables: ...
 
     def report_failures(self, failed_qpns: Callable[[], set[int]]) -> None: ...
+
+    def report_psns(self, next_psns: Callable[[], dict[int, int]]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -42,6 +45,9 @@ class TablesFile:
         return Tables.from_toml(self.path)
 
     def report_failures(self, failed_qpns: Callable[[], set[int]]) -> None:
+        pass
+
+    def report_psns(self, next_psns: Callable[[], dict[int, int]]) -> None:
         pass
 
     def close(self) -> None:

@@ -164,6 +164,33 @@ def test_control_protocol_connects_repairs_and_reconnects(tmp_path):
         collector.close()
 
 
+def test_new_queue_pairs_start_at_the_translators_psn_and_advertisements_carry_the_expected_psn(tmp_path):
+    """One truth for PSNs (docs/protocol.md, 7.3): a queue pair made for a translator expects the PSN that
+    translator sends next, and every advertisement, a re-creation's too, says what the queue pair expects now."""
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+    links = CollectorLinks(TRANSLATOR, [("127.0.0.1", server.port)], TOKEN, keepalive_s=0.5)
+    links.report_psns(lambda: {qpn: 1000 + qpn % 0x100 for qpn in range(0x1000, 0x1010)})
+    try:
+        tables = links.start(timeout=5)
+        for qp in tables.qps:
+            assert qp.start_psn == 1000 + qp.local_qpn % 0x100 == collector.backend.expected_psn(qp.remote_qpn)
+        ki = tables.structure(ip_bytes("10.77.1.1"), DtaOpcode.KEY_INCREMENT)
+        responder = collector.backend.responder
+        translator = Translator(tables)
+        reporter = ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                   ki.qp.collector_ip)
+        for frame in translator.process(reporter.frame(dta.key_increment(7, 1, 2)), 0).frames:
+            assert responder.process(frame).replies  # executed and acknowledged
+        assert responder.process(_fetch_add_with_wrong_key(tables, ki, sent=2)).replies  # the QP goes to ERROR
+        updated = links.updates.get(timeout=5).structure(ip_bytes("10.77.1.1"), DtaOpcode.KEY_INCREMENT)
+        assert updated.qp.start_psn == ki.qp.start_psn + 2 == collector.backend.expected_psn(ki.qp.remote_qpn)
+    finally:
+        links.close()
+        server.close()
+        collector.close()
+
+
 def test_a_translator_with_several_rx_queues_gets_a_queue_pair_per_queue_into_each_region(tmp_path):
     collector = open_collector(small_config(tmp_path))
     server = ServerThread(collector)
@@ -204,11 +231,13 @@ def test_a_translator_with_several_rx_queues_gets_a_queue_pair_per_queue_into_ea
         collector.close()
 
 
-def _fetch_add_with_wrong_key(tables, structure, queue: int = 0):
+def _fetch_add_with_wrong_key(tables, structure, queue: int = 0, sent: int = 0):
+    """A Fetch&Add after `sent` others, with a wrong R_Key: the collector's queue pair goes to ERROR."""
     qp = structure.qps[queue]
     ends = UdpEndpoints(tables.mac, qp.collector_mac, tables.ip, qp.collector_ip, 49152, ROCE_PORT)
     atomic = {"atomic_eth": {"va": qp.base_va, "rkey": qp.rkey ^ 1, "swap_add": 1}}
-    return build_roce_frame(ends, transport_payload(RoceOpcode.RC_FETCH_ADD, qp.remote_qpn, qp.start_psn, atomic))
+    return build_roce_frame(ends, transport_payload(RoceOpcode.RC_FETCH_ADD, qp.remote_qpn, qp.start_psn + sent,
+                                                    atomic))
 
 
 def test_wrong_token_and_missing_collector_are_clear_errors(tmp_path):
@@ -800,8 +829,7 @@ def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
         assert writer.write(qp, 40, wait_s=5) == 40
         collector = _start_collector(tmp_path / "collector.toml", collector_ns.name)
         adopted = writer.connect()
-        if adopted != qp:  # a new queue pair starts over at its advertised PSN
-            writer.psn = adopted["start_psn"]
+        writer.psn = adopted["start_psn"]  # as a translator adopts it
         assert writer.write(adopted, 40, wait_s=5) == 40
         collector.send_signal(signal.SIGTERM)
         assert collector.wait(20) == 0, collector.stderr.read()
@@ -810,7 +838,9 @@ def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
         lost = [offset for offset, payload in writer.acknowledged.items()
                 if memory[offset:offset + len(payload)] != payload]
         assert len(writer.acknowledged) >= 80 and not lost, f"{len(lost)} acknowledged writes lost"
-        assert adopted == qp, "the restarted collector took over the queue pair, its R_Key and its PSN"
+        assert {**adopted, "start_psn": qp["start_psn"]} == qp, "the restarted collector took over the queue pair " \
+            "and its R_Key"
+        assert adopted["start_psn"] == 80, "it advertises the PSN its queue pair expects now"
         assert not pins.exists(), "a clean stop removes the pins"
     finally:
         if collector is not None:
