@@ -103,6 +103,31 @@ def postcarding_wrong_output_bound(
     return _wrong_output_bound(alpha, n, _postcard_chunk_collision(hops, value_set_size, b))
 
 
+def expected_success(chances: Sequence[float]) -> tuple[float, float]:
+    """The expected fraction of queries answered right, and its standard deviation, when query i is right with
+    chance chances[i]. Taking queries as independent, the count right is Poisson-binomial: mean sum(p), variance
+    sum(p (1 - p)). This is the spread a measured fraction has around its expectation; it is not a bound."""
+    p = np.asarray(chances, dtype=np.float64)
+    if p.size == 0 or ((p < 0) | (p > 1)).any():
+        raise ValueError("need at least one chance, each in [0, 1]")
+    return float(p.mean()), float(np.sqrt(np.sum(p * (1 - p))) / p.size)
+
+
+def keywrite_success_chances(later_loads: Sequence[float], n: int, b: int = 32) -> list[float]:
+    """Each Key-Write query's chance of the right answer, alpha being the load written after its key:
+    1 - the empty-return and wrong-output terms. Those over-count only by terms of order 2^-b, so this is the chance
+    itself under the Poisson model, to within 2^-b."""
+    return [1.0 - keywrite_empty_return_bound(alpha, n, b) - keywrite_wrong_output_bound(alpha, n, b)
+            for alpha in later_loads]
+
+
+def postcarding_success_chances(later_loads: Sequence[float], n: int, hops: int, value_set_size: int,
+                                b: int = 32) -> list[float]:
+    """Each Postcarding query's chance of decoding its path, as keywrite_success_chances."""
+    return [1.0 - postcarding_empty_return_bound(alpha, n, hops, value_set_size, b)
+            - postcarding_wrong_output_bound(alpha, n, hops, value_set_size, b) for alpha in later_loads]
+
+
 def simulate_keywrite(
     slots: int,
     alpha: float,

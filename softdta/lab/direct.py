@@ -21,7 +21,7 @@ from softdta.collector.collector import Collector, tables_document
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import QUEUE_QPN_STRIDE
 from softdta.collector.xdp_backend import XdpBackend
-from softdta.core.analysis import keywrite_empty_return_bound
+from softdta.core.analysis import expected_success, keywrite_success_chances
 from softdta.core.generator import plan
 from softdta.core.query import keywrite_query
 from softdta.core.tables import Tables
@@ -157,8 +157,8 @@ class DirectPath:
 
     def key_write_check(self) -> dict:
         """Every key the generators sent, looked up in the collector's memory: how many give the data of their
-        last report, against the analytical bound at the store's load (N=1; a key loses only to a later key in
-        its slot)."""
+        last report, beside the expected rate and its standard deviation at the store's load (N=1; a key loses only
+        to a later key in its slot)."""
         assert self.collector is not None
         keys, data = [], []
         for generator in self.generators:
@@ -167,7 +167,7 @@ class DirectPath:
                 keys.append(report.key)
                 data.append(report.data)
         if not keys:
-            return {"keys": 0, "correct": 0, "success": 1.0, "bound": 1.0, "load": 0.0}
+            return {"keys": 0, "correct": 0, "success": 1.0, "expected": 1.0, "spread": 0.0, "load": 0.0}
         structure = self.tables.structure(ip_bytes(lab.COLLECTOR_IP), DtaOpcode.KEY_WRITE)
         assert structure is not None
         region = self.collector.structure_region(DtaOpcode.KEY_WRITE, ip_bytes(lab.COLLECTOR_IP))
@@ -176,11 +176,12 @@ class DirectPath:
         expected = np.frombuffer(b"".join(data), np.uint8).reshape(len(keys), DATA_LEN)
         stored = answer.values.view(np.uint8).reshape(len(keys), -1)[:, :DATA_LEN]
         correct = int(np.count_nonzero(answer.found & (stored == expected).all(axis=1)))
-        # keys written later fill the store further: each key's chance is the bound at the load after it
+        # keys written later fill the store further: each key's chance depends on the load after it
         later = np.arange(len(keys) - 1, -1, -1) / structure.slot_count
-        bound = 1 - float(np.mean([keywrite_empty_return_bound(alpha, 1) for alpha in later]))
+        rate, spread = expected_success(keywrite_success_chances(later, 1))
         return {"keys": len(keys), "correct": correct, "success": round(correct / len(keys), 4),
-                "bound": round(bound, 4), "load": round(len(keys) / structure.slot_count, 4)}
+                "expected": round(rate, 4), "spread": round(spread, 4),
+                "load": round(len(keys) / structure.slot_count, 4)}
 
     def close(self) -> None:
         for generator in self.generators:
