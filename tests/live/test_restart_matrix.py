@@ -274,6 +274,10 @@ class Case:
                 ours_now["next_psn"] == entry_now["expected_psn"]
         self.wait_until(revived, "the queue pair re-created and the translator writing at its expected PSN")
         self.log("queue pair re-created; the translator's QP active at the collector's expected PSN")
+        ended = [f"{qpn:#x}" for qpn, entry in self.collector_qps().items() if entry["session"] != "open"]
+        if ended:  # they would be freed RELEASE_GRACE_S later, under a translator still connected
+            self.notes.append(f"after the re-creation the collector counts the translator's session as ended "
+                              f"(queue pairs {', '.join(ended)}), though its control connection is open")
 
     def report_failed(self, local_qpn: int) -> dict:
         """What the translator sends for a failed QP, on a control connection of its own from the translator's
