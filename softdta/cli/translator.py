@@ -186,7 +186,7 @@ def _cm_links(args) -> tuple[TableSource, Tables]:
 def _collector_links(args) -> tuple[TableSource, Tables]:
     """Control links to the collectors and the first tables they advertise."""
     from softdta.collector.control import ControlError, client_tls
-    from softdta.links.control import CollectorLinks
+    from softdta.links.control import CollectorLinks, secrets_file_for
     translator = _translator_section(args.tables)
     addresses = []
     for address in args.collector:
@@ -201,7 +201,8 @@ def _collector_links(args) -> tuple[TableSource, Tables]:
         tls = client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
     except ControlError as error:
         raise CliError(f"--collector-ca/--collector-cert/--collector-key: {error}") from None
-    links = CollectorLinks(translator, addresses, args.token, tls=tls, queues=_rx_queues_of(args))
+    links = CollectorLinks(translator, addresses, args.token, tls=tls, queues=_rx_queues_of(args),
+                           secrets_file=secrets_file_for(Path(args.pin)))
     try:
         return links, links.start()
     except ControlError as error:
@@ -259,7 +260,9 @@ def _translator_down(args) -> int:
         except BpfError as error:
             raise CliError(str(error)) from None
     if args.forget:
+        from softdta.links.control import secrets_file_for
         shutil.rmtree(args.pin, ignore_errors=True)
+        secrets_file_for(Path(args.pin)).unlink(missing_ok=True)  # the collectors' queue pairs go with the state
     print(f"detached from {', '.join(args.interface) or 'no interface'}"
           + (f"; removed {args.pin}" if args.forget else ""))
     return 0

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
+import re
 import ssl
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from softdta.collector.collector import tables_document
 from softdta.collector.control import (
@@ -20,6 +23,14 @@ from softdta.collector.control import (
 )
 from softdta.core.tables import Tables
 
+SECRETS_ROOT = Path("/run/softdta-translator")  # bpffs holds no regular files: the secrets kept for a pin dir
+
+
+def secrets_file_for(pin_dir: Path) -> Path:
+    """Where `softdta translator up --pin PIN` keeps its control sessions' secrets: a translator restarted on the
+    state in PIN reclaims its queue pairs with them; `translator down --forget` removes both."""
+    return SECRETS_ROOT / f"{re.sub(r'[^A-Za-z0-9_-]', '_', str(pin_dir.absolute()).strip('/'))}.json"
+
 
 class CollectorLinks:
     """The translator's side: a control connection to each collector, kept open and re-established, whose
@@ -30,11 +41,13 @@ class CollectorLinks:
     `report_failures` tells it how to find the translator's failed QPs (local QPNs): it reports each to its
     collector, which re-creates its end and advertises it again; `report_psns`, how to read the PSN each QP sends
     next, which a queue pair the collector makes anew starts at. `queues`: the translator's RX queues; it asks
-    for a queue pair per queue into each structure.
+    for a queue pair per queue into each structure. `secrets_file`: where the sessions' secrets are kept, so that
+    the next process reclaims these queue pairs (else they live as long as this object).
     """
 
     def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
-                 keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1):
+                 keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1,
+                 secrets_file: Path | None = None):
         self.translator, self.collectors, self.token, self.tls = translator, collectors, token, tls
         self.first_qpn, self.keepalive_s, self.queues = first_qpn, keepalive_s, queues
         self.failed_qpns: Callable[[], set[int]] = set
@@ -42,7 +55,8 @@ class CollectorLinks:
         self.updates: queue.Queue[Tables] = queue.Queue()
         # address -> (collector, adverts by our QPN: one per structure and RX queue)
         self._state: dict[tuple[str, int], tuple[dict, dict[int, dict]]] = {}
-        self._secrets: dict[tuple[str, int], str] = {}  # address -> our session's secret: a reconnect reclaims our QPs
+        self.secrets_file = secrets_file
+        self._secrets = self._kept_secrets()  # address -> our session's secret: a reconnect reclaims our QPs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="softdta-control", daemon=True)
         self._first = threading.Event()
@@ -87,6 +101,27 @@ class CollectorLinks:
                 document[key] += part[key]
         return document
 
+    def _kept_secrets(self) -> dict[tuple[str, int], str]:
+        try:
+            kept = json.loads(self.secrets_file.read_text()) if self.secrets_file else {}
+        except (OSError, ValueError):
+            return {}  # none kept, or unreadable: new queue pairs, and the old ones are freed after the grace period
+        return {(host, int(port)): secret for address, secret in kept.items() if isinstance(secret, str)
+                for host, _, port in [address.rpartition(":")] if port.isdigit()}
+
+    def _keep_secrets(self) -> None:
+        if self.secrets_file is None:
+            return
+        partial = self.secrets_file.with_suffix(".partial")
+        try:
+            self.secrets_file.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({f"{host}:{port}": secret for (host, port), secret in self._secrets.items()}))
+            partial.chmod(0o600)
+            partial.replace(self.secrets_file)
+        except OSError as error:  # the translator runs on; only a restart of it gets new queue pairs
+            print(f"softdta: cannot keep the collectors' secrets in {self.secrets_file} ({error.strerror}); a "
+                  "restarted translator gets new queue pairs", flush=True)
+
     def _local_qpn(self, collector_index: int, position: int) -> int:
         return self.first_qpn + 0x100 * collector_index + position
 
@@ -95,6 +130,7 @@ class CollectorLinks:
             *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls,
             queues=self.queues, secret=self._secrets.get(address), psns=self.next_psns())
         self._state[address] = (collector, {advert["qp"]["local_qpn"]: advert for advert in adverts})
+        self._keep_secrets()
         return reader, writer
 
     async def _connect(self, index: int, address: tuple[str, int]) -> None:

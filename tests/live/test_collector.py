@@ -33,7 +33,7 @@ from softdta.engines.python import STEER_SOURCE
 from softdta.engines.xdp import build_object
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.links.control import CollectorLinks
+from softdta.links.control import CollectorLinks, secrets_file_for
 from softdta.spec import ACK_SYNDROME, MAX_REDUNDANCY, ROCE_PORT, DtaOpcode, KeyHash, ResponderCounter, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.codec import WireError
@@ -583,6 +583,35 @@ def test_a_translator_reclaims_its_queue_pairs_with_its_secret_and_only_with_it(
         assert not set(collector.released) & qpns(first)
         asyncio.run_coroutine_threadsafe(_close(taking_over.writer), server.loop).result(5)
     finally:
+        server.close()
+        collector.close()
+
+
+def test_a_restarted_translator_reclaims_its_queue_pairs_with_the_secrets_it_kept(tmp_path):
+    """`translator up` keeps its sessions' secrets beside its pinned state: the next process reclaims the queue
+    pairs; one without them gets new ones, and `translator down --forget` drops them with the state."""
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+    pin = tmp_path / "pins"
+    kept = secrets_file_for(pin)
+    collectors = [("127.0.0.1", server.port)]
+    try:
+        first = CollectorLinks(TRANSLATOR, collectors, TOKEN, keepalive_s=0.5, secrets_file=kept)
+        qpns = [qp.remote_qpn for qp in first.start(timeout=5).qps]
+        first.close()
+        assert kept.stat().st_mode & 0o777 == 0o600
+        restarted = CollectorLinks(TRANSLATOR, collectors, TOKEN, keepalive_s=0.5, secrets_file=kept)
+        assert [qp.remote_qpn for qp in restarted.start(timeout=5).qps] == qpns
+        restarted.close()
+        forgetful = CollectorLinks(TRANSLATOR, collectors, TOKEN, keepalive_s=0.5)
+        assert not {qp.remote_qpn for qp in forgetful.start(timeout=5).qps} & set(qpns)
+        forgetful.close()
+        down = subprocess.run([sys.executable, "-m", "softdta.cli", "translator", "down", "--pin", str(pin),
+                               "--forget"], capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not kept.exists()
+    finally:
+        kept.unlink(missing_ok=True)
         server.close()
         collector.close()
 
