@@ -6,6 +6,8 @@ the queue pair (key and data sizes, hash, hops, sketch shape, Append rings), so 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,8 @@ COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "data_dir", "toke
 STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
                   "reporters", "merge", "batch", "transport", "redundancy")
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
+NAME_LIMIT = 64  # the name is part of the pin directory's and of every queue pair's name
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass
@@ -148,10 +152,21 @@ class CollectorConfig:
     append: list[AppendSpec] = field(default_factory=list)
 
     def validate(self) -> None:
+        if len(self.name) > NAME_LIMIT or not NAME_PATTERN.fullmatch(self.name):
+            shown = self.name if len(self.name) <= 40 else f"{self.name[:40]}... ({len(self.name)} characters)"
+            raise TableError(f"collector: name {shown!r} must be 1 to {NAME_LIMIT} letters, digits, '_', '-' or '.', "
+                             "starting with a letter or digit")
         if self.backend not in BACKENDS:
             raise TableError(f"collector: backend {self.backend!r} must be one of {list(BACKENDS)}")
         if len(self.ip) != 4:
             raise TableError("collector: ip must be an IPv4 address (RoCEv2 over IPv4)")
+        address = ipaddress.IPv4Address(self.ip)
+        if address.is_multicast or address.is_unspecified or address.is_reserved or address.is_loopback:
+            raise TableError(f"collector: ip {address} is a multicast, broadcast, loopback or unspecified address; "
+                             "give the collector's own unicast address on the RoCE network")
+        if len(self.mac) != 6 or self.mac[0] & 1 or not any(self.mac):
+            raise TableError(f"collector: mac {self.mac.hex(':')} is a multicast, broadcast or all-zero address; "
+                             "give the collector's own unicast MAC (the first octet even), e.g. 02:5d:7a:00:01:01")
         if isinstance(self.max_qps, bool) or not isinstance(self.max_qps, int) or \
                 not 1 <= self.max_qps <= MAX_QPS_LIMIT:
             raise TableError(f"collector: max_qps {self.max_qps!r} must be a whole number from 1 to {MAX_QPS_LIMIT} "
@@ -164,6 +179,15 @@ class CollectorConfig:
             seen.add(structure.primitive)
         for lists in self.append:
             lists.validate()
+        if not self.structures and not self.append:
+            raise TableError("collector: it hosts no structure; add a [[structures]] or an [[append]] table "
+                             "(see examples/collector.toml)")
+        ranges = sorted(self.append, key=lambda lists: lists.first_list)
+        for lower, upper in zip(ranges, ranges[1:]):
+            if upper.first_list < lower.first_list + lower.lists:
+                raise TableError(f"collector: the [[append]] ranges from first_list {lower.first_list} "
+                                 f"({lower.lists} lists) and from first_list {upper.first_list} overlap; give each "
+                                 f"range its own list ids (first_list {lower.first_list + lower.lists} or more)")
 
     def regions(self) -> list[StructureSpec | AppendSpec]:
         return [*self.structures, *self.append]

@@ -43,6 +43,18 @@ def edited(text: str, pattern: str, replacement: str) -> str:
     (r"^max_qps = .*$|^query_port = 8040$", "query_port = 8040\nmax_qps = 0", "max_qps = 0"),
     (r"^query_port = 8040$", 'query_port = 8040\ntls_cert = "nope.pem"', "tls_cert"),
     (r"^query_port = 8040$", 'query_port = 8040\ntls_cert = "collector.toml"', "needs both tls_cert and tls_key"),
+    (r"^batch = 4 *$", "batch = 4\n[[append]]\nfirst_list = 0\nlists = 8\nentries = 16",
+     "from first_list 0 (64 lists) and from first_list 0 overlap; give each range its own list ids (first_list 64"),
+    (r"^batch = 4 *$", "batch = 4\n[[append]]\nfirst_list = 63\nlists = 8\nentries = 16",
+     "from first_list 0 (64 lists) and from first_list 63 overlap"),
+    (r"^\[\[structures\]\](.|\n)*", "", "it hosts no structure; add a [[structures]] or an [[append]] table"),
+    (r'^name = "c1"$', f'name = "{"c" * 300}"', "(300 characters)' must be 1 to 64 letters, digits"),
+    (r'^name = "c1"$', 'name = "c1/../x"', "name 'c1/../x' must be 1 to 64 letters, digits"),
+    (r'^ip = .*$', 'ip = "255.255.255.255"', "ip 255.255.255.255 is a multicast, broadcast, loopback"),
+    (r'^ip = .*$', 'ip = "224.0.0.1"', "ip 224.0.0.1 is a multicast, broadcast, loopback"),
+    (r'^ip = .*$', 'ip = "0.0.0.0"', "ip 0.0.0.0 is a multicast"),
+    (r'^mac = .*$', 'mac = "ff:ff:ff:ff:ff:ff"', "mac ff:ff:ff:ff:ff:ff is a multicast, broadcast or all-zero"),
+    (r'^mac = .*$', 'mac = "01:00:5e:00:00:01"', "the first octet even"),
 ])
 def test_collector_configuration_errors(tmp_path, pattern, replacement, words):
     (tmp_path / "collector.toml").write_text(edited(COLLECTOR, pattern, replacement))
