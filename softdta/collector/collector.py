@@ -183,17 +183,22 @@ class Collector:
     def _owners_path(self) -> Path | None:
         return None if self.config.data_dir is None else self.config.data_dir / OWNERS_FILE
 
-    def recreate(self, session: Session, structure: str, translator_qpn: int | None = None) -> dict:
+    def recreate(self, session: Session, structure: str, translator_qpn: int | None = None
+                 ) -> tuple[Session | None, dict]:
         """The session's translator reports that its queue pair into `structure` (the one of its QP
         `translator_qpn`, else the first) failed (a fatal NAK, real or forged, that this end may never have sent):
-        re-create this end and return the advertisement that replaces the old. Only a queue pair the session
-        holds."""
+        re-create this end. Only a queue pair the session holds, or one held under its secret (the same
+        translator on another connection), which stays where it is held. Returns (the session holding it, None
+        if none does; the advertisement that replaces the old)."""
+        digest = _digest(session.secret)
         for qpn, (name, peer, _) in self.connections.items():
-            if name == structure and self.owners.get(qpn) is session and translator_qpn in (None, peer.qpn):
+            if name == structure and translator_qpn in (None, peer.qpn) and (self.owners.get(qpn) is session or (
+                    peer.ip == session.ip and self.secrets.get(qpn) == digest)):
                 qp = self.backend.reconnect(qpn)
                 self._renumber(qpn, qp, structure, peer)
-                return self.advertisement(structure, qp, peer)
-        raise BackendError(f"this session holds no queue pair into {structure!r}; connect first")
+                return self.owners.get(qp.qpn), self.advertisement(structure, qp, peer)
+        raise BackendError(f"this session holds no queue pair into {structure!r}; connect first, or say hello "
+                           "with the secret of the session that does")
 
     def repair(self, now: float | None = None) -> list[tuple[Session | None, dict]]:
         """Frees queue pairs released more than RELEASE_GRACE_S ago, and re-creates those in ERROR: (the session

@@ -168,7 +168,7 @@ class ControlServer:
                 elif message["type"] == "connect":
                     reply = self._connect(message, session)
                 elif message["type"] == "failed":
-                    reply = self._failed(message, session)
+                    reply = await self._failed(message, session)
                 else:
                     reply = {"type": "error", "error": f"unknown message type {message['type']!r}; "
                                                       "expected connect, failed or ping"}
@@ -236,26 +236,33 @@ class ControlServer:
             return {"type": "error", "error": str(error)}
         return {"type": "advertise", **advert}
 
-    def _failed(self, message: dict, session: Session) -> dict:
+    async def _failed(self, message: dict, session: Session) -> dict:
         structure, qpn = message.get("structure"), message.get("qpn")
         if not isinstance(structure, str) or not (qpn is None or type(qpn) is int):
             return {"type": "error", "error": "failed needs the structure whose queue pair failed, and the "
                                               "translator's qpn of it when it has several"}
         try:
-            return {"type": "advertise", **self.collector.recreate(session, structure, qpn)}
+            holder, advert = self.collector.recreate(session, structure, qpn)
         except BackendError as error:
             return {"type": "error", "error": str(error)}
+        if holder is not session:
+            await self._advertise(holder, advert)
+        return {"type": "advertise", **advert}
+
+    async def _advertise(self, holder: Session | None, advert: dict) -> None:
+        """Tell the session holding a queue pair of its new advertisement, if it is open."""
+        writer = self.sessions.get(holder) if holder is not None else None
+        if writer is not None and not writer.is_closing():
+            try:
+                await send(writer, {"type": "advertise", **advert})
+            except ConnectionError:
+                pass  # its session ends and releases the queue pair
 
     async def repair_forever(self) -> None:
         while True:
             await asyncio.sleep(self.keepalive_s / 5)
-            for owner, advert in self.collector.repair():
-                writer = self.sessions.get(owner) if owner is not None else None
-                if writer is not None and not writer.is_closing():
-                    try:
-                        await send(writer, {"type": "advertise", **advert})
-                    except ConnectionError:
-                        pass  # its session ends and releases the queue pair
+            for holder, advert in self.collector.repair():
+                await self._advertise(holder, advert)
 
 
 class Advertised(NamedTuple):

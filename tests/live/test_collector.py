@@ -213,8 +213,8 @@ def test_a_translator_with_several_rx_queues_gets_a_queue_pair_per_queue_into_ea
         # the translator reports queue 1's QP failed: the collector re-creates that one, named by our QPN
         recreated = []
         recreate = collector.recreate
-        collector.recreate = lambda ip, structure, qpn=None: recreated.append((structure, qpn)) or \
-            recreate(ip, structure, qpn)
+        collector.recreate = lambda session, structure, qpn=None: recreated.append((structure, qpn)) or \
+            recreate(session, structure, qpn)
         links.report_failures(lambda: {ki.qps[1].local_qpn})
         updated = links.updates.get(timeout=5)
         assert recreated == [("key-increment", ki.qps[1].local_qpn)]
@@ -582,6 +582,39 @@ def test_a_translator_reclaims_its_queue_pairs_with_its_secret_and_only_with_it(
         assert set(collector.connections) == qpns(first), "the stranger's went after the grace period"
         assert not set(collector.released) & qpns(first)
         asyncio.run_coroutine_threadsafe(_close(taking_over.writer), server.loop).result(5)
+    finally:
+        server.close()
+        collector.close()
+
+
+def test_the_same_translator_on_another_connection_may_report_a_failure_and_the_holder_hears_of_it(tmp_path):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+
+    def on_loop(coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, server.loop).result(15)
+
+    async def report_failed(secret: str) -> dict:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        await send(writer, {**json.loads(_hello()), "secret": secret})
+        assert (await receive(reader, 5))["type"] == "welcome"
+        await send(writer, {"type": "failed", "structure": "key-write", "qpn": 0x1000})
+        reply = await receive(reader, 5)
+        writer.close()
+        return reply
+
+    try:
+        holder = on_loop(fetch_advertisements("127.0.0.1", server.port, TOKEN, TRANSLATOR,
+                                              {"key-write": (0x1000, 0)}, timeout=5))
+        assert "holds no queue pair into 'key-write'" in on_loop(report_failed("a guess"))["error"]
+        reply = on_loop(report_failed(holder.secret))
+        assert reply["type"] == "advertise" and reply["qp"] == holder.adverts[0]["qp"]
+        assert on_loop(receive(holder.reader, 5)) == reply, "the session holding the queue pair hears of it"
+        deadline = time.monotonic() + 10
+        while len(server.control.sessions) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.control.sessions) == 1 and not collector.released, "the holder still holds it"
+        on_loop(_close(holder.writer))
     finally:
         server.close()
         collector.close()
