@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import signal
 import sys
+from pathlib import Path
 
 from softdta.collector import service
 from softdta.collector.backend import Backend
 from softdta.collector.collector import Collector
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
-from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
+from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
 from softdta.errors import SoftdtaError
 from softdta.wire.frames import ip_str
 
@@ -20,11 +22,11 @@ CHECKPOINT_S = 60.0
 COMPLETION_POLL_S = 0.002  # 1024 receives per verbs QP run out within 2 ms only above 500k immediates/s
 
 
-def make_backend(config: CollectorConfig) -> Backend:
+def make_backend(config: CollectorConfig, pin_dir: Path | None) -> Backend:
     if config.backend == "verbs":
         from softdta.collector.verbs import VerbsBackend
         return VerbsBackend(data_dir=config.data_dir)
-    return XdpBackend.for_config(config, pin_dir=pin_dir_for(config.name, config.ip))
+    return XdpBackend.for_config(config, pin_dir=pin_dir)
 
 
 def raise_descriptor_limit() -> None:
@@ -38,14 +40,21 @@ class StartError(SoftdtaError, RuntimeError):
     """The collector cannot start as configured; the message names the setting and the fix."""
 
 
+def ignore_hangup(*_) -> None:
+    print("softdta: SIGHUP ignored: the collector reloads nothing; restart it to apply a changed configuration",
+          file=sys.stderr, flush=True)
+
+
 async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
                           ready=print) -> None:
-    """Serve until SIGINT or SIGTERM; region files are saved every CHECKPOINT_S seconds (and at close)."""
+    """Serve until SIGINT or SIGTERM; region files are saved every CHECKPOINT_S seconds (and at close). A
+    StartError is raised before `ready` only."""
     config = collector.config
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, ignore_hangup)
     try:
         tls = server_tls(str(config.tls_cert), str(config.tls_key),
                          str(config.tls_client_ca) if config.tls_client_ca else None) if config.tls_cert else None
@@ -90,13 +99,47 @@ async def poll_completions(collector: Collector, stop: asyncio.Event) -> None:
 
 
 def run(config: CollectorConfig, **options) -> None:
-    """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop."""
+    """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop.
+
+    The xdp backend's pin directory is locked first, so a second collector of the same configuration touches
+    nothing of the first one's. A start that fails leaves no program attached and nothing pinned (`discard`),
+    unless it adopted a killed collector's memory."""
     import uvloop
+    signal.signal(signal.SIGHUP, ignore_hangup)  # from the start: the default action would kill mid-load
     raise_descriptor_limit()
-    collector = Collector(config, make_backend(config))
+    pin_dir = pin_dir_for(config.name, config.ip) if config.backend == "xdp" else None
+    lock = lock_pin_dir(pin_dir) if pin_dir is not None else None
     try:
-        # not uvloop.install(): pyroute2 (detaching XDP at close) needs a standard loop, which it makes itself
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve_collector(collector, **options))
-    finally:
+        backend = make_backend(config, pin_dir)
+        try:
+            collector = Collector(config, backend)
+        except BaseException:
+            _discard(backend)
+            raise
+        started = False
+
+        def ready(*args, **kwargs) -> None:
+            nonlocal started
+            started = True
+            options.get("ready", print)(*args, **kwargs)
+
+        try:
+            # not uvloop.install(): pyroute2 (detaching XDP at close) needs a standard loop, which it makes itself
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(serve_collector(collector, **{**options, "ready": ready}))
+        except BaseException:
+            if not started:
+                _discard(backend)
+                raise
+            collector.close()
+            raise
+        signal.signal(signal.SIGHUP, ignore_hangup)  # closing the loop restored the default action
         collector.close()
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _discard(backend: Backend) -> None:
+    """Undo a start that failed, where the backend can (the xdp backend's pins); else a plain close."""
+    getattr(backend, "discard", backend.close)()

@@ -8,13 +8,17 @@ With a pin directory (`softdta collector up` pins under /sys/fs/bpf/softdta-coll
 queue-pair tables and the counters outlive the process. A collector killed with kill -9 leaves its program
 attached, still executing and acknowledging writes into the pinned arena; the next collector of the same
 configuration adopts that arena and its queue pairs instead of loading the (older) region files, so no
-acknowledged write is lost. A clean stop saves the regions and removes the pins.
+acknowledged write is lost. A clean stop saves the regions and removes the pins; a start that fails removes
+what it pinned (`discard`). One collector at a time owns a pin directory (`lock_pin_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import re
 import secrets
 from pathlib import Path
@@ -34,6 +38,7 @@ BASE_VA = 0x7F00_0000_0000
 FIRST_QPN = 0x100
 QPN_LIMIT = 1 << 24
 PIN_ROOT = Path("/sys/fs/bpf/softdta-collector")
+LOCK_ROOT = Path("/run/softdta-collector")  # bpffs holds no regular files: the pin directories' locks live here
 
 
 class XdpBackend:
@@ -53,9 +58,16 @@ class XdpBackend:
                 ensure_bpffs()
             self.responder = XdpResponder(mac, ip, arena_bytes=arena, qp_capacity=qp_capacity, pin_dir=pin_dir,
                                           layout=int.from_bytes(layout, "little"))
+        except (EngineError, BpfError) as error:
+            if pin_dir is not None and not (pin_dir / "arena").exists():
+                with contextlib.suppress(OSError):
+                    pin_dir.rmdir()  # made for the load that failed
+            raise BackendError(str(error)) from None
+        try:
             if interface:
                 self.responder.attach(interface)
         except (EngineError, BpfError) as error:
+            self.discard()
             raise BackendError(str(error)) from None
         self.data_dir = data_dir
         self.capacity = qp_capacity
@@ -63,7 +75,9 @@ class XdpBackend:
         self.rings: dict[str, tuple[int, int]] = {}  # region -> (bytes of one ring, its first ring_writes index)
         self.qps: dict[int, tuple[Region, Transport, Peer]] = {}
         self._adopted = self.responder.qp_entries() if self.responder.adopted else {}
-        self._next_qpn = max(self._adopted, default=FIRST_QPN - 1) + 1
+        # a fresh start numbers its queue pairs from a random QPN, as an RDMA device does not hand a restarted
+        # process the numbers of its last run: a translator sees a new queue pair, not an old one gone back in PSN
+        self._next_qpn = max(self._adopted) + 1 if self._adopted else FIRST_QPN + secrets.randbelow(QPN_LIMIT // 2)
 
     @classmethod
     def for_config(cls, config, pin_dir: Path | None = None) -> XdpBackend:
@@ -171,20 +185,45 @@ class XdpBackend:
         return {counter.name.lower(): value for counter, value in self.responder.counters().items()}
 
     def checkpoint(self) -> None:
-        """Save every region to its file (atomically), if the backend has a data directory."""
+        """Save every region to its file (atomically), if the backend has a data directory. A save that fails
+        (a full or read-only disk) raises OSError and leaves the files as they were, with no partial one."""
         for name, (region, _) in self.regions.items():
             saved = self._saved(name)
             if saved is not None:
                 partial = saved.with_suffix(".partial")
-                region.view.tofile(partial)
-                partial.replace(saved)
+                try:
+                    partial.write_bytes(region.view)  # not ndarray.tofile, whose error on a full disk has no errno
+                    partial.replace(saved)
+                except OSError:
+                    with contextlib.suppress(OSError):  # a read-only file system refuses even this
+                        partial.unlink(missing_ok=True)
+                    raise
 
     def close(self) -> None:
         """A clean stop: detach (no more writes), save the regions, then unpin, so the next start restores the
-        files. If the save fails, the pins stay and the next start adopts the memory."""
+        files. If the save fails, the pins stay, the next start adopts the memory, and BackendError says so."""
         self.responder.detach()
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except OSError as error:
+            self.responder.close()
+            kept = (f"the memory stays pinned in {self.responder.pin_dir} and the next start adopts it, so no write "
+                    "is lost" if self.responder.pin_dir else "what was written since the last save is lost")
+            raise BackendError(f"saving the regions to {self.data_dir} failed ({error.strerror or error}): {kept}; "
+                               "make data_dir writable (or free space on it), then start the collector again and "
+                               "stop it") from None
         self.responder.unpin()
+        self.responder.close()
+
+    def discard(self) -> None:
+        """A start that failed. Fresh memory goes unsaved with its pins and program: no queue pair was ever
+        advertised into it, so nothing was acknowledged. Adopted memory, a killed collector's, is left as found:
+        pinned, and served by the attached program (the same maps), since it holds acknowledged writes."""
+        if self.responder.adopted:
+            self.responder.attached.clear()
+        else:
+            self.responder.detach()
+            self.responder.unpin()
         self.responder.close()
 
     def _saved(self, name: str) -> Path | None:
@@ -198,6 +237,24 @@ def pin_dir_for(name: str, ip: bytes) -> Path:
     """Where `softdta collector up` pins a collector's maps: one directory per collector name and IP (bpffs
     refuses names with dots)."""
     return PIN_ROOT / f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)}-{'-'.join(map(str, ip))}"
+
+
+def lock_pin_dir(pin_dir: Path) -> int:
+    """Make this process the only collector on `pin_dir` for as long as it lives (or until the returned file
+    descriptor is closed): an flock on LOCK_ROOT/<its name>.lock, which holds the owner's pid. A second collector
+    of the same configuration is refused before it touches the first one's program or pins."""
+    LOCK_ROOT.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCK_ROOT / f"{pin_dir.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise BackendError(f"a collector of this name and IP is already running (pid {owner}, pins in {pin_dir}); "
+                           "stop it first, or give this one another [collector] name or ip") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def arena_bytes_for(lengths: list[int]) -> int:
