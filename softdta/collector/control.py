@@ -261,7 +261,12 @@ class ControlServer:
     async def repair_forever(self) -> None:
         while True:
             await asyncio.sleep(self.keepalive_s / 5)
-            for holder, advert in self.collector.repair():
+            try:
+                repaired = self.collector.repair()
+            except BackendError as error:  # data_dir unwritable: the loop carries on, and says so each pass
+                print(f"softdta: repair: {error}", file=sys.stderr, flush=True)
+                continue
+            for holder, advert in repaired:
                 await self._advertise(holder, advert)
 
 

@@ -620,6 +620,48 @@ def test_the_same_translator_on_another_connection_may_report_a_failure_and_the_
         collector.close()
 
 
+def test_an_unwritable_owners_file_refuses_new_queue_pairs_in_one_line_and_the_repair_loop_carries_on(tmp_path,
+                                                                                                       capfd):
+    collector = open_collector(small_config(tmp_path))
+    server = ServerThread(collector)
+    blocker = collector.config.data_dir / "queue-pairs.partial"  # a directory where the owners file is written
+
+    def on_loop(coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, server.loop).result(15)
+
+    def ask(translator: dict, qpn: int):
+        return on_loop(fetch_advertisements("127.0.0.1", server.port, TOKEN, translator,
+                                            {"key-increment": (qpn, 0)}, timeout=5))
+
+    try:
+        first = ask(_translator(1), 0x1000)
+        blocker.mkdir()
+        with pytest.raises(ControlError, match="cannot save the queue pairs' owners to .*make data_dir writable"):
+            ask(_translator(2), 0x2000)
+        assert set(collector.backend.qps) == {first.adverts[0]["qp"]["remote_qpn"]}, "the refused one is undone"
+        # the first translator leaves and its grace period is over: freeing it cannot be saved, and is logged
+        on_loop(_close(first.writer))
+        _wait_released(collector, set(collector.backend.qps))
+        for qpn in collector.released:
+            collector.released[qpn] -= RELEASE_GRACE_S
+        deadline = time.monotonic() + 10
+        while collector.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not collector.connections
+        # the repair loop still runs: a queue pair put into ERROR is re-created and advertised
+        blocker.rmdir()
+        second = ask(_translator(2), 0x2000)
+        assert collector.backend.responder.process(
+            _fetch_add_to(collector.config, _translator(2), second.adverts[0]["qp"], rkey_flip=1)).replies
+        assert on_loop(receive(second.reader, 10))["type"] == "advertise"
+        on_loop(_close(second.writer))
+    finally:
+        server.close()
+        collector.close()
+    err = capfd.readouterr().err
+    assert "softdta: repair: cannot save the queue pairs' owners" in err and "Traceback" not in err
+
+
 def test_a_restarted_translator_reclaims_its_queue_pairs_with_the_secrets_it_kept(tmp_path):
     """`translator up` keeps its sessions' secrets beside its pinned state: the next process reclaims the queue
     pairs; one without them gets new ones, and `translator down --forget` drops them with the state."""
