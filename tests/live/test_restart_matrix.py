@@ -53,7 +53,7 @@ SOFTDTA = [sys.executable, "-m", "softdta.cli"]
 LOST_WRITE_COUNTERS = ("nak_lost_writes", "drop_grace", "drop_qp_failed")
 RESTARTS = ("collector-sigterm", "collector-kill9", "second-collector", "translator-sigterm", "translator-kill9",
             "translator-down-forget")
-START_S, WRITES_S = 30.0, 10.0
+START_S, WRITES_S, SETTLE_S = 30.0, 10.0, 3.0
 
 
 def distinct_slot_keys(count: int) -> list[int]:
@@ -200,6 +200,22 @@ class Case:
         return bool(qps) and all(entry["session"] == "open" for entry in qps.values()) and ours is not None \
             and ours["state"] == "active"
 
+    def reconnected(self) -> None:
+        """Waits for the translator to hold its queue pairs again; on RC, also for it to write at the PSN the
+        collector expects (it has applied the advertisements), for a while: a translator that never gets there
+        goes on to the writes, whose fate the verdict judges."""
+        self.wait_until(self.connected, "the translator back with its queue pairs", START_S)
+        if self.transport == "rc":
+            def in_step() -> bool:
+                _, entry, ours = self.key_write_qps()
+                return ours is not None and ours["next_psn"] == entry["expected_psn"]
+            try:
+                self.wait_until(in_step, "the PSNs in step", SETTLE_S)
+            except AssertionError:
+                _, entry, ours = self.key_write_qps()
+                self.log(f"the translator writes at PSN {ours and ours['next_psn']}, the collector expects "
+                         f"{entry['expected_psn']}")
+
     # writes
 
     def write(self, batch: str, items: dict[int, int]) -> None:
@@ -304,7 +320,7 @@ class Case:
             if self.restart == "collector-sigterm" and code != 0:
                 self.notes.append(f"the collector exited with {code} on SIGTERM")
             self.collector_up("collector-2")
-            self.wait_until(self.connected, "the translator back with its queue pairs", START_S)
+            self.reconnected()
         elif self.restart == "second-collector":
             second = self.start_collector("collector-second")
             code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
@@ -328,7 +344,7 @@ class Case:
                 if down.returncode or self.pin.exists():
                     raise AssertionError(f"translator down --forget: {down.returncode} {down.stderr.strip()}")
             self.translator_up("translator-2")
-            self.wait_until(self.connected, "the translator back with its queue pairs", START_S)
+            self.reconnected()
         self.log("restarted")
 
     # the verdict
