@@ -32,6 +32,7 @@ from softdta.engines.python import engine_stats
 from softdta.errors import SoftdtaError
 from softdta.kernel.bpf import ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.links.control import secrets_file_for
 from softdta.spec import ROCE_PORT, KeyHash, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
@@ -88,6 +89,7 @@ class Case:
     latest: dict[int, int] = field(default_factory=dict)  # key -> the value of its last write
     acknowledged: dict[int, int] = field(default_factory=dict)  # key -> value, executed before the restart
     notes: list[str] = field(default_factory=list)
+    state: list[str] = field(default_factory=list)  # what the processes said at the end (snapshot)
     started: float = field(default_factory=time.monotonic)
 
     def log(self, text: str) -> None:
@@ -173,18 +175,21 @@ class Case:
                 if entry["translator"] == TRANSLATOR_IP}
 
     def key_write_qps(self) -> tuple[int, dict, dict | None]:
-        """The collector's Key-Write queue pair (QPN, /health entry) and the translator's QP that writes it."""
-        qpn, entry = next((qpn, entry) for qpn, entry in self.collector_qps().items()
-                          if entry["structure"] == "key-write")
-        ours = next((qp for qp in self.translator_stats()["qps"] if qp["remote_qpn"] == qpn), None)
-        return qpn, entry, ours
+        """The collector's Key-Write queue pair that the translator writes into (QPN, /health entry), and the
+        translator's QP that writes it (None if the translator writes into none of them)."""
+        into = {qp["remote_qpn"]: qp for qp in self.translator_stats()["qps"]}
+        key_write = [(qpn, entry) for qpn, entry in self.collector_qps().items() if entry["structure"] == "key-write"]
+        if not key_write:
+            raise LookupError("the collector holds no Key-Write queue pair for the translator")
+        qpn, entry = next(((qpn, entry) for qpn, entry in key_write if qpn in into), key_write[0])
+        return qpn, entry, into.get(qpn)
 
     def wait_until(self, condition, what: str, timeout: float = WRITES_S):
         deadline = time.monotonic() + timeout
         while True:
             try:
                 value = condition()
-            except (OSError, urllib.error.URLError, StopIteration, json.JSONDecodeError, SoftdtaError):
+            except (OSError, urllib.error.URLError, LookupError, json.JSONDecodeError, SoftdtaError):
                 value = None  # a process between restarts
             if value:
                 return value
@@ -193,11 +198,12 @@ class Case:
             time.sleep(0.05)
 
     def connected(self) -> bool:
-        """The translator holds its queue pairs again (an open session at the collector), and writes through an
-        active QP into the collector's Key-Write queue pair."""
-        qps = self.collector_qps()
+        """Every queue pair the translator writes into is held by its open session at the collector, and its QP
+        into the Key-Write queue pair is active. (Queue pairs of a session that ended may linger, released.)"""
+        held = self.collector_qps()
+        into = {qp["remote_qpn"] for qp in self.translator_stats()["qps"]}
         _, _, ours = self.key_write_qps()
-        return bool(qps) and all(entry["session"] == "open" for entry in qps.values()) and ours is not None \
+        return all(qpn in held and held[qpn]["session"] == "open" for qpn in into) and ours is not None \
             and ours["state"] == "active"
 
     def reconnected(self) -> None:
@@ -285,24 +291,29 @@ class Case:
                      f"{answer['qp']['start_psn']})")
 
         def revived() -> bool:
-            qpn_now, entry_now, ours_now = self.key_write_qps()
+            _, entry_now, ours_now = self.key_write_qps()
             return entry_now["state"] == "ready" and ours_now is not None and ours_now["state"] == "active" and \
                 ours_now["next_psn"] == entry_now["expected_psn"]
         self.wait_until(revived, "the queue pair re-created and the translator writing at its expected PSN")
         self.log("queue pair re-created; the translator's QP active at the collector's expected PSN")
-        ended = [f"{qpn:#x}" for qpn, entry in self.collector_qps().items() if entry["session"] != "open"]
+        into = {qp["remote_qpn"] for qp in self.translator_stats()["qps"]}
+        ended = [f"{qpn:#x}" for qpn, entry in self.collector_qps().items() if entry["session"] != "open" and
+                 qpn in into]
         if ended:  # they would be freed RELEASE_GRACE_S later, under a translator still connected
             self.notes.append(f"after the re-creation the collector counts the translator's session as ended "
                               f"(queue pairs {', '.join(ended)}), though its control connection is open")
 
     def report_failed(self, local_qpn: int) -> dict:
-        """What the translator sends for a failed QP, on a control connection of its own from the translator's
-        namespace."""
+        """What the translator sends for a failed QP, on another control connection from the translator's
+        namespace, as the same translator: with the session secret it keeps for its pins."""
+        kept = json.loads(secrets_file_for(self.pin).read_text())
+        hello = {"type": "hello", "version": VERSION, "token": TOKEN, "secret": kept[f"{COLLECTOR_IP}:40050"],
+                 "translator": {"ip": TRANSLATOR_IP, "mac": TRANSLATOR_MAC}}
+
         async def exchange() -> dict:
             reader, writer = await asyncio.open_connection(COLLECTOR_IP, 40050)
             try:
-                await send(writer, {"type": "hello", "version": VERSION, "token": TOKEN,
-                                    "translator": {"ip": TRANSLATOR_IP, "mac": TRANSLATOR_MAC}})
+                await send(writer, hello)
                 welcome = await receive(reader, 5)
                 assert welcome["type"] == "welcome", welcome
                 await send(writer, {"type": "failed", "structure": "key-write", "qpn": local_qpn})
@@ -341,7 +352,7 @@ class Case:
             if self.restart == "translator-down-forget":
                 down = self.softdta("translator", "down", "--pin", str(self.pin), "--forget")
                 self.log(f"translator down --forget: {down.returncode} {down.stdout.strip()}")
-                if down.returncode or self.pin.exists():
+                if down.returncode or self.pin.exists() or secrets_file_for(self.pin).exists():
                     raise AssertionError(f"translator down --forget: {down.returncode} {down.stderr.strip()}")
             self.translator_up("translator-2")
             self.reconnected()
@@ -375,15 +386,32 @@ class Case:
                  f"missing, {lost_counted} counted lost")
         return problems
 
-    def summary(self) -> str:
-        lines = [f"case {self.restart} / {'after a QP re-creation' if self.recreated else 'no re-creation'} / "
-                 f"{self.transport.upper()}", "timeline:", *("  " + line for line in self.timeline)]
+    def snapshot(self) -> None:
+        """What the translator and the collector say now, for the summary (before they are stopped)."""
+        self.state = []
         for what, read in (("translator stats", self.translator_stats), ("collector /health", lambda: self.http(
                 "/health")["qps"]), ("collector responder", self.responder)):
             try:
-                lines.append(f"{what}: {json.dumps(read(), sort_keys=True)}")
+                self.state.append(f"{what}: {json.dumps(read(), sort_keys=True)}")
             except (OSError, urllib.error.URLError, SoftdtaError) as error:
-                lines.append(f"{what}: unavailable ({error})")
+                self.state.append(f"{what}: unavailable ({error})")
+
+    def stop_cleanly(self) -> list[str]:
+        """SIGTERM to what still runs: each must exit with 0, and no process may have printed a traceback."""
+        problems = []
+        for name, process in reversed(self.processes.items()):  # the translator before its collector
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                if process.wait(20):
+                    problems.append(f"{name} exited with {process.returncode} on SIGTERM")
+            if "Traceback" in self.output(process, "err"):
+                problems.append(f"{name} printed a traceback: {self.output(process, 'err').strip().splitlines()[-1]}")
+        self.log("stopped")
+        return problems
+
+    def summary(self) -> str:
+        lines = [f"case {self.restart} / {'after a QP re-creation' if self.recreated else 'no re-creation'} / "
+                 f"{self.transport.upper()}", "timeline:", *("  " + line for line in self.timeline), *self.state]
         for name, process in self.processes.items():
             for stream in ("out", "err"):
                 text = self.output(process, stream).strip().splitlines()
@@ -445,6 +473,7 @@ def test_a_restart_keeps_every_acknowledged_write(restart, recreated, transport,
     pin = ensure_bpffs() / f"softdta-matrix-{os.getpid()}"
     shutil.rmtree(collector_pins, ignore_errors=True)
     shutil.rmtree(pin, ignore_errors=True)
+    secrets_file_for(pin).unlink(missing_ok=True)
     cleanup_prefix(PREFIX)
     configure(tmp_path, transport)
     reporter, translator_ns, collector_ns = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
@@ -469,12 +498,16 @@ def test_a_restart_keeps_every_acknowledged_write(restart, recreated, transport,
             case.write("2", batch_2)
             after = case.counters()
             problems = case.verdict(lost_writes(after) - lost_writes(before), before, after)
+            case.snapshot()
+            problems += case.stop_cleanly()
         except Exception as error:  # any failure gets the case's summary
             problems = [f"{type(error).__name__}: {error}"]
+            case.snapshot()
         problems = case.notes + problems
         assert not problems, "\n".join(problems) + "\n" + case.summary()
     finally:
         case.close()
         cleanup_prefix(PREFIX)
         shutil.rmtree(pin, ignore_errors=True)
+        secrets_file_for(pin).unlink(missing_ok=True)
         shutil.rmtree(collector_pins, ignore_errors=True)
