@@ -350,6 +350,7 @@ class Case:
             if how == "sigterm" and code != 0:
                 self.notes.append(f"the translator exited with {code} on SIGTERM")
             if self.restart == "translator-down-forget":
+                # SIGTERM detached it already; `down` has no --netns to name its interfaces with
                 down = self.softdta("translator", "down", "--pin", str(self.pin), "--forget")
                 self.log(f"translator down --forget: {down.returncode} {down.stdout.strip()}")
                 if down.returncode or self.pin.exists() or secrets_file_for(self.pin).exists():
