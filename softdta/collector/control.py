@@ -146,6 +146,8 @@ class ControlServer:
         self.open_per_host[host] = self.open_per_host.get(host, 0) + 1
         try:
             await self._session(reader, writer)
+        except asyncio.CancelledError:
+            pass  # the collector stops: the session has ended (asyncio's stream callback would log a traceback)
         finally:
             self.open_per_host[host] -= 1
             if not self.open_per_host[host]:

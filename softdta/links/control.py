@@ -158,8 +158,7 @@ class CollectorLinks:
             watch = self._loop.create_task(self._report_failures(address, writer))
             try:
                 while True:
-                    ping = self._loop.call_later(self.keepalive_s, lambda: self._loop.create_task(
-                        send(writer, {"type": "ping"})))
+                    ping = self._loop.call_later(self.keepalive_s, lambda: self._loop.create_task(_ping(writer)))
                     message = await receive(reader, 3 * self.keepalive_s)
                     ping.cancel()
                     if message["type"] == "advertise":
@@ -185,3 +184,11 @@ class CollectorLinks:
                     continue
                 self.updates.put(self.tables())
                 break
+
+
+async def _ping(writer: asyncio.StreamWriter) -> None:
+    """A keepalive; a connection already lost is noticed by the receive that waits on it."""
+    try:
+        await send(writer, {"type": "ping"})
+    except (ConnectionError, OSError):
+        pass
