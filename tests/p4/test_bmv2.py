@@ -144,9 +144,14 @@ def psn(frame: bytes) -> int:
     return int.from_bytes(frame[ETH_IP_UDP + 9:ETH_IP_UDP + 12], "big")
 
 
+def psn_and_ack_request(frame: bytes) -> tuple[int, int]:
+    """A frame's PSN and AckReq bit: both follow the frame's place in its QP's sequence."""
+    return psn(frame), frame[ETH_IP_UDP + 8] >> 7
+
+
 def without_psn(frame: bytes) -> bytes:
-    """The frame with its PSN and iCRC blanked: what stays the same whichever PSN a copy was given."""
-    return frame[:ETH_IP_UDP + 9] + bytes(3) + frame[ETH_IP_UDP + 12:-4]
+    """The frame with its PSN, AckReq and iCRC blanked: what stays the same whichever PSN a copy was given."""
+    return frame[:ETH_IP_UDP + 8] + bytes(4) + frame[ETH_IP_UDP + 12:-4]
 
 
 def redundant(n: int, immediate: bool = False) -> list:
@@ -195,8 +200,8 @@ def test_every_frame_equals_the_reference(switch, case):
         assert got == expected, f"{case}: frames differ"
         return
     # The packet replication engine hands a report's copies to egress in an order of its own, and egress
-    # numbers them as they come: compare each report's copies as a set, and the PSNs as a sequence.
-    assert [psn(frame) for frame in got] == [psn(frame) for frame in expected]
+    # numbers them as they come: compare each report's copies as a set, and the PSNs (with AckReq) as a sequence.
+    assert [psn_and_ack_request(frame) for frame in got] == [psn_and_ack_request(frame) for frame in expected]
     for start in range(0, len(expected), copies):
         assert sorted(map(without_psn, got[start:start + copies])) == \
             sorted(map(without_psn, expected[start:start + copies])), f"{case}: report {start // copies} differs"
