@@ -76,15 +76,17 @@ def bmv2_tool(name: str) -> str:
 
 # the query and control processes of live tests
 
-def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 20.0) -> str:
+def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 20.0, stream: str = "stdout") -> str:
+    """The first line of the process's `stream` with `text` in it, within `timeout` s while the process runs."""
+    lines = getattr(process, stream)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if select.select([process.stdout], [], [], 0.2)[0]:
-            line = process.stdout.readline()
+        if select.select([lines], [], [], 0.2)[0]:
+            line = lines.readline()
             if text in line:
                 return line
         if process.poll() is not None:
-            raise AssertionError(f"{process.args[3:5]} exited: {process.stderr.read()}")
+            raise AssertionError(f"{process.args[3:5]} exited ({process.returncode}): {process.stderr.read()}")
     raise AssertionError(f"no {text!r} from {process.args[3:5]} within {timeout} s")
 
 

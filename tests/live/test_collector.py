@@ -903,18 +903,25 @@ def _start_collector(config_path, namespace: str) -> subprocess.Popen:
     raise AssertionError("the collector did not come up within 30 s")
 
 
-def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
-    """Writes, kill -9 of `softdta collector up`, more writes, a restart, more writes: every acknowledged write is
-    in the collector's memory at the end, though no region was saved before the kill."""
-    cleanup_prefix(KILL_PREFIX)
-    collector_ns, translator_ns = Namespace.create(KILL_PREFIX + "c"), Namespace.create(KILL_PREFIX + "t")
+def rc_collector_link(prefix: str, name: str) -> tuple[Namespace, Namespace, str]:
+    """Collector and translator namespaces joined by a veth pair (c0, t0), and the configuration of a collector
+    `name` on c0 whose Key-Write structure of 1024 slots takes RC (regions in ./regions)."""
+    cleanup_prefix(prefix)
+    collector_ns, translator_ns = Namespace.create(prefix + "c"), Namespace.create(prefix + "t")
     veth_pair(translator_ns, "t0", collector_ns, "c0", mac_a=KILL_TRANSLATOR["mac"], mac_b="02:5d:7a:00:01:01")
     address(translator_ns, "t0", "10.77.0.1/16")
     address(collector_ns, "c0", "10.77.1.1/16")
-    text = EXAMPLE_COLLECTOR.read_text().replace('name = "c1"', f'name = "kill9-{os.getpid()}"')
+    text = EXAMPLE_COLLECTOR.read_text().replace('name = "c1"', f'name = "{name}"')
     text = text.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"', 'data_dir = "regions"')
     text = text.replace('hash = "independent"', 'hash = "independent"\ntransport = "rc"').replace("change-me", TOKEN)
-    (tmp_path / "collector.toml").write_text(text.replace("slots = 131072", "slots = 1024"))
+    return collector_ns, translator_ns, text.replace("slots = 131072", "slots = 1024")
+
+
+def test_no_acknowledged_write_is_lost_across_kill_9_and_restart(tmp_path):
+    """Writes, kill -9 of `softdta collector up`, more writes, a restart, more writes: every acknowledged write is
+    in the collector's memory at the end, though no region was saved before the kill."""
+    collector_ns, translator_ns, text = rc_collector_link(KILL_PREFIX, f"kill9-{os.getpid()}")
+    (tmp_path / "collector.toml").write_text(text)
     config = CollectorConfig.from_toml(tmp_path / "collector.toml")
     pins = pin_dir_for(config.name, config.ip)
     steer = BpfObject(build_object(STEER_SOURCE))

@@ -3,7 +3,6 @@ that fails at stop each leave the running collector, or the memory of a killed o
 in network namespaces, with RC WRITEs acknowledged by the collector's XDP program."""
 
 import os
-import select
 import shutil
 import signal
 import socket
@@ -20,8 +19,9 @@ from softdta.collector.xdp_backend import pin_dir_for
 from softdta.engines.python import STEER_SOURCE
 from softdta.engines.xdp import build_object
 from softdta.kernel.bpf import BpfObject, attach_xdp
-from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from tests.live.test_collector import EXAMPLE_COLLECTOR, KILL_TRANSLATOR, TOKEN, RcWriter, _start_collector
+from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
+from tests.common import wait_for_line
+from tests.live.test_collector import RcWriter, _start_collector, rc_collector_link
 
 pytestmark = pytest.mark.privileged
 
@@ -81,15 +81,8 @@ def stop(collector: subprocess.Popen) -> None:
 
 @pytest.fixture
 def lab(tmp_path, request):
-    cleanup_prefix(PREFIX)
-    collector_ns, translator_ns = Namespace.create(PREFIX + "c"), Namespace.create(PREFIX + "t")
-    veth_pair(translator_ns, "t0", collector_ns, "c0", mac_a=KILL_TRANSLATOR["mac"], mac_b="02:5d:7a:00:01:01")
-    address(translator_ns, "t0", "10.77.0.1/16")
-    address(collector_ns, "c0", "10.77.1.1/16")
-    text = EXAMPLE_COLLECTOR.read_text().replace('name = "c1"', f'name = "life-{os.getpid()}"')
-    text = text.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"', 'data_dir = "regions"')
-    text = text.replace('hash = "independent"', 'hash = "independent"\ntransport = "rc"').replace("change-me", TOKEN)
-    setup = Lab(collector_ns, translator_ns, tmp_path, text.replace("slots = 131072", "slots = 1024"))
+    collector_ns, translator_ns, text = rc_collector_link(PREFIX, f"life-{os.getpid()}")
+    setup = Lab(collector_ns, translator_ns, tmp_path, text)
     (tmp_path / "regions").mkdir()
     steer = BpfObject(build_object(STEER_SOURCE))  # lets the collector's XDP_TX replies into the translator's end
     with in_netns(translator_ns.name):
@@ -183,24 +176,13 @@ def test_a_start_that_fails_late_leaves_a_killed_collectors_memory_as_found(lab)
     assert len(writer.acknowledged) == 20 and not lost, f"{len(lost)} acknowledged writes lost"
 
 
-def _stderr_line(collector: subprocess.Popen, words: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if select.select([collector.stderr], [], [], 0.2)[0]:
-            line = collector.stderr.readline()
-            if words in line:
-                return line
-        assert collector.poll() is None, f"the collector exited ({collector.returncode})"
-    raise AssertionError(f"no line with {words!r} within {timeout_s} s")
-
-
 def test_sighup_is_logged_and_ignored(lab):
     collector = lab.start()
     try:
         writer = lab.writer()
         qp = writer.connect()
         collector.send_signal(signal.SIGHUP)
-        assert "SIGHUP ignored" in _stderr_line(collector, "SIGHUP", 10)
+        assert "SIGHUP ignored" in wait_for_line(collector, "SIGHUP", 10, stream="stderr")
         assert lab.xdp_attached() and writer.write(qp, 5, wait_s=5) == 5
         stop(collector)
         assert not lab.pins.exists()
