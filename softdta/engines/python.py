@@ -117,13 +117,12 @@ class PythonEngine:
             before, runtime = held.get(qp.local_qpn, (None, None))
             live = None if before is None or runtime is None else LiveQp(
                 before.remote_qpn, before.start_psn, runtime.next_psn, runtime.unacked_psn)
-            psn = restart_psn(qp, live)
-            if psn is None and runtime is not None:
+            psn = restart_psn(qp, live)  # never None for a QP without live state
+            if psn is None:
                 states[qp.index] = runtime
             else:
-                states[qp.index] = QpRuntime(qp.start_psn if psn is None else psn)
-                restarts.append(PsnRestart(qp.name, qp.local_qpn, states[qp.index].next_psn,
-                                           live.next_psn if live else None))
+                states[qp.index] = QpRuntime(psn)
+                restarts.append(PsnRestart(qp.name, qp.local_qpn, psn, live.next_psn if live else None))
         self.translator.qp_state = states
         self.translator.counters[Counter.PSN_ADOPTED] += report_adoptions(restarts)
         self.translator.tables = tables
