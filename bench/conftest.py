@@ -17,7 +17,7 @@ from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
 
-from softdta.lab.benchmarks import KeyWriteStore, fill_keywrite_store  # noqa: E402
+from softdta.lab.benchmarks import KeyWriteStore, fill_key_write_store  # noqa: E402
 from softdta.spec import KeyHash  # noqa: E402
 
 
@@ -30,8 +30,8 @@ def benchmarks_disabled(config) -> bool:
 
 @dataclass(frozen=True)
 class Sizes:
-    keywrite_slot_bits: int
-    keywrite_query_batch: int
+    key_write_slot_bits: int
+    key_write_query_batch: int
     append_lists: int
     append_entries: int = 256
     append_batch: int = 16
@@ -41,8 +41,8 @@ class Sizes:
 @pytest.fixture(scope="session")
 def sizes(pytestconfig) -> Sizes:
     if benchmarks_disabled(pytestconfig):
-        return Sizes(keywrite_slot_bits=20, keywrite_query_batch=1 << 16, append_lists=256, translator_reports=400)
-    return Sizes(keywrite_slot_bits=24, keywrite_query_batch=1 << 20, append_lists=4096)
+        return Sizes(key_write_slot_bits=20, key_write_query_batch=1 << 16, append_lists=256, translator_reports=400)
+    return Sizes(key_write_slot_bits=24, key_write_query_batch=1 << 20, append_lists=4096)
 
 
 @pytest.fixture
@@ -70,14 +70,15 @@ def record_rate():
 
 
 @pytest.fixture(scope="session")
-def keywrite_store(sizes):
-    """`keywrite_store(redundancy, scheme)`: a filled store, built once per (N, scheme) and kept for the session."""
+def key_write_store(sizes):
+    """`key_write_store(redundancy, scheme)`: a filled store, built once per (N, scheme) and kept for the session."""
     cache: dict[tuple[int, KeyHash], KeyWriteStore] = {}
 
     def get(redundancy: int, scheme: KeyHash) -> KeyWriteStore:
         key = (redundancy, scheme)
         if key not in cache:
-            cache[key] = fill_keywrite_store(sizes.keywrite_slot_bits, redundancy, scheme, sizes.keywrite_query_batch)
+            cache[key] = fill_key_write_store(sizes.key_write_slot_bits, redundancy, scheme,
+                                              sizes.key_write_query_batch)
         return cache[key]
 
     yield get

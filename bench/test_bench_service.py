@@ -14,20 +14,20 @@ from softdta.core.translator import Translator
 from softdta.lab.benchmarks import COLLECTOR_IP
 from softdta.spec import DtaOpcode
 
-KEYWRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py
+KEY_WRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py
 KEYS_PER_REQUEST = 1000
 REDUNDANCY = 2
 
 
-@pytest.mark.benchmark(group="service-keywrite")
-def test_service_keywrite(benchmark, tables, reporter, record_rate):
+@pytest.mark.benchmark(group="service-key-write")
+def test_service_key_write(benchmark, tables, reporter, record_rate):
     """One request of 1000 written keys, end to end: JSON encode, HTTP round trip, key parsing, query, answer.
 
     The example tables' Key-Write store (2^17 slots, independent hash) is filled through the reference translator
     and responder, at the benchmarks' load of 0.1 keys per slot (0.015 with --benchmark-disable, to stay quick).
     """
     structure = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
-    written = 2000 if benchmark.disabled else int(KEYWRITE_LOAD * structure.slot_count)
+    written = 2000 if benchmark.disabled else int(KEY_WRITE_LOAD * structure.slot_count)
     reports = workload.key_write(written, seed=11, redundancy=REDUNDANCY)
     translator, collector = Translator(tables), OfflineCollector(tables)
     for report in reports:

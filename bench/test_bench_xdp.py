@@ -23,7 +23,7 @@ from softdta.lab.benchmarks import (
     translator_live_direct,
     translator_queue_scaling,
 )
-from softdta.spec import MAX_REDUNDANCY, Counter, DtaOpcode
+from softdta.spec import MAX_REDUNDANCY, DtaOpcode, TranslatorCounter
 from softdta.wire import dta
 
 pytestmark = pytest.mark.privileged
@@ -84,8 +84,8 @@ def test_xdp_translator_ns_per_report(benchmark, pytestconfig, tables, reporter,
         benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
         counters = kernel.counters()
     runs = repeat * (len(translate_ns))
-    assert counters[Counter.RX_REPORTS] == runs
-    assert abs(counters[Counter.TX_FRAMES] - runs * frames_per_report) <= len(frames) * 2
+    assert counters[TranslatorCounter.RX_REPORTS] == runs
+    assert abs(counters[TranslatorCounter.TX_FRAMES] - runs * frames_per_report) <= len(frames) * 2
     assert not [c for c in counters if c.name.startswith("DROP_")]
 
     reference = Translator(tables)

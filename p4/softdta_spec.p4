@@ -48,11 +48,6 @@ const bit<8> RESPONDER_COUNTER_SLOTS = 32;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
-const bit<16> DEFERRED_FRAME_MAX = 256;
-const bit<16> GENERATOR_FRAME_MAX = 256;
-const bit<16> TRANSMIT_FRAME_MAX = 508;
-const bit<16> TRANSMIT_SLOTS = 4096;
-const bit<8> LOOPBACK_IFINDEX = 1;
 const bit<16> QP_TABLE_ENTRIES = 4096;
 const bit<32> QUEUE_QP_SLOTS = 262144;
 const bit<16> ARENA_PAGE = 4096;
@@ -67,6 +62,11 @@ const bit<8> TNA_MAX_SKETCH_ROWS = 8;
 const bit<16> TNA_APPEND_STATE_ENTRIES = 16384;
 const bit<16> TNA_POSTCARD_CACHE_ENTRIES = 32768;
 const bit<16> TNA_SKETCH_COLUMN_ENTRIES = 8192;
+const bit<16> DEFERRED_FRAME_MAX = 256;
+const bit<16> GENERATOR_FRAME_MAX = 256;
+const bit<16> TRANSMIT_FRAME_MAX = 508;
+const bit<16> TRANSMIT_SLOTS = 4096;
+const bit<8> LOOPBACK_IFINDEX = 1;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_0 = 504538880;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_1 = 1706648981;
 const bit<32> POSTCARD_HOP_POLYNOMIALS_2 = 1238337419;
@@ -134,7 +134,7 @@ const bit<8> NAK_REMOTE_OPERATIONAL_ERROR = 3;
 const bit<8> TRANSPORT_RC = 0;
 const bit<8> TRANSPORT_UC = 1;
 
-// SketchMerge
+// MergeFunction
 const bit<8> SKETCH_MERGE_SUM = 0;
 const bit<8> SKETCH_MERGE_MAX = 1;
 
@@ -143,7 +143,7 @@ const bit<8> QP_STATE_ACTIVE = 0;
 const bit<8> QP_STATE_GRACE = 1;
 const bit<8> QP_STATE_FAILED = 2;
 
-// Counter: Per-CPU translator counters. Names starting with DROP_ are drops, each with its reason.
+// TranslatorCounter: Per-CPU translator counters. Names starting with DROP_ are drops, each with its reason.
 const bit<8> CNT_RX_REPORTS = 0;
 const bit<8> CNT_TX_FRAMES = 1;
 const bit<8> CNT_TX_NACKS = 2;

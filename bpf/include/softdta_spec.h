@@ -53,11 +53,6 @@
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
 #define FANOUT_FRAME_MAX 256
 #define ICRC_LEN 4
-#define DEFERRED_FRAME_MAX 256
-#define GENERATOR_FRAME_MAX 256
-#define TRANSMIT_FRAME_MAX 508
-#define TRANSMIT_SLOTS 4096
-#define LOOPBACK_IFINDEX 1
 #define QP_TABLE_ENTRIES 4096
 #define QUEUE_QP_SLOTS 262144 /* 0x40000 */
 #define ARENA_PAGE 4096
@@ -72,6 +67,11 @@
 #define TNA_APPEND_STATE_ENTRIES 16384
 #define TNA_POSTCARD_CACHE_ENTRIES 32768
 #define TNA_SKETCH_COLUMN_ENTRIES 8192
+#define DEFERRED_FRAME_MAX 256
+#define GENERATOR_FRAME_MAX 256
+#define TRANSMIT_FRAME_MAX 508
+#define TRANSMIT_SLOTS 4096
+#define LOOPBACK_IFINDEX 1
 #define POSTCARD_HOP_POLYNOMIALS_0 504538880 /* 0x1e12a700 */
 #define POSTCARD_HOP_POLYNOMIALS_1 1706648981 /* 0x65b96595 */
 #define POSTCARD_HOP_POLYNOMIALS_2 1238337419 /* 0x49cf878b */
@@ -143,7 +143,7 @@
 #define TRANSPORT_RC 0
 #define TRANSPORT_UC 1
 
-/* SketchMerge */
+/* MergeFunction */
 #define SKETCH_MERGE_SUM 0
 #define SKETCH_MERGE_MAX 1
 
@@ -152,7 +152,7 @@
 #define QP_STATE_GRACE 1
 #define QP_STATE_FAILED 2
 
-/* Counter: Per-CPU translator counters. Names starting with DROP_ are drops, each with its reason. */
+/* TranslatorCounter: Per-CPU translator counters. Names starting with DROP_ are drops, each with its reason. */
 #define CNT_RX_REPORTS 0
 #define CNT_TX_FRAMES 1
 #define CNT_TX_NACKS 2

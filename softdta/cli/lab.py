@@ -110,21 +110,21 @@ def _bench(args) -> int:
 
 def _demo(args) -> int:
     if args.offline:
-        from softdta.lab.demo import run_offline_demo
+        from softdta.lab.offline_demo import run_offline_demo
         print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
         return 0
-    from softdta.lab import live_demo
+    from softdta.lab import demo
     from softdta.lab import topology as lab
     if args.burst_rate < 0:
         raise CliError(f"--burst-rate {args.burst_rate:g} must be 0 (as fast as the generators go) or more reports/s")
     if args.burst_seconds < 0:
         raise CliError(f"--burst-seconds {args.burst_seconds:g} must be 0 (no burst) or more")
     try:
-        defaults = live_demo.DEFAULTS[args.collector]
-        rate = min(defaults["rate"], live_demo.PYTHON_ENGINE_RATE) if args.engine == "python" else defaults["rate"]
-        return live_demo.run(args.reporters, args.seed, args.scale or defaults["scale"], args.seconds, args.keep,
-                             args.json, args.rate or rate, args.collector, args.engine, args.burst_rate,
-                             args.burst_seconds)
+        defaults = demo.DEFAULTS[args.collector]
+        rate = min(defaults["rate"], demo.PYTHON_ENGINE_RATE) if args.engine == "python" else defaults["rate"]
+        return demo.run(args.reporters, args.seed, args.scale or defaults["scale"], args.seconds, args.keep,
+                        args.json, args.rate or rate, args.collector, args.engine, args.burst_rate,
+                        args.burst_seconds)
     except lab.LabError as error:
         raise CliError(str(error)) from None
 

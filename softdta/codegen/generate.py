@@ -37,9 +37,9 @@ ENUM_PREFIXES: dict[type[IntEnum], str] = {
     spec.Transport: "TRANSPORT",
     spec.ResponderCounter: "RCNT",
     spec.Access: "ACCESS",
-    spec.SketchMerge: "SKETCH_MERGE",
+    spec.MergeFunction: "SKETCH_MERGE",
     spec.QpState: "QP_STATE",
-    spec.Counter: "CNT",
+    spec.TranslatorCounter: "CNT",
 }
 
 # <linux/if_ether.h> and <linux/in.h> define these (IPPROTO_UDP as an enum member too), so defining them again
@@ -85,7 +85,7 @@ def _sections() -> list[tuple[str, list[tuple[str, int]]]]:
                      [(f"ROCE_EXT_LEN_{opcode.name}", sum(h.size for h in ext))
                       for opcode, ext in spec.ROCE_OPCODE_HEADERS.items()]))
     sections.append(("table capacities",
-                     [(f"{t.name.upper()}_MAX_ENTRIES", t.max_entries) for t in spec.TABLES]))
+                     [(f"{t.name.upper()}_MAX_ENTRIES", t.max_entries) for t in spec.MAPS]))
     names = [name for _, values in sections for name, _ in values]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -249,7 +249,7 @@ def render_c_header() -> str:
                              + (f" /* {field.doc} */" if field.doc else ""))
                 lines.append(f"#define {macro}_SHIFT {shift}")
         lines += _field_accessors(header, members) + _icrc_variant_setters(header)
-    for table in spec.TABLES:
+    for table in spec.MAPS:
         for part, fields in (("key", table.key), ("value", table.value)):
             members, size = host_members(fields)
             lines += [""] + _c_struct(f"{table.name}_{part}", f"{table.name} {part}: {table.doc}", members,

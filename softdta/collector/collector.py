@@ -13,7 +13,7 @@ import numpy as np
 
 from softdta.collector.backend import Backend, BackendError, Peer, QpInfo, Region
 from softdta.collector.config import AppendSpec, CollectorConfig, StructureSpec
-from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core.regions import AppendRegion, KeyIncrementRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Tables
 from softdta.spec import DtaOpcode
@@ -234,7 +234,7 @@ class Collector:
             raise KeyError(f"no {primitive.name} structure on this collector")
         view = self.regions[self.specs_by_primitive(primitive).name].view
         return {DtaOpcode.KEY_WRITE: lambda: KeyWriteRegion.for_structure(view, structure),
-                DtaOpcode.KEY_INCREMENT: lambda: CounterRegion(view),
+                DtaOpcode.KEY_INCREMENT: lambda: KeyIncrementRegion(view),
                 DtaOpcode.POSTCARDING: lambda: PostcardRegion.for_structure(view, structure),
                 DtaOpcode.SKETCH_MERGE: lambda: SketchRegion.for_structure(view, structure)}[primitive]()
 

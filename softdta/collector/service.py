@@ -46,7 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import BLANK, AppendPoller, keyincrement_query, keywrite_query, postcard_query
+from softdta.core.query import BLANK, AppendPoller, key_write_query, keyincrement_query, postcard_query
 from softdta.core.regions import AppendRegion
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Structure, Tables
@@ -426,9 +426,9 @@ class QueryService:
     async def keywrite(self, request: web.Request) -> web.Response:
         name, structure = self._structure(request, DtaOpcode.KEY_WRITE)
         async with self._received_body(request) as raw, self.one_query:
-            return await self._keywrite(name, structure, raw)
+            return await self._key_write(name, structure, raw)
 
-    async def _keywrite(self, name: str, structure: Structure, raw: bytearray) -> web.Response:
+    async def _key_write(self, name: str, structure: Structure, raw: bytearray) -> web.Response:
         body = _json_object(raw, ("keys", "redundancy"), ("mode", "consensus"))
         rows = key_rows(body["keys"], structure, name)
         redundancy = _integer(body["redundancy"], "redundancy", 1, MAX_REDUNDANCY)
@@ -441,17 +441,17 @@ class QueryService:
             consensus = _integer(body.get("consensus", redundancy), "consensus", 1, redundancy)
         else:
             raise _bad_request(f'mode must be "plurality" or "consensus", got {json.dumps(mode)}')
-        return web.json_response(await self._off_loop(self.keywrite_answer, name, structure, rows, redundancy,
+        return web.json_response(await self._off_loop(self.key_write_answer, name, structure, rows, redundancy,
                                                       consensus))
 
     async def _off_loop(self, query, *args):
         """Run a query on the worker thread: one at a time, and never on the loop that answers /health."""
         return await asyncio.get_running_loop().run_in_executor(self.queries, query, *args)
 
-    def keywrite_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int,
+    def key_write_answer(self, name: str, structure: Structure, rows: np.ndarray, redundancy: int,
                          consensus: int) -> dict:
         region = self.region(structure)
-        answer = keywrite_query(region, rows, redundancy, consensus, structure.key_hash)
+        answer = key_write_query(region, rows, redundancy, consensus, structure.key_hash)
         # Not found is "empty" when none of the key's slots was ever written, else "collided" (overwritten
         # by other keys, or copies that disagree): the first means not reported, the second data lost.
         _, hashes = key_hashes_rows(rows, redundancy, structure.key_hash)

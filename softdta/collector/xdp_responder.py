@@ -8,7 +8,7 @@ memory directly and the collector's CPU does nothing per report.
 from __future__ import annotations
 
 import socket
-from collections import Counter as Tally
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,14 +16,14 @@ import numpy as np
 
 from softdta.core.responder import Completion, ResponderOutput
 from softdta.kernel.bpf import BpfError, BpfObject, Map, RingBuffer, attach_xdp, detach_xdp, xdp_md
-from softdta.kernel.maps import record, table
+from softdta.kernel.maps import map_layout, record
 from softdta.kernel.programs import XDP_DROP, XDP_PASS, XDP_TX, EngineError, build_object
 from softdta.kernel.resources import BPF_DIR
-from softdta.spec import ARENA_PAGE, PSN_MASK, RESPONDER_TABLES, Access, ResponderCounter, Transport
+from softdta.spec import ARENA_PAGE, PSN_MASK, RESPONDER_MAPS, Access, ResponderCounter, Transport
 
 SOURCE = BPF_DIR / "responder.bpf.c"
 DEFAULT_UDP_SPORT = 49153
-RESPONDER_QP_CAPACITY = next(t.max_entries for t in RESPONDER_TABLES if t.name == "responder_qp")
+RESPONDER_QP_CAPACITY = next(t.max_entries for t in RESPONDER_MAPS if t.name == "responder_qp")
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class XdpResponder:
                     if pinned.max_entries != size:
                         differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
             with Map.from_pinned(self.pin_dir / "responder_config") as pinned:
-                config = table("responder_config").value.unpack(pinned.lookup(bytes(4)))
+                config = map_layout("responder_config").value.unpack(pinned.lookup(bytes(4)))
             if config["layout"] != layout:
                 differs.append("its regions are laid out differently")
         except BpfError as error:
@@ -161,13 +161,13 @@ class XdpResponder:
 
     def remove_qp(self, qpn: int) -> None:
         """Take a queue pair down: its requests are then dropped as unknown_qpn."""
-        key = table("responder_qp").key.pack(qpn=qpn)
+        key = map_layout("responder_qp").key.pack(qpn=qpn)
         self.maps["responder_qp"].delete(key)
         self.maps["responder_qp_state"].delete(key)
 
     def qp_entries(self) -> dict[int, dict]:
         """The queue pairs in the table (those of an adopted table too), by QPN."""
-        layout = table("responder_qp")
+        layout = map_layout("responder_qp")
         return {layout.key.unpack(raw)["qpn"]: layout.value.unpack(value)
                 for raw, value in self.maps["responder_qp"].items()}
 
@@ -176,11 +176,11 @@ class XdpResponder:
         self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & PSN_MASK)
 
     def qp_state(self, qpn: int) -> dict | None:
-        raw = self.maps["responder_qp_state"].lookup(table("responder_qp_state").key.pack(qpn=qpn))
-        return None if raw is None else table("responder_qp_state").value.unpack(raw)
+        raw = self.maps["responder_qp_state"].lookup(map_layout("responder_qp_state").key.pack(qpn=qpn))
+        return None if raw is None else map_layout("responder_qp_state").value.unpack(raw)
 
-    def counters(self) -> Tally[ResponderCounter]:
-        tally: Tally[ResponderCounter] = Tally()
+    def counters(self) -> Counter[ResponderCounter]:
+        tally: Counter[ResponderCounter] = Counter()
         for counter in ResponderCounter:
             values = self.maps["responder_counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
             total = sum(int.from_bytes(v[:8], "little") for v in values)
@@ -195,7 +195,7 @@ class XdpResponder:
         return [Completion(d["qpn"], d["immediate"], d["byte_len"]) for d in done]
 
     def _write(self, name: str, key: dict, **value) -> None:
-        layout = table(name)
+        layout = map_layout(name)
         self.maps[name].update(layout.key.pack(**key), layout.value.pack(**value))
 
     # ----------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def _wrong_output_bound(alpha: float, n: int, q: float) -> float:
     return (-expm1(-alpha * n)) ** n * n * q
 
 
-def keywrite_empty_return_bound(alpha: float, n: int, b: int = 32) -> float:
+def key_write_empty_return_bound(alpha: float, n: int, b: int = 32) -> float:
     """Upper bound on P(query returns nothing), paper terms (1)+(2)+(3):
 
     (1-e^(-aN))^N (1-2^-b)^N                                   all copies gone, no checksum match
@@ -63,7 +63,7 @@ def keywrite_empty_return_bound(alpha: float, n: int, b: int = 32) -> float:
     return _empty_return_bound(alpha, n, 2.0**-b)
 
 
-def keywrite_wrong_output_bound(alpha: float, n: int, b: int = 32) -> float:
+def key_write_wrong_output_bound(alpha: float, n: int, b: int = 32) -> float:
     """Upper bound on P(query returns a wrong value): (1-e^(-aN))^N * N * 2^-b (paper term (4))."""
     _validate(alpha, n, b)
     return _wrong_output_bound(alpha, n, 2.0**-b)
@@ -113,22 +113,22 @@ def expected_success(chances: Sequence[float]) -> tuple[float, float]:
     return float(p.mean()), float(np.sqrt(np.sum(p * (1 - p))) / p.size)
 
 
-def keywrite_success_chances(later_loads: Sequence[float], n: int, b: int = 32) -> list[float]:
+def key_write_success_chances(later_loads: Sequence[float], n: int, b: int = 32) -> list[float]:
     """Each Key-Write query's chance of the right answer, alpha being the load written after its key:
     1 - the empty-return and wrong-output terms. Those over-count only by terms of order 2^-b, so this is the chance
     itself under the Poisson model, to within 2^-b."""
-    return [1.0 - keywrite_empty_return_bound(alpha, n, b) - keywrite_wrong_output_bound(alpha, n, b)
+    return [1.0 - key_write_empty_return_bound(alpha, n, b) - key_write_wrong_output_bound(alpha, n, b)
             for alpha in later_loads]
 
 
 def postcarding_success_chances(later_loads: Sequence[float], n: int, hops: int, value_set_size: int,
                                 b: int = 32) -> list[float]:
-    """Each Postcarding query's chance of decoding its path, as keywrite_success_chances."""
+    """Each Postcarding query's chance of decoding its path, as key_write_success_chances."""
     return [1.0 - postcarding_empty_return_bound(alpha, n, hops, value_set_size, b)
             - postcarding_wrong_output_bound(alpha, n, hops, value_set_size, b) for alpha in later_loads]
 
 
-def simulate_keywrite(
+def simulate_key_write(
     slots: int,
     alpha: float,
     n: int,
@@ -220,8 +220,8 @@ def simulate_query_success_curve(
     rows = []
     for n in ns:
         for alpha in alphas:
-            simulated = simulate_keywrite(slots, alpha, n, b, queries, seed=seed)
-            bound = keywrite_empty_return_bound(alpha, n, b) + keywrite_wrong_output_bound(alpha, n, b)
+            simulated = simulate_key_write(slots, alpha, n, b, queries, seed=seed)
+            bound = key_write_empty_return_bound(alpha, n, b) + key_write_wrong_output_bound(alpha, n, b)
             rows.append(
                 {
                     "n": n,

@@ -25,7 +25,7 @@ belongs to one structure or Append range. So the frames the oracle handles fall 
 from __future__ import annotations
 
 import operator
-from collections import Counter as Tally
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self, cast
@@ -73,13 +73,13 @@ from softdta.spec import (
     SKETCH_MERGE_EXT,
     UDP,
     AethKind,
-    Counter,
     DtaOpcode,
     Header,
+    MergeFunction,
     RoceOpcode,
+    TranslatorCounter,
     Transport,
 )
-from softdta.spec import SketchMerge as MergeKind
 from softdta.wire.columns import FrameRows, Rows, byte_offset, frame_lengths, gather, matches, scatter
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import key_hashes_rows, linear_crc_position_tables, postcard_hashes_rows
@@ -308,7 +308,7 @@ class BatchTranslator:
             return
         self._tables, self._templates = tables, {}
         targets: list[Structure | AppendLists] = [*tables.structures, *tables.append_lists]
-        owners = Tally(qp.index for target in targets for qp in target.qps)
+        owners = Counter(qp.index for target in targets for qp in target.qps)
         # a QP that two targets share keeps their reports in one PSN order: those stay with the oracle
         self._vector_qps = {qp.index for target in targets for qp in target.qps
                             if all(owners[each.index] == 1 for each in target.qps) and
@@ -522,7 +522,7 @@ class BatchTranslator:
                                 for name in ("collector_ips", "immediate", "essential")))
             positions = positions[order]
             result = cast(BatchPrimitive, primitive).translate_batch(rows, now_ns)
-            self.oracle.counters[Counter.RX_REPORTS] += len(positions)
+            self.oracle.counters[TranslatorCounter.RX_REPORTS] += len(positions)
             out.deferred += positions[result.deferred].tolist()
             for writes in result.writes:
                 made.append(_plugin_writes(writes, positions, rows.immediate))
@@ -643,7 +643,7 @@ class BatchTranslator:
         begins = place % batch == 0
         flushes += ((position, list_id, None) for position, list_id in
                     zip(positions[begins].tolist(), list_ids[begins].tolist()))
-        self.oracle.counters[Counter.APPEND_BATCHED] += len(positions) - len(sent_at)
+        self.oracle.counters[TranslatorCounter.APPEND_BATCHED] += len(positions) - len(sent_at)
         self._count(DtaOpcode.APPEND, len(positions), len(sent_at))
         return sent_at
 
@@ -717,8 +717,8 @@ class BatchTranslator:
                                          np.uint64(structure.slot_size), immediate[order], checksums[order],
                                          values[order].astype(">u4").view(np.uint8).reshape(len(order), -1)))
         counters = self.oracle.counters
-        counters[Counter.POSTCARD_EVICTIONS] += evictions
-        counters[Counter.POSTCARD_CACHED] += cached
+        counters[TranslatorCounter.POSTCARD_EVICTIONS] += evictions
+        counters[TranslatorCounter.POSTCARD_CACHED] += cached
         self._count(DtaOpcode.POSTCARDING, len(rows.positions), len(sent_at))
         return sent_at
 
@@ -767,7 +767,7 @@ class BatchTranslator:
             return None
         given[at, rows.reporters] = True
         aggregate = np.array([runtime.aggregate[column] for column in columns.tolist()], dtype=np.int64)
-        if structure.merge is MergeKind.MAX:
+        if structure.merge is MergeFunction.MAX:
             np.maximum.at(aggregate, at, rows.counters.astype(np.int64))
         else:
             np.add.at(aggregate, at, rows.counters.astype(np.int64))
@@ -798,7 +798,7 @@ class BatchTranslator:
         ends = np.cumsum(counts) - 1  # each reporter's last report, in reporter order
         for reporter, column in zip(reporters.tolist(), rows.columns[by_reporter][ends].tolist()):
             runtime.next_column[reporter] = (column + 1) % structure.columns
-        self.oracle.counters[Counter.SKETCH_MERGED] += len(rows.positions)
+        self.oracle.counters[TranslatorCounter.SKETCH_MERGED] += len(rows.positions)
         self._count(DtaOpcode.SKETCH_MERGE, len(rows.positions), len(sent))
         return sent
 
@@ -848,9 +848,9 @@ class BatchTranslator:
 
     def _count(self, kind: DtaOpcode, reports: int, sent: int) -> None:
         counters = self.oracle.counters
-        counters[Counter.TX_FRAMES] += sent
-        counters[Counter.RX_REPORTS] += reports
-        counters[Counter(Counter.RX_KEY_WRITE + kind - 1)] += reports
+        counters[TranslatorCounter.TX_FRAMES] += sent
+        counters[TranslatorCounter.RX_REPORTS] += reports
+        counters[TranslatorCounter(TranslatorCounter.RX_KEY_WRITE + kind - 1)] += reports
 
     def _template(self, qp: QueuePair, opcode: RoceOpcode, payload_len: int,
                   headers: dict[str, dict[str, int]]) -> _Template:

@@ -26,13 +26,13 @@ from softdta.spec import (
     P4_TABLES,
     PSN_MASK,
     ROCE_PORT,
-    TRANSLATOR_TABLES,
+    TRANSLATOR_MAPS,
     DtaOpcode,
     Field,
+    Map,
     QpState,
     Raw,
     RoceOpcode,
-    Table,
     Transport,
 )
 from softdta.wire import icrc_split
@@ -59,7 +59,7 @@ class Entry:
     value: Mapping[str, int | bytes] = field(default_factory=dict)
 
     def key_tuple(self) -> tuple[int | bytes, ...]:
-        return tuple(self.key[f.name] for f in table_spec(self.table).key)
+        return tuple(self.key[f.name] for f in map_spec(self.table).key)
 
 
 @dataclass
@@ -144,22 +144,22 @@ class Target(Protocol):
         ...
 
 
-def table_spec(name: str) -> Table:
-    for table in TRANSLATOR_TABLES + P4_TABLES:
+def map_spec(name: str) -> Map:
+    for table in TRANSLATOR_MAPS + P4_TABLES:
         if table.name == name:
             return table
-    raise KeyError(f"no translator table named {name!r} in spec.TRANSLATOR_TABLES or spec.P4_TABLES")
+    raise KeyError(f"no translator table named {name!r} in spec.TRANSLATOR_MAPS or spec.P4_TABLES")
 
 
 def address_fields(name: str) -> frozenset[str]:
     """Integer fields of a table that the spec stores in network order: the control plane passes them as bytes."""
-    table = table_spec(name)
+    table = map_spec(name)
     return frozenset(f.name for f in table.key + table.value
                      if isinstance(f, Field) and not isinstance(f, Raw) and f.doc.startswith("network order"))
 
 
 def capacity(name: str) -> int:
-    return table_spec(name).max_entries
+    return map_spec(name).max_entries
 
 
 def _free_index(used: set[int], limit: int, what: str) -> int:

@@ -12,7 +12,7 @@ from typing import TypeAlias
 import numpy as np
 
 from softdta.core.query import AppendPoller
-from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core.regions import AppendRegion, KeyIncrementRegion, KeyWriteRegion, PostcardRegion, SketchRegion
 from softdta.core.responder import CompletionLog, MemoryRegion, Responder, ResponderQp
 from softdta.core.tables import AppendLists, QueuePair, Tables
 from softdta.spec import DtaOpcode
@@ -20,7 +20,7 @@ from softdta.wire.codec import WireError
 from softdta.wire.frames import parse_udp_frame
 
 # The memory of one collector structure, as `OfflineCollector.structure_region` views it.
-StructureRegion: TypeAlias = KeyWriteRegion | CounterRegion | PostcardRegion | SketchRegion
+StructureRegion: TypeAlias = KeyWriteRegion | KeyIncrementRegion | PostcardRegion | SketchRegion
 
 
 class OfflineCollector:
@@ -73,7 +73,7 @@ class OfflineCollector:
         buffer = self.memory[structure.qp.index]
         regions: dict[DtaOpcode, Callable[[], StructureRegion]] = {
             DtaOpcode.KEY_WRITE: lambda: KeyWriteRegion.for_structure(buffer, structure),
-            DtaOpcode.KEY_INCREMENT: lambda: CounterRegion(buffer),
+            DtaOpcode.KEY_INCREMENT: lambda: KeyIncrementRegion(buffer),
             DtaOpcode.POSTCARDING: lambda: PostcardRegion.for_structure(buffer, structure),
             DtaOpcode.SKETCH_MERGE: lambda: SketchRegion.for_structure(buffer, structure)}
         return regions[primitive]()

@@ -13,7 +13,7 @@ uses the extended format only: base header `spec.DTA_BASE_EXT` with its own opco
 from __future__ import annotations
 
 import abc
-from collections import Counter as Tally
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,14 +27,14 @@ from softdta.spec import (
     FLUSH_EXT,
     FLUSH_OPCODE,
     PRIMITIVES,
-    Counter,
     DtaOpcode,
     FlushTarget,
     Header,
+    MergeFunction,
     NackKind,
     RoceOpcode,
+    TranslatorCounter,
 )
-from softdta.spec import SketchMerge as MergeKind
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report
 from softdta.wire.frames import UdpFrame
@@ -45,7 +45,7 @@ from softdta.wire.hashing import key_checksum, key_slot, postcard_hop_hash, post
 class Output:
     frames: list[bytes] = field(default_factory=list)
     to_reporter: list[bytes] = field(default_factory=list)
-    drop: Counter | None = None
+    drop: TranslatorCounter | None = None
     deferred: bool = False
     passed: bool = False
 
@@ -67,7 +67,7 @@ class TranslatorContext(Protocol):
     """What a primitive may use of the translator that runs it (the reference `Translator`)."""
 
     tables: Tables
-    counters: Tally[Counter]
+    counters: Counter[TranslatorCounter]
     queue: int  # the RX queue being translated: its QPs are the ones written
 
     @property
@@ -76,7 +76,7 @@ class TranslatorContext(Protocol):
     @property
     def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]: ...
 
-    def drop(self, reason: Counter) -> Output: ...
+    def drop(self, reason: TranslatorCounter) -> Output: ...
 
     def sender(self, target: Structure | AppendLists) -> QueuePair:
         """The QP of `target` that the RX queue being translated writes through."""
@@ -200,7 +200,7 @@ class Primitive(abc.ABC):
         if isinstance(target, Output):
             return target
         if target.qp_on(self.translator.queue) is None:
-            return self.translator.drop(Counter.DROP_NO_QUEUE_QP)
+            return self.translator.drop(TranslatorCounter.DROP_NO_QUEUE_QP)
         blocked = self.translator.blocked(self.translator.sender(target), report, now_ns)
         if blocked:
             return blocked
@@ -274,9 +274,9 @@ class Append(Primitive):
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> AppendLists | Output:
         lists = self.translator.tables.append_range(report.list_id)
         if lists is None:
-            return self.translator.drop(Counter.DROP_UNKNOWN_LIST)
+            return self.translator.drop(TranslatorCounter.DROP_UNKNOWN_LIST)
         if len(report.data) != lists.data_len:
-            return self.translator.drop(Counter.DROP_BAD_LENGTH)
+            return self.translator.drop(TranslatorCounter.DROP_BAD_LENGTH)
         return lists
 
     def apply(self, udp: UdpFrame, report: Report, target: AppendLists, now_ns: int) -> Output:
@@ -287,7 +287,7 @@ class Append(Primitive):
             runtime.token = t.flush_later(now_ns, report.list_id, None)
         runtime.pending.append(_append_entry(report.data))
         if len(runtime.pending) < lists.batch:
-            t.counters[Counter.APPEND_BATCHED] += 1
+            t.counters[TranslatorCounter.APPEND_BATCHED] += 1
             return Output()
         return Output(frames=self.write_batch(lists, report.list_id, runtime, report))
 
@@ -329,7 +329,7 @@ class Postcarding(Primitive):
             return structure
         path_length = report.path_length or structure.hops
         if report.hop > path_length or path_length > structure.hops:
-            return self.translator.drop(Counter.DROP_BAD_HOP)
+            return self.translator.drop(TranslatorCounter.DROP_BAD_HOP)
         return structure
 
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
@@ -346,7 +346,7 @@ class Postcarding(Primitive):
                 single = PostcardEntry(report.key, 1, [0] * structure.hops, hop_mask=1)
                 single.values[report.hop - 1] = encoded
                 return Output(frames=self.write_path(structure, single, report))
-            t.counters[Counter.POSTCARD_EVICTIONS] += 1
+            t.counters[TranslatorCounter.POSTCARD_EVICTIONS] += 1
             out.frames += self.write_path(structure, entry, None)
             entry = None
         if entry is None:
@@ -358,7 +358,7 @@ class Postcarding(Primitive):
             del cache[index]
             out.frames += self.write_path(structure, entry, report)
         elif not out.frames:
-            t.counters[Counter.POSTCARD_CACHED] += 1
+            t.counters[TranslatorCounter.POSTCARD_CACHED] += 1
         return out
 
     def write_path(self, structure: Structure, entry: PostcardEntry, report: Report | None) -> list[bytes]:
@@ -393,16 +393,17 @@ class SketchMerge(Primitive):
         t = self.translator
         structure = t.tables.structure(udp.dst_ip, DtaOpcode.SKETCH_MERGE)
         if structure is None:
-            return t.drop(Counter.DROP_UNKNOWN_COLLECTOR)
+            return t.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
         if report.reporter >= structure.reporters:
-            return t.drop(Counter.DROP_UNKNOWN_REPORTER)
+            return t.drop(TranslatorCounter.DROP_UNKNOWN_REPORTER)
         if len(report.counters) != structure.rows or report.column >= structure.columns:
-            return t.drop(Counter.DROP_BAD_LENGTH)
+            return t.drop(TranslatorCounter.DROP_BAD_LENGTH)
         runtime = self.runtime(structure)
         expected = runtime.next_column.get(report.reporter, 0)
         # A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written.
         if report.column != expected or report.reporter in runtime.contributors[expected]:
-            out = t.drop(Counter.DROP_SKETCH_GAP if report.column > expected else Counter.DROP_SKETCH_STALE)
+            late = report.column > expected
+            out = t.drop(TranslatorCounter.DROP_SKETCH_GAP if late else TranslatorCounter.DROP_SKETCH_STALE)
             nack = Nack(NackKind.SKETCH_COLUMN, expected, report.reporter, extended=True)
             out.to_reporter.append(t.nack_frame(udp, nack))
             return out
@@ -415,10 +416,10 @@ class SketchMerge(Primitive):
         runtime.next_column[report.reporter] = (expected + 1) % structure.columns
         column = runtime.aggregate[report.column]
         for row, value in enumerate(report.counters):
-            column[row] = max(column[row], value) if structure.merge is MergeKind.MAX \
+            column[row] = max(column[row], value) if structure.merge is MergeFunction.MAX \
                 else (column[row] + value) & 0xFFFFFFFF
         runtime.contributors[report.column].add(report.reporter)
-        t.counters[Counter.SKETCH_MERGED] += 1
+        t.counters[TranslatorCounter.SKETCH_MERGED] += 1
         first = report.column - report.column % structure.batch
         group = range(first, first + structure.batch)
         if any(len(runtime.contributors[c]) < structure.reporters for c in group):
@@ -457,11 +458,11 @@ class FlushRequest(Primitive):
         kind, index = report.fields["target"], report.fields["index"]
         if kind == FlushTarget.APPEND_LIST:
             lists = t.tables.append_range(index)
-            return t.drop(Counter.DROP_UNKNOWN_LIST) if lists is None else lists
+            return t.drop(TranslatorCounter.DROP_UNKNOWN_LIST) if lists is None else lists
         if kind != FlushTarget.POSTCARD_ENTRY:
-            return t.drop(Counter.DROP_BAD_FLUSH)
+            return t.drop(TranslatorCounter.DROP_BAD_FLUSH)
         structure = t.tables.structure(udp.dst_ip, DtaOpcode.POSTCARDING)
-        return t.drop(Counter.DROP_UNKNOWN_COLLECTOR) if structure is None else structure
+        return t.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR) if structure is None else structure
 
     def apply(self, udp: UdpFrame, report: PluginReport, target: Target, now_ns: int) -> Output:
         t, index = self.translator, report.fields["index"]
@@ -471,7 +472,7 @@ class FlushRequest(Primitive):
                 return Output()
             return Output(frames=t.flush_batch(target, index, batch))
         if index >= target.cache_entries:
-            return t.drop(Counter.DROP_BAD_FLUSH)
+            return t.drop(TranslatorCounter.DROP_BAD_FLUSH)
         entry = t.postcard_cache.get(target.qp.index, {}).get(index)
         if entry is None or now_ns - entry.first_ns < self.idle_ns:
             return Output()

@@ -9,7 +9,7 @@ from typing import TypeAlias, cast
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.regions import AppendRegion, CounterRegion, KeyWriteRegion, PostcardRegion
+from softdta.core.regions import AppendRegion, KeyIncrementRegion, KeyWriteRegion, PostcardRegion
 from softdta.spec import MAX_REDUNDANCY, POSTCARD_HOP_POLYNOMIALS, KeyHash
 from softdta.wire.hashing import crc32_rows, key_hashes_rows, keys_to_rows
 
@@ -43,7 +43,7 @@ def _data_words(region: KeyWriteRegion) -> np.ndarray:
     return region.data.view(dtype).reshape(region.slot_count)
 
 
-def keywrite_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1,
+def key_write_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1,
                    key_hash: KeyHash = KeyHash.DTA_V1) -> KeyWriteAnswer:
     """Look keys up over `redundancy` copies; the plurality value wins if it has at least `consensus` votes.
 
@@ -74,7 +74,7 @@ def keywrite_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_RED
     return KeyWriteAnswer(found, best_words, np.where(found, best_votes, 0))
 
 
-def keyincrement_query(region: CounterRegion, keys: Keys, redundancy: int,
+def keyincrement_query(region: KeyIncrementRegion, keys: Keys, redundancy: int,
                        key_hash: KeyHash = KeyHash.DTA_V1) -> np.ndarray:
     """Count-Min estimate: the minimum of the key's `redundancy` counters (u64)."""
     _, hashes = key_hashes_rows(as_key_rows(keys), redundancy, key_hash)

@@ -47,7 +47,7 @@ class KeyWriteRegion:
 
 
 @dataclass
-class CounterRegion:
+class KeyIncrementRegion:
     """Key-Increment counters."""
 
     buffer: Buffer

@@ -7,8 +7,7 @@ Fetch&Adds to memory, and produces ACK, NAK and Atomic ACK frames for RC. Collec
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,7 +117,7 @@ class Responder:
         self.ip = ip
         self.udp_sport = udp_sport
         self.qps: dict[int, ResponderQp] = {qp.qpn: qp for qp in qps or []}
-        self.counters: Tally[ResponderCounter] = Tally()
+        self.counters: Counter[ResponderCounter] = Counter()
 
     def add_qp(self, qp: ResponderQp) -> None:
         self.qps[qp.qpn] = qp

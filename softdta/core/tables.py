@@ -33,7 +33,7 @@ from softdta.spec import (
     STRUCTURE_KINDS,
     DtaOpcode,
     KeyHash,
-    SketchMerge,
+    MergeFunction,
     Transport,
 )
 from softdta.wire.dta import Profile
@@ -134,7 +134,7 @@ class Structure(PerQueue):
     columns: int = 0
     rows: int = 0
     reporters: int = 1
-    merge: SketchMerge = SketchMerge.SUM
+    merge: MergeFunction = MergeFunction.SUM
     batch: int = 1
     key_hash: KeyHash = KeyHash.DTA_V1
     redundancy: int = MAX_REDUNDANCY  # Key-Write, Key-Increment: the most copies a report may ask for
@@ -424,7 +424,7 @@ def _from_dict(document: dict[str, Any]) -> Tables:
             hops=entry.integer("hops", DTA_V1_POSTCARD_HOPS),
             cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES),
             columns=entry.integer("columns", 0), rows=entry.integer("rows", 0),
-            reporters=entry.integer("reporters", 1), merge=SketchMerge[merge.upper()],
+            reporters=entry.integer("reporters", 1), merge=MergeFunction[merge.upper()],
             batch=entry.integer("batch", 1, 1), key_hash=KEY_HASH_NAMES[key_hash],
             redundancy=entry.integer("redundancy", MAX_REDUNDANCY, 1, MAX_REDUNDANCY), queue_qps=queue_qps))
     for entry in tables_of(document, "append", APPEND_KEYS, "[[append]]"):

@@ -8,8 +8,7 @@ argument, never read from a clock, so runs are reproducible.
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -37,12 +36,12 @@ from softdta.spec import (
     ROCE_PORT,
     SEQ_WINDOW,
     AethKind,
-    Counter,
     DtaOpcode,
     NackKind,
     NakCode,
     QpState,
     RoceOpcode,
+    TranslatorCounter,
     Transport,
 )
 from softdta.wire.codec import WireError, codec
@@ -82,7 +81,7 @@ class Translator:
 
     def __init__(self, tables: Tables, plugins: tuple[type[Primitive], ...] | list[type[Primitive]] = ()):
         self.tables = tables
-        self.counters: Tally[Counter] = Tally()
+        self.counters: Counter[TranslatorCounter] = Counter()
         self.qp_state = {qp.index: QpRuntime(qp.start_psn) for qp in tables.qps}
         self.reporter_seqnum: dict[bytes, int] = {}
         # (token, first ns, list id | index, structure, RX queue)
@@ -130,8 +129,8 @@ class Translator:
             return self._reply(frame, udp, now_ns)
         return Output(passed=True)
 
-    def counts(self) -> Tally[Counter]:
-        return Tally(self.counters)
+    def counts(self) -> Counter[TranslatorCounter]:
+        return Counter(self.counters)
 
     def flush_idle(self, now_ns: int = 0, idle_ns: int = 0) -> list[bytes]:
         """Write out Append batches and Postcarding paths that have waited at least `idle_ns`, oldest first.
@@ -143,7 +142,7 @@ class Translator:
         kernel flushes from another CPU than the one translating, and this keeps the two from interleaving PSNs.
         """
         frames: list[bytes] = []
-        pushed_back: Tally[int] = Tally()  # since the last write; the second time round ends the pass
+        pushed_back: Counter[int] = Counter()  # since the last write; the second time round ends the pass
         while self.flush_queue:
             token, first_ns, index, structure, queue = self.flush_queue[0]
             pending = self._pending_entry(token, index, structure)
@@ -175,13 +174,13 @@ class Translator:
     def flush_batch(self, lists: AppendLists, list_id: int, runtime: AppendRuntime) -> list[bytes]:
         """A partial Append batch, padded with zero entries, written where the full batch would go."""
         runtime.pending += [bytes(lists.data_len)] * (lists.batch - len(runtime.pending))
-        self.counters[Counter.APPEND_FLUSHES] += 1
+        self.counters[TranslatorCounter.APPEND_FLUSHES] += 1
         return cast(Append, self.primitives[DtaOpcode.APPEND]).write_batch(lists, list_id, runtime, None)
 
     def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]:
         """A cached Postcarding path, written with the hops it has, and its cache entry freed."""
         del self.postcard_cache[structure.qp.index][index]
-        self.counters[Counter.POSTCARD_FLUSHES] += 1
+        self.counters[TranslatorCounter.POSTCARD_FLUSHES] += 1
         return cast(Postcarding, self.primitives[DtaOpcode.POSTCARDING]).write_path(structure, entry, None)
 
     def _pending_entry(self, token: int, index: int,
@@ -217,20 +216,20 @@ class Translator:
     # reports
 
     def _report(self, udp: UdpFrame, now_ns: int) -> Output:
-        self.counters[Counter.RX_REPORTS] += 1
+        self.counters[TranslatorCounter.RX_REPORTS] += 1
         try:
             report = self._decode(udp.payload)
         except WireError as error:
-            return self.drop(Counter[f"DROP_{error.reason}"])
+            return self.drop(TranslatorCounter[f"DROP_{error.reason}"])
         if report.opcode in _BUILT_IN_OPCODES:
-            self.counters[Counter(Counter.RX_KEY_WRITE + report.opcode - 1)] += 1
+            self.counters[TranslatorCounter(TranslatorCounter.RX_KEY_WRITE + report.opcode - 1)] += 1
         if report.retransmit:
             verdict = self._check_sequence(udp, report)
             if verdict is not None:
                 return verdict
         out = self.primitives[report.opcode].translate(udp, report, now_ns)
-        self.counters[Counter.TX_FRAMES] += len(out.frames)
-        self.counters[Counter.TX_NACKS] += len(out.to_reporter)
+        self.counters[TranslatorCounter.TX_FRAMES] += len(out.frames)
+        self.counters[TranslatorCounter.TX_NACKS] += len(out.to_reporter)
         return out
 
     def _decode(self, payload: bytes) -> Report | PluginReport:
@@ -242,7 +241,7 @@ class Translator:
                 return primitive.decode(base, payload, offset)
         return decode(payload, self.tables.profile)
 
-    def drop(self, reason: Counter) -> Output:
+    def drop(self, reason: TranslatorCounter) -> Output:
         self.counters[reason] += 1
         return Output(drop=reason)
 
@@ -255,10 +254,10 @@ class Translator:
         if self.qp_ready(qp, now_ns):
             return None
         if report.essential:
-            self.counters[Counter.ESSENTIAL_DEFERRED] += 1
+            self.counters[TranslatorCounter.ESSENTIAL_DEFERRED] += 1
             return Output(deferred=True)
         state = self.qp_state[qp.index].state
-        return self.drop(Counter.DROP_QP_FAILED if state is QpState.FAILED else Counter.DROP_GRACE)
+        return self.drop(TranslatorCounter.DROP_QP_FAILED if state is QpState.FAILED else TranslatorCounter.DROP_GRACE)
 
     def gate(self, qp: QueuePair, essential: npt.NDArray[np.bool_],
              now_ns: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
@@ -266,9 +265,10 @@ class Translator:
         the rest are counted drops."""
         if self.qp_ready(qp, now_ns):
             return np.ones(len(essential), dtype=bool), np.zeros(len(essential), dtype=bool)
-        self.counters[Counter.ESSENTIAL_DEFERRED] += int(essential.sum())
+        self.counters[TranslatorCounter.ESSENTIAL_DEFERRED] += int(essential.sum())
         failed = self.qp_state[qp.index].state is QpState.FAILED
-        self.counters[Counter.DROP_QP_FAILED if failed else Counter.DROP_GRACE] += int((~essential).sum())
+        reason = TranslatorCounter.DROP_QP_FAILED if failed else TranslatorCounter.DROP_GRACE
+        self.counters[reason] += int((~essential).sum())
         return np.zeros(len(essential), dtype=bool), essential.copy()
 
     def qp_ready(self, qp: QueuePair, now_ns: int) -> bool:
@@ -285,10 +285,10 @@ class Translator:
             self.reporter_seqnum[udp.src_ip] = report.seqnum
             return None
         if (last - report.seqnum) & 0xFF < SEQ_WINDOW:
-            return self.drop(Counter.DROP_DUPLICATE)
-        out = self.drop(Counter.DROP_SEQUENCE_GAP)
+            return self.drop(TranslatorCounter.DROP_DUPLICATE)
+        out = self.drop(TranslatorCounter.DROP_SEQUENCE_GAP)
         out.to_reporter.append(self.nack_frame(udp, Nack(NackKind.SEQUENCE, last, extended=report.extended)))
-        self.counters[Counter.TX_NACKS] += 1
+        self.counters[TranslatorCounter.TX_NACKS] += 1
         return out
 
     def nack_frame(self, udp: UdpFrame, nack: Nack) -> bytes:
@@ -304,15 +304,15 @@ class Translator:
         report asks for more copies than it takes."""
         structure = self.tables.structure(udp.dst_ip, kind)
         if structure is None:
-            return self.drop(Counter.DROP_UNKNOWN_COLLECTOR)
+            return self.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
         key = cast(Report, report).key if key is None else key  # plug-ins pass their key
         if len(key) != structure.key_len or \
                 (kind is DtaOpcode.KEY_WRITE and isinstance(report, Report)
                  and len(report.data) != structure.data_len):
-            return self.drop(Counter.DROP_BAD_LENGTH)
+            return self.drop(TranslatorCounter.DROP_BAD_LENGTH)
         if kind in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT) and isinstance(report, Report) \
                 and report.redundancy > structure.redundancy:
-            return self.drop(Counter.DROP_BAD_REDUNDANCY)
+            return self.drop(TranslatorCounter.DROP_BAD_REDUNDANCY)
         return structure
 
     def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
@@ -355,35 +355,35 @@ class Translator:
         try:
             reply = parse_roce(frame, udp)
         except WireError as error:
-            return self.drop(Counter[f"DROP_{error.reason}"])
+            return self.drop(TranslatorCounter[f"DROP_{error.reason}"])
         if reply.opcode not in (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK):
             return Output(passed=True)  # a CM MAD or a collector's SEND: for the control plane (softdta.core.cm)
         if not reply.icrc_ok:
-            return self.drop(Counter.DROP_BAD_ICRC)
+            return self.drop(TranslatorCounter.DROP_BAD_ICRC)
         qp = self.tables.qp_by_local_qpn(reply.bth["dest_qp"])
         aeth = reply.headers["aeth"]
         if qp is None or qp.collector_ip != udp.src_ip:
-            return self.drop(Counter.DROP_UNKNOWN_QP)
+            return self.drop(TranslatorCounter.DROP_UNKNOWN_QP)
         if qp.transport is Transport.UC:
-            return self.drop(Counter.DROP_REPLY_ON_UC)
+            return self.drop(TranslatorCounter.DROP_REPLY_ON_UC)
         runtime, psn = self.qp_state[qp.index], reply.bth["psn"]
         if not runtime.outstanding(psn):
-            return self.drop(Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW)
+            return self.drop(TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW)
         kind, code = aeth_kind(aeth["syndrome"])
         if kind == AethKind.ACK:
-            self.counters[Counter.RX_ACKS] += 1
+            self.counters[TranslatorCounter.RX_ACKS] += 1
             runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn (coalesced ACKs)
             return Output()
         if kind == AethKind.RNR_NAK:
-            self.counters[Counter.RX_RNR_NAKS] += 1
+            self.counters[TranslatorCounter.RX_RNR_NAKS] += 1
             return Output()
         # the collector executed nothing from the NAK's PSN on: those writes are lost
-        self.counters[Counter.NAK_LOST_WRITES] += (runtime.next_psn - psn) & PSN_MASK
+        self.counters[TranslatorCounter.NAK_LOST_WRITES] += (runtime.next_psn - psn) & PSN_MASK
         if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
-            self.counters[Counter.RX_NAK_SEQUENCE] += 1
+            self.counters[TranslatorCounter.RX_NAK_SEQUENCE] += 1
             self.resync(qp, psn, now_ns)
         else:
-            self.counters[Counter.RX_NAK_FATAL] += 1
+            self.counters[TranslatorCounter.RX_NAK_FATAL] += 1
             self.qp_state[qp.index].state = QpState.FAILED
         return Output()
 

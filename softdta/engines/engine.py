@@ -5,13 +5,13 @@ interfaces implement `LiveEngine` as well."""
 from __future__ import annotations
 
 import queue
-from collections import Counter as Tally
+from collections import Counter
 from typing import Protocol
 
 from softdta.core.control_plane import PsnRestart
 from softdta.core.primitives import Output
 from softdta.core.tables import QueuePair, Tables
-from softdta.spec import Counter
+from softdta.spec import TranslatorCounter
 
 
 class Engine(Protocol):
@@ -21,7 +21,7 @@ class Engine(Protocol):
 
     def flush_idle(self, now_ns: int = 0) -> list[bytes]: ...
 
-    def counts(self) -> Tally[Counter]: ...
+    def counts(self) -> Counter[TranslatorCounter]: ...
 
 
 class Stop(Protocol):

@@ -16,7 +16,7 @@ import queue
 import select
 import socket
 import time
-from collections import Counter as Tally
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -30,12 +30,12 @@ from softdta.core.translator import QpRuntime, Translator
 from softdta.engines.engine import Stop, report_adoptions
 from softdta.engines.xdp import EngineError, build_object, check_queues, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
-from softdta.kernel.maps import record, table
+from softdta.kernel.maps import map_layout, record
 from softdta.kernel.netdev import NetdevError
 from softdta.kernel.resources import BPF_DIR
 from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
-from softdta.spec import TRANSMIT_FRAME_MAX, Counter, QpState
+from softdta.spec import TRANSMIT_FRAME_MAX, QpState, TranslatorCounter
 from softdta.wire.columns import frame_lengths
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
@@ -101,7 +101,7 @@ class PythonEngine:
     def flush_idle(self, now_ns: int = 0) -> list[bytes]:
         return self.translator.flush_idle(now_ns)
 
-    def counts(self) -> Tally[Counter]:
+    def counts(self) -> Counter[TranslatorCounter]:
         return self.translator.counts()
 
     def apply(self, tables: Tables) -> None:
@@ -124,16 +124,16 @@ class PythonEngine:
                 states[qp.index] = QpRuntime(psn)
                 restarts.append(PsnRestart(qp.name, qp.local_qpn, psn, live.next_psn if live else None))
         self.translator.qp_state = states
-        self.translator.counters[Counter.PSN_ADOPTED] += report_adoptions(restarts)
+        self.translator.counters[TranslatorCounter.PSN_ADOPTED] += report_adoptions(restarts)
         self.translator.tables = tables
-        collectors, layout = self.maps["collector"], table("collector")
+        collectors, layout = self.maps["collector"], map_layout("collector")
         wanted = {layout.key.pack(ip=int.from_bytes(qp.collector_ip, "little")): layout.value.pack(mac=qp.collector_mac)
                   for qp in tables.qps}
         for raw in set(collectors.keys()) - set(wanted):
             collectors.delete(raw)
         for key, value in wanted.items():
             collectors.update(key, value)
-        layout = table("qp")
+        layout = map_layout("qp")
         for index in self._qp_indices - {qp.index for qp in tables.qps}:
             self.maps["qp"].update(layout.key.pack(qp_index=index), bytes(layout.value.size))
         for qp in tables.qps:
@@ -154,7 +154,7 @@ class PythonEngine:
 
     def _restore_qp_state(self, tables: Tables) -> None:
         """PSNs and QP states a previous run left in the pinned maps, for QPs that are still the same ones."""
-        qp_layout, state_layout = table("qp"), table("qp_state")
+        qp_layout, state_layout = map_layout("qp"), map_layout("qp_state")
         for qp in tables.qps:
             key = qp_layout.key.pack(qp_index=qp.index)
             pinned_qp, pinned_state = self.maps["qp"].lookup(key), self.maps["qp_state"].lookup(key)
@@ -331,9 +331,9 @@ class PythonEngine:
     def publish(self) -> None:
         """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""
         counters, tally = self.maps["counters"], self.translator.counters
-        for counter in Counter:  # every slot: a reused pin directory may hold another engine's counts
+        for counter in TranslatorCounter:  # every slot: a reused pin directory may hold another engine's counts
             counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
-        layout = table("qp_state")
+        layout = map_layout("qp_state")
         for index, runtime in self.translator.qp_state.items():
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
                 next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,

@@ -1,7 +1,7 @@
 """The kernel translator engine: builds bpf/translator.bpf.c, loads it through libbpf, fills its maps from the
 translator tables, runs frames through it, attaches it to interfaces and reads its state.
 
-The maps named after `spec.TRANSLATOR_TABLES` are the whole interface; `maps.table()` gives their layouts.
+The maps named after `spec.TRANSLATOR_MAPS` are the whole interface; `maps.map_layout()` gives their layouts.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import socket
 import time
-from collections import Counter as Tally
+from collections import Counter
 from pathlib import Path
 
 from softdta.core.control_plane import (
@@ -38,7 +38,7 @@ from softdta.kernel.bpf import (
     program_run_stats,
     xdp_md,
 )
-from softdta.kernel.maps import record, table
+from softdta.kernel.maps import map_layout, record
 from softdta.kernel.programs import (
     TRANSLATOR_SOURCE,
     XDP_ABORTED,
@@ -48,7 +48,15 @@ from softdta.kernel.programs import (
     EngineError,
     build_object,
 )
-from softdta.spec import DTA_NACK_PORT, FANOUT_META_MAGIC, PSN_MASK, TRANSLATOR_TABLES, Counter, DtaOpcode, QpState
+from softdta.spec import (
+    DTA_NACK_PORT,
+    FANOUT_META_MAGIC,
+    PSN_MASK,
+    TRANSLATOR_MAPS,
+    DtaOpcode,
+    QpState,
+    TranslatorCounter,
+)
 from softdta.wire.frames import parse_udp_frame
 
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
@@ -59,7 +67,7 @@ _FLUSH_RUNS_PER_TICK = 512
 
 
 def _capacity(name: str) -> int:
-    return next(t.max_entries for t in TRANSLATOR_TABLES if t.name == name)
+    return next(t.max_entries for t in TRANSLATOR_MAPS if t.name == name)
 
 
 class MapTarget:
@@ -77,12 +85,12 @@ class MapTarget:
         self.maps[entry.table].delete(map_entry(entry)[0])
 
     def installed(self, name: str) -> list[Entry]:
-        return [Entry(name, map_logical(name, table(name).key.unpack(raw))) for raw in self.maps[name].keys()]
+        return [Entry(name, map_logical(name, map_layout(name).key.unpack(raw))) for raw in self.maps[name].keys()]
 
 
 def map_entry(entry: Entry) -> tuple[bytes, bytes]:
     """A control-plane entry as the (key, value) bytes of its BPF map."""
-    layout, addresses = table(entry.table), address_fields(entry.table)
+    layout, addresses = map_layout(entry.table), address_fields(entry.table)
     return (layout.key.pack(**_in_memory(entry.key, addresses)),
             layout.value.pack(**_in_memory(entry.value, addresses)))
 
@@ -162,9 +170,9 @@ class XdpTranslator:
         apply_plan(MapTarget(self.maps), planned)
         self.slots = planned.slots
         self.tables = tables
-        self._add(Counter.PSN_ADOPTED, report_adoptions(planned.restarts))
+        self._add(TranslatorCounter.PSN_ADOPTED, report_adoptions(planned.restarts))
 
-    def _add(self, counter: Counter, n: int) -> None:
+    def _add(self, counter: TranslatorCounter, n: int) -> None:
         """Count what the control plane did in the data path's counters (on CPU 0's copy)."""
         if n:
             key = int(counter).to_bytes(4, "little")
@@ -176,14 +184,14 @@ class XdpTranslator:
         """Rebuild the index assignment from (pinned) maps, so a restarted translator keeps its state."""
         slots = Slots()
         for raw, value in self.maps["qp"].items():
-            entry = table("qp").value.unpack(value)
+            entry = map_layout("qp").value.unpack(value)
             if entry["remote_qpn"]:
-                slots.qp[entry["local_qpn"]] = table("qp").key.unpack(raw)["qp_index"]
+                slots.qp[entry["local_qpn"]] = map_layout("qp").key.unpack(raw)["qp_index"]
         for raw, value in self.maps["append_list"].items():
-            slots.append[table("append_list").key.unpack(raw)["list_id"]] = \
-                table("append_list").value.unpack(value)["state_index"]
+            slots.append[map_layout("append_list").key.unpack(raw)["list_id"]] = \
+                map_layout("append_list").value.unpack(value)["state_index"]
         for raw, value in self.maps["structure"].items():
-            key, entry = table("structure").key.unpack(raw), table("structure").value.unpack(value)
+            key, entry = map_layout("structure").key.unpack(raw), map_layout("structure").value.unpack(value)
             ip = key["collector_ip"].to_bytes(4, "little")
             if key["primitive"] == DtaOpcode.POSTCARDING:
                 slots.postcard[(ip, entry["cache_entries"])] = entry["state_index"]
@@ -195,20 +203,20 @@ class XdpTranslator:
     # state
 
     def read(self, name: str, **key) -> dict | None:
-        layout = table(name)
+        layout = map_layout(name)
         raw = self.maps[name].lookup(layout.key.pack(**key))
         return None if raw is None else layout.value.unpack(raw)
 
-    def counters(self) -> Tally[Counter]:
-        tally: Tally[Counter] = Tally()
-        for counter in Counter:
+    def counters(self) -> Counter[TranslatorCounter]:
+        tally: Counter[TranslatorCounter] = Counter()
+        for counter in TranslatorCounter:
             values = self.maps["counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
             total = sum(int.from_bytes(v[:8], "little") for v in values)
             if total:
                 tally[counter] = total
         return tally
 
-    def counts(self) -> Tally[Counter]:
+    def counts(self) -> Counter[TranslatorCounter]:
         return self.counters()
 
     def qp_state(self, qp: QueuePair) -> dict:
@@ -227,7 +235,7 @@ class XdpTranslator:
                              state=int(QpState.ACTIVE), grace_until_ns=0)
 
     def _write_qp_state(self, qp: QueuePair, current: dict, **changes) -> None:
-        layout = table("qp_state")
+        layout = map_layout("qp_state")
         self.maps["qp_state"].update(layout.key.pack(qp_index=self.slots.qp[qp.local_qpn]),
                                      layout.value.pack(**{**current, **changes}))
 
@@ -262,7 +270,7 @@ class XdpTranslator:
     def flush(self) -> list[bytes]:
         """Run the idle flush until nothing more is due: the frames it writes out, oldest first."""
         frames: list[bytes] = []
-        visits: Tally[bytes] = Tally()  # of each queue head since the last write, as the reference counts them
+        visits: Counter[bytes] = Counter()  # of each queue head since the last write, as the reference counts them
         queue = self.maps["flush_queue"]
         while (head := queue.lookup(b"")) is not None and visits[head] < 2:
             run = self.flusher.test_run(_FLUSH_TEMPLATE)
@@ -330,7 +338,7 @@ class XdpTranslator:
         two RCU grace periods (about 24 ms here, softdta.kernel.generator). The pass ends at an empty queue, or
         at an entry met twice (not due yet, or its QP is busy).
         """
-        queue, visits = self.maps["flush_queue"], Tally()
+        queue, visits = self.maps["flush_queue"], Counter()
         for _ in range(_FLUSH_RUNS_PER_TICK):
             head = queue.lookup(b"")
             if head is None or visits[head] >= 2:
@@ -370,16 +378,16 @@ def pinned_stats(pin_dir: Path) -> dict:
 
     counters, qps = {}, []
     with pinned("counters") as counter_map, pinned("qp") as qp_map, pinned("qp_state") as state_map:
-        for counter in Counter:
+        for counter in TranslatorCounter:
             total = sum(int.from_bytes(v[:8], "little")
                         for v in counter_map.lookup_percpu(int(counter).to_bytes(4, "little")) or [])
             if total:
                 counters[counter.name.lower()] = total
         for raw, value in qp_map.items():
-            entry = table("qp").value.unpack(value)
+            entry = map_layout("qp").value.unpack(value)
             if not entry["remote_qpn"]:
                 continue
-            state = table("qp_state").value.unpack(state_map.lookup(raw))
+            state = map_layout("qp_state").value.unpack(state_map.lookup(raw))
             qps.append({"local_qpn": entry["local_qpn"], "remote_qpn": entry["remote_qpn"],
                         "collector": socket.inet_ntoa(entry["collector_ip"].to_bytes(4, "little")),
                         "transport": "RC" if entry["transport"] == 0 else "UC", "next_psn": state["next_psn"],

@@ -1,5 +1,5 @@
-"""Byte layouts of the tables shared with BPF programs (map keys and values) and of the records they exchange,
-derived from `spec.TABLES` and `spec.RECORDS`.
+"""Byte layouts of the maps shared with BPF programs (map keys and values) and of the records they exchange,
+derived from `spec.MAPS` and `spec.RECORDS`.
 
 The C structs in bpf/include/softdta_spec.h come from the same `codegen.host_members`, so the two cannot drift.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 import struct
 from functools import cache
 
-from softdta.spec import RECORDS, TABLES, Field, Raw, Table
+from softdta.spec import MAPS, RECORDS, Field, Map, Raw
 from softdta.wire.host_layout import host_members
 
 _INT_FORMATS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q"}
 
 
 class Layout:
-    """Pack and unpack one table key or value (host byte order, explicit padding)."""
+    """Pack and unpack one map key or value (host byte order, explicit padding)."""
 
     def __init__(self, fields: tuple[Field | Raw, ...]):
         members, size = host_members(fields)
@@ -50,19 +50,19 @@ class Layout:
         return dict(zip(self.names, self.struct.unpack(data)))
 
 
-class TableLayout:
-    def __init__(self, table: Table):
-        self.table = table
-        self.key = Layout(table.key)
-        self.value = Layout(table.value)
+class MapLayout:
+    def __init__(self, spec: Map):
+        self.spec = spec
+        self.key = Layout(spec.key)
+        self.value = Layout(spec.value)
 
 
 @cache
-def table(name: str) -> TableLayout:
-    for entry in TABLES:
+def map_layout(name: str) -> MapLayout:
+    for entry in MAPS:
         if entry.name == name:
-            return TableLayout(entry)
-    raise KeyError(f"no table named {name!r} in spec.TABLES")
+            return MapLayout(entry)
+    raise KeyError(f"no map named {name!r} in spec.MAPS")
 
 
 @cache

@@ -22,7 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from softdta.core import workload
-from softdta.core.analysis import keywrite_empty_return_bound, keywrite_wrong_output_bound, simulate_query_success_curve
+from softdta.core.analysis import (
+    key_write_empty_return_bound,
+    key_write_wrong_output_bound,
+    simulate_query_success_curve,
+)
 from softdta.core.offline import OfflineCollector
 from softdta.core.regions import KeyWriteRegion
 from softdta.core.tables import Tables, with_queue_qps
@@ -73,9 +77,9 @@ def primitive_workloads(tables: Tables, count: int) -> dict[str, list[dta.Report
 # --------------------------------------------------------------------------------------------------
 # Key-Write stores, filled with numpy exactly where the translator would have written
 
-KEYWRITE_SLOT_SIZE = 8  # u32 key checksum + 4 bytes of data
-KEYWRITE_DATA_LEN = 4
-KEYWRITE_LOAD = 0.1  # keys written per slot (each key writes N copies)
+KEY_WRITE_SLOT_SIZE = 8  # u32 key checksum + 4 bytes of data
+KEY_WRITE_DATA_LEN = 4
+KEY_WRITE_LOAD = 0.1  # keys written per slot (each key writes N copies)
 
 
 @dataclass
@@ -85,7 +89,7 @@ class KeyWriteStore:
     scheme: KeyHash
     keys_written: int
     query_rows: np.ndarray  # (batch, 4) uint8 wire-order keys, a random sample of the written keys
-    query_truth: np.ndarray  # their data as big-endian u32 (what keywrite_query returns)
+    query_truth: np.ndarray  # their data as big-endian u32 (what key_write_query returns)
 
 
 def _distinct_keys(rng: np.random.Generator, count: int) -> np.ndarray:
@@ -100,7 +104,7 @@ def _key_rows(keys: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(keys.astype(">u4")).view(np.uint8).reshape(keys.size, 4)
 
 
-def fill_keywrite_store(slot_bits: int, redundancy: int, scheme: KeyHash, batch: int, seed: int = 24) -> KeyWriteStore:
+def fill_key_write_store(slot_bits: int, redundancy: int, scheme: KeyHash, batch: int, seed: int = 24) -> KeyWriteStore:
     """A store of 2^slot_bits slots after LOAD * slots keys were each written N times, in arrival order.
 
     Per key, the translator writes (checksum, data) to the N slots of its copies; a later key overwrites an
@@ -109,11 +113,11 @@ def fill_keywrite_store(slot_bits: int, redundancy: int, scheme: KeyHash, batch:
     """
     slot_count = 1 << slot_bits
     rng = np.random.default_rng(seed)
-    count = int(KEYWRITE_LOAD * slot_count)
+    count = int(KEY_WRITE_LOAD * slot_count)
     keys = _distinct_keys(rng, count)
     rows = _key_rows(keys)
     data = rng.integers(1, 1 << 32, size=count, dtype=np.uint64).astype(np.uint32)
-    region = KeyWriteRegion(bytearray(slot_count * KEYWRITE_SLOT_SIZE), KEYWRITE_SLOT_SIZE, KEYWRITE_DATA_LEN)
+    region = KeyWriteRegion(bytearray(slot_count * KEY_WRITE_SLOT_SIZE), KEY_WRITE_SLOT_SIZE, KEY_WRITE_DATA_LEN)
     checksums, hashes = key_hashes_rows(rows, redundancy, scheme)
     slots = (hashes & np.uint32(slot_count - 1)).T.ravel()  # key-major: key 0 copy 0..N-1, key 1, ...
     region.checksums[slots] = np.repeat(checksums, redundancy)
@@ -333,7 +337,7 @@ def translator_live(reports_per_step: int, rates: list[float]) -> dict:
     from softdta.engines.xdp import pinned_stats
     from softdta.kernel.tx_ring import RingReporter
     from softdta.lab import topology as lab
-    from softdta.lab.live_demo import link_drops
+    from softdta.lab.demo import link_drops
     steps = []
     state = lab.up(1)
     try:
@@ -377,8 +381,8 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
     from softdta.engines.xdp import pinned_stats
     from softdta.kernel.generator import KernelReporter
     from softdta.lab import topology as lab
+    from softdta.lab.demo import collector_http, link_drops
     from softdta.lab.direct import losses
-    from softdta.lab.live_demo import collector_http, link_drops
 
     def counts() -> dict:
         translator = pinned_stats(lab.PIN_DIR)["counters"]
@@ -391,7 +395,7 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
     state = lab.up(1)
     try:
         address, sender = _lab_reporter(state)
-        # the lab's Key-Write structure holds 13-byte keys and 20-byte data (live_demo's INT path tracing)
+        # the lab's Key-Write structure holds 13-byte keys and 20-byte data (the demo's INT path tracing)
         template = dta.key_write(bytes(range(13)), bytes(20), 1, extended=True)
         with KernelReporter(plan(template, sender.frame(template), key_span=keys), address["interface"],
                             address["netns"]) as reporter:
@@ -718,21 +722,21 @@ def query_success(slots: int, queries: int) -> list[dict]:
     """Key-Write query success against load, simulated and bounded, for N = 1, 2, 4 (the paper's Figure 12)."""
     rows = simulate_query_success_curve(slots, [0.05, 0.1, 0.2, 0.4, 0.7, 1.0], [1, 2, 4], queries=queries)
     for row in rows:
-        row["bound"] = 1 - keywrite_empty_return_bound(row["alpha"], row["n"]) - \
-            keywrite_wrong_output_bound(row["alpha"], row["n"])
+        row["bound"] = 1 - key_write_empty_return_bound(row["alpha"], row["n"]) - \
+            key_write_wrong_output_bound(row["alpha"], row["n"])
     return rows
 
 
 def query_rate(slot_bits: int, batch: int) -> dict:
     """Key-Write queries per second per core at N = 1, 2, 4 (numpy engine), against the paper's 1.8 M/s (C++)."""
-    from softdta.core.query import keywrite_query
+    from softdta.core.query import key_write_query
     results = {}
     for n in (1, 2, 4):
-        store = fill_keywrite_store(slot_bits, n, KeyHash.INDEPENDENT, batch)
+        store = fill_key_write_store(slot_bits, n, KeyHash.INDEPENDENT, batch)
         samples = []
         for _ in range(ROUNDS):
             started = time.perf_counter()
-            keywrite_query(store.region, store.query_rows, n, key_hash=KeyHash.INDEPENDENT)
+            key_write_query(store.region, store.query_rows, n, key_hash=KeyHash.INDEPENDENT)
             samples.append(len(store.query_rows) / (time.perf_counter() - started))
         results[f"n{n}"] = _stats(samples)
     return results

@@ -1,148 +1,603 @@
-"""The offline demo: a mixed workload through the reference translator into the reference collector, queried.
-
-It prints what a user wants to know first: what was sent, what the translator emitted and dropped, how full the
-collector is, and whether the queries give back what was reported, beside the success the analysis expects.
+"""`softdta demo`: the lab up, a mixed telemetry workload through the XDP translator into the collector, the
+collector queried against the truth, and an honest summary. Exit status 1 if anything was lost anywhere
+(`verdict`: per hop and frame kind, counted or not), an answer differs from the one the reference translator
+predicts from the reports sent, or a query's success rate fell well below what the analysis expects.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import time
+import tomllib
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from softdta.collector.collector import tables_document
+from softdta.collector.config import CollectorConfig
+from softdta.collector.service import OfflineSource, QueryService, key_rows
+from softdta.collector.xdp_backend import pin_dir_for
 from softdta.core import workload
-from softdta.core.analysis import expected_success, keywrite_success_chances
+from softdta.core.analysis import expected_success, key_write_success_chances, postcarding_success_chances
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import keyincrement_query, keywrite_query, postcard_query
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
-from softdta.spec import DtaOpcode
+from softdta.engines.python import engine_stats
+from softdta.kernel import netns
+from softdta.kernel.bpf import Map, enable_run_stats
+from softdta.kernel.netns import in_netns
+from softdta.kernel.tx_ring import RingReporter
+from softdta.lab import topology as lab
+from softdta.spec import PRIMITIVES, DtaOpcode, ResponderCounter, TranslatorCounter
+from softdta.wire.dta import Report
 from softdta.wire.frames import ip_bytes, mac_bytes
-from softdta.wire.pcap import Packet, write_pcap
 
 SWITCH_IDS = list(range(1, 4097))
+KEY_WRITE_SLOTS = 65536
+# How far a query's success rate may fall below its expected value (the summary shows its standard deviation);
+# the exact check is the one against the reference translator's prediction.
+BELOW_EXPECTED = 0.01
+BELOW_EXPECTED_WORDS = f"{100 * BELOW_EXPECTED:g} percentage point"
+POSTCARD_SLOTS = 32768
+APPEND_LISTS = 256
+SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
+VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator's link holds at once
+# Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
+# ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
+ROUND = VETH_RING // 2
+# A sender waits while the XDP translator has not yet taken more than ROUND of the reports sent, so that a
+# stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
+# the translator takes nothing for this long, the reports are lost or it is stuck, and the sender goes on.
+STALL_S = 0.2
+DEFAULT_RATE = 100_000.0  # reports/s over all reporters
+# rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
+DEFAULTS = {"xdp": {"rate": DEFAULT_RATE, "scale": 1.0}, "rxe": {"rate": 2000.0, "scale": 0.2}}
+# the python engine translates some ten thousand reports/s on one core (docs/benchmarks.md)
+PYTHON_ENGINE_RATE = 3000.0
+# responder counters of frames not executed: the XDP responder's reasons, and rxe's RNR NAKs (its other
+# counters, rcvd_pkts and such, count traffic)
+RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"executed", "replies_sent", "completions"} \
+    | {"send_rnr_err"}
+# translator counters of the RC replies it consumed, by what it made of them
+REPLY_COUNTERS = ("rx_acks", "rx_nak_sequence", "rx_nak_fatal", "rx_rnr_naks", "drop_reply_psn_outside_window",
+                  "drop_reply_on_uc")
+APPEND_POLL_S = 0.2
+# The burst after the mixed workload: Key-Write N=1 from kernel generators over the direct path (softdta.lab.direct)
+BURST_RATE = 1_000_000.0  # reports/s over all generators
+BURST_SECONDS = 3.0
 
 
-def _workloads(tables: Tables, collector_ip: bytes, seed: int) -> dict[DtaOpcode, list]:
-    kw = tables.structure(collector_ip, DtaOpcode.KEY_WRITE)
-    sketch = tables.structure(collector_ip, DtaOpcode.SKETCH_MERGE)
-    lists = tables.append_lists[0]
-    return {
-        DtaOpcode.KEY_WRITE: workload.key_write(kw.slot_count // 10, seed, 2, kw.key_len, kw.data_len),
-        DtaOpcode.KEY_INCREMENT: workload.key_increment(4000, seed, 2, flows=200),
-        DtaOpcode.APPEND: workload.append(lists.lists * lists.entries // 2, seed, lists.lists, lists.first_list),
-        DtaOpcode.POSTCARDING: workload.postcards(2000, seed, 5, SWITCH_IDS),
-        DtaOpcode.SKETCH_MERGE: workload.sketch_epoch(sketch.reporters, sketch.columns, sketch.rows, seed),
+@dataclass
+class Workload:
+    per_primitive: dict[DtaOpcode, list[Report]]
+    per_reporter: list[list[Report]]  # what each reporter sends, in order
+
+
+def build_workload(reporters: int, seed: int, scale: float = 1.0) -> Workload:
+    """INT path tracing, postcards, congestion events, per-flow counters and sketches, split over reporters.
+
+    Append lists and sketch columns keep their order: a list belongs to one reporter, and reporter r sends
+    sketch r's columns in order. Key-Write and Postcarding come from reporter 1 alone (the sink of every traced
+    flow): reports to one slot then reach the translator in the order sent, so the collector's memory is
+    predictable exactly (`predicted_service`); Key-Increment and Sketch-Merge sums do not depend on order."""
+    per_primitive = {
+        DtaOpcode.KEY_WRITE: workload.key_write(int(6000 * scale), seed, 2, key_len=13, data_len=20),
+        DtaOpcode.KEY_INCREMENT: workload.key_increment(int(20000 * scale), seed, 2, flows=1000),
+        DtaOpcode.APPEND: workload.append(int(APPEND_LISTS * 200 * scale), seed, APPEND_LISTS),
+        DtaOpcode.POSTCARDING: workload.postcards(int(4000 * scale), seed, 5, SWITCH_IDS),
+        DtaOpcode.SKETCH_MERGE: workload.sketch_epoch(reporters, SKETCH_COLUMNS, SKETCH_ROWS, seed),
     }
-
-
-def run_offline_demo(tables: Tables, seed: int = 0, pcap_dir: str | None = None) -> str:
-    collector_ip = tables.structures[0].qp.collector_ip
-    reporter = workload.ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"),
-                                        translator_mac=tables.mac, collector_ip=collector_ip)
-    per_primitive = _workloads(tables, collector_ip, seed)
-    ordered = workload.interleave(list(per_primitive.values()), seed)
-
-    translator = Translator(tables)
-    collector = OfflineCollector(tables, collector_ip)
-    report_frames, roce_frames = [], []
-    started = time.perf_counter()
-    for number, report in enumerate(ordered):
-        now_ns = number * 1000
-        frame = reporter.frame(report, tables.profile)
-        report_frames.append(Packet(now_ns, frame))
-        out = translator.process(frame, now_ns)
-        for emitted in out.frames:
-            roce_frames.append(Packet(now_ns, emitted))
-            for reply in collector.deliver(emitted):
-                translator.process(reply, now_ns)
-    for emitted in translator.flush_idle(len(ordered) * 1000):
-        roce_frames.append(Packet(len(ordered) * 1000, emitted))
-        collector.deliver(emitted)
-    elapsed = time.perf_counter() - started
-    if pcap_dir:
-        Path(pcap_dir).mkdir(parents=True, exist_ok=True)
-        write_pcap(Path(pcap_dir) / "reports.pcap", report_frames)
-        write_pcap(Path(pcap_dir) / "roce.pcap", roce_frames)
-
-    lines = ["softdta offline demo: reference translator -> reference RoCEv2 responder -> queries", ""]
-    lines.append("reports sent per primitive:")
+    streams: list[list[list[list[Report]]]] = [[] for _ in range(reporters)]
     for opcode, reports in per_primitive.items():
-        lines.append(f"  {opcode.name.lower():16} {len(reports):8}")
-    lines.append(f"translated {len(ordered)} reports into {len(roce_frames)} RoCEv2 frames in {elapsed:.2f} s "
-                 f"({len(ordered) / elapsed:,.0f} reports/s, pure Python)")
-    drops = {c.name.lower(): n for c, n in translator.counters.items() if c.name.startswith("DROP_") and n}
-    lines.append(f"drops by reason: {drops or 'none'}")
-    responder = collector.counters()
-    lines.append(f"collector executed {responder.get('executed', 0)} requests; "
-                 f"rejected {sum(n for k, n in responder.items() if k != 'executed')}")
-    lines.append("")
-    lines += _collector_fill(tables, collector, collector_ip)
-    lines.append("")
-    lines += _query_results(tables, collector, collector_ip, per_primitive)
-    return "\n".join(lines)
+        split: list[list[list[Report]]] = [[] for _ in range(reporters)]
+        for index, unit in enumerate(_units(opcode, reports)):
+            owner = {DtaOpcode.APPEND: unit[0].list_id, DtaOpcode.SKETCH_MERGE: unit[0].reporter,
+                     DtaOpcode.KEY_WRITE: 0, DtaOpcode.POSTCARDING: 0}.get(opcode, index)
+            split[owner % reporters].append(unit)
+        for reporter, part in enumerate(split):
+            streams[reporter].append(list(reversed(part)))
+    rng = random.Random(seed)
+    per_reporter = []
+    for own in streams:  # interleave the primitives, each keeping its order
+        order = [i for i, stream in enumerate(own) for _ in stream]
+        rng.shuffle(order)
+        per_reporter.append([report for i in order for report in own[i].pop()])
+    return Workload(per_primitive, per_reporter)
 
 
-def _collector_fill(tables: Tables, collector: OfflineCollector, collector_ip: bytes) -> list[str]:
-    lines = ["collector fill (non-empty slots):"]
-    for structure in tables.structures:
-        if structure.qp.collector_ip != collector_ip or structure.slot_size == 0:
-            continue
-        memory = np.frombuffer(collector.region_of(structure.qp), dtype=np.uint8)
-        used = memory[:structure.slot_count * structure.slot_size].reshape(-1, structure.slot_size).any(axis=1)
-        lines.append(f"  {structure.primitive.name.lower():16} {used.sum():8} / {used.size} "
-                     f"({100 * used.mean():.2f} %)")
-    return lines
+def _units(opcode: DtaOpcode, reports: list[Report]) -> list[list[Report]]:
+    """What must travel together: a flow's postcards leave its hops microseconds apart, well within the
+    translator's idle flush time; every other report stands alone."""
+    if opcode is not DtaOpcode.POSTCARDING:
+        return [[report] for report in reports]
+    flows: dict[bytes, list[Report]] = {}
+    for report in reports:
+        flows.setdefault(report.key, []).append(report)
+    return list(flows.values())
 
 
-def _query_results(tables, collector, collector_ip, per_primitive) -> list[str]:
-    lines = ["queries against the truth:"]
-    kw = tables.structure(collector_ip, DtaOpcode.KEY_WRITE)
-    reports = per_primitive[DtaOpcode.KEY_WRITE]
-    answer = keywrite_query(collector.structure_region(DtaOpcode.KEY_WRITE, collector_ip),
-                            [r.key for r in reports], redundancy=2, key_hash=kw.key_hash)
-    correct = np.array([found and bytes(value) == r.data if kw.data_len not in (4, 8) else
-                        found and int(value) == int.from_bytes(r.data, "big")
-                        for found, value, r in zip(answer.found, answer.values, reports)])
-    later = np.arange(len(reports) - 1, -1, -1) / kw.slot_count
-    rate, spread = expected_success(keywrite_success_chances(later, 2))
-    lines.append(f"  key-write        {correct.mean() * 100:6.2f} % of keys answered correctly "
-                 f"(N=2, load {len(reports) / kw.slot_count:.2f}, hash {kw.key_hash.name.lower()}); "
-                 f"expected {100 * rate:.2f} % ± {100 * spread:.2f} % (one standard deviation)")
-    lines.append(f"                   wrong answers: {int((answer.found & ~correct).sum())}")
+def collector_http(path: str, body: dict | None = None, token: str | None = None) -> dict:
+    """A query; with the collector's token, a POST that takes (Append entries)."""
+    with in_netns(lab.PREFIX + "c"):
+        request = urllib.request.Request(f"http://{lab.COLLECTOR_IP}:{lab.QUERY_PORT}{path}",
+                                         data=json.dumps(body).encode() if body else None,
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {token}"} if token else {})},
+                                         method="POST" if body or token else "GET")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
 
-    ki = tables.structure(collector_ip, DtaOpcode.KEY_INCREMENT)
+
+def link_drops() -> dict[str, int]:
+    """Packets the lab's veth links dropped (full rings), which no BPF counter sees."""
+    return netns.link_drops(lab.status()["namespaces"])
+
+
+def _poll_append(appended: dict[int, list[int]], token: str) -> int:
+    """Take the Append entries through the query service, as a consumer does while reports keep coming: a
+    ring that is not drained wraps and overwrites (DTA's Append has no backpressure). Returns the entries the
+    service says were lost before they could be taken (a lap)."""
+    dropped = 0
+    for list_id, entry in collector_http("/append/append0@10.77.1.1", token=token)["lists"].items():
+        appended.setdefault(int(list_id), []).extend(entry["entries"])
+        dropped += entry["dropped"]
+    return dropped
+
+
+def _chunk_end(frames: list[tuple[Report, bytes]], start: int, chunk: int) -> int:
+    """`chunk` reports on, or a few more so that no flow's postcards straddle two chunks: a path's hops leave
+    their switches microseconds apart, while the paced sender's chunks are milliseconds apart, more than the
+    translator's idle flush waits for the rest of a path."""
+    end = min(start + chunk, len(frames))
+    while 0 < end < len(frames) and frames[end][0].opcode is DtaOpcode.POSTCARDING \
+            and frames[end - 1][0].opcode is DtaOpcode.POSTCARDING and frames[end][0].key == frames[end - 1][0].key:
+        end += 1
+    return end
+
+
+class _Backlog:
+    """What is on its way, from live counters (the python engine publishes its own only every 100 ms, too late to
+    pace by): reports the XDP translator has not yet taken, and, with the XDP collector, frames the translator
+    emitted that the collector has not yet executed."""
+
+    def __init__(self, pin_dir: Path, collector_pin_dir: Path | None):
+        self.counters = Map.from_pinned(pin_dir / "counters")
+        self.responder = Map.from_pinned(collector_pin_dir / "responder_counters") if collector_pin_dir else None
+        # taken or executed before this demo, then: given up for lost after a stall
+        self.written_off, self.frames_written_off = self._taken(), self._unexecuted()
+
+    @staticmethod
+    def _total(counters: Map, counter: int) -> int:
+        return sum(int.from_bytes(value[:8], "little")
+                   for value in counters.lookup_percpu(counter.to_bytes(4, "little")) or [])
+
+    def _taken(self) -> int:
+        return self._total(self.counters, int(TranslatorCounter.RX_REPORTS))
+
+    def _unexecuted(self) -> int:
+        if self.responder is None:
+            return 0
+        return self._total(self.counters, int(TranslatorCounter.TX_FRAMES)) - \
+            self._total(self.responder, int(ResponderCounter.EXECUTED))
+
+    def wait_for_room(self, sent: int) -> None:
+        """Until at most ROUND of `sent` reports are still on their way to the translator, and at most ROUND of
+        its frames on their way to the collector; after STALL_S without progress, what is on its way is given
+        up for lost (the verdict counts it) and the sender goes on."""
+        def behind() -> tuple[int, int]:
+            return sent - (self._taken() - self.written_off), self._unexecuted() - self.frames_written_off
+
+        reports, frames = behind()
+        since = time.perf_counter()
+        while reports > ROUND or frames > ROUND:
+            time.sleep(0.0001)
+            now = behind()
+            if now != (reports, frames):
+                (reports, frames), since = now, time.perf_counter()
+            elif time.perf_counter() - since > STALL_S:
+                self.written_off -= max(0, reports - ROUND)
+                self.frames_written_off += max(0, frames - ROUND)
+                return
+
+    def close(self) -> None:
+        self.counters.close()
+        if self.responder is not None:
+            self.responder.close()
+
+
+def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
+           rate: float = DEFAULT_RATE) -> dict:
+    """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
+    and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
+    within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it, and with
+    the XDP collector too, no more than ROUND of its frames on their way to the collector."""
+    sent: Counter[DtaOpcode] = Counter()
+    frames_by_reporter = []
+    for index, reports in enumerate(load.per_reporter, 1):
+        address = state.reporter(index)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        frames_by_reporter.append([(report, sender.frame(report)) for report in reports])
+    offsets = [0] * len(frames_by_reporter)
+    appended: dict[int, list[int]] = {}
+    append_dropped = 0
+    chunk = max(1, ROUND // len(frames_by_reporter))
+    senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], VETH_RING)
+               for i in range(1, len(frames_by_reporter) + 1)]
+    collector_pins = pin_dir_for(lab.COLLECTOR_NAME, ip_bytes(lab.COLLECTOR_IP)) if state.collector == "xdp" else None
+    backlog = _Backlog(lab.PIN_DIR, collector_pins) if state.engine == "xdp" else None
+    # The pace starts with the first report: counted from before the frames were built, the time spent building
+    # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
+    # cannot hold.
+    started = last_poll = paced_from = time.perf_counter()
+    try:
+        while any(offset < len(frames) for offset, frames in zip(offsets, frames_by_reporter)):
+            if time.perf_counter() - started > seconds:
+                break
+            for index, frames in enumerate(frames_by_reporter):
+                part = frames[offsets[index]:_chunk_end(frames, offsets[index], chunk)]
+                if not part:
+                    continue
+                if backlog:
+                    backlog.wait_for_room(sum(sent.values()) + len(part))
+                senders[index].send([frame for _, frame in part])
+                offsets[index] += len(part)
+                sent.update(report.opcode for report, _ in part)
+                if progress:
+                    progress(len(part))
+                if time.perf_counter() - last_poll > APPEND_POLL_S:
+                    append_dropped += _poll_append(appended, state.token)
+                    last_poll = time.perf_counter()
+                ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
+                if ahead > 0:
+                    time.sleep(ahead)
+                elif ahead < -chunk / rate:  # behind (a stall): at most one chunk back to back, then the rate
+                    paced_from -= ahead + chunk / rate
+    finally:
+        for sender in senders:
+            sender.close()
+        if backlog:
+            backlog.close()
+    elapsed = time.perf_counter() - started
+    return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
+            "rate": sum(sent.values()) / elapsed if elapsed else 0,
+            "appended": appended, "append_dropped": append_dropped,
+            "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
+
+
+def predicted_service(state: lab.LabState, load: Workload, sent_per_reporter: list[int]) -> QueryService:
+    """The query service over what the collector must hold: the reports each reporter sent, replayed in its
+    order through the reference translator into an offline collector laid out as the lab's (the same
+    [translator] settings and structures; addresses and QP numbers do not reach memory). The idle flush runs
+    once at the end: Append's answers do not depend on when a partial batch left, and a Postcarding path
+    flushed before its last hop is a shortfall the comparison must show."""
+    config_path = lab.STATE_DIR / "prediction-collector.toml"
+    config_path.write_text(lab.collector_config(state))
+    config = CollectorConfig.from_toml(config_path)
+    adverts = [{"structure": region.name, **region.advertised(),
+                "qp": {"remote_qpn": 0x10 + index, "local_qpn": 0x10 + index, "rkey": 1 + index,
+                       "base": (1 + index) << 40, "length": region.length,
+                       "transport": region.transport.name.lower()}}
+               for index, region in enumerate(config.regions())]
+    translator = tomllib.loads(lab.translator_settings(state.collector))["translator"]
+    tables = Tables.from_dict(tables_document(translator, {"name": config.name, "ip": lab.COLLECTOR_IP,
+                                                           "mac": lab.COLLECTOR_MAC}, adverts))
+    reference, offline = Translator(tables), OfflineCollector(tables)
+    for index, (reports, count) in enumerate(zip(load.per_reporter, sent_per_reporter), 1):
+        address = state.reporter(index)
+        sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                          mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+        for report in reports[:count]:
+            for frame in reference.process(sender.frame(report), 0).frames:
+                offline.deliver(frame)
+    for frame in reference.flush_idle(now_ns=1 << 62, idle_ns=0):
+        offline.deliver(frame)
+    return QueryService(OfflineSource(offline))
+
+
+def _differences(live: list, predicted: dict) -> int:
+    """Rows of a live answer that differ from the predicted one, as the service would have sent it."""
+    predicted_rows = json.loads(json.dumps(predicted["results"]))
+    return sum(a != b for a, b in zip(live, predicted_rows)) + abs(len(live) - len(predicted_rows))
+
+
+def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
+    """Query the collector and compare with the truth; returns the summary and the problems found."""
+    stats = engine_stats(lab.PIN_DIR)
+    counters = stats["counters"]
+    drops = {name: value for name, value in counters.items() if name.startswith("drop_")}
+    collector_stats = collector_http("/stats")
+    responder = collector_stats.get("responder", {})
+    responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
+    links = link_drops()
+    summary: dict = {
+        "reports_sent": {PRIMITIVES[op].slug: n for op, n in sent.items()},
+        "reports_per_second": round(streamed["rate"]),
+        "translator": {"received": {PRIMITIVES[op].slug: counters.get(f"rx_{op.name.lower()}", 0) for op in sent},
+                       "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
+                       "acks_from_collector": counters.get("rx_acks", 0), "drops": drops,
+                       "engine": stats["engine"]},
+        "collector": {"executed" if "executed" in responder else "rxe_rcvd_pkts":
+                      responder.get("executed", responder.get("rcvd_pkts", 0)), "drops": responder_drops,
+                      "fill": {s["name"].split("@")[0]: round(s["fill"], 4) for s in collector_stats["structures"]}},
+        "link_drops": links,
+    }
+    cpu = stats.get("cpu", {})
+    run_time = sum(program["run_time_ns"] for program in cpu.values())
+    received = counters.get("rx_reports", 0)
+    summary["translator"]["cpu_ns_per_report"] = round(run_time / received, 1) if received and run_time else None
+    summary["collector"]["replies_sent"] = responder.get("replies_sent", responder.get("sent_pkts", 0))
+    summary["translator"]["replies"] = {name: counters.get(name, 0) for name in REPLY_COUNTERS}
+    queries = summary["queries"] = {}
+    prediction = predicted_service(state, load, streamed["sent_per_reporter"])
+    collector_ip = ip_bytes(lab.COLLECTOR_IP)
+    predicted = {primitive: prediction.source.tables.structure(collector_ip, primitive)
+                 for primitive in DtaOpcode}
+
+    keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
+    if keywrite:
+        answer = collector_http("/key-write/key-write@10.77.1.1",
+                                {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
+        right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
+        later = np.arange(len(keywrite) - 1, -1, -1) / KEY_WRITE_SLOTS
+        rate, spread = expected_success(key_write_success_chances(later, 2))
+        structure = predicted[DtaOpcode.KEY_WRITE]
+        expected = prediction.key_write_answer("", structure, key_rows([r.key.hex() for r in keywrite], structure, ""),
+                                               2, 1)
+        queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
+                                "expected": round(rate, 4), "spread": round(spread, 4),
+                                "load": round(len(keywrite) / KEY_WRITE_SLOTS, 4),
+                                "differ_from_prediction": _differences(answer["results"], expected)}
+
     truth: dict[bytes, int] = {}
-    for report in per_primitive[DtaOpcode.KEY_INCREMENT]:
+    for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
         truth[report.key] = truth.get(report.key, 0) + report.counter
-    estimate = keyincrement_query(collector.structure_region(DtaOpcode.KEY_INCREMENT, collector_ip), list(truth), 2,
-                                  ki.key_hash)
-    exact = sum(int(e) == t for e, t in zip(estimate, truth.values()))
-    lines.append(f"  key-increment    {exact} / {len(truth)} flow counters exact (Count-Min, N=2)")
+    if truth:
+        answer = collector_http("/key-increment/key-increment@10.77.1.1",
+                                {"keys": [k.hex() for k in truth], "redundancy": 2})
+        counts = [row["count"] for row in answer["results"]]
+        under = sum(count < expected for count, expected in zip(counts, truth.values()))
+        exact = sum(count == expected for count, expected in zip(counts, truth.values()))
+        structure = predicted[DtaOpcode.KEY_INCREMENT]
+        expected = prediction.keyincrement_answer("", structure, key_rows([k.hex() for k in truth], structure, ""),
+                                                   2)
+        queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under,
+                                    "differ_from_prediction": _differences(answer["results"], expected)}
 
-    sent_per_list: dict[int, list[int]] = {}
-    for report in per_primitive[DtaOpcode.APPEND]:
-        sent_per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
-    received = collector.append_pollers[0].poll()
-    recovered = sum(list(received.get(list_id, [])) == values for list_id, values in sent_per_list.items())
-    entries = sum(len(v) for v in received.values())
-    sent = sum(len(v) for v in sent_per_list.values())
-    lines.append(f"  append           {entries} / {sent} entries recovered "
-                 f"({100 * entries / sent:.1f} %), {recovered} / {len(sent_per_list)} lists in exact order")
+    per_list: dict[int, list[int]] = {}
+    append_sent = 0
+    for reports in load.per_reporter:
+        for report in reports:
+            if report.opcode is DtaOpcode.APPEND:
+                per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
+    append_sent = sum(len(v) for v in per_list.values())
+    appended = streamed["appended"]
+    dropped = streamed["append_dropped"] + _poll_append(appended, state.token)
+    recovered = sum(len(entries) for entries in appended.values())
+    in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
+    expected_lists = {list_id: entries.tolist()
+                      for list_id, entries in prediction.source.collector.append_pollers[0].poll().items()}
+    queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
+                         "lists_in_exact_order": in_order, "entries_overwritten": dropped,
+                         "lists_differ_from_prediction": sum(appended.get(list_id, []) != entries
+                                                             for list_id, entries in expected_lists.items())
+                         + len(set(appended) - set(expected_lists))}
 
     paths: dict[bytes, list[int]] = {}
-    for report in per_primitive[DtaOpcode.POSTCARDING]:
+    for report in load.per_primitive[DtaOpcode.POSTCARDING]:
         paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
-    decoded = postcard_query(collector.structure_region(DtaOpcode.POSTCARDING, collector_ip), list(paths), SWITCH_IDS)
-    right = (decoded.values == np.array(list(paths.values()))).all(axis=1) & decoded.complete
-    lines.append(f"  postcarding      {int(right.sum())} / {len(paths)} paths decoded exactly")
+    answer = collector_http("/postcarding/postcarding@10.77.1.1",
+                            {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
+    decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
+    later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
+    rate, spread = expected_success(postcarding_success_chances(later, 1, 5, len(SWITCH_IDS)))
+    structure = predicted[DtaOpcode.POSTCARDING]
+    expected = prediction.postcarding_answer("", structure, key_rows([k.hex() for k in paths], structure, ""),
+                                              SWITCH_IDS)
+    queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "expected": round(rate, 4),
+                              "spread": round(spread, 4),
+                              "differ_from_prediction": _differences(answer["results"], expected)}
 
-    sketch = tables.structure(collector_ip, DtaOpcode.SKETCH_MERGE)
-    expected = np.zeros((sketch.rows, sketch.columns), dtype=np.uint64)
-    for report in per_primitive[DtaOpcode.SKETCH_MERGE]:
-        expected[:, report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = collector.structure_region(DtaOpcode.SKETCH_MERGE, collector_ip).matrix()
-    lines.append(f"  sketch-merge     merged sketch {'matches' if (merged == expected).all() else 'DIFFERS from'} "
-                 f"the sum of {sketch.reporters} reporters' sketches ({sketch.rows}x{sketch.columns})")
-    return lines
+    expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
+    for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
+        expected[report.column] += np.array(report.counters, dtype=np.uint64)
+    merged = np.array(collector_http("/sketch-merge/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
+    match = merged.shape == expected.shape and bool((merged == expected).all())
+    expected_matrix = prediction.region(predicted[DtaOpcode.SKETCH_MERGE]).by_column.tolist()
+    queries["sketch_merge"] = {"matches_sum_of_reporters": match,
+                               "matches_prediction": merged.tolist() == expected_matrix}
+    summary["complete"] = streamed["complete"]
+    problems = summary["problems"] = verdict(summary)
+    return summary, problems
+
+
+def verdict(summary: dict) -> list[str]:
+    """Every shortfall, hop by hop and frame kind by frame kind; every answer that differs from the reference
+    translator's prediction; every query below its truth, or more than BELOW_EXPECTED below its expected success.
+
+    Strict: a drop anywhere never excuses a shortfall somewhere else, and any loss at all is a problem (the lab
+    runs below the rate where anything should be lost)."""
+    problems: list[str] = []
+    translator, collector = summary["translator"], summary["collector"]
+    sent, received = sum(summary["reports_sent"].values()), sum(translator["received"].values())
+    if sent != received:
+        problems.append(f"reports: {sent:,} sent, {received:,} reached the translator"
+                        f"{'; link drops ' + str(summary['link_drops']) if summary['link_drops'] else ''}")
+    if translator["drops"]:
+        problems.append(f"the translator dropped reports or replies: {translator['drops']}")
+    if collector["drops"]:
+        problems.append(f"the collector refused requests: {collector['drops']}")
+    replies_taken = sum(translator["replies"].values())
+    if collector["replies_sent"] != replies_taken:
+        problems.append(f"RC replies: the collector sent {collector['replies_sent']:,}, the translator took "
+                        f"{replies_taken:,}")
+    queries = summary["queries"]
+    kw = queries.get("key_write")
+    if kw and kw["success"] < kw["expected"] - BELOW_EXPECTED:
+        problems.append(f"Key-Write answered {kw['success']:.2%} correctly, more than {BELOW_EXPECTED_WORDS} below "
+                        f"the expected {_expected(kw)}")
+    if queries.get("key_increment", {}).get("under_counted"):
+        problems.append(f"{queries['key_increment']['under_counted']} Key-Increment counters are below the truth")
+    append = queries["append"]
+    if summary["complete"] and (append["entries_recovered"] != append["entries_sent"]
+                                or append["lists_in_exact_order"] != append["lists"]):
+        overwritten = append.get("entries_overwritten")
+        problems.append(f"Append: {append['entries_recovered']:,} of {append['entries_sent']:,} entries recovered, "
+                        f"{append['lists_in_exact_order']} of {append['lists']} lists in order"
+                        f"{f'; laps overwrote {overwritten:,}' if overwritten else ''}")
+    postcarding = queries["postcarding"]
+    if postcarding["decoded_exactly"] / postcarding["paths"] < postcarding["expected"] - BELOW_EXPECTED:
+        problems.append(f"Postcarding decoded {postcarding['decoded_exactly'] / postcarding['paths']:.2%} of paths, "
+                        f"more than {BELOW_EXPECTED_WORDS} below the expected {_expected(postcarding)}")
+    if summary["complete"] and not queries["sketch_merge"]["matches_sum_of_reporters"]:
+        problems.append("Sketch-Merge: the merged sketch differs from the sum of the reporters' sketches")
+    # Exact: the collector's answers against those from the memory the reference predicts for what was sent.
+    for name, count in prediction_differences(queries).items():
+        if count:
+            unit = "lists" if name == "append" else "answers"
+            problems.append(f"{name.replace('_', '-')}: {count:,} {unit} differ from the memory the reference "
+                            f"translator predicts from the reports sent")
+    if not queries["sketch_merge"].get("matches_prediction", True):
+        problems.append("sketch-merge: the merged sketch differs from the memory the reference predicts")
+    return problems
+
+
+def prediction_differences(queries: dict) -> dict[str, int]:
+    """Per structure, the answers (Append: lists) that differ from those the reference translator predicts."""
+    return {name: queries[name].get("differ_from_prediction", queries[name].get("lists_differ_from_prediction"))
+            for name in ("key_write", "key_increment", "append", "postcarding") if name in queries}
+
+
+def _expected(query: dict) -> str:
+    """A query's expected success rate and one standard deviation of the measured rate around it."""
+    return f"{query['expected']:.2%} ± {query['spread']:.2%}"
+
+
+def burst(rate: float, seconds: float) -> dict:
+    """`seconds` of Key-Write N=1 at `rate` reports/s (0: as fast as the generators go) on the direct path: a
+    kernel generator per CPU into the XDP translator, a QP per RX queue, frames from XDP (the structure takes no
+    redundancy) into the XDP responder. Then every key is read back from the collector's memory."""
+    from softdta.lab.direct import DirectPath
+
+    with DirectPath(queues=min(2, len(os.sched_getaffinity(0)))) as direct:
+        step = direct.step(rate, seconds)
+        return {**step, "seconds": seconds, "rx_queues": direct.queues, "keys": direct.key_write_check()}
+
+
+def burst_problems(result: dict) -> list[str]:
+    """Strict, as the mixed workload's verdict: any loss at all, or keys read back right more than BELOW_EXPECTED
+    below the expected rate."""
+    problems = []
+    if result["lost"]:
+        problems.append(f"burst: {result['sent']:,} reports sent, {result['executed']:,} executed; lost "
+                        f"{result['lost']}")
+    keys = result["keys"]
+    if keys["success"] < keys["expected"] - BELOW_EXPECTED:
+        problems.append(f"burst: {keys['success']:.2%} of {keys['keys']:,} keys read back right, more than "
+                        f"{BELOW_EXPECTED_WORDS} below the expected {_expected(keys)}")
+    return problems
+
+
+def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 60.0, keep: bool = False,
+        as_json: bool = False, rate: float = DEFAULT_RATE, collector: str = "xdp", engine: str = "xdp",
+        burst_rate: float = BURST_RATE, burst_seconds: float = BURST_SECONDS) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    console = Console(stderr=as_json)
+    kind = "XDP responder" if collector == "xdp" else "soft-RoCE in a QEMU guest"
+    translator = "XDP translator" if engine == "xdp" else "python translator on AF_XDP"
+    with console.status(f"bringing the lab up (namespaces, {translator}, {kind} collector)"):
+        state = lab.up(reporters, collector, engine)
+    try:
+        load = build_workload(reporters, seed, scale)
+        total = sum(len(r) for r in load.per_reporter)
+        stats_fd = enable_run_stats()
+        try:
+            with Progress(console=console, transient=as_json) as progress:
+                task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
+                streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
+            # the idle flush writes out partial batches and paths
+            time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)
+        finally:
+            os.close(stats_fd)
+        summary, problems = summarize(state, load, streamed["sent"], streamed)
+    finally:
+        if not keep:
+            lab.down()
+    summary["burst"] = None
+    if burst_seconds and (collector, engine) == ("xdp", "xdp"):
+        with console.status(f"burst: {burst_seconds:g} s of Key-Write at "
+                            f"{f'{burst_rate:,.0f} reports/s' if burst_rate else 'full speed'} on the direct path"):
+            summary["burst"] = burst(burst_rate, burst_seconds)
+        problems += burst_problems(summary["burst"])
+        summary["problems"] = problems
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print(console, summary, Table)
+    return 1 if problems else 0
+
+
+def _print(console, summary: dict, Table) -> None:
+    reports = Table(title="reports", show_edge=False)
+    for column in ("primitive", "sent", "translated"):
+        reports.add_column(column, justify="right" if column != "primitive" else "left")
+    for name, sent in summary["reports_sent"].items():
+        reports.add_row(name, f"{sent:,}", f"{summary['translator']['received'][name]:,}")
+    console.print(reports)
+    translator, collector = summary["translator"], summary["collector"]
+    console.print(f"sent at {summary['reports_per_second']:,} reports/s (AF_PACKET TX rings, paced); "
+                  "translator emitted "
+                  f"{translator['frames_emitted']:,} RoCEv2 frames, consumed {translator['acks_from_collector']:,} "
+                  f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of "
+                  f"{'XDP+tc' if translator['engine']['name'] == 'xdp' else 'python engine'} CPU per report")
+    console.print(f"drops: translator {translator['drops'] or 'none'}, collector {collector['drops'] or 'none'}, "
+                  f"links {summary['link_drops'] or 'none'}")
+    received = (f"executed {collector['executed']:,} requests" if "executed" in collector else
+                f"(rxe) received {collector['rxe_rcvd_pkts']:,} packets")
+    console.print(f"collector {received}; fill {collector['fill']}")
+    queries = Table(title="queries against the truth", show_edge=False)
+    queries.add_column("structure")
+    queries.add_column("result")
+    q = summary["queries"]
+    if "key_write" in q:
+        kw = q["key_write"]
+        queries.add_row("key-write", f"{kw['success']:.2%} of {kw['keys']:,} keys correct at load {kw['load']} "
+                                     f"(N=2); expected {_expected(kw)}")
+    if "key_increment" in q:
+        ki = q["key_increment"]
+        queries.add_row("key-increment", f"{ki['exact']:,} / {ki['flows']:,} flow counters exact, "
+                                         f"{ki['under_counted']} under the truth")
+    ap = q["append"]
+    queries.add_row("append", f"{ap['entries_recovered']:,} / {ap['entries_sent']:,} entries recovered, "
+                              f"{ap['lists_in_exact_order']} / {ap['lists']} lists in exact order")
+    pc = q["postcarding"]
+    queries.add_row("postcarding", f"{pc['decoded_exactly']:,} / {pc['paths']:,} paths decoded exactly; "
+                                   f"expected {_expected(pc)}")
+    queries.add_row("sketch-merge", "merged sketch matches the sum of the reporters'"
+                    if q["sketch_merge"]["matches_sum_of_reporters"] else "merged sketch DIFFERS")
+    console.print(queries)
+    differing = [f"{name.replace('_', '-')} {count:,}" for name, count in prediction_differences(q).items()]
+    sketch = "equals it" if q["sketch_merge"].get("matches_prediction", True) else "DIFFERS"
+    console.print(f"answers that differ from the reference translator's prediction: {', '.join(differing)}; "
+                  f"the merged sketch {sketch}")
+    if summary["burst"]:
+        result, keys = summary["burst"], summary["burst"]["keys"]
+        console.print(f"burst: {result['sent']:,} Key-Write N=1 reports in {result['seconds']:g} s "
+                      f"({result['achieved']:,}/s) from {result['rx_queues']} kernel generators through the XDP "
+                      f"translator (a QP per RX queue, frames from XDP) into the XDP responder; executed "
+                      f"{result['executed']:,}, lost {result['lost'] or 'none'}; {keys['correct']:,} of "
+                      f"{keys['keys']:,} keys read back right ({keys['success']:.2%}, expected {_expected(keys)})")
+    if summary["problems"]:
+        console.print("[bold red]problems:[/] " + "; ".join(summary["problems"]))
+    else:
+        console.print("[bold green]everything sent is accounted for; every answer is the one the reference "
+                      "translator predicts, and no query is below its truth or more than "
+                      f"{BELOW_EXPECTED_WORDS} below its expected success")

@@ -21,9 +21,9 @@ from softdta.collector.collector import Collector, tables_document
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import QUEUE_QPN_STRIDE
 from softdta.collector.xdp_backend import XdpBackend
-from softdta.core.analysis import expected_success, keywrite_success_chances
+from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.generator import plan
-from softdta.core.query import keywrite_query
+from softdta.core.query import key_write_query
 from softdta.core.tables import Tables
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
@@ -31,7 +31,7 @@ from softdta.kernel.bpf import enable_run_stats, run_stats
 from softdta.kernel.generator import KernelReporter
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, link_drops, veth_pair
 from softdta.lab import topology as lab
-from softdta.spec import Counter, DtaOpcode
+from softdta.spec import DtaOpcode, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
 
@@ -116,7 +116,7 @@ class DirectPath:
         assert self.kernel is not None and self.collector is not None
         with in_netns(self.namespaces[1]):
             counters = self.kernel.counters()
-        return {"translated": counters[Counter.RX_REPORTS], "emitted": counters[Counter.TX_FRAMES],
+        return {"translated": counters[TranslatorCounter.RX_REPORTS], "emitted": counters[TranslatorCounter.TX_FRAMES],
                 "translator_drops": sum(n for counter, n in counters.items() if counter.name.startswith("DROP_")),
                 "executed": self.collector.counters().get("executed", 0), "links": link_drops(self.namespaces),
                 "run_ns": {stage: run_stats(fd)[0] for stage, fd in self.stages.items()}}
@@ -171,14 +171,14 @@ class DirectPath:
         structure = self.tables.structure(ip_bytes(lab.COLLECTOR_IP), DtaOpcode.KEY_WRITE)
         assert structure is not None
         region = self.collector.structure_region(DtaOpcode.KEY_WRITE, ip_bytes(lab.COLLECTOR_IP))
-        answer = keywrite_query(region, np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), KEY_LEN), 1,
+        answer = key_write_query(region, np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), KEY_LEN), 1,
                                 key_hash=structure.key_hash)
         expected = np.frombuffer(b"".join(data), np.uint8).reshape(len(keys), DATA_LEN)
         stored = answer.values.view(np.uint8).reshape(len(keys), -1)[:, :DATA_LEN]
         correct = int(np.count_nonzero(answer.found & (stored == expected).all(axis=1)))
         # keys written later fill the store further: each key's chance depends on the load after it
         later = np.arange(len(keys) - 1, -1, -1) / structure.slot_count
-        rate, spread = expected_success(keywrite_success_chances(later, 1))
+        rate, spread = expected_success(key_write_success_chances(later, 1))
         return {"keys": len(keys), "correct": correct, "success": round(correct / len(keys), 4),
                 "expected": round(rate, 4), "spread": round(spread, 4),
                 "load": round(len(keys) / structure.slot_count, 4)}

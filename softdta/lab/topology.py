@@ -136,7 +136,7 @@ grace_ms = {1.0 if collector == "xdp" else 50.0}
 
 
 def flush_idle_ms(collector: str, engine: str = "xdp") -> float:
-    """At rxe's pace (DEFAULTS in live_demo) a Postcarding path's hops arrive up to ~100 ms apart: a 1 ms idle
+    """At rxe's pace (DEFAULTS in lab/demo.py) a Postcarding path's hops arrive up to ~100 ms apart: a 1 ms idle
     flush would write most paths out in pieces. The same holds at the python engine's pace, where the paced
     reporters' chunks, which can split a path, arrive tens of milliseconds apart."""
     return 1.0 if collector == "xdp" and engine == "xdp" else 250.0

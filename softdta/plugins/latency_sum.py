@@ -19,7 +19,7 @@ import numpy as np
 
 from softdta.core.primitives import BatchResult, KeyWrites, Output, PluginReport, PluginRows, Primitive, write_key
 from softdta.core.tables import Structure
-from softdta.spec import MAX_KEY_LEN, MAX_POSTCARD_HOPS, Counter, DtaOpcode, Field, Header, Var
+from softdta.spec import MAX_KEY_LEN, MAX_POSTCARD_HOPS, DtaOpcode, Field, Header, TranslatorCounter, Var
 from softdta.wire.columns import gather
 from softdta.wire.frames import UdpFrame
 
@@ -50,9 +50,9 @@ class LatencySum(Primitive):
     def target(self, udp: UdpFrame, report: PluginReport, now_ns: int) -> Structure | Output:
         t, fields = self.translator, report.fields
         if not 1 <= len(fields["key"]) <= MAX_KEY_LEN:
-            return t.drop(Counter.DROP_BAD_LENGTH)
+            return t.drop(TranslatorCounter.DROP_BAD_LENGTH)
         if not 1 <= fields["hop"] <= fields["path_length"] <= MAX_POSTCARD_HOPS:
-            return t.drop(Counter.DROP_BAD_HOP)
+            return t.drop(TranslatorCounter.DROP_BAD_HOP)
         return t.structure(udp, DtaOpcode.KEY_WRITE, report, key=fields["key"])
 
     def apply(self, udp: UdpFrame, report: PluginReport, target: Structure, now_ns: int) -> Output:
@@ -72,9 +72,9 @@ class LatencySum(Primitive):
         latencies = gather(frames, at, LATENCY_SUM_EXT, "latency_ns").tolist()
         # target()'s checks, in its order, each a counted drop
         go = (key_lens >= 1) & (key_lens <= MAX_KEY_LEN)
-        t.counters[Counter.DROP_BAD_LENGTH] += int((~go).sum())
+        t.counters[TranslatorCounter.DROP_BAD_LENGTH] += int((~go).sum())
         hop_ok = (hops >= 1) & (hops <= path_lengths) & (path_lengths <= MAX_POSTCARD_HOPS)
-        t.counters[Counter.DROP_BAD_HOP] += int((go & ~hop_ok).sum())
+        t.counters[TranslatorCounter.DROP_BAD_HOP] += int((go & ~hop_ok).sum())
         go &= hop_ok
         result = BatchResult()
         deferred = []
@@ -83,12 +83,12 @@ class LatencySum(Primitive):
             mine = go & (rows.collector_ips == address)
             structure = t.tables.structure(int(address).to_bytes(4, "big"), DtaOpcode.KEY_WRITE)
             if structure is None:
-                t.counters[Counter.DROP_UNKNOWN_COLLECTOR] += int(mine.sum())
+                t.counters[TranslatorCounter.DROP_UNKNOWN_COLLECTOR] += int(mine.sum())
                 continue
             fits = mine & (key_lens == structure.key_len)
-            t.counters[Counter.DROP_BAD_LENGTH] += int((mine & ~fits).sum())
+            t.counters[TranslatorCounter.DROP_BAD_LENGTH] += int((mine & ~fits).sum())
             if structure.qp_on(t.queue) is None:
-                t.counters[Counter.DROP_NO_QUEUE_QP] += int(fits.sum())
+                t.counters[TranslatorCounter.DROP_NO_QUEUE_QP] += int(fits.sum())
                 continue
             ready, waiting = t.gate(t.sender(structure), rows.essential[fits], now_ns)
             deferred.append(np.flatnonzero(fits)[waiting])

@@ -4,9 +4,9 @@ Python codecs (`softdta.wire.codec`), the BPF C header (`bpf/include/softdta_spe
 (`p4/softdta_spec.p4`) are all derived from the objects in this module; nothing else spells out a layout.
 """
 
-# The parts, in dependency order; everything is re-exported here, so `softdta.spec.X` names any of it.
+# The parts; everything is re-exported here, so `softdta.spec.X` names any of it.
 from softdta.spec.constants import *  # noqa: F403
 from softdta.spec.headers import *  # noqa: F403
+from softdta.spec.maps import *  # noqa: F403
 from softdta.spec.model import *  # noqa: F403
 from softdta.spec.records import *  # noqa: F403
-from softdta.spec.tables import *  # noqa: F403

@@ -140,7 +140,7 @@ class Transport(IntEnum):
     UC = 1
 
 
-class SketchMerge(IntEnum):
+class MergeFunction(IntEnum):
     SUM = 0
     MAX = 1
 
@@ -151,7 +151,7 @@ class QpState(IntEnum):
     FAILED = 2  # after a remote-access or operational NAK; only the control plane revives it
 
 
-class Counter(IntEnum):
+class TranslatorCounter(IntEnum):
     """Per-CPU translator counters. Names starting with DROP_ are drops, each with its reason."""
 
     RX_REPORTS = 0

@@ -80,7 +80,7 @@ class Header:
 
 
 @dataclass(frozen=True)
-class Table:
+class Map:
     name: str
     key: tuple[Field | Raw, ...]
     value: tuple[Field | Raw, ...]

@@ -39,13 +39,13 @@ def p4_id(prefix: int, index: int) -> int:
     return prefix << 24 | index
 
 
-def p4_control_tables() -> list[spec.Table]:
+def p4_control_tables() -> list[spec.Map]:
     """The P4 tables the control plane writes: the shared configuration tables, then the P4-only ones."""
-    shared = [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_TABLES if t.name == name and name not in P4_WITHOUT]
+    shared = [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_MAPS if t.name == name and name not in P4_WITHOUT]
     return shared + [t for t in spec.P4_TABLES if t.name not in P4_REPLICATION]
 
 
-def p4_action_params(table: spec.Table) -> list[Field | Raw]:
+def p4_action_params(table: spec.Map) -> list[Field | Raw]:
     """Parameters of a table's set action: its value fields, without padding."""
     return [f for f in table.value if f.name != "pad"]
 
@@ -64,7 +64,7 @@ P4_MISS_ACTION_ID = p4_id(P4_ID_ACTION, 0xFFFF)
 def p4_registers() -> list[P4Register]:
     """One register per field of each data-plane state table (spin locks and padding have no P4 meaning)."""
     registers: list[P4Register] = []
-    for table in spec.TRANSLATOR_TABLES:
+    for table in spec.TRANSLATOR_MAPS:
         if table.name in CONFIG_TABLES or table.name in P4_WITHOUT:
             continue
         for f in table.value:

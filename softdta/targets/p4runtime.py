@@ -23,8 +23,8 @@ from softdta.core.control_plane import (
     Slots,
     address_fields,
     apply_plan,
+    map_spec,
     plan,
-    table_spec,
 )
 from softdta.core.tables import QueuePair, TableError, Tables
 from softdta.errors import SoftdtaError
@@ -74,7 +74,7 @@ def encode_value(value: int | bytes, bits: int) -> bytes:
 
 def _logical(table: str, name: str, data: bytes) -> int | bytes:
     """A bitstring as the control plane holds the field: bytes for addresses and byte fields, else an int."""
-    spec_field = next(f for f in table_spec(table).key + table_spec(table).value if f.name == name)
+    spec_field = next(f for f in map_spec(table).key + map_spec(table).value if f.name == name)
     number = int.from_bytes(data, "big")
     if isinstance(spec_field, Raw):
         return number.to_bytes(spec_field.size, "big")
@@ -153,7 +153,7 @@ def register_entries(entry: Entry, names: P4Names) -> list[p4runtime_pb2.Registe
     (index,) = entry.key.values()
     messages = []
     for register in p4_registers():
-        if register.table != entry.table or register.size != table_spec(entry.table).max_entries:
+        if register.table != entry.table or register.size != map_spec(entry.table).max_entries:
             continue
         message = p4runtime_pb2.RegisterEntry(register_id=names.registers[register.name].preamble.id)
         message.index.index = index
@@ -340,7 +340,7 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
                                     f"{structure.qp.name!r} must carry nothing else ({', '.join(sharing)})")
     problems += [f"append lists from {lists.first_list}: dta-v1 Append data is 4 bytes"
                  for lists in tables.append_lists if lists.data_len != 4]
-    sketches = table_spec("sketch_column").max_entries >> P4_SKETCH_COLUMN_BITS
+    sketches = map_spec("sketch_column").max_entries >> P4_SKETCH_COLUMN_BITS
     if any(index >= sketches for index in planned.slots.sketch.values()):
         problems.append(f"at most {sketches} Sketch-Merge structures")
     if architecture == "tna":

@@ -13,7 +13,7 @@ from softdta.spec import Header, Raw
 
 
 class WireError(SoftdtaError, ValueError):
-    """Malformed input. `reason` is a short machine-readable tag (a `spec.Counter` name without DROP_)."""
+    """Malformed input. `reason` is a short machine-readable tag (a `spec.TranslatorCounter` name without DROP_)."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)

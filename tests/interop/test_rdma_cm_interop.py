@@ -30,7 +30,7 @@ from softdta.kernel.bpf import ensure_bpffs
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
 from softdta.links.cm import CmLinks, CmTarget
-from softdta.spec import Counter, DtaOpcode, QpState
+from softdta.spec import DtaOpcode, QpState, TranslatorCounter
 from softdta.wire.frames import ip_bytes, mac_bytes
 from tests.common import Link, wait_for_line
 
@@ -142,8 +142,8 @@ def test_original_collectors_are_connected_by_cm_and_written_like_the_reference(
         counters = rig.kernel.counters()
         after = guest.hw_counters()
         assert after["out_of_seq_request"] == before["out_of_seq_request"], "no resync was needed to start"
-        assert counters[Counter.RX_NAK_SEQUENCE] == counters[Counter.RX_NAK_FATAL] == 0
-        assert counters[Counter.RX_ACKS] > 0  # the Fetch&Adds' Atomic ACKs
+        assert counters[TranslatorCounter.RX_NAK_SEQUENCE] == counters[TranslatorCounter.RX_NAK_FATAL] == 0
+        assert counters[TranslatorCounter.RX_ACKS] > 0  # the Fetch&Adds' Atomic ACKs
         assert_regions_match(guest, tables, memory)
 
         guest.run(f"kill -9 {pid}")  # the kernel tears its rdma_cm IDs down: a DREQ for each connection
@@ -256,7 +256,7 @@ def test_a_failed_qp_is_disconnected_and_connected_again(guest):
         document["structures"][0]["qp"]["rkey"] ^= 0x5A5A
         rig.kernel.apply(Tables.from_dict(document))
         rig.send(workload.key_write(2, 31, 1), Translator(tables), OfflineCollector(tables))
-        assert rig.kernel.counters()[Counter.RX_NAK_FATAL] == 1
+        assert rig.kernel.counters()[TranslatorCounter.RX_NAK_FATAL] == 1
         new_tables = links.updates.get(timeout=30)
         assert any("failed; reconnecting" in line for line in logged), logged
         while not new_tables.qps:  # the failed QP leaves the tables first, then comes back

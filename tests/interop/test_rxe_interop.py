@@ -18,7 +18,7 @@ import pytest
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import AppendPoller, keyincrement_query, keywrite_query, postcard_query
+from softdta.core.query import AppendPoller, key_write_query, keyincrement_query, postcard_query
 from softdta.core.regions import AppendRegion
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
@@ -26,7 +26,7 @@ from softdta.engines.xdp import XdpTranslator
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
 from softdta.links.control import CollectorLinks
-from softdta.spec import Counter, DtaOpcode, Transport
+from softdta.spec import DtaOpcode, TranslatorCounter, Transport
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
 from tests.common import Link
@@ -138,28 +138,30 @@ def http(guest, path: str, body: dict | None = None) -> dict:
             return json.loads(response.read())
 
 
-FRAMES_OUT = (Counter.TX_FRAMES, Counter.APPEND_FLUSHES, Counter.POSTCARD_FLUSHES)  # every frame the translator emits
-REPLIES_IN = (Counter.RX_ACKS, Counter.RX_NAK_SEQUENCE, Counter.RX_NAK_FATAL)
+# every frame the translator emits
+FRAMES_OUT = (TranslatorCounter.TX_FRAMES, TranslatorCounter.APPEND_FLUSHES, TranslatorCounter.POSTCARD_FLUSHES)
+REPLIES_IN = (TranslatorCounter.RX_ACKS, TranslatorCounter.RX_NAK_SEQUENCE, TranslatorCounter.RX_NAK_FATAL)
 
 
 class Balance:
-    """Counter movements since it was made, on both sides: rxe's hw_counters and the translator's counters."""
+    """TranslatorCounter movements since it was made, on both sides: rxe's hw_counters and the translator's counters."""
 
     def __init__(self, rig):
         self.rig = rig
         self.rxe, self.translator = rig.guest.hw_counters(), rig.kernel.counters()
 
-    def since(self) -> tuple[dict[str, int], dict[Counter, int]]:
+    def since(self) -> tuple[dict[str, int], dict[TranslatorCounter, int]]:
         rxe, translator = self.rig.guest.hw_counters(), self.rig.kernel.counters()
         return ({name: rxe[name] - self.rxe.get(name, 0) for name in rxe},
-                {counter: translator.get(counter, 0) - self.translator.get(counter, 0) for counter in Counter})
+                {counter: translator.get(counter, 0) - self.translator.get(counter, 0)
+                 for counter in TranslatorCounter})
 
 
-def emitted(translator: dict[Counter, int]) -> int:
+def emitted(translator: dict[TranslatorCounter, int]) -> int:
     return sum(translator[counter] for counter in FRAMES_OUT)
 
 
-def replies_seen(translator: dict[Counter, int]) -> int:
+def replies_seen(translator: dict[TranslatorCounter, int]) -> int:
     return sum(translator[counter] for counter in REPLIES_IN)
 
 
@@ -202,15 +204,16 @@ def test_every_primitive_lands_in_rxe_and_answers_like_the_reference(guest, coll
     rig.replies(wait=0.5)
     rxe, translator = balance.since()
     assert sent == emitted(translator) == rxe["rcvd_pkts"], "every frame emitted reached rxe"
-    assert translator[Counter.RX_ACKS] > 0, "rxe acknowledged the RC writes and Fetch&Adds"
-    assert rxe["sent_pkts"] == replies_seen(translator) == translator[Counter.RX_ACKS], "no NAK, every ACK seen"
+    assert translator[TranslatorCounter.RX_ACKS] > 0, "rxe acknowledged the RC writes and Fetch&Adds"
+    assert rxe["sent_pkts"] == replies_seen(translator) == translator[TranslatorCounter.RX_ACKS], \
+        "no NAK, every ACK seen"
     assert rxe["out_of_seq_request"] == rxe["duplicate_request"] == rxe["send_rnr_err"] == 0
     assert_psns_agree(rig)
 
     ip = rig.ip
     kw_reports = [r for r in reports if r.opcode is DtaOpcode.KEY_WRITE]
     kw = tables.structure(ip, DtaOpcode.KEY_WRITE)
-    expected = keywrite_query(offline.structure_region(DtaOpcode.KEY_WRITE, ip), [r.key for r in kw_reports], 4,
+    expected = key_write_query(offline.structure_region(DtaOpcode.KEY_WRITE, ip), [r.key for r in kw_reports], 4,
                               key_hash=kw.key_hash)
     answer = http(guest, f"/key-write/key-write@{guest.guest_ip}", {"keys": [r.key.hex() for r in kw_reports],
                                                                    "redundancy": 4})
@@ -270,8 +273,8 @@ def test_a_lost_rc_frame_is_nakked_resynced_and_traffic_recovers(collector):
     time.sleep(0.5)
     rig.replies(wait=0.5)
     rxe, translator = balance.since()
-    assert translator[Counter.RX_NAK_SEQUENCE] == rxe["out_of_seq_request"] == 1
-    assert translator[Counter.DROP_GRACE] == len(after_gap)
+    assert translator[TranslatorCounter.RX_NAK_SEQUENCE] == rxe["out_of_seq_request"] == 1
+    assert translator[TranslatorCounter.DROP_GRACE] == len(after_gap)
     time.sleep(0.1)  # the grace period (50 ms) ends
     recovered = fresh_keys(43, 10)
     for key in recovered:
@@ -283,12 +286,13 @@ def test_a_lost_rc_frame_is_nakked_resynced_and_traffic_recovers(collector):
     assert counts(rig, lost_flow + after_gap) == [0] * 6
 
     rxe, translator = balance.since()
-    reports = translator[Counter.RX_REPORTS]
-    assert reports == 1 + len(after_gap) + len(recovered) and translator[Counter.DROP_GRACE] == len(after_gap)
+    reports = translator[TranslatorCounter.RX_REPORTS]
+    assert reports == 1 + len(after_gap) + len(recovered) and translator[TranslatorCounter.DROP_GRACE] == len(after_gap)
     assert emitted(translator) == 2 * (reports - len(after_gap)), "N=2: two Fetch&Adds per report not dropped"
     assert rxe["rcvd_pkts"] == emitted(translator) - 1, "all but the frame our drop stage lost reached rxe"
     # rxe answered the out-of-sequence copy with one NAK and executed the rest: one Atomic ACK each
-    assert rxe["sent_pkts"] == replies_seen(translator) == 1 + 2 * len(recovered) == translator[Counter.RX_ACKS] + 1
+    assert rxe["sent_pkts"] == replies_seen(translator) == 1 + 2 * len(recovered) \
+        == translator[TranslatorCounter.RX_ACKS] + 1
     assert rxe["duplicate_request"] == 0
     assert_psns_agree(rig)
 
@@ -320,7 +324,7 @@ def test_a_wrong_rkey_fails_the_qp_and_the_collector_recreates_it(collector):
     rig.replies(wait=0.5)
     assert rig.qp_state(DtaOpcode.KEY_WRITE)["state"] == 2  # failed, after rxe's remote access NAK
     rxe, translator = balance.since()
-    assert translator[Counter.RX_NAK_FATAL] == 1 and rxe["sent_pkts"] == replies_seen(translator) == 1
+    assert translator[TranslatorCounter.RX_NAK_FATAL] == 1 and rxe["sent_pkts"] == replies_seen(translator) == 1
     rig.tables = rig.links.updates.get(timeout=15)  # re-created by the collector, re-advertised
     new_qp = rig.tables.structure(rig.ip, DtaOpcode.KEY_WRITE).qp
     assert new_qp.remote_qpn != kw.qp.remote_qpn
@@ -391,9 +395,10 @@ def test_two_rx_queues_write_through_their_own_queue_pairs_into_one_rxe_region(c
             kernel.process(reply)
         rxe = {name: count - balance.rxe.get(name, 0) for name, count in guest.hw_counters().items()}
         counters = kernel.counters()
-        assert sent == counters[Counter.TX_FRAMES] == rxe["rcvd_pkts"]
+        assert sent == counters[TranslatorCounter.TX_FRAMES] == rxe["rcvd_pkts"]
         assert rxe["out_of_seq_request"] == rxe["duplicate_request"] == 0
-        assert counters[Counter.RX_ACKS] > 0 and not counters[Counter.RX_NAK_SEQUENCE] + counters[Counter.RX_NAK_FATAL]
+        assert counters[TranslatorCounter.RX_ACKS] > 0
+        assert not counters[TranslatorCounter.RX_NAK_SEQUENCE] + counters[TranslatorCounter.RX_NAK_FATAL]
         kw, ki = tables.structure(rig.ip, DtaOpcode.KEY_WRITE), tables.structure(rig.ip, DtaOpcode.KEY_INCREMENT)
         assert all(kernel.qp_state(qp)["frames_sent"] for qp in kw.qps + ki.qps), "both queues wrote"
         expected = {qp.remote_qpn: kernel.qp_state(qp)["next_psn"] for qp in tables.qps}

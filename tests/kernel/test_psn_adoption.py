@@ -6,7 +6,7 @@ import pytest
 from softdta.core.tables import Tables
 from softdta.engines.python import PythonEngine
 from softdta.engines.xdp import XdpTranslator
-from softdta.spec import PSN_MASK, Counter, DtaOpcode
+from softdta.spec import PSN_MASK, DtaOpcode, TranslatorCounter
 from softdta.wire import dta
 from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
@@ -18,7 +18,7 @@ def _next_psn(engine, qp) -> int:
 
 
 def _counted(engine) -> int:
-    return engine.counts()[Counter.PSN_ADOPTED]
+    return engine.counts()[TranslatorCounter.PSN_ADOPTED]
 
 
 @pytest.mark.parametrize("engine_class", [XdpTranslator, PythonEngine], ids=["xdp", "python"])

@@ -19,7 +19,7 @@ import pytest
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import keywrite_query
+from softdta.core.query import key_write_query
 from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.engines.python import PythonEngine, engine_stats
@@ -29,7 +29,7 @@ from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, v
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import ROCE_PORT, Counter, DtaOpcode, QpState
+from softdta.spec import ROCE_PORT, DtaOpcode, QpState, TranslatorCounter
 from softdta.wire.frames import ip_bytes, mac_bytes
 from tests.common import (
     COLLECTOR_IP,
@@ -120,7 +120,7 @@ def test_python_engine_puts_the_reference_translators_frames_on_the_wire(wire, t
     assert stats["engine"]["io"] == engine.io_name
     assert stats["engine"]["transmit"] == ("XDP" if io == "af_xdp" else "packet I/O")
     assert stats["counters"]["rx_reports"] == len(frames)
-    assert stats["counters"]["tx_frames"] == len(expected) == reference.counters[Counter.TX_FRAMES]
+    assert stats["counters"]["tx_frames"] == len(expected) == reference.counters[TranslatorCounter.TX_FRAMES]
     assert stats["cpu"]["python_engine"]["runs"] == len(frames)
     assert {qp["next_psn"] for qp in stats["qps"]} == {reference.qp_state[qp.index].next_psn for qp in tables.qps}
 
@@ -198,10 +198,10 @@ def test_a_plug_in_primitive_runs_live_and_lands_in_the_collectors_memory(wire, 
         collector.deliver(frame)
     structure = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
     region = collector.structure_region(DtaOpcode.KEY_WRITE, COLLECTOR_IP)
-    answer = keywrite_query(region, np.array([int.from_bytes(k, "big") for k in slow], dtype=np.uint64), 1,
+    answer = key_write_query(region, np.array([int.from_bytes(k, "big") for k in slow], dtype=np.uint64), 1,
                             key_hash=structure.key_hash)
     assert answer.found.all() and list(answer.values) == [sum(v) for v in slow.values()]
-    assert not keywrite_query(region, np.array([int.from_bytes(k, "big") for k in fast], dtype=np.uint64), 1,
+    assert not key_write_query(region, np.array([int.from_bytes(k, "big") for k in fast], dtype=np.uint64), 1,
                               key_hash=structure.key_hash).found.any()
 
 
@@ -251,7 +251,7 @@ def test_essential_reports_wait_out_the_grace_period_and_are_then_sent(wire, tab
         qp = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp
         engine.translator.resync(qp, 100, time.monotonic_ns())
         seen = run_live(engine, translator_ns, far, capture, [essential], lambda: engine.attach(["t0"]))
-        assert engine.translator.counters[Counter.ESSENTIAL_DEFERRED] >= 1 and engine.deferred == []
+        assert engine.translator.counters[TranslatorCounter.ESSENTIAL_DEFERRED] >= 1 and engine.deferred == []
     reference = Translator(tables)
     reference.resync(qp, 100, 0)
     assert seen == reference.process(essential, tables.grace_ns).frames  # PSN 100, as after the resync
@@ -334,4 +334,5 @@ def test_only_acks_from_collectors_reach_the_engine(wire, tables):
         run_live(engine, translator_ns, far, capture, [mad, ack, mad], lambda: engine.attach(["t0"]))
         counters = engine.translator.counters  # the ACK reached the engine, which found nothing outstanding
         assert engine.runs == 1
-        assert counters[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] + counters[Counter.DROP_REPLY_ON_UC] == 1
+        refused = (TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW, TranslatorCounter.DROP_REPLY_ON_UC)
+        assert sum(counters[counter] for counter in refused) == 1

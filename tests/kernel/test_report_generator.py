@@ -20,7 +20,7 @@ from softdta.kernel.bpf import BpfObject, attach_xdp
 from softdta.kernel.generator import KernelReporter
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
-from softdta.spec import DTA_PORT, ROCE_PORT, Counter
+from softdta.spec import DTA_PORT, ROCE_PORT, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, mac_bytes
@@ -95,7 +95,7 @@ def test_pages_a_translator_rewrote_in_place_come_back_as_correct_reports(wire, 
         counters = translator.counters()
     reference = Translator(tables)
     expected = [out for index in range(count) for out in reference.process(generator.frame_at(index)).frames]
-    assert counters[Counter.RX_REPORTS] == count and counters[Counter.TX_FRAMES] == count
+    assert counters[TranslatorCounter.RX_REPORTS] == count and counters[TranslatorCounter.TX_FRAMES] == count
     assert len(seen) == count and seen == expected
 
 

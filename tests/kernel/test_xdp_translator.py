@@ -24,11 +24,11 @@ from softdta.spec import (
     MAX_REDUNDANCY,
     ROCE_PORT,
     AethKind,
-    Counter,
     DtaOpcode,
     KeyHash,
     QpState,
     RoceOpcode,
+    TranslatorCounter,
 )
 from softdta.wire import dta
 from softdta.wire.dta import Profile
@@ -228,7 +228,7 @@ def test_each_rx_queue_writes_through_its_own_qps_like_the_reference(seed):
                 assert_same_state(reference, kernel)
                 assert kernel.flush() == reference.flush_idle(time.monotonic_ns(), 0)
                 assert_same_state(reference, kernel)
-        assert reference.counters[Counter.DROP_NO_QUEUE_QP] > 0
+        assert reference.counters[TranslatorCounter.DROP_NO_QUEUE_QP] > 0
         sent = {qp.name for qp in reference.tables.qps if reference.qp_state[qp.index].frames_sent}
         assert {name.rpartition("/q")[2] for name in sent if "/q" in name} == {"1", "2"}
     finally:
@@ -339,7 +339,7 @@ def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
         for frame in replies:
             assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
         assert_same_state(reference, kernel)
-        assert kernel.counters()[Counter.DROP_BAD_ICRC] == 1
+        assert kernel.counters()[TranslatorCounter.DROP_BAD_ICRC] == 1
         # Not replies, so the control plane's: a CM MAD to QP1, a collector's SEND on a new QP, a stray WRITE
         ends = UdpEndpoints(rc[0].collector_mac, tables.mac, rc[0].collector_ip, tables.ip, 49999, ROCE_PORT)
         counted = kernel.counters()
@@ -357,7 +357,7 @@ def test_collector_replies_resync_fail_and_are_counted_like_the_reference():
             frame = reporters.frame()
             assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), frame.hex())
         assert_same_state(reference, kernel)
-        assert kernel.counters()[Counter.DROP_GRACE] + kernel.counters()[Counter.DROP_QP_FAILED] > 0
+        assert kernel.counters()[TranslatorCounter.DROP_GRACE] + kernel.counters()[TranslatorCounter.DROP_QP_FAILED] > 0
         kernel.revive(rc[-1], 77)
         reference.revive(rc[-1], 77)
         assert kernel.qp_state(rc[-1])["state"] == QpState.ACTIVE
@@ -388,9 +388,9 @@ def test_forged_and_stale_replies_are_refused_like_the_reference(seed):
             assert_same(reference.process(frame, time.monotonic_ns()), kernel.process(frame), f"{index}: {frame.hex()}")
         assert_same_state(reference, kernel)
         counted = kernel.counters()
-        assert counted[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] and counted[Counter.DROP_REPLY_ON_UC]
-        assert counted[Counter.RX_ACKS] and counted[Counter.RX_NAK_SEQUENCE]
-        assert counted[Counter.NAK_LOST_WRITES] == reference.counters[Counter.NAK_LOST_WRITES] > 0
+        assert counted[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] and counted[TranslatorCounter.DROP_REPLY_ON_UC]
+        assert counted[TranslatorCounter.RX_ACKS] and counted[TranslatorCounter.RX_NAK_SEQUENCE]
+        assert counted[TranslatorCounter.NAK_LOST_WRITES] == reference.counters[TranslatorCounter.NAK_LOST_WRITES] > 0
 
 
 PATHS = {XDP_TX: "xdp", XDP_REDIRECT: "xdp", XDP_PASS: "tc", XDP_DROP: "drop"}
@@ -416,7 +416,8 @@ def test_a_structure_without_redundancy_sends_from_xdp_and_drops_redundant_repor
                 verdicts[redundancy].append(PATHS[run.retval])
                 assert run.data == (expected.frames[0] if expected.frames else frame)
             counters = kernel.counters()
-            assert counters[Counter.DROP_BAD_REDUNDANCY] == reference.counters[Counter.DROP_BAD_REDUNDANCY]
+            bad_redundancy = TranslatorCounter.DROP_BAD_REDUNDANCY
+            assert counters[bad_redundancy] == reference.counters[bad_redundancy]
     assert verdicts == {1: ["xdp", "xdp", "drop", "drop", "xdp"], MAX_REDUNDANCY: ["tc"] * 5}
 
 
@@ -429,7 +430,7 @@ def test_grace_ends_on_time(tables, reporter):
         time.sleep(0.03)
         frames = kernel.process(reporter.frame(dta.key_write(1, 2))).frames
         assert [parse_roce(f).bth["psn"] for f in frames] == [500]
-        assert kernel.counters()[Counter.DROP_GRACE] == 1
+        assert kernel.counters()[TranslatorCounter.DROP_GRACE] == 1
 
 
 def test_essential_reports_are_parked_for_userspace_while_the_qp_cannot_send(tables, reporter):
@@ -440,9 +441,9 @@ def test_essential_reports_are_parked_for_userspace_while_the_qp_cannot_send(tab
         essential = reporter.frame(dta.key_write(7, 8, essential=True, extended=True))
         out = kernel.process(essential)
         assert out.deferred and not out.frames
-        assert kernel.counters()[Counter.ESSENTIAL_DEFERRED] == 1
+        assert kernel.counters()[TranslatorCounter.ESSENTIAL_DEFERRED] == 1
         plain = kernel.process(reporter.frame(dta.key_write(7, 8)))
-        assert not plain.deferred and kernel.counters()[Counter.DROP_GRACE] == 1
+        assert not plain.deferred and kernel.counters()[TranslatorCounter.DROP_GRACE] == 1
 
 
 def test_pinned_maps_keep_psns_heads_and_caches_across_a_restart(tables, reporter):
@@ -474,7 +475,7 @@ def test_live_table_changes_keep_the_state_of_entries_that_stay(tables, reporter
         changed.validate()
         kernel.apply(changed)
         out = kernel.process(reporter.frame(dta.append(3, 9)))
-        assert not out.frames and kernel.counters()[Counter.DROP_UNKNOWN_LIST] == 1
+        assert not out.frames and kernel.counters()[TranslatorCounter.DROP_UNKNOWN_LIST] == 1
         kw = tables.structure(reporter.collector_ip, DtaOpcode.KEY_WRITE)
         frames = kernel.process(reporter.frame(dta.key_write(5, 6, 1))).frames
         assert parse_roce(frames[0]).bth["psn"] == (kw.qp.start_psn + 2) & 0xFFFFFF

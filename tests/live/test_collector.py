@@ -25,7 +25,7 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, cancel_tasks, fetch_advertisements, receive, send
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
 from softdta.core import workload
-from softdta.core.query import keyincrement_query, keywrite_query
+from softdta.core.query import key_write_query, keyincrement_query
 from softdta.core.tables import TableError, Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
@@ -94,7 +94,7 @@ def test_translator_frames_land_in_collector_memory_and_answer_queries(tmp_path)
                     translator.process(reply)
         assert collector.counters()["executed"] == 2 * len(reports)
         written = [r for r in reports if r.opcode is dta.DtaOpcode.KEY_WRITE]
-        answer = keywrite_query(collector.structure_region(DtaOpcode.KEY_WRITE, config.ip),
+        answer = key_write_query(collector.structure_region(DtaOpcode.KEY_WRITE, config.ip),
                                 [r.key for r in written], redundancy=2, key_hash=KeyHash.INDEPENDENT)
         assert answer.found.mean() > 0.97
         counts = keyincrement_query(collector.structure_region(DtaOpcode.KEY_INCREMENT, config.ip),

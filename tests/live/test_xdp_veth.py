@@ -23,7 +23,7 @@ from softdta.engines.xdp import EngineError, XdpTranslator
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
-from softdta.spec import DTA_NACK_PORT, ROCE_PORT, Counter, DtaOpcode, QpState, RoceOpcode
+from softdta.spec import DTA_NACK_PORT, ROCE_PORT, DtaOpcode, QpState, RoceOpcode, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
@@ -148,8 +148,8 @@ def test_reports_cross_the_translator_as_frames_equal_to_the_reference(lab):
         assert by_qp(got) == by_qp(expected)
         with in_netns(lab.translator.name):
             counters = kernel.counters()
-        assert counters[Counter.RX_REPORTS] == len(MIXED)
-        assert counters[Counter.TX_FRAMES] == len(expected)
+        assert counters[TranslatorCounter.RX_REPORTS] == len(MIXED)
+        assert counters[TranslatorCounter.TX_FRAMES] == len(expected)
         assert not [c for c in counters if c.name.startswith("DROP_")]
     finally:
         kernel.close()
@@ -198,7 +198,7 @@ def test_sequence_nak_from_the_collector_resyncs_and_starts_the_grace_period(lab
         assert [parse_roce(f).bth["psn"] for f in frames] == [start + 1]
         with in_netns(lab.translator.name):
             counters = kernel.counters()
-        assert counters[Counter.RX_NAK_SEQUENCE] == 1 and counters[Counter.DROP_GRACE] == 1
+        assert counters[TranslatorCounter.RX_NAK_SEQUENCE] == 1 and counters[TranslatorCounter.DROP_GRACE] == 1
     finally:
         kernel.close()
 
@@ -331,7 +331,7 @@ def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
         frames = [parse_roce(f) for f in receive(collector, 2, keep=is_roce)]
         assert [(f.opcode, f.bth["psn"], f.headers["atomic_eth"]["swap_add"]) for f in frames] == \
                [(RoceOpcode.RC_FETCH_ADD, start, 3), (RoceOpcode.RC_FETCH_ADD, start + 1, 3)]
-        assert counters[Counter.ESSENTIAL_DEFERRED] == 1 and counters[Counter.DROP_GRACE] == 1
+        assert counters[TranslatorCounter.ESSENTIAL_DEFERRED] == 1 and counters[TranslatorCounter.DROP_GRACE] == 1
     finally:
         kernel.close()
 

@@ -26,7 +26,16 @@ from softdta.core.primitives import FlushRequest
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
-from softdta.spec import ACK_SYNDROME, DTA_PORT, ROCE_PORT, AethKind, Counter, DtaOpcode, FlushTarget, RoceOpcode
+from softdta.spec import (
+    ACK_SYNDROME,
+    DTA_PORT,
+    ROCE_PORT,
+    AethKind,
+    DtaOpcode,
+    FlushTarget,
+    RoceOpcode,
+    TranslatorCounter,
+)
 from softdta.targets.bmv2 import Bmv2, ThriftRegisters, compile_v1model
 from softdta.targets.p4runtime import P4Names, P4RuntimeError, load_p4info, p4runtime_pb2
 from softdta.wire import dta
@@ -189,7 +198,7 @@ def test_every_frame_equals_the_reference(switch, case):
     frames = [reporter.frame(report) for report in reports]
     expected = [out for frame in frames for out in reference.process(frame, 0).frames]
     if case == "postcarding-evictions":
-        assert reference.counters[Counter.POSTCARD_EVICTIONS] > 0
+        assert reference.counters[TranslatorCounter.POSTCARD_EVICTIONS] > 0
     got = bmv2.exchange(frames, len(expected))
     print(f"{case}: {len(reports)} reports, {len(expected)} frames compared")
     assert len(got) == len(expected), f"{case}: {len(got)} frames out of bmv2, the reference emits {len(expected)}"
@@ -234,7 +243,7 @@ def test_p4_run_serves_the_tables_until_it_is_told_to_stop(program, tmp_path):
         host.close()
 
 
-def counters(cli: str, names: list[Counter]) -> dict[str, int]:
+def counters(cli: str, names: list[TranslatorCounter]) -> dict[str, int]:
     """The switch's translator counters (packets), read over Thrift."""
     result = subprocess.run([cli, "--thrift-port", str(THRIFT_PORT)], capture_output=True, text=True, timeout=60,
                             input="".join(f"counter_read translator_counters {int(c)}\n" for c in names))
@@ -250,9 +259,10 @@ def reply(tables: Tables, qp, syndrome: int, psn: int) -> bytes:
                                                     {"aeth": {"syndrome": syndrome, "msn": 1}}))
 
 
-REPLY_COUNTERS = [Counter.RX_ACKS, Counter.RX_RNR_NAKS, Counter.RX_NAK_SEQUENCE, Counter.RX_NAK_FATAL,
-                  Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW, Counter.DROP_REPLY_ON_UC, Counter.DROP_GRACE,
-                  Counter.DROP_QP_FAILED, Counter.RX_REPORTS]
+REPLY_COUNTERS = [TranslatorCounter[name] for name in (
+    "RX_ACKS", "RX_RNR_NAKS", "RX_NAK_SEQUENCE", "RX_NAK_FATAL", "DROP_REPLY_PSN_OUTSIDE_WINDOW",
+    "DROP_REPLY_ON_UC", "DROP_GRACE", "DROP_QP_FAILED", "RX_REPORTS",
+)]
 
 
 def test_replies_are_taken_like_the_reference(program, tmp_path):
@@ -293,9 +303,10 @@ def test_replies_are_taken_like_the_reference(program, tmp_path):
         bmv2.close()
 
 
-DROP_COUNTERS = [Counter.DROP_UNKNOWN_COLLECTOR, Counter.DROP_UNKNOWN_LIST, Counter.DROP_UNKNOWN_OPCODE,
-                 Counter.DROP_TRUNCATED, Counter.DROP_BAD_HOP, Counter.DROP_BAD_REDUNDANCY, Counter.RX_REPORTS,
-                 Counter.TX_FRAMES]
+DROP_COUNTERS = [TranslatorCounter[name] for name in (
+    "DROP_UNKNOWN_COLLECTOR", "DROP_UNKNOWN_LIST", "DROP_UNKNOWN_OPCODE", "DROP_TRUNCATED", "DROP_BAD_HOP",
+    "DROP_BAD_REDUNDANCY", "RX_REPORTS", "TX_FRAMES",
+)]
 
 
 def cut_short(reporter: workload.ReporterAddress, report) -> bytes:
@@ -360,14 +371,16 @@ def test_the_grace_after_a_resync_ends_on_time(program, tmp_path):
         expected = [out for frame in after for out in reference.process(frame, int((grace_s + 1.0) * 1e9)).frames]
         assert [psn(frame) for frame in expected] == [rc.start_psn + 1 + n for n in range(3)]
         assert bmv2.exchange(after, len(expected)) == expected
-        assert counters(bmv2_tool("simple_switch_CLI"), [Counter.DROP_GRACE, Counter.RX_NAK_SEQUENCE]) == \
-            {"drop_grace": 3, "rx_nak_sequence": 1}
+        resync_counters = [TranslatorCounter.DROP_GRACE, TranslatorCounter.RX_NAK_SEQUENCE]
+        assert counters(bmv2_tool("simple_switch_CLI"), resync_counters) == {"drop_grace": 3, "rx_nak_sequence": 1}
     finally:
         bmv2.close()
 
 
-FLUSH_COUNTERS = [Counter.APPEND_FLUSHES, Counter.POSTCARD_FLUSHES, Counter.DROP_UNKNOWN_LIST, Counter.DROP_BAD_FLUSH,
-                  Counter.DROP_UNKNOWN_OPCODE, Counter.RX_REPORTS, Counter.TX_FRAMES]
+FLUSH_COUNTERS = [TranslatorCounter[name] for name in (
+    "APPEND_FLUSHES", "POSTCARD_FLUSHES", "DROP_UNKNOWN_LIST", "DROP_BAD_FLUSH", "DROP_UNKNOWN_OPCODE",
+    "RX_REPORTS", "TX_FRAMES",
+)]
 
 
 def test_flush_requests_write_out_what_has_waited_like_the_reference(program, tmp_path):

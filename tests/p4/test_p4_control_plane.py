@@ -18,7 +18,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from softdta.core.control_plane import CONFIG_TABLES, P4_ONLY_TABLES, Slots, plan
 from softdta.core.tables import Tables, with_queue_qps
 from softdta.engines.xdp import map_entry, map_logical
-from softdta.kernel.maps import table
+from softdta.kernel.maps import map_layout
 from softdta.spec import MAX_WRITE_PAYLOAD, DtaOpcode, QpState, RoceOpcode
 from softdta.targets.p4names import P4_WITHOUT
 from softdta.targets.p4runtime import (
@@ -49,7 +49,7 @@ def without_padding(values: dict) -> dict:
 def as_map_reads_it(entry) -> tuple[dict, dict]:
     """An entry packed into its BPF map layout and read back as control-plane values."""
     key, value = map_entry(entry)
-    layout = table(entry.table)
+    layout = map_layout(entry.table)
     return (map_logical(entry.table, layout.key.unpack(key)),
             without_padding(map_logical(entry.table, layout.value.unpack(value))))
 
@@ -298,7 +298,7 @@ def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
     with XdpTranslator(tables) as xdp:
         in_maps = []
         for name in (name for name in CONFIG_TABLES if name not in P4_WITHOUT):
-            layout = table(name)
+            layout = map_layout(name)
             for raw, value in xdp.maps[name].items():
                 entry = without_padding(map_logical(name, layout.value.unpack(value)))
                 if name == "qp" and not entry["remote_qpn"]:

@@ -16,7 +16,7 @@ from softdta.core.batch import MIN_VECTOR_BATCH, BatchTranslator
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, Counter, DtaOpcode, NakCode, RoceOpcode, Transport
+from softdta.spec import ACK_SYNDROME, DTA_PORT, AethKind, DtaOpcode, NakCode, RoceOpcode, TranslatorCounter, Transport
 from softdta.wire import dta
 from softdta.wire.columns import FrameRows
 from softdta.wire.dta import Profile
@@ -386,7 +386,7 @@ def test_a_batch_of_postcards_is_vectorized_not_sent_through_the_oracle(monkeypa
     tables = batch_tables()
     frames = [reporter(C1, tables).frame(report) for report in workload.postcards(60, 6, 5)]
     oracle_run = run_oracle(tables, frames, [10, len(frames)], lambda _: 0)
-    assert oracle_run[0].counts()[Counter.POSTCARD_EVICTIONS] > 0
+    assert oracle_run[0].counts()[TranslatorCounter.POSTCARD_EVICTIONS] > 0
     batch = BatchTranslator(Translator(tables))
     first = batch.process_batch(frames[:10], 0)
     calls = []
@@ -408,7 +408,7 @@ def test_postcards_crowding_a_cache_slot_take_a_round_each_with_acks_judged_in_p
     frames = [*crowd[:5], early_ack, *crowd[5:], *[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(20)],
               early_ack]
     expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)
-    assert expected[0].counts()[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1
+    assert expected[0].counts()[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1
     assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
 
 
@@ -443,8 +443,8 @@ def test_a_reporter_ahead_of_the_epoch_sends_its_structure_through_the_oracle():
                 for r in range(1, sketch.reporters)], *fast[:2]]
     expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)
     counts = expected[0].counts()
-    assert counts[Counter.DROP_SKETCH_STALE] == 1 and counts[Counter.DROP_SKETCH_GAP] == 2
-    assert counts[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[Counter.RX_ACKS] == 0
+    assert counts[TranslatorCounter.DROP_SKETCH_STALE] == 1 and counts[TranslatorCounter.DROP_SKETCH_GAP] == 2
+    assert counts[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[TranslatorCounter.RX_ACKS] == 0
     assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
 
 
@@ -653,7 +653,7 @@ def test_an_ack_is_judged_by_the_psn_its_qp_had_when_it_arrived():
     batch = BatchTranslator(Translator(tables))
     batch.process_batch(frames, 0)
     counts = batch.oracle.counts()
-    assert counts[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[Counter.RX_ACKS] == 1
+    assert counts[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[TranslatorCounter.RX_ACKS] == 1
     assert batch.oracle.qp_state[kw.qp.index].unacked_psn == (kw.qp.start_psn + 6) & 0xFFFFFF
     assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
                 run_batches(tables, frames, [len(frames)], lambda _: 0))
@@ -671,7 +671,7 @@ def test_a_nak_splits_the_batch_where_it_arrives():
     assert len(frames) >= MIN_VECTOR_BATCH
     batch = BatchTranslator(Translator(tables))
     out = batch.process_batch(frames, 0)
-    assert len(out.frames) == 4 and batch.oracle.counts()[Counter.DROP_GRACE] == 10
+    assert len(out.frames) == 4 and batch.oracle.counts()[TranslatorCounter.DROP_GRACE] == 10
     assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
                 run_batches(tables, frames, [len(frames)], lambda _: 0))
 

@@ -1,4 +1,4 @@
-"""The demo's verdict (live_demo.verdict) over made-up summaries: exact per hop and frame kind, with no drop
+"""The demo's verdict (demo.verdict) over made-up summaries: exact per hop and frame kind, with no drop
 excusing a shortfall elsewhere; and its wording: a success rate beside what the analysis expects of it, with
 the spread, and the verdict saying which checks it made."""
 
@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from softdta.core.analysis import expected_success, keywrite_success_chances
-from softdta.lab import live_demo
-from softdta.lab.live_demo import burst_problems, verdict
+from softdta.core.analysis import expected_success, key_write_success_chances
+from softdta.lab import demo
+from softdta.lab.demo import burst_problems, verdict
 
 CLEAN = {
     "reports_sent": {"key-write": 100, "key-increment": 50},
@@ -124,13 +124,13 @@ def test_the_expected_success_is_the_mean_chance_and_its_spread_the_binomial_one
 def test_a_key_write_chance_is_the_poisson_model_s_own():
     """1 - (1 - e^(-alpha N))^N, all N copies overwritten being the only way to lose at 32-bit checksums."""
     for alpha in (0.0, 0.05, 0.3):
-        assert keywrite_success_chances([alpha], 2) == pytest.approx([1 - (1 - math.exp(-2 * alpha)) ** 2],
+        assert key_write_success_chances([alpha], 2) == pytest.approx([1 - (1 - math.exp(-2 * alpha)) ** 2],
                                                                       abs=1e-9)
 
 
 def printed(summary: dict) -> str:
     console = Console(record=True, width=400, color_system=None)
-    live_demo._print(console, summary, Table)
+    demo._print(console, summary, Table)
     return console.export_text()
 
 

@@ -4,9 +4,9 @@ import numpy as np
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
+from softdta.core.query import BLANK, key_write_query, keyincrement_query, postcard_query
 from softdta.core.translator import Translator
-from softdta.spec import Counter, DtaOpcode, Transport
+from softdta.spec import DtaOpcode, TranslatorCounter, Transport
 from softdta.wire.hashing import keys_to_rows
 from tests.common import COLLECTOR_IP, frames_of
 
@@ -28,11 +28,11 @@ def test_key_write_queries_return_what_was_reported(tables, reporter):
     region = collector.structure_region(DtaOpcode.KEY_WRITE, COLLECTOR_IP)
     keys = np.array([int.from_bytes(r.key, "big") for r in reports], dtype=np.uint64)
     kw = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE)
-    answer = keywrite_query(region, keys, redundancy=2, key_hash=kw.key_hash)
+    answer = key_write_query(region, keys, redundancy=2, key_hash=kw.key_hash)
     truth = np.array([int.from_bytes(r.data, "big") for r in reports], dtype=np.uint32)
     assert answer.found.mean() > 0.99  # 2000 keys in 131072 slots: load factor 0.015
     assert (answer.values[answer.found] == truth[answer.found]).all()
-    assert not keywrite_query(region, keys_to_rows(np.arange(10**6, 10**6 + 500)), 2, key_hash=kw.key_hash).found.any()
+    assert not key_write_query(region, keys_to_rows(np.arange(10**6, 10**6 + 500)), 2, key_hash=kw.key_hash).found.any()
 
 
 def test_key_write_rc_over_the_responder_keeps_psns_in_step(tables, reporter):
@@ -42,7 +42,7 @@ def test_key_write_rc_over_the_responder_keeps_psns_in_step(tables, reporter):
     translator, collector = run(tables, frames_of(reporter, workload.key_write(300, seed=2, redundancy=3)))
     responder_qp = collector.responders[COLLECTOR_IP].qps[kw.qp.remote_qpn]
     assert responder_qp.expected_psn == translator.qp_state[kw.qp.index].next_psn == 900
-    assert translator.counters[Counter.RX_ACKS] == 900 // 16
+    assert translator.counters[TranslatorCounter.RX_ACKS] == 900 // 16
 
 
 def test_key_increment_counts_match_the_truth(tables, reporter):

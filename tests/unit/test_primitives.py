@@ -6,10 +6,10 @@ import pytest
 
 from softdta.core import primitives
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import keywrite_query
+from softdta.core.query import key_write_query
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
-from softdta.spec import Counter, DtaOpcode, RoceOpcode
+from softdta.spec import DtaOpcode, RoceOpcode, TranslatorCounter
 from softdta.wire.frames import build_udp_frame, parse_udp_frame
 from softdta.wire.hashing import key_checksum, key_slot
 from softdta.wire.roce import parse_roce
@@ -56,12 +56,13 @@ def test_latency_sum_writes_only_slow_flows_into_the_key_write_store(tables):
 
     region = collector.structure_region(DtaOpcode.KEY_WRITE, COLLECTOR_IP)
     keys = lambda flows: np.array([int.from_bytes(k, "big") for k in flows], dtype=np.uint64)  # noqa: E731
-    answer = keywrite_query(region, keys(slow), redundancy=1, key_hash=structure.key_hash)
+    answer = key_write_query(region, keys(slow), redundancy=1, key_hash=structure.key_hash)
     assert answer.found.all() and list(answer.values) == [sum(v) for v in slow.values()]
-    assert not keywrite_query(region, keys(fast), redundancy=1, key_hash=structure.key_hash).found.any()
+    assert not key_write_query(region, keys(fast), redundancy=1, key_hash=structure.key_hash).found.any()
     plugin = translator.primitives[LatencySum.opcode]
     assert (plugin.reported, plugin.below_threshold, plugin.state) == (50, 50, {})
-    assert translator.counters[Counter.TX_FRAMES] == 50 and translator.counters[Counter.RX_REPORTS] == 300
+    assert translator.counters[TranslatorCounter.TX_FRAMES] == 50
+    assert translator.counters[TranslatorCounter.RX_REPORTS] == 300
 
 
 def test_latency_sum_counts_a_repeated_hop_once(tables):
@@ -73,10 +74,10 @@ def test_latency_sum_counts_a_repeated_hop_once(tables):
 
 
 @pytest.mark.parametrize("payload,reason", [
-    (LatencySum.report(b"\x01\x02\x03\x04", 3, 2, 10), Counter.DROP_BAD_HOP),
-    (LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10)[:-1], Counter.DROP_TRUNCATED),
-    (LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10) + b"\0", Counter.DROP_BAD_LENGTH),
-    (LatencySum.report(b"\x01\x02\x03", 1, 1, 10), Counter.DROP_BAD_LENGTH),  # the store keeps 4-byte keys
+    (LatencySum.report(b"\x01\x02\x03\x04", 3, 2, 10), TranslatorCounter.DROP_BAD_HOP),
+    (LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10)[:-1], TranslatorCounter.DROP_TRUNCATED),
+    (LatencySum.report(b"\x01\x02\x03\x04", 1, 1, 10) + b"\0", TranslatorCounter.DROP_BAD_LENGTH),
+    (LatencySum.report(b"\x01\x02\x03", 1, 1, 10), TranslatorCounter.DROP_BAD_LENGTH),  # the store keeps 4-byte keys
 ])
 def test_latency_sum_drops_malformed_reports_with_a_reason(tables, payload, reason):
     translator = Translator(tables, plugins=[LatencySum])
@@ -85,7 +86,7 @@ def test_latency_sum_drops_malformed_reports_with_a_reason(tables, payload, reas
 
 def test_without_the_plug_in_its_opcode_is_unknown(tables):
     out = Translator(tables).process(hop_frames(b"\x00\x00\x00\x01", [5])[0])
-    assert out.drop is Counter.DROP_UNKNOWN_OPCODE
+    assert out.drop is TranslatorCounter.DROP_UNKNOWN_OPCODE
 
 
 def test_plug_ins_load_by_module_and_class_name():

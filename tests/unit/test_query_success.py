@@ -7,8 +7,8 @@ docs/hashing.md), which these tests make visible: the independent scheme meets t
 import numpy as np
 import pytest
 
-from softdta.core.analysis import keywrite_empty_return_bound
-from softdta.core.query import keywrite_query
+from softdta.core.analysis import key_write_empty_return_bound
+from softdta.core.query import key_write_query
 from softdta.core.regions import KeyWriteRegion
 from softdta.spec import KeyHash
 from softdta.wire.hashing import key_hashes_rows, keys_to_rows
@@ -32,11 +32,11 @@ def fill_and_query(scheme: KeyHash, redundancy: int, alpha: float, seed: int = 0
     used = last_writer >= 0
     region.checksums[used] = checksums[last_writer[used]]
     region.data.view(">u4").reshape(SLOTS)[used] = keys[last_writer[used]].astype(np.uint32) ^ np.uint32(0xA5A5A5A5)
-    answer = keywrite_query(region, rows[:QUERIED], redundancy=redundancy, key_hash=scheme)
+    answer = key_write_query(region, rows[:QUERIED], redundancy=redundancy, key_hash=scheme)
     truth = keys[:QUERIED].astype(np.uint32) ^ np.uint32(0xA5A5A5A5)
     assert (answer.values[answer.found] == truth[answer.found]).all()  # b = 32: no wrong answers expected
     ages = (later + QUERIED - 1 - np.arange(QUERIED)) / SLOTS
-    bound = float(np.mean([keywrite_empty_return_bound(a, redundancy) for a in ages[::50]]))
+    bound = float(np.mean([key_write_empty_return_bound(a, redundancy) for a in ages[::50]]))
     return 1 - answer.found.mean(), bound
 
 

@@ -13,9 +13,9 @@ from softdta.spec import (
     ACK_SYNDROME,
     DEFAULT_ACK_REQUEST_INTERVAL,
     PSN_MASK,
-    Counter,
     DtaOpcode,
     RoceOpcode,
+    TranslatorCounter,
     Transport,
 )
 from softdta.wire.frames import UdpEndpoints
@@ -105,11 +105,11 @@ def test_the_default_tables_request_acks_so_a_stale_nak_is_refused(tables, repor
     state = translator.qp_state[kw.qp.index]
     assert state.next_psn == 300 and (state.next_psn - state.unacked_psn) % (1 << 24) < tables.ack_request_interval
     assert translator.process(_nak(tables, kw.qp, NAK_SEQUENCE_SYNDROME, 200), 0).drop is \
-        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+        TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW
     _deliver(translator, collector, frames_of(reporter, workload.key_write(300, seed=6, redundancy=1)))
     responder = collector.responders[COLLECTOR_IP].qps[kw.qp.remote_qpn]
     assert responder.expected_psn == translator.qp_state[kw.qp.index].next_psn == 600
-    assert collector.counters()["executed"] == 600 and not translator.counters[Counter.NAK_LOST_WRITES]
+    assert collector.counters()["executed"] == 600 and not translator.counters[TranslatorCounter.NAK_LOST_WRITES]
 
 
 def test_every_write_lost_to_a_sequence_nak_is_counted(tables, reporter):
@@ -121,8 +121,8 @@ def test_every_write_lost_to_a_sequence_nak_is_counted(tables, reporter):
     sent = _deliver(translator, collector, frames_of(reporter, workload.key_write(400, seed=7, redundancy=1)),
                     lose={37, 38, 250})
     executed = collector.counters()["executed"]
-    assert sent == 400 and translator.counters[Counter.RX_NAK_SEQUENCE] == 2
-    assert executed + translator.counters[Counter.NAK_LOST_WRITES] == sent, \
+    assert sent == 400 and translator.counters[TranslatorCounter.RX_NAK_SEQUENCE] == 2
+    assert executed + translator.counters[TranslatorCounter.NAK_LOST_WRITES] == sent, \
         "every write is executed or counted lost"
     assert collector.responders[COLLECTOR_IP].qps[kw.qp.remote_qpn].expected_psn == \
         translator.qp_state[kw.qp.index].next_psn
@@ -135,6 +135,7 @@ def test_a_fatal_nak_counts_the_writes_it_ends(tables, reporter):
               for f in translator.process(reporter.frame(r), 0).frames]
     assert [parse_roce(f).bth["psn"] for f in frames] == list(range(10))
     assert translator.process(_nak(tables, kw.qp, NAK_REMOTE_ACCESS_SYNDROME, 6), 0).drop is None
-    assert translator.counters[Counter.NAK_LOST_WRITES] == 4 and translator.counters[Counter.RX_NAK_FATAL] == 1
+    assert translator.counters[TranslatorCounter.NAK_LOST_WRITES] == 4
+    assert translator.counters[TranslatorCounter.RX_NAK_FATAL] == 1
     assert translator.process(_nak(tables, kw.qp, ACK_SYNDROME, 2), 0).drop is None  # an ACK loses nothing
-    assert translator.counters[Counter.NAK_LOST_WRITES] == 4
+    assert translator.counters[TranslatorCounter.NAK_LOST_WRITES] == 4

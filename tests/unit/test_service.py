@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import BLANK, keyincrement_query, keywrite_query, postcard_query
+from softdta.core.query import BLANK, key_write_query, keyincrement_query, postcard_query
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
@@ -181,7 +181,7 @@ def test_key_write_answers_match_the_reports_and_the_engine(service, filled):
 
     structure = filled.structure(DtaOpcode.KEY_WRITE)
     rows = np.frombuffer(bytes.fromhex("".join(keys)), dtype=np.uint8).reshape(len(keys), 4)
-    direct = keywrite_query(filled.region(DtaOpcode.KEY_WRITE), rows, REDUNDANCY, key_hash=structure.key_hash)
+    direct = key_write_query(filled.region(DtaOpcode.KEY_WRITE), rows, REDUNDANCY, key_hash=structure.key_hash)
     assert [result["status"] == "found" for result in results] == direct.found.tolist()
     assert [result["votes"] for result in results] == direct.votes.tolist()
     assert [int(result["value"], 16) for result in found] == direct.values[direct.found].tolist()
@@ -198,7 +198,7 @@ def test_key_write_integer_keys_and_consensus_mode(service, filled):
                           json={"keys": [k.hex() for k in keys], "redundancy": 2, "mode": "consensus"})
     assert strict["consensus"] == 2  # default: every copy agrees
     structure = filled.structure(DtaOpcode.KEY_WRITE)
-    direct = keywrite_query(filled.region(DtaOpcode.KEY_WRITE), keys, 2, consensus=2, key_hash=structure.key_hash)
+    direct = key_write_query(filled.region(DtaOpcode.KEY_WRITE), keys, 2, consensus=2, key_hash=structure.key_hash)
     assert [result["status"] == "found" for result in strict["results"]] == direct.found.tolist()
     assert all(result["votes"] == 2 for result in strict["results"] if result["status"] == "found")
 
@@ -468,9 +468,9 @@ def test_health_answers_while_a_query_runs(filled, start_service, monkeypatch):
     def slow_query(*args):
         health_answered.wait(10)
         order.append("query")
-        return keywrite_query(*args)
+        return key_write_query(*args)
 
-    monkeypatch.setattr(service_module, "keywrite_query", slow_query)
+    monkeypatch.setattr(service_module, "key_write_query", slow_query)
     service = start_service(OfflineSource(filled.collector))
 
     async def both():

@@ -12,12 +12,12 @@ from softdta.spec import (
     DTA_NACK_PORT,
     DTA_PORT,
     MAX_REDUNDANCY,
-    Counter,
     DtaOpcode,
     FlushTarget,
     NackKind,
     QpState,
     RoceOpcode,
+    TranslatorCounter,
     Transport,
 )
 from softdta.wire import dta
@@ -65,7 +65,7 @@ def test_key_write_emits_one_write_per_copy_at_the_hashed_slot(tables, reporter,
         assert reth["va"] == kw.qp.base_va + key_slot(key, copy, kw.slot_count, kw.key_hash) * 8
         assert reth["rkey"] == kw.qp.rkey and reth["dma_length"] == 8
         assert frame.payload == key_checksum(key).to_bytes(4, "little") + bytes.fromhex("deadbeef")
-    assert translator.counters[Counter.TX_FRAMES] == redundancy
+    assert translator.counters[TranslatorCounter.TX_FRAMES] == redundancy
 
 
 def test_key_write_dta_v1_vector(tables, reporter):
@@ -116,7 +116,7 @@ def test_extended_key_write_with_five_tuple_key_and_path_data(reporter):
 def test_report_sizes_must_match_the_structure(tables, reporter):
     translator = Translator(tables)
     out = send(translator, reporter, dta.key_write(bytes(13), 1, 1, extended=True))
-    assert out.drop is Counter.DROP_BAD_LENGTH and not out.frames
+    assert out.drop is TranslatorCounter.DROP_BAD_LENGTH and not out.frames
 
 
 @pytest.mark.parametrize("kind", [DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT])
@@ -129,10 +129,10 @@ def test_a_structure_takes_reports_of_at_most_its_redundancy(tables, reporter, k
     assert [len(send(translator, reporter, report(7, 9, n)).frames) for n in (1, 2)] == [1, 2]
     for n in (3, 4):
         out = send(translator, reporter, report(7, 9, n))
-        assert out.drop is Counter.DROP_BAD_REDUNDANCY and not out.frames
+        assert out.drop is TranslatorCounter.DROP_BAD_REDUNDANCY and not out.frames
     # the sizes are checked first, as every data path checks them
-    assert send(translator, reporter, report(bytes(13), 9, 3, extended=True)).drop is Counter.DROP_BAD_LENGTH
-    assert translator.counters[Counter.DROP_BAD_REDUNDANCY] == 2
+    assert send(translator, reporter, report(bytes(13), 9, 3, extended=True)).drop is TranslatorCounter.DROP_BAD_LENGTH
+    assert translator.counters[TranslatorCounter.DROP_BAD_REDUNDANCY] == 2
 
 
 # -- Key-Increment ----------------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_append_idle_flush_pads_a_partial_batch(tables, reporter):
     assert frames[0].payload == (11).to_bytes(4, "little") + (12).to_bytes(4, "little") + bytes(8)
     out = requests(send(translator, reporter, dta.append(5, 1)))
     assert out == []  # the next batch starts afresh
-    assert translator.counters[Counter.APPEND_FLUSHES] == 1
+    assert translator.counters[TranslatorCounter.APPEND_FLUSHES] == 1
 
 
 def test_idle_flush_waits_for_the_qp_to_be_idle_and_goes_oldest_first(tables, reporter):
@@ -238,15 +238,15 @@ def test_each_rx_queue_writes_through_its_own_qp_and_shares_the_batches(tables, 
 def test_a_report_on_an_rx_queue_without_a_qp_is_dropped_and_counted(tables, reporter):
     translator = Translator(with_queue_qps(tables, 2))
     for report in (dta.key_write(1, 2, 1), dta.append(5, 1), dta.postcard(3, 1, 5)):
-        assert translator.process(reporter.frame(report), 0, queue=2).drop is Counter.DROP_NO_QUEUE_QP
-    assert translator.counters[Counter.DROP_NO_QUEUE_QP] == 3 and not translator.append_state
+        assert translator.process(reporter.frame(report), 0, queue=2).drop is TranslatorCounter.DROP_NO_QUEUE_QP
+    assert translator.counters[TranslatorCounter.DROP_NO_QUEUE_QP] == 3 and not translator.append_state
 
 
 def test_unknown_list_is_dropped_and_counted(tables, reporter):
     translator = Translator(tables)
     out = send(translator, reporter, dta.append(64, 1))
-    assert out.drop is Counter.DROP_UNKNOWN_LIST and not out.frames
-    assert translator.counters[Counter.DROP_UNKNOWN_LIST] == 1
+    assert out.drop is TranslatorCounter.DROP_UNKNOWN_LIST and not out.frames
+    assert translator.counters[TranslatorCounter.DROP_UNKNOWN_LIST] == 1
 
 
 # -- Postcarding ------------------------------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_postcard_collision_writes_the_evicted_flow_at_its_own_address(reporter)
     assert len(evicting) == 1
     assert evicting[0].headers["reth"]["va"] == pc.qp.base_va + (postcard_slot_hash(key_a) & (pc.slot_count - 1)) * 32
     assert evicting[0].payload == _path_payload(key_a, [101, 102])
-    assert translator.counters[Counter.POSTCARD_EVICTIONS] == 1
+    assert translator.counters[TranslatorCounter.POSTCARD_EVICTIONS] == 1
     # key_b's own path starts fresh after the eviction.
     outs = [send(translator, reporter, dta.postcard(key_b, hop, 200 + hop)) for hop in (2, 3, 4, 5)]
     assert [len(o.frames) for o in outs] == [0, 0, 0, 1]
@@ -319,7 +319,7 @@ def test_postcard_hop_beyond_the_table_is_dropped(reporter):
     document["structures"][2]["hops"] = 4
     document["structures"][2]["qp"]["length"] = 1 << 20
     translator = Translator(Tables.from_dict(document))
-    assert send(translator, reporter, dta.postcard(4, 5, 1)).drop is Counter.DROP_BAD_HOP
+    assert send(translator, reporter, dta.postcard(4, 5, 1)).drop is TranslatorCounter.DROP_BAD_HOP
 
 
 def test_idle_flush_writes_incomplete_paths(tables, reporter):
@@ -352,13 +352,13 @@ def test_flush_requests_write_what_the_idle_flush_writes_once_it_is_due(tables, 
     assert flushed[0] == timer.flush_idle(now_ns=1200, idle_ns=1000) and flushed[1] == []  # the path waits on
     flushed = switch.process(ask[1], 1500).frames
     assert flushed and flushed == timer.flush_idle(now_ns=1500, idle_ns=1000)
-    assert switch.counters[Counter.APPEND_FLUSHES] == switch.counters[Counter.POSTCARD_FLUSHES] == 1
+    assert switch.counters[TranslatorCounter.APPEND_FLUSHES] == switch.counters[TranslatorCounter.POSTCARD_FLUSHES] == 1
     assert switch.process(ask[0], 5000).frames == []  # nothing waits any more
-    for target, index, reason in ((FlushTarget.APPEND_LIST, 60000, Counter.DROP_UNKNOWN_LIST),
-                                  (FlushTarget.POSTCARD_ENTRY, 1 << 20, Counter.DROP_BAD_FLUSH),
-                                  (9, 0, Counter.DROP_BAD_FLUSH)):
+    for target, index, reason in ((FlushTarget.APPEND_LIST, 60000, TranslatorCounter.DROP_UNKNOWN_LIST),
+                                  (FlushTarget.POSTCARD_ENTRY, 1 << 20, TranslatorCounter.DROP_BAD_FLUSH),
+                                  (9, 0, TranslatorCounter.DROP_BAD_FLUSH)):
         assert switch.process(flush_request(reporter, target, index), 5000).drop is reason
-    assert timer.process(ask[0], 5000).drop is Counter.DROP_UNKNOWN_OPCODE
+    assert timer.process(ask[0], 5000).drop is TranslatorCounter.DROP_UNKNOWN_OPCODE
 
 
 def test_one_hop_postcard_does_not_evict_another_flows_path(reporter):
@@ -370,7 +370,7 @@ def test_one_hop_postcard_does_not_evict_another_flows_path(reporter):
     single = requests(send(translator, reporter, dta.postcard(9, 1, 20, path_length=1, extended=True)))
     assert len(single) == 1
     assert single[0].payload[:4] == (20 ^ postcard_hop_hash((9).to_bytes(4, "big"), 1)).to_bytes(4, "big")
-    assert translator.counters[Counter.POSTCARD_EVICTIONS] == 0
+    assert translator.counters[TranslatorCounter.POSTCARD_EVICTIONS] == 0
     rest = [send(translator, reporter, dta.postcard(8, hop, 10)) for hop in range(2, 6)]
     assert [len(out.frames) for out in rest] == [0, 0, 0, 1]
 
@@ -407,14 +407,14 @@ def test_sketch_column_gap_draws_a_nack_and_is_not_merged(reporter):
     translator = Translator(_sketch_tables("sum"))
     send(translator, reporter, dta.sketch_column(1, 0, [1, 1, 1]))
     out = send(translator, reporter, dta.sketch_column(1, 2, [1, 1, 1]))
-    assert out.drop is Counter.DROP_SKETCH_GAP and len(out.to_reporter) == 1
+    assert out.drop is TranslatorCounter.DROP_SKETCH_GAP and len(out.to_reporter) == 1
     nack_frame = parse_udp_frame(out.to_reporter[0])
     assert nack_frame.udp["dport"] == DTA_NACK_PORT and nack_frame.dst_ip == reporter.ip
     assert nack_frame.eth["dst"] == reporter.mac and nack_frame.src_ip == COLLECTOR_IP
     nack = decode_nack(nack_frame.payload)
     assert (nack.kind, nack.reporter, nack.value) == (NackKind.SKETCH_COLUMN, 1, 1)
     stale = send(translator, reporter, dta.sketch_column(1, 0, [1, 1, 1]))
-    assert stale.drop is Counter.DROP_SKETCH_STALE
+    assert stale.drop is TranslatorCounter.DROP_SKETCH_STALE
 
 
 def test_sketch_reporter_that_wraps_early_waits_for_the_others(reporter):
@@ -423,7 +423,7 @@ def test_sketch_reporter_that_wraps_early_waits_for_the_others(reporter):
     for column in (0, 1):
         assert not send(translator, reporter, dta.sketch_column(0, column, [1])).frames
     early = send(translator, reporter, dta.sketch_column(0, 0, [100]))  # reporter 0's next epoch
-    assert early.drop is Counter.DROP_SKETCH_STALE
+    assert early.drop is TranslatorCounter.DROP_SKETCH_STALE
     assert decode_nack(parse_udp_frame(early.to_reporter[0]).payload).value == 0
     send(translator, reporter, dta.sketch_column(1, 0, [2]))
     frames = requests(send(translator, reporter, dta.sketch_column(1, 1, [3])))
@@ -433,19 +433,20 @@ def test_sketch_reporter_that_wraps_early_waits_for_the_others(reporter):
 
 def test_sketch_unknown_reporter_and_bad_rows(reporter):
     translator = Translator(_sketch_tables("sum"))
-    assert send(translator, reporter, dta.sketch_column(2, 0, [1, 1, 1])).drop is Counter.DROP_UNKNOWN_REPORTER
-    assert send(translator, reporter, dta.sketch_column(0, 0, [1, 1])).drop is Counter.DROP_BAD_LENGTH
+    unknown_reporter = send(translator, reporter, dta.sketch_column(2, 0, [1, 1, 1]))
+    assert unknown_reporter.drop is TranslatorCounter.DROP_UNKNOWN_REPORTER
+    assert send(translator, reporter, dta.sketch_column(0, 0, [1, 1])).drop is TranslatorCounter.DROP_BAD_LENGTH
 
 
 # -- drops and pass-through -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("payload, reason", [
-    (bytes([1, 0, 0, 1]), Counter.DROP_TRUNCATED),
-    (bytes([9, 0, 0]) + bytes(9), Counter.DROP_UNKNOWN_OPCODE),
-    (bytes([1, 0, 0, 0]) + bytes(8), Counter.DROP_BAD_REDUNDANCY),
-    (bytes([1, 0, 0, 5]) + bytes(8), Counter.DROP_BAD_REDUNDANCY),
-    (bytes([1, 0, 0, 1]) + bytes(9), Counter.DROP_BAD_LENGTH),
-    (bytes([0x85, 1, 0, 0]), Counter.DROP_BAD_PROFILE),
+    (bytes([1, 0, 0, 1]), TranslatorCounter.DROP_TRUNCATED),
+    (bytes([9, 0, 0]) + bytes(9), TranslatorCounter.DROP_UNKNOWN_OPCODE),
+    (bytes([1, 0, 0, 0]) + bytes(8), TranslatorCounter.DROP_BAD_REDUNDANCY),
+    (bytes([1, 0, 0, 5]) + bytes(8), TranslatorCounter.DROP_BAD_REDUNDANCY),
+    (bytes([1, 0, 0, 1]) + bytes(9), TranslatorCounter.DROP_BAD_LENGTH),
+    (bytes([0x85, 1, 0, 0]), TranslatorCounter.DROP_BAD_PROFILE),
 ])
 def test_malformed_reports_are_dropped_by_reason(tables, reporter, payload, reason):
     translator = Translator(tables)
@@ -459,7 +460,7 @@ def test_unknown_collector_is_dropped_and_no_psn_moves(tables, reporter):
     translator = Translator(tables)
     stranger = dataclasses.replace(reporter, collector_ip=ip_bytes("10.77.1.99"))
     for report in (dta.key_write(1, 1), dta.key_increment(1, 1), dta.postcard(1, 1, 1)):
-        assert send(translator, stranger, report).drop is Counter.DROP_UNKNOWN_COLLECTOR
+        assert send(translator, stranger, report).drop is TranslatorCounter.DROP_UNKNOWN_COLLECTOR
     assert all(state.next_psn == qp.start_psn for qp, state in zip(tables.qps, translator.qp_state.values()))
 
 
@@ -485,11 +486,11 @@ def test_sequence_gap_draws_a_dta_v1_nack_and_duplicates_are_dropped(tables, rep
     assert send(translator, reporter, report.with_seqnum(10)).frames
     assert send(translator, reporter, report.with_seqnum(11)).frames
     gap = send(translator, reporter, report.with_seqnum(14))
-    assert gap.drop is Counter.DROP_SEQUENCE_GAP and not gap.frames
+    assert gap.drop is TranslatorCounter.DROP_SEQUENCE_GAP and not gap.frames
     nack = parse_udp_frame(gap.to_reporter[0])
     assert nack.udp["length"] == 8 + 2 and nack.ip["total_length"] == 20 + 10
     assert decode_nack(nack.payload).value == 11
-    assert send(translator, reporter, report.with_seqnum(11)).drop is Counter.DROP_DUPLICATE
+    assert send(translator, reporter, report.with_seqnum(11)).drop is TranslatorCounter.DROP_DUPLICATE
     assert send(translator, reporter, report.with_seqnum(12)).frames  # the retransmission is accepted
 
 
@@ -516,7 +517,7 @@ def test_positive_ack_changes_nothing(tables, reporter):
     send(translator, reporter, dta.key_increment(1, 1, 2))
     assert translator.process(_reply(tables, ki.qp, ACK_SYNDROME, 0), 5).drop is None
     assert translator.qp_state[ki.qp.index].next_psn == 2
-    assert translator.counters[Counter.RX_ACKS] == 1
+    assert translator.counters[TranslatorCounter.RX_ACKS] == 1
 
 
 def test_sequence_nak_resyncs_that_qp_and_starts_a_timed_grace(tables, reporter):
@@ -527,13 +528,14 @@ def test_sequence_nak_resyncs_that_qp_and_starts_a_timed_grace(tables, reporter)
         send(translator, reporter, dta.key_increment(1, 1, 1))
     translator.process(_reply(tables, ki.qp, NAK_SEQUENCE_SYNDROME, 2), now_ns=1_000)
     assert translator.qp_state[ki.qp.index].next_psn == 2
-    assert send(translator, reporter, dta.key_increment(1, 1, 1), now_ns=500_000).drop is Counter.DROP_GRACE
+    assert send(translator, reporter, dta.key_increment(1, 1, 1), now_ns=500_000).drop is TranslatorCounter.DROP_GRACE
     assert send(translator, reporter, dta.key_write(1, 1, 1), now_ns=500_000).frames  # other QPs keep going
     deferred = send(translator, reporter, dta.key_increment(1, 1, 1, extended=True, essential=True), now_ns=600_000)
     assert deferred.deferred and not deferred.frames
     frame = requests(send(translator, reporter, dta.key_increment(1, 1, 1), now_ns=1_001_000))[0]
     assert frame.bth["psn"] == 2
-    assert translator.counters[Counter.DROP_GRACE] == 1 and translator.counters[Counter.ESSENTIAL_DEFERRED] == 1
+    assert translator.counters[TranslatorCounter.DROP_GRACE] == 1
+    assert translator.counters[TranslatorCounter.ESSENTIAL_DEFERRED] == 1
     assert kw.qp.index != ki.qp.index
 
 
@@ -543,7 +545,8 @@ def test_remote_access_nak_fails_the_qp_until_revived(tables, reporter):
     send(translator, reporter, dta.key_increment(1, 1, 1))  # PSN 0 outstanding
     translator.process(_reply(tables, ki.qp, NAK_REMOTE_ACCESS_SYNDROME, 0), now_ns=0)
     assert translator.qp_state[ki.qp.index].state is QpState.FAILED
-    assert send(translator, reporter, dta.key_increment(1, 1, 1), now_ns=10**12).drop is Counter.DROP_QP_FAILED
+    failed = send(translator, reporter, dta.key_increment(1, 1, 1), now_ns=10**12)
+    assert failed.drop is TranslatorCounter.DROP_QP_FAILED
     translator.revive(ki.qp, 77)
     assert requests(send(translator, reporter, dta.key_increment(1, 1, 1)))[0].bth["psn"] == 77
 
@@ -561,9 +564,9 @@ def test_a_uc_queue_pair_takes_no_reply(tables, reporter, syndrome):
     _, uc = _rc_and_uc_qps(tables)
     before = dataclasses.replace(translator.qp_state[uc.index])
     for psn in (uc.start_psn, uc.start_psn + 1, 0):
-        assert translator.process(_reply(tables, uc, syndrome, psn)).drop is Counter.DROP_REPLY_ON_UC
+        assert translator.process(_reply(tables, uc, syndrome, psn)).drop is TranslatorCounter.DROP_REPLY_ON_UC
     assert translator.qp_state[uc.index] == before
-    assert translator.counters[Counter.DROP_REPLY_ON_UC] == 3
+    assert translator.counters[TranslatorCounter.DROP_REPLY_ON_UC] == 3
 
 
 @pytest.mark.parametrize("syndrome", [ACK_SYNDROME, NAK_SEQUENCE_SYNDROME, NAK_REMOTE_ACCESS_SYNDROME])
@@ -578,9 +581,10 @@ def test_rc_replies_count_only_for_outstanding_psns(tables, reporter, syndrome):
     assert (runtime.unacked_psn, runtime.next_psn) == (2, 4)
     before = dataclasses.replace(runtime)
     for psn in (0, 1, 4, 5, 0xFFFFFF, 1 << 23):
-        assert translator.process(_reply(tables, rc, syndrome, psn)).drop is Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+        outside = translator.process(_reply(tables, rc, syndrome, psn))
+        assert outside.drop is TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW
     assert translator.qp_state[rc.index] == before
-    assert translator.counters[Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 6
+    assert translator.counters[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 6
     assert translator.process(_reply(tables, rc, syndrome, 3)).drop is None  # inside: taken
 
 
@@ -591,11 +595,11 @@ def test_the_reply_window_wraps_at_2_to_the_24(tables, reporter):
     send(translator, reporter, dta.key_increment(1, 1, 4))  # PSNs 0xFFFFFE, 0xFFFFFF, 0, 1
     assert translator.qp_state[rc.index].next_psn == 2
     assert translator.process(_reply(tables, rc, ACK_SYNDROME, 0xFFFFFD)).drop is \
-        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+        TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW
     assert translator.process(_reply(tables, rc, ACK_SYNDROME, 0)).drop is None
     assert translator.qp_state[rc.index].unacked_psn == 1
     assert translator.process(_reply(tables, rc, ACK_SYNDROME, 0xFFFFFF)).drop is \
-        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW  # already acknowledged
+        TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW  # already acknowledged
     assert translator.process(_reply(tables, rc, NAK_SEQUENCE_SYNDROME, 1), now_ns=0).drop is None
     assert translator.qp_state[rc.index].next_psn == 1
 
@@ -607,18 +611,19 @@ def test_a_repeated_sequence_nak_resyncs_once(tables, reporter):
     send(translator, reporter, dta.key_increment(1, 1, 4))
     assert translator.process(_reply(tables, rc, NAK_SEQUENCE_SYNDROME, 2), now_ns=0).drop is None
     assert translator.process(_reply(tables, rc, NAK_SEQUENCE_SYNDROME, 2), now_ns=1).drop is \
-        Counter.DROP_REPLY_PSN_OUTSIDE_WINDOW
-    assert translator.counters[Counter.RX_NAK_SEQUENCE] == 1
+        TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW
+    assert translator.counters[TranslatorCounter.RX_NAK_SEQUENCE] == 1
 
 
 def test_replies_for_unknown_qps_or_with_bad_icrc_are_dropped(tables):
     translator = Translator(tables)
     ki = structure(tables, DtaOpcode.KEY_INCREMENT)
     unknown = dataclasses.replace(ki.qp, local_qpn=0xABCDE)
-    assert translator.process(_reply(tables, unknown, NAK_SEQUENCE_SYNDROME, 9)).drop is Counter.DROP_UNKNOWN_QP
+    unknown_qp = translator.process(_reply(tables, unknown, NAK_SEQUENCE_SYNDROME, 9))
+    assert unknown_qp.drop is TranslatorCounter.DROP_UNKNOWN_QP
     corrupted = bytearray(_reply(tables, ki.qp, NAK_SEQUENCE_SYNDROME, 9))
     corrupted[-1] ^= 1
-    assert translator.process(bytes(corrupted)).drop is Counter.DROP_BAD_ICRC
+    assert translator.process(bytes(corrupted)).drop is TranslatorCounter.DROP_BAD_ICRC
     assert translator.qp_state[ki.qp.index].next_psn == ki.qp.start_psn
 
 
