@@ -14,16 +14,19 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from pyroute2 import IPRoute, NetlinkError
 
 from softdta.errors import SoftdtaError
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
@@ -145,7 +148,6 @@ def _vformat(fmt: int, args: int) -> str:
     return buf.value.decode(errors="replace")
 
 
-@_PRINT_FN
 def _on_libbpf_print(level: int, fmt: int, args: int) -> int:
     lines = getattr(_capture, "lines", None)
     if lines is not None:
@@ -155,12 +157,15 @@ def _on_libbpf_print(level: int, fmt: int, args: int) -> int:
     return 0
 
 
-_lib.libbpf_set_print(_on_libbpf_print)
+# the C callback must outlive every libbpf call, so it stays referenced here
+_libbpf_print_callback = _PRINT_FN(_on_libbpf_print)
+_lib.libbpf_set_print(_libbpf_print_callback)
 
 
 @contextmanager
 def _libbpf_log() -> Iterator[list[str]]:
-    _capture.lines = lines = []
+    lines: list[str] = []
+    _capture.lines = lines
     try:
         yield lines
     finally:
@@ -228,7 +233,7 @@ class Map:
     def __enter__(self) -> Map:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -318,7 +323,7 @@ class Map:
         try:
             return mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as error:
-            raise BpfError(f"mmap of map '{self.name}': {os.strerror(error.errno)}; the map needs "
+            raise BpfError(f"mmap of map '{self.name}': {error.strerror}; the map needs "
                            "BPF_F_MMAPABLE") from None
 
     def clear(self) -> None:
@@ -370,9 +375,9 @@ def _xdp_ctx(ctx: bytes, data_len: int) -> bytes:
     # more than len(data) is EINVAL), requires ctx.data_meta to be 0, and takes ctx.data as a metadata prefix of data
     if len(ctx) != XDP_MD_SIZE:
         raise BpfError(f"XDP test run: ctx is {len(ctx)} bytes, expected a {XDP_MD_SIZE}-byte struct xdp_md")
-    ctx = bytearray(ctx)
-    struct.pack_into("I", ctx, 4, data_len)
-    return bytes(ctx)
+    md = bytearray(ctx)
+    struct.pack_into("I", md, 4, data_len)
+    return bytes(md)
 
 
 @dataclass
@@ -421,9 +426,11 @@ class Program:
             errno.ENODEV: "ctx names an ingress_ifindex that is not in this network namespace",
         })
         out = data_out.raw[:opts.data_size_out]
-        meta_len = struct.unpack_from("I", ctx_out.raw)[0] if xdp else 0
+        # an XDP run and want_ctx always have a ctx_out (see above)
+        meta_len: int = struct.unpack_from("I", ctx_out.raw)[0] if xdp and ctx_out is not None else 0
         return TestRun(retval=opts.retval, data=out[meta_len:], duration_ns=opts.duration,
-                       ctx=ctx_out.raw[:opts.ctx_size_out] if want_ctx else None, meta=out[:meta_len])
+                       ctx=ctx_out.raw[:opts.ctx_size_out] if want_ctx and ctx_out is not None else None,
+                       meta=out[:meta_len])
 
     def test_run_live(self, data: bytes, *, ifindex: int, repeat: int = 1, batch_size: int = 0,
                       rx_queue: int = 0) -> None:
@@ -479,7 +486,8 @@ class BpfObject:
             if "." not in name:
                 _check(_lib.bpf_map__set_pin_path(handle, f"{pin_dir}/{name}".encode()), f"set pin path of '{name}'")
 
-    def _iter(self, next_fn, wrap):
+    def _iter(self, next_fn: Callable[[int | None, int | None], int | None],
+              wrap: Callable[[int], _T]) -> Iterator[_T]:
         handle = next_fn(self._obj, None)
         while handle:
             yield wrap(handle)
@@ -502,7 +510,7 @@ class BpfObject:
     def __enter__(self) -> BpfObject:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -547,7 +555,7 @@ class RingBuffer:
     def __enter__(self) -> RingBuffer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -569,10 +577,10 @@ class _Rtnl:
         self.ipr = IPRoute(ext_ack=True)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.ipr.close()
 
-    def __call__(self, method: str, *args, ignore: tuple[int, ...] = (), **kwargs) -> None:
+    def __call__(self, method: str, *args: object, ignore: tuple[int, ...] = (), **kwargs: object) -> None:
         try:
             getattr(self.ipr, method)(*args, **kwargs)
         except NetlinkError as e:
@@ -581,7 +589,7 @@ class _Rtnl:
                 raise _error(self.op, e.code, self.fixes, detail=detail) from e
 
 
-def _xdp_attrs(prog_fd: int, flags: int) -> dict:
+def _xdp_attrs(prog_fd: int, flags: int) -> dict[str, list[tuple[str, int]]]:
     return {"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", flags)]}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 from softdta.core.generator import GeneratorPlan
 from softdta.kernel.bpf import BpfError, BpfObject, link_xdp
@@ -83,10 +83,10 @@ class KernelReporter:
     def __enter__(self) -> KernelReporter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _inside(self):
+    def _inside(self) -> AbstractContextManager[None]:
         return in_netns(self.netns) if self.netns else nullcontext()
 
     @property

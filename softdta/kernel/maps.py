@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from functools import cache
+from typing import Any
 
 from softdta.spec import MAPS, RECORDS, Field, Map, Raw
 from softdta.wire.host_layout import host_members
@@ -40,13 +41,14 @@ class Layout:
         self.size = size
         self._defaults = dict(zip(self.names, self.struct.unpack(bytes(size))))
 
-    def pack(self, **values) -> bytes:
+    def pack(self, **values: int | bytes) -> bytes:
         unknown = set(values) - set(self.names)
         if unknown:
             raise KeyError(f"unknown fields {sorted(unknown)}; known: {self.names}")
         return self.struct.pack(*(values.get(name, default) for name, default in self._defaults.items()))
 
-    def unpack(self, data: bytes) -> dict:
+    def unpack(self, data: bytes) -> dict[str, Any]:
+        """Each member by name: an int, or bytes for an array member (which members depends on the spec)."""
         return dict(zip(self.names, self.struct.unpack(data)))
 
 

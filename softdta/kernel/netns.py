@@ -10,7 +10,7 @@ import ctypes
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ class NetnsError(SoftdtaError, RuntimeError):
     """An `ip` command or setns(2) failed."""
 
 
-def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["ip", *argv], capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise NetnsError(f"`ip {' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
@@ -86,7 +86,7 @@ class Namespace:
         _ip("-n", name, "link", "set", "lo", "up")
         return ns
 
-    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a command inside the namespace; output is captured as text."""
         return _ip("netns", "exec", self.name, *argv, check=check)
 
@@ -123,7 +123,7 @@ def veth_pair(ns_a: Namespace, name_a: str, ns_b: Namespace, name_b: str, *, mac
         _ip("-n", ns.name, "link", "set", name, "up")
 
 
-def link_drops(namespaces) -> dict[str, int]:
+def link_drops(namespaces: Iterable[str]) -> dict[str, int]:
     """Packets the links in `namespaces` dropped ("namespace/interface": rx and tx drops; full veth rings), which
     no BPF counter sees."""
     from pyroute2 import IPRoute
@@ -143,7 +143,8 @@ def address(ns: Namespace, ifname: str, cidr: str) -> None:
 
 
 def ifindex(ns: Namespace, ifname: str) -> int:
-    return json.loads(_ip("-n", ns.name, "-j", "link", "show", "dev", ifname).stdout)[0]["ifindex"]
+    index: int = json.loads(_ip("-n", ns.name, "-j", "link", "show", "dev", ifname).stdout)[0]["ifindex"]
+    return index
 
 
 def neighbour(ns: Namespace, ifname: str, ip: str, mac: str) -> None:

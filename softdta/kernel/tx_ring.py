@@ -57,7 +57,7 @@ class RingReporter:
     def __enter__(self) -> RingReporter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def send(self, frames: list[bytes]) -> SendResult:

@@ -80,7 +80,8 @@ class _Cursor:
     def __init__(self, ring: _Ring, entry: np.dtype):
         self.producer = ctypes.c_uint32.from_address(ring.producer)
         self.consumer = ctypes.c_uint32.from_address(ring.consumer)
-        self.mask, self.size = ring.mask, ring.size
+        self.mask: int = ring.mask
+        self.size: int = ring.size
         self.entries = np.frombuffer((ctypes.c_char * (ring.size * entry.itemsize)).from_address(ring.ring),
                                      dtype=entry)
 
@@ -305,7 +306,8 @@ class PacketRing:
         self.sock.close()
 
     def _ready(self) -> bool:
-        return _BLOCK_HEADER.unpack_from(self.ring, self.block * _BLOCK_SIZE + 8)[0] & TP_STATUS_USER
+        status: int = _BLOCK_HEADER.unpack_from(self.ring, self.block * _BLOCK_SIZE + 8)[0]
+        return bool(status & TP_STATUS_USER)
 
     def wait(self, timeout_ms: int) -> bool:
         return bool(self._ready() or self.poller.poll(timeout_ms))
