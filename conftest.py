@@ -29,7 +29,7 @@ def tables():
 @pytest.fixture
 def reporter(tables):
     from softdta.core.workload import ReporterAddress
-    from softdta.lab.benchmarks import COLLECTOR_IP
+    from softdta.lab.benchmarks.workloads import COLLECTOR_IP
     from softdta.wire.frames import ip_bytes, mac_bytes
     return ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"), translator_mac=tables.mac,
                            collector_ip=COLLECTOR_IP)

@@ -17,7 +17,7 @@ from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
 
-from softdta.lab.benchmarks import KeyWriteStore, fill_key_write_store  # noqa: E402
+from softdta.lab.benchmarks.queries import KeyWriteStore, fill_key_write_store  # noqa: E402
 from softdta.spec import KeyHash  # noqa: E402
 
 

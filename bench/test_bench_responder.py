@@ -11,7 +11,7 @@ import pytest
 
 from conftest import benchmarks_disabled
 from softdta.core.responder import MemoryRegion, Responder, ResponderQp
-from softdta.lab.benchmarks import (
+from softdta.lab.benchmarks.collector import (
     RESPONDER_BASE,
     RESPONDER_CASES,
     RESPONDER_COLLECTOR,

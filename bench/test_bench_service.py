@@ -11,7 +11,7 @@ from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
 from softdta.core.translator import Translator
-from softdta.lab.benchmarks import COLLECTOR_IP
+from softdta.lab.benchmarks.workloads import COLLECTOR_IP
 from softdta.spec import DtaOpcode
 
 KEY_WRITE_LOAD = 0.1  # keys written per slot, as in test_bench_query.py

@@ -7,7 +7,7 @@ import pytest
 from softdta.core import workload
 from softdta.core.batch import BatchTranslator
 from softdta.core.translator import Translator
-from softdta.lab.benchmarks import COLLECTOR_IP
+from softdta.lab.benchmarks.workloads import COLLECTOR_IP
 from softdta.spec import ROCE_PORT, DtaOpcode, KeyHash, RoceOpcode
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes

@@ -15,14 +15,9 @@ from conftest import benchmarks_disabled
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
 from softdta.kernel.bpf import BpfObject
-from softdta.lab.benchmarks import (
-    COLLECTOR_IP,
-    FLOOR,
-    HARNESS,
-    load_reports,
-    translator_live_direct,
-    translator_queue_scaling,
-)
+from softdta.lab.benchmarks.live import translator_live_direct
+from softdta.lab.benchmarks.translator import FLOOR, HARNESS, load_reports, translator_queue_scaling
+from softdta.lab.benchmarks.workloads import COLLECTOR_IP
 from softdta.spec import MAX_REDUNDANCY, DtaOpcode, TranslatorCounter
 from softdta.wire import dta
 

@@ -32,7 +32,10 @@ def worker(repeat: int) -> None:
     from softdta.core.tables import Tables
     from softdta.core.workload import ReporterAddress
     from softdta.engines.xdp import XdpTranslator
-    from softdta.lab.benchmarks import load_reports
+    try:
+        from softdta.lab.benchmarks.translator import load_reports
+    except ModuleNotFoundError:  # a revision from before the benchmarks were a package
+        from softdta.lab.benchmarks import load_reports
     from softdta.spec import DtaOpcode
     from softdta.wire import dta
 

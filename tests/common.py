@@ -14,7 +14,7 @@ import pytest
 from softdta.core.workload import ReporterAddress
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
-from softdta.lab.benchmarks import COLLECTOR_IP as COLLECTOR_IP  # the collector of examples/tables.toml
+from softdta.lab.benchmarks.workloads import COLLECTOR_IP as COLLECTOR_IP  # the collector of examples/tables.toml
 from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import DTA_PORT, PSN_MASK
 from softdta.wire.dta import Profile, Report

@@ -57,7 +57,7 @@ def register(commands) -> None:
 
 def _bench(args) -> int:
     from softdta.engines.xdp import EngineError
-    from softdta.lab.benchmarks import run
+    from softdta.lab.benchmarks.comparison import run
     try:
         results = run(quick=args.quick, out=Path(args.out))
     except EngineError as error:
