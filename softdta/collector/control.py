@@ -17,9 +17,9 @@ import ipaddress
 import json
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from softdta.collector.backend import BackendError, Peer
 from softdta.collector.collector import Collector, Session
@@ -37,8 +37,20 @@ MAX_CONNECTIONS_PER_HOST = 16
 MAX_SECRET = 256  # characters of a presented session secret
 
 
+# one message as received: a decoded JSON object, whose fields are checked where they are read
+Message = dict[str, Any]
+
+
 class ControlError(SoftdtaError, RuntimeError):
     """The other side refused or broke the protocol; the message says what and why."""
+
+
+class CollectorIdentity(TypedDict):
+    """How a collector names itself in its welcome."""
+
+    name: str
+    ip: str
+    mac: str
 
 
 def server_tls(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
@@ -66,7 +78,7 @@ def client_tls(ca: str, cert: str | None = None, key: str | None = None) -> ssl.
     return context
 
 
-def _load(load, what: str, *paths: str) -> None:
+def _load(load: Callable[..., None], what: str, *paths: str) -> None:
     try:
         load(*paths)
     except (OSError, ssl.SSLError) as error:
@@ -82,7 +94,7 @@ async def cancel_tasks() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def send(writer: asyncio.StreamWriter, message: dict) -> None:
+async def send(writer: asyncio.StreamWriter, message: Mapping[str, object]) -> None:
     writer.write(json.dumps(message).encode() + b"\n")
     await writer.drain()
 
@@ -96,7 +108,7 @@ def _peer(writer: asyncio.StreamWriter) -> str:
     return f"{address[0]}:{address[1]}" if address else "?"
 
 
-async def receive(reader: asyncio.StreamReader, timeout: float) -> dict:
+async def receive(reader: asyncio.StreamReader, timeout: float) -> Message:
     try:
         line = await asyncio.wait_for(reader.readline(), timeout)
     except asyncio.TimeoutError:
@@ -160,11 +172,12 @@ class ControlServer:
             session = self._welcome(hello)
             self.sessions[session] = writer
             config = self.collector.config
-            identity = {"name": config.name, "ip": ip_str(config.ip), "mac": mac_str(config.mac)}
+            identity: CollectorIdentity = {"name": config.name, "ip": ip_str(config.ip), "mac": mac_str(config.mac)}
             await send(writer, {"type": "welcome", "version": VERSION, "structures": sorted(self.collector.specs),
                                 "collector": identity, "secret": session.secret})
             while True:
                 message = await receive(reader, 3 * self.keepalive_s)
+                reply: Message
                 if message["type"] == "ping":
                     reply = {"type": "pong"}
                 elif message["type"] == "connect":
@@ -193,7 +206,7 @@ class ControlServer:
                 self.collector.release(session)
             writer.close()
 
-    def _welcome(self, hello: dict) -> Session:
+    def _welcome(self, hello: Message) -> Session:
         if hello["type"] != "hello":
             raise ControlError("say hello first: {\"type\": \"hello\", \"version\": 1, \"token\": ..., \"translator\": "
                                "{\"ip\": ..., \"mac\": ...}}")
@@ -224,7 +237,7 @@ class ControlServer:
                                "queue pairs")
         return self.collector.open_session(address.packed, mac, secret)
 
-    def _connect(self, message: dict, session: Session) -> dict:
+    def _connect(self, message: Message, session: Session) -> Message:
         qpn, psn, structure = message.get("qpn"), message.get("psn"), message.get("structure")
         if qpn is None or psn is None or not isinstance(structure, str):
             return {"type": "error", "error": "connect needs structure, qpn and psn"}
@@ -238,7 +251,7 @@ class ControlServer:
             return {"type": "error", "error": str(error)}
         return {"type": "advertise", **advert}
 
-    async def _failed(self, message: dict, session: Session) -> dict:
+    async def _failed(self, message: Message, session: Session) -> Message:
         structure, qpn = message.get("structure"), message.get("qpn")
         if not isinstance(structure, str) or not (qpn is None or type(qpn) is int):
             return {"type": "error", "error": "failed needs the structure whose queue pair failed, and the "
@@ -251,7 +264,7 @@ class ControlServer:
             await self._advertise(holder, advert)
         return {"type": "advertise", **advert}
 
-    async def _advertise(self, holder: Session | None, advert: dict) -> None:
+    async def _advertise(self, holder: Session | None, advert: Message) -> None:
         """Tell the session holding a queue pair of its new advertisement, if it is open."""
         writer = self.sessions.get(holder) if holder is not None else None
         if writer is not None and not writer.is_closing():
@@ -275,14 +288,15 @@ class ControlServer:
 class Advertised(NamedTuple):
     """What a translator's control session got from a collector."""
 
-    collector: dict  # its identity: name, ip, mac
-    adverts: list[dict]  # each with the "queue" it is for
+    collector: CollectorIdentity
+    adverts: list[Message]  # each with the "queue" it is for
     reader: asyncio.StreamReader  # the open connection: later advertisements arrive on it
     writer: asyncio.StreamWriter
     secret: str  # presented in the next session's hello, it reclaims these queue pairs
 
 
-async def fetch_advertisements(host: str, port: int, token: str, translator: dict, wanted: dict[str, tuple[int, int]],
+async def fetch_advertisements(host: str, port: int, token: str, translator: Mapping[str, object],
+                               wanted: dict[str, tuple[int, int]],
                                timeout: float = 3 * KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1,
                                secret: str | None = None, psns: Mapping[int, int] = {}) -> Advertised:
     """Connect as a translator and ask for every structure in `wanted` (name -> (virtual QPN, first PSN)): a

@@ -8,6 +8,7 @@ import resource
 import signal
 import sys
 from pathlib import Path
+from typing import Protocol
 
 from softdta.collector import service
 from softdta.collector.backend import Backend
@@ -36,17 +37,23 @@ def raise_descriptor_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+class Announce(Protocol):
+    """Where the collector says it is up (print, by default)."""
+
+    def __call__(self, *values: object, flush: bool) -> None: ...
+
+
 class StartError(SoftdtaError, RuntimeError):
     """The collector cannot start as configured; the message names the setting and the fix."""
 
 
-def ignore_hangup(*_) -> None:
+def ignore_hangup(*_: object) -> None:
     print("softdta: SIGHUP ignored: the collector reloads nothing; restart it to apply a changed configuration",
           file=sys.stderr, flush=True)
 
 
 async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
-                          ready=print) -> None:
+                          ready: Announce = print) -> None:
     """Serve until SIGINT or SIGTERM; region files are saved every CHECKPOINT_S seconds (and at close). A
     StartError is raised before `ready` only."""
     config = collector.config
@@ -98,7 +105,8 @@ async def poll_completions(collector: Collector, stop: asyncio.Event) -> None:
         await asyncio.sleep(COMPLETION_POLL_S)
 
 
-def run(config: CollectorConfig, **options) -> None:
+def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
+        ready: Announce = print) -> None:
     """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop.
 
     The xdp backend's pin directory is locked first, so a second collector of the same configuration touches
@@ -118,15 +126,16 @@ def run(config: CollectorConfig, **options) -> None:
             raise
         started = False
 
-        def ready(*args, **kwargs) -> None:
+        def announce(*values: object, flush: bool) -> None:
             nonlocal started
             started = True
-            options.get("ready", print)(*args, **kwargs)
+            ready(*values, flush=flush)
 
         try:
             # not uvloop.install(): pyroute2 (detaching XDP at close) needs a standard loop, which it makes itself
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                runner.run(serve_collector(collector, **{**options, "ready": ready}))
+                runner.run(serve_collector(collector, control_host=control_host, query_host=query_host,
+                                           ready=announce))
         except BaseException:
             if not started:
                 _discard(backend)

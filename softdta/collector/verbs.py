@@ -20,9 +20,11 @@ import mmap
 import os
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Protocol
 
 import numpy as np
 
@@ -45,6 +47,57 @@ REMOTE_ACCESS = Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 NO_DEVICE = ("no RDMA device on this machine: load soft-RoCE (`rdma link add rxe0 type rxe netdev <interface>`, "
              "which needs a kernel built with CONFIG_RDMA_RXE; see the QEMU soft-RoCE lab) or use the xdp "
              "backend (--backend xdp), which needs no RDMA support")
+
+
+# What this module uses of pyverbs' objects (pyverbs has no type information)
+
+class GidEntry(Protocol):  # pyverbs.device.GIDEntry
+    port_num: int
+    gid_type: int
+    gid_index: int
+
+    def gid_str(self) -> str: ...
+
+
+class QpAttr(Protocol):  # pyverbs.qp.QPAttr, as QP.query fills it
+    rq_psn: int
+    qp_state: int
+
+
+class QueuePair(Protocol):  # pyverbs.qp.QP
+    qp_num: int
+
+    def to_rtr(self, attr: object) -> None: ...
+
+    def to_rts(self, attr: object) -> None: ...
+
+    def query(self, attr_mask: int) -> tuple[QpAttr, object]: ...
+
+    def post_recv(self, wr: object) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class WorkCompletion(Protocol):  # pyverbs.cq.WC
+    status: int
+    opcode: int
+    qp_num: int
+    imm_data: int
+    byte_len: int
+
+
+class CompletionQueue(Protocol):  # pyverbs.cq.CQ
+    def poll(self, num_entries: int) -> tuple[int, list[WorkCompletion]]: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryRegion(Protocol):  # pyverbs.mr.MR
+    buf: int
+    lkey: int
+    rkey: int
+
+    def close(self) -> None: ...
 
 
 def import_pyverbs() -> SimpleNamespace:
@@ -71,7 +124,7 @@ class RegionFiles:
     data survives a collector restart. With `huge_pages`, `directory` must be on a hugetlbfs mount. Without a
     directory, regions are anonymous memory (as the xdp backend's are without a data_dir)."""
 
-    def __init__(self, directory: Path | None, *, huge_pages: bool = False):
+    def __init__(self, directory: Path | None, *, huge_pages: bool = False) -> None:
         self.directory = None if directory is None else Path(directory)
         self.page_size = mmap.PAGESIZE
         if self.directory is not None:
@@ -123,7 +176,7 @@ def _ipv4_of_gid(gid: str) -> bytes | None:
     return mapped.packed if mapped else None
 
 
-def roce_v2_ipv4_gid(entries, roce_v2: int, port: int = PORT) -> tuple[int, bytes]:
+def roce_v2_ipv4_gid(entries: Iterable[GidEntry], roce_v2: int, port: int = PORT) -> tuple[int, bytes]:
     """(index, IPv4 address) of the first RoCEv2 GID of an IPv4 address on `port`, from pyverbs GIDEntry objects
     (`Context.query_gid_table`); `roce_v2` is pyverbs' IBV_GID_TYPE_ROCE_V2."""
     for entry in entries:
@@ -164,8 +217,8 @@ def read_hw_counters(directory: Path) -> dict[str, int]:
 
 @dataclass
 class _Connection:
-    qp: object
-    cq: object
+    qp: QueuePair
+    cq: CompletionQueue
     recv: object  # the RecvWR posted again for every receive a WRITE with Immediate consumes
     region: Region
     transport: Transport
@@ -179,7 +232,7 @@ class VerbsBackend:
     name = "verbs"
 
     def __init__(self, device: str | None = None, *, gid_index: int | None = None, data_dir: Path | None = None,
-                 huge_pages: bool = False):
+                 huge_pages: bool = False) -> None:
         self.files = RegionFiles(data_dir, huge_pages=huge_pages)
         self.pv = pv = import_pyverbs()
         devices = self._device_names()
@@ -188,6 +241,7 @@ class VerbsBackend:
         if device is not None and device not in devices:
             raise BackendError(f"no RDMA device {device}; this machine has {', '.join(devices)}")
         self.device = device or devices[0]
+        self.ip: bytes | None
         try:
             self.context = pv.device.Context(name=self.device)
             device_attr = self.context.query_device()
@@ -202,7 +256,7 @@ class VerbsBackend:
             raise BackendError(f"cannot open RDMA device {self.device}: {error}") from None
         self.gid_index = gid_index
         self.max_dest_rd_atomic = device_attr.max_qp_rd_atom  # Fetch&Adds a translator may have in flight
-        self.registrations: dict[str, tuple[object, mmap.mmap]] = {}  # (MR, mapping): mapped while registered
+        self.registrations: dict[str, tuple[MemoryRegion, mmap.mmap]] = {}  # (MR, mapping): mapped while registered
         self.connections: dict[int, _Connection] = {}
 
     def _device_names(self) -> list[str]:
@@ -214,7 +268,7 @@ class VerbsBackend:
     def __enter__(self) -> VerbsBackend:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def register(self, name: str, length: int, access: Access, ring_bytes: int = 0) -> Region:
@@ -225,7 +279,7 @@ class VerbsBackend:
         # verbs refuse remote write and atomic access to memory the device may not write locally
         flags = access | Access.LOCAL_WRITE if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) else access
         try:
-            mr = self.pv.mr.MR(self.pd, length, int(flags), address=view.ctypes.data)
+            mr: MemoryRegion = self.pv.mr.MR(self.pd, length, int(flags), address=view.ctypes.data)
         except self.pv.pyverbs_error.PyverbsError as error:
             hint = "" if self.files.directory is None else (
                 f" (from {self.files.directory}: since Linux 6.5 only files on tmpfs or hugetlbfs can be registered; "
@@ -242,7 +296,8 @@ class VerbsBackend:
         qp_type = pv.enums.IBV_QPT_RC if transport == Transport.RC else pv.enums.IBV_QPT_UC
         attr = qp_attr(pv, access=region.access, transport=transport, peer=peer, path_mtu=self.port.active_mtu,
                        sgid_index=self.gid_index, max_dest_rd_atomic=self.max_dest_rd_atomic)
-        cq = qp = None
+        cq: CompletionQueue | None = None
+        qp: QueuePair | None = None
         try:
             cq = pv.cq.CQ(self.context, RECV_DEPTH)  # receive completions only: the QP sends no requests
             cap = pv.qp.QPCap(max_send_wr=1, max_recv_wr=RECV_DEPTH, max_send_sge=1, max_recv_sge=1)

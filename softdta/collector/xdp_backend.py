@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from softdta.collector.backend import BackendError, Peer, QpInfo, Region
+from softdta.collector.config import CollectorConfig
 from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from softdta.core.responder import Completion
 from softdta.kernel.bpf import BpfError, ensure_bpffs
@@ -46,7 +47,7 @@ class XdpBackend:
 
     def __init__(self, mac: bytes, ip: bytes, *, regions: list[tuple[str, int]], data_dir: Path | None = None,
                  interface: str | None = None, qp_capacity: int = RESPONDER_QP_CAPACITY,
-                 pin_dir: Path | None = None):
+                 pin_dir: Path | None = None) -> None:
         """`regions` are (name, length) in the order `register` will be called, so the arena's layout is known
         before it is loaded (and can be checked against a pinned one)."""
         arena = arena_bytes_for([length for _, length in regions])
@@ -80,7 +81,7 @@ class XdpBackend:
         self._next_qpn = max(self._adopted) + 1 if self._adopted else FIRST_QPN + secrets.randbelow(QPN_LIMIT // 2)
 
     @classmethod
-    def for_config(cls, config, pin_dir: Path | None = None) -> XdpBackend:
+    def for_config(cls, config: CollectorConfig, pin_dir: Path | None = None) -> XdpBackend:
         return cls(config.mac, config.ip, regions=[(spec.name, spec.length) for spec in config.regions()],
                    data_dir=config.data_dir, interface=config.interface or None, qp_capacity=config.max_qps,
                    pin_dir=pin_dir)
@@ -98,7 +99,7 @@ class XdpBackend:
         except EngineError as error:
             raise BackendError(str(error)) from None
         # an adopted region keeps the R_Key its queue pairs carry, so translators keep writing with it
-        rkeys = {qp["rkey"] for qp in self._adopted.values() if qp["arena_offset"] == slot.offset}
+        rkeys = {qp.rkey for qp in self._adopted.values() if qp.arena_offset == slot.offset}
         region = Region(name, slot.view, BASE_VA + slot.offset, rkeys.pop() if rkeys else secrets.randbits(32) or 1,
                         access, self.responder.ring_writes[first_ring:first_ring + length // ring_bytes]
                         if ring_bytes else None)
@@ -114,13 +115,13 @@ class XdpBackend:
         by_offset = {slot.offset: region for region, slot in self.regions.values()}
         found = []
         for qpn, qp in sorted(self._adopted.items()):
-            region = by_offset.get(qp["arena_offset"])
-            if region is None or qp["rkey"] != region.rkey:
+            region = by_offset.get(qp.arena_offset)
+            if region is None or qp.rkey != region.rkey:
                 self.responder.remove_qp(qpn)
                 continue
-            peer = Peer(qp["remote_ip"].to_bytes(4, "little"), qp["remote_mac"], qp["remote_qpn"], qp["start_psn"])
-            self.qps[qpn] = (region, Transport(qp["transport"]), peer)
-            found.append((peer, QpInfo(qpn, qp["start_psn"], Transport(qp["transport"]), region.name)))
+            peer = Peer(qp.remote_ip.to_bytes(4, "little"), qp.remote_mac, qp.remote_qpn, qp.start_psn)
+            self.qps[qpn] = (region, Transport(qp.transport), peer)
+            found.append((peer, QpInfo(qpn, qp.start_psn, Transport(qp.transport), region.name)))
         self._adopted = {}
         return found
 
@@ -163,11 +164,11 @@ class XdpBackend:
         state = self.responder.qp_state(qpn)
         if state is None:
             raise BackendError(f"no queue pair {qpn:#x} on this collector")
-        return state["expected_psn"]
+        return state.expected_psn
 
     def failed(self) -> list[int]:
         states = {qpn: self.responder.qp_state(qpn) for qpn in self.qps}
-        return [qpn for qpn, state in states.items() if state is not None and state["error"]]
+        return [qpn for qpn, state in states.items() if state is not None and state.error]
 
     def reconnect(self, qpn: int) -> QpInfo:
         """The same QPN, out of ERROR, expecting the PSN where it stopped: the translator resumes there."""
@@ -192,7 +193,7 @@ class XdpBackend:
             if saved is not None:
                 partial = saved.with_suffix(".partial")
                 try:
-                    partial.write_bytes(region.view)  # not ndarray.tofile, whose error on a full disk has no errno
+                    partial.write_bytes(region.view.data)  # not ndarray.tofile, whose error on a full disk has no errno
                     partial.replace(saved)
                 except OSError:
                     with contextlib.suppress(OSError):  # a read-only file system refuses even this

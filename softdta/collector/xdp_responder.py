@@ -11,6 +11,7 @@ import socket
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,6 +25,35 @@ from softdta.spec import ARENA_PAGE, PSN_MASK, RESPONDER_MAPS, Access, Responder
 SOURCE = BPF_DIR / "responder.bpf.c"
 DEFAULT_UDP_SPORT = 49153
 RESPONDER_QP_CAPACITY = next(t.max_entries for t in RESPONDER_MAPS if t.name == "responder_qp")
+
+
+class QpEntry(NamedTuple):
+    """A queue pair of the responder's table (spec map responder_qp)."""
+
+    remote_qpn: int
+    remote_ip: int  # network order, as the kernel compares it
+    remote_mac: bytes
+    transport: int
+    access: int
+    rkey: int
+    base_va: int
+    length: int
+    arena_offset: int
+    start_psn: int
+    ring_bytes: int
+    ring_index: int
+
+
+class QpState(NamedTuple):
+    """A queue pair's responder state (spec map responder_qp_state)."""
+
+    expected_psn: int
+    msn: int
+    error: int
+    nak_sent: int
+    atomic_valid: int
+    atomic_psn: int
+    atomic_original: int
 
 
 @dataclass(frozen=True)
@@ -50,15 +80,15 @@ class XdpResponder:
 
     def __init__(self, mac: bytes, ip: bytes, *, arena_bytes: int, qp_capacity: int = RESPONDER_QP_CAPACITY,
                  pin_dir: str | Path | None = None, layout: int = 0, udp_sport: int = DEFAULT_UDP_SPORT,
-                 source: Path = SOURCE):
+                 source: Path = SOURCE) -> None:
         if len(ip) != 4:
             raise EngineError("the xdp responder serves RoCEv2 over IPv4; give the collector an IPv4 address")
         sizes = {"arena": max(1, -(-arena_bytes // ARENA_PAGE)), "responder_qp": qp_capacity,
                  "responder_qp_state": qp_capacity}
         self.pin_dir = None if pin_dir is None else Path(pin_dir)
         self.adopted = self.pin_dir is not None and (self.pin_dir / "arena").exists()
-        if self.adopted:
-            self._check_pinned(sizes, layout)
+        if self.pin_dir is not None and self.adopted:
+            self._check_pinned(self.pin_dir, sizes, layout)
         try:
             self.object = BpfObject(build_object(source), pin_dir=pin_dir, map_sizes=sizes)
         except BpfError as error:
@@ -76,24 +106,27 @@ class XdpResponder:
         self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"),
                     layout=layout)
 
-    def _check_pinned(self, sizes: dict[str, int], layout: int) -> None:
+    @staticmethod
+    def _check_pinned(pin_dir: Path, sizes: dict[str, int], layout: int) -> None:
         """Refuse pinned maps of another configuration, before libbpf would with a page of log."""
         differs = []
         try:
             for name, size in sizes.items():
-                with Map.from_pinned(self.pin_dir / name) as pinned:
+                with Map.from_pinned(pin_dir / name) as pinned:
                     if pinned.max_entries != size:
                         differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
-            with Map.from_pinned(self.pin_dir / "responder_config") as pinned:
-                config = map_layout("responder_config").value.unpack(pinned.lookup(bytes(4)))
-            if config["layout"] != layout:
+            with Map.from_pinned(pin_dir / "responder_config") as pinned:
+                raw = pinned.lookup(bytes(4))
+            if raw is None:
+                differs.append("its responder_config holds no entry")
+            elif map_layout("responder_config").value.unpack(raw)["layout"] != layout:
                 differs.append("its regions are laid out differently")
         except BpfError as error:
             differs.append(f"its pins are incomplete: {error}")
         if differs:
-            raise EngineError(f"{self.pin_dir} holds the memory of a collector configured differently "
+            raise EngineError(f"{pin_dir} holds the memory of a collector configured differently "
                               f"({'; '.join(differs)}), left by one that was killed: start it with its old "
-                              f"configuration and stop it (the regions are then saved), or delete {self.pin_dir} "
+                              f"configuration and stop it (the regions are then saved), or delete {pin_dir} "
                               "to discard what it wrote since its last save")
 
     def unpin(self) -> None:
@@ -116,7 +149,7 @@ class XdpResponder:
     def __enter__(self) -> XdpResponder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ----------------------------------------------------------------------------------------------
@@ -165,19 +198,27 @@ class XdpResponder:
         self.maps["responder_qp"].delete(key)
         self.maps["responder_qp_state"].delete(key)
 
-    def qp_entries(self) -> dict[int, dict]:
+    def qp_entries(self) -> dict[int, QpEntry]:
         """The queue pairs in the table (those of an adopted table too), by QPN."""
-        layout = map_layout("responder_qp")
-        return {layout.key.unpack(raw)["qpn"]: layout.value.unpack(value)
-                for raw, value in self.maps["responder_qp"].items()}
+        layout, table = map_layout("responder_qp"), self.maps["responder_qp"]
+        entries: dict[int, QpEntry] = {}
+        for raw in table.keys():
+            value = table.lookup(raw)
+            if value is not None:
+                fields = layout.value.unpack(value)
+                entries[layout.key.unpack(raw)["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
+        return entries
 
     def reset_qp(self, qpn: int, expected_psn: int) -> None:
         """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""
         self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & PSN_MASK)
 
-    def qp_state(self, qpn: int) -> dict | None:
+    def qp_state(self, qpn: int) -> QpState | None:
         raw = self.maps["responder_qp_state"].lookup(map_layout("responder_qp_state").key.pack(qpn=qpn))
-        return None if raw is None else map_layout("responder_qp_state").value.unpack(raw)
+        if raw is None:
+            return None
+        fields = map_layout("responder_qp_state").value.unpack(raw)
+        return QpState._make(fields[name] for name in QpState._fields)
 
     def counters(self) -> Counter[ResponderCounter]:
         tally: Counter[ResponderCounter] = Counter()
@@ -194,7 +235,7 @@ class XdpResponder:
         done = [layout.unpack(raw[:layout.size]) for raw in self.ring.consume()]
         return [Completion(d["qpn"], d["immediate"], d["byte_len"]) for d in done]
 
-    def _write(self, name: str, key: dict, **value) -> None:
+    def _write(self, name: str, key: dict[str, int], **value: int | bytes) -> None:
         layout = map_layout(name)
         self.maps[name].update(layout.key.pack(**key), layout.value.pack(**value))
 

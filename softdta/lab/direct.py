@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -40,7 +41,40 @@ SLOTS = 1 << 16  # of the Key-Write structure
 SETTLE_S = 3.0  # how long the last reports of a step may still be on their way
 
 
-def losses(before: dict, after: dict, sent: int) -> dict[str, int]:
+class HopCounts(TypedDict):
+    """Counters along a live path, each a total since its start."""
+
+    translated: int  # reports the translator took
+    emitted: int  # RoCEv2 frames it sent
+    translator_drops: int
+    executed: int  # requests the collector executed
+    links: dict[str, int]  # frames each link dropped ("namespace/interface")
+
+
+class PathCounts(HopCounts):
+    run_ns: dict[str, int]  # CPU time of each stage's program, while run-time statistics are on
+
+
+class StepResult(TypedDict):
+    offered: float  # reports/s (0: as fast as the generators go)
+    achieved: int
+    sent: int
+    executed: int
+    lost: dict[str, int]  # by where (`losses`)
+    lossless: bool
+    cpu_ns_per_report: NotRequired[dict[str, int]]  # by stage, in a profiled step
+
+
+class KeyWriteCheck(TypedDict):
+    keys: int
+    correct: int  # keys answered with their last report's data
+    success: float
+    expected: float  # the success the analysis expects, and its standard deviation
+    spread: float
+    load: float  # keys per slot
+
+
+def losses(before: HopCounts, after: HopCounts, sent: int) -> dict[str, int]:
     """Where `sent` reports went missing between two readings of a live path, hop by hop (nonzero hops only):
     before the translator took them, dropped in it, between it and the collector, and on each link."""
     lost = {"before_translator": sent - (after["translated"] - before["translated"]),
@@ -89,7 +123,8 @@ class DirectPath:
             "structures": [{"primitive": "key-write", "slots": SLOTS, "key_len": KEY_LEN, "data_len": DATA_LEN,
                             "redundancy": self.redundancy}]})
         with in_netns(collector_ns.name):
-            self.collector = Collector(config, XdpBackend.for_config(config))
+            backend = XdpBackend.for_config(config)
+            self.collector = Collector(config, backend)
         translator = {"mac": lab.TRANSLATOR_MAC, "ip": lab.TRANSLATOR_IP}
         peer_of = [Peer(ip_bytes(lab.TRANSLATOR_IP), mac_bytes(lab.TRANSLATOR_MAC), 0x1000 + q * QUEUE_QPN_STRIDE, 0)
                    for q in range(queues)]
@@ -110,9 +145,9 @@ class DirectPath:
                                                   reporter_ns.name, holder=f"hold{queue}" if queue else "lo"))
         # where the CPU goes, per report: the translator's XDP and tc stages, and the responder
         self.stages = {"translator_xdp": self.kernel.xdp.fd, "translator_tc": self.kernel.fanout.fd,
-                       "responder_xdp": self.collector.backend.responder.program.fd}
+                       "responder_xdp": backend.responder.program.fd}
 
-    def counts(self) -> dict:
+    def counts(self) -> PathCounts:
         assert self.kernel is not None and self.collector is not None
         with in_netns(self.namespaces[1]):
             counters = self.kernel.counters()
@@ -125,7 +160,7 @@ class DirectPath:
         os.sched_setaffinity(0, {self.cpus[queue % len(self.cpus)]})
         sent[queue] = self.generators[queue].run(rate=rate / self.queues, seconds=seconds).frames
 
-    def step(self, rate: float, seconds: float, profiled: bool = False) -> dict:
+    def step(self, rate: float, seconds: float, profiled: bool = False) -> StepResult:
         """`seconds` of reports at `rate` over all generators (0: as fast as they go); lossless when every report
         was translated and executed and no link dropped a frame. `profiled` adds the CPU per report of each
         stage (run-time statistics cost two clock reads per program run: keep them for one step)."""
@@ -148,14 +183,14 @@ class DirectPath:
             if stats is not None:
                 os.close(stats)
         lost = losses(before, after, sum(sent))
-        result = {"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
-                  "executed": after["executed"] - before["executed"], "lost": lost, "lossless": not lost}
+        result: StepResult = {"offered": rate, "achieved": round(sum(sent) / elapsed), "sent": sum(sent),
+                              "executed": after["executed"] - before["executed"], "lost": lost, "lossless": not lost}
         if profiled:
             result["cpu_ns_per_report"] = {stage: round((after["run_ns"][stage] - before["run_ns"][stage])
                                                         / max(1, sum(sent))) for stage in self.stages}
         return result
 
-    def key_write_check(self) -> dict:
+    def key_write_check(self) -> KeyWriteCheck:
         """Every key the generators sent, looked up in the collector's memory: how many give the data of their
         last report, beside the expected rate and its standard deviation at the store's load (N=1; a key loses only
         to a later key in its slot)."""
@@ -178,7 +213,7 @@ class DirectPath:
         correct = int(np.count_nonzero(answer.found & (stored == expected).all(axis=1)))
         # keys written later fill the store further: each key's chance depends on the load after it
         later = np.arange(len(keys) - 1, -1, -1) / structure.slot_count
-        rate, spread = expected_success(key_write_success_chances(later, 1))
+        rate, spread = expected_success(key_write_success_chances(later.tolist(), 1))
         return {"keys": len(keys), "correct": correct, "success": round(correct / len(keys), 4),
                 "expected": round(rate, 4), "spread": round(spread, 4),
                 "load": round(len(keys) / structure.slot_count, 4)}
@@ -199,5 +234,5 @@ class DirectPath:
     def __enter__(self) -> DirectPath:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -49,7 +49,7 @@ def serve_port(ip: str, port: int, length: int, data_dir: Path) -> None:
     listener = CMID(creator=address, qp_init_attr=QPInitAttr(cap=QPCap(max_send_wr=4, max_recv_wr=4)))
     listener.listen()
     print(f"listening on {ip}:{port} ({length} bytes in {path})", flush=True)
-    connections = []  # the current connection's objects stay referenced: closing them would end it
+    connections: list[object] = []  # the current connection's objects stay referenced: closing them would end it
     while True:
         connection = listener.get_request()
         access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -15,18 +16,37 @@ from softdta.core import workload
 from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import key_write_query, keyincrement_query, postcard_query
-from softdta.core.tables import Tables
+from softdta.core.regions import KeyIncrementRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core.settings import TableError
+from softdta.core.tables import Structure, Tables
 from softdta.core.translator import Translator
 from softdta.spec import DtaOpcode
-from softdta.wire.frames import ip_bytes, mac_bytes
+from softdta.wire.dta import Report
+from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
 from softdta.wire.pcap import Packet, write_pcap
 
 SWITCH_IDS = list(range(1, 4097))
 
+_Region = TypeVar("_Region", KeyWriteRegion, KeyIncrementRegion, PostcardRegion, SketchRegion)
 
-def _workloads(tables: Tables, collector_ip: bytes, seed: int) -> dict[DtaOpcode, list]:
-    kw = tables.structure(collector_ip, DtaOpcode.KEY_WRITE)
-    sketch = tables.structure(collector_ip, DtaOpcode.SKETCH_MERGE)
+
+def _structure(tables: Tables, collector_ip: bytes, primitive: DtaOpcode) -> Structure:
+    structure = tables.structure(collector_ip, primitive)
+    if structure is None:
+        raise TableError(f"the tables have no {primitive.name.lower()} structure on collector {ip_str(collector_ip)}; "
+                         "the offline demo needs one of each primitive there (as in examples/tables.toml)")
+    return structure
+
+
+def _region(collector: OfflineCollector, primitive: DtaOpcode, collector_ip: bytes, kind: type[_Region]) -> _Region:
+    region = collector.structure_region(primitive, collector_ip)
+    assert isinstance(region, kind)  # each primitive has its own kind of region
+    return region
+
+
+def _workloads(tables: Tables, collector_ip: bytes, seed: int) -> dict[DtaOpcode, list[Report]]:
+    kw = _structure(tables, collector_ip, DtaOpcode.KEY_WRITE)
+    sketch = _structure(tables, collector_ip, DtaOpcode.SKETCH_MERGE)
     lists = tables.append_lists[0]
     return {
         DtaOpcode.KEY_WRITE: workload.key_write(kw.slot_count // 10, seed, 2, kw.key_len, kw.data_len),
@@ -96,28 +116,29 @@ def _collector_fill(tables: Tables, collector: OfflineCollector, collector_ip: b
     return lines
 
 
-def _query_results(tables, collector, collector_ip, per_primitive) -> list[str]:
+def _query_results(tables: Tables, collector: OfflineCollector, collector_ip: bytes,
+                   per_primitive: dict[DtaOpcode, list[Report]]) -> list[str]:
     lines = ["queries against the truth:"]
-    kw = tables.structure(collector_ip, DtaOpcode.KEY_WRITE)
+    kw = _structure(tables, collector_ip, DtaOpcode.KEY_WRITE)
     reports = per_primitive[DtaOpcode.KEY_WRITE]
-    answer = key_write_query(collector.structure_region(DtaOpcode.KEY_WRITE, collector_ip),
+    answer = key_write_query(_region(collector, DtaOpcode.KEY_WRITE, collector_ip, KeyWriteRegion),
                             [r.key for r in reports], redundancy=2, key_hash=kw.key_hash)
     correct = np.array([found and bytes(value) == r.data if kw.data_len not in (4, 8) else
                         found and int(value) == int.from_bytes(r.data, "big")
                         for found, value, r in zip(answer.found, answer.values, reports)])
     later = np.arange(len(reports) - 1, -1, -1) / kw.slot_count
-    rate, spread = expected_success(key_write_success_chances(later, 2))
+    rate, spread = expected_success(key_write_success_chances(later.tolist(), 2))
     lines.append(f"  key-write        {correct.mean() * 100:6.2f} % of keys answered correctly "
                  f"(N=2, load {len(reports) / kw.slot_count:.2f}, hash {kw.key_hash.name.lower()}); "
                  f"expected {100 * rate:.2f} % ± {100 * spread:.2f} % (one standard deviation)")
     lines.append(f"                   wrong answers: {int((answer.found & ~correct).sum())}")
 
-    ki = tables.structure(collector_ip, DtaOpcode.KEY_INCREMENT)
+    ki = _structure(tables, collector_ip, DtaOpcode.KEY_INCREMENT)
     truth: dict[bytes, int] = {}
     for report in per_primitive[DtaOpcode.KEY_INCREMENT]:
         truth[report.key] = truth.get(report.key, 0) + report.counter
-    estimate = keyincrement_query(collector.structure_region(DtaOpcode.KEY_INCREMENT, collector_ip), list(truth), 2,
-                                  ki.key_hash)
+    estimate = keyincrement_query(_region(collector, DtaOpcode.KEY_INCREMENT, collector_ip, KeyIncrementRegion),
+                                  list(truth), 2, ki.key_hash)
     exact = sum(int(e) == t for e, t in zip(estimate, truth.values()))
     lines.append(f"  key-increment    {exact} / {len(truth)} flow counters exact (Count-Min, N=2)")
 
@@ -134,15 +155,16 @@ def _query_results(tables, collector, collector_ip, per_primitive) -> list[str]:
     paths: dict[bytes, list[int]] = {}
     for report in per_primitive[DtaOpcode.POSTCARDING]:
         paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
-    decoded = postcard_query(collector.structure_region(DtaOpcode.POSTCARDING, collector_ip), list(paths), SWITCH_IDS)
+    decoded = postcard_query(_region(collector, DtaOpcode.POSTCARDING, collector_ip, PostcardRegion), list(paths),
+                             SWITCH_IDS)
     right = (decoded.values == np.array(list(paths.values()))).all(axis=1) & decoded.complete
     lines.append(f"  postcarding      {int(right.sum())} / {len(paths)} paths decoded exactly")
 
-    sketch = tables.structure(collector_ip, DtaOpcode.SKETCH_MERGE)
+    sketch = _structure(tables, collector_ip, DtaOpcode.SKETCH_MERGE)
     expected = np.zeros((sketch.rows, sketch.columns), dtype=np.uint64)
     for report in per_primitive[DtaOpcode.SKETCH_MERGE]:
         expected[:, report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = collector.structure_region(DtaOpcode.SKETCH_MERGE, collector_ip).matrix()
+    merged = _region(collector, DtaOpcode.SKETCH_MERGE, collector_ip, SketchRegion).matrix()
     lines.append(f"  sketch-merge     merged sketch {'matches' if (merged == expected).all() else 'DIFFERS from'} "
                  f"the sum of {sketch.reporters} reporters' sketches ({sketch.rows}x{sketch.columns})")
     return lines

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, TypedDict
 
 from softdta.errors import SoftdtaError
 from softdta.kernel.netns import NETNS_DIR, Namespace, in_netns
@@ -85,9 +86,9 @@ def _progress(message: str) -> None:
     print(f"rxe-lab: {message}", file=sys.stderr, flush=True)  # stdout may carry a command's JSON
 
 
-def _run(what: str, argv: list[str], **options) -> str:
-    options.setdefault("stdout", subprocess.PIPE)
-    proc = subprocess.run(argv, stderr=subprocess.PIPE, **options)
+def _run(what: str, argv: list[str], *, cwd: Path | None = None, stdin: IO[bytes] | None = None,
+         stdout: IO[bytes] | int = subprocess.PIPE) -> str:
+    proc = subprocess.run(argv, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, cwd=cwd)
     if proc.returncode != 0:
         output = (proc.stderr or proc.stdout or b"").decode(errors="replace").strip()
         raise RxeLabError(f"{what} failed (exit {proc.returncode}): `{shlex.join(argv)}`\n{output[-3000:]}")
@@ -97,7 +98,8 @@ def _run(what: str, argv: list[str], **options) -> str:
 # --- the image ----------------------------------------------------------------------------------------------------
 
 def _codename() -> str:
-    fields = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
+    lines = Path("/etc/os-release").read_text().splitlines()
+    fields = {key: value for key, _, value in (line.partition("=") for line in lines if "=" in line)}
     return fields["VERSION_CODENAME"].strip('"')
 
 
@@ -111,14 +113,15 @@ def apt_mirror(suite: str) -> str:
                 return words[1]
     for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
         for stanza in re.split(r"\n\s*\n", path.read_text()):
-            fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.MULTILINE))
+            fields: dict[str, str] = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.MULTILINE))
             if "deb" in fields.get("Types", "").split() and suite in fields.get("Suites", "").split():
                 return fields["URIs"].split()[0]
     raise RxeLabError(f"no apt source for {suite} in /etc/apt/sources.list or sources.list.d")
 
 
 def _candidate_versions(packages: list[str]) -> dict[str, str]:
-    versions, package = {}, None
+    versions: dict[str, str] = {}
+    package = ""
     for line in _run("reading package versions", ["apt-cache", "policy", *packages]).splitlines():
         if not line.startswith(" "):
             package = line.rstrip(":")
@@ -139,7 +142,16 @@ def _kernel_package() -> str:
     return match.group(1)
 
 
-def image_versions() -> dict[str, object]:
+class ImageVersions(TypedDict):
+    """What an image is made of: the recipe, the Debian suite and mirror, and each package's version."""
+
+    recipe: int
+    suite: str
+    mirror: str
+    packages: dict[str, str]
+
+
+def image_versions() -> ImageVersions:
     """What the image is made of; its hash is the cache key."""
     codename = _codename()
     return {"recipe": RECIPE, "suite": codename, "mirror": apt_mirror(codename),
@@ -168,7 +180,7 @@ def ensure_image(cache_dir: Path = CACHE_DIR) -> Path:
     return image
 
 
-def _build_image(image: Path, versions: dict) -> None:
+def _build_image(image: Path, versions: ImageVersions) -> None:
     work = image.with_name(image.name + ".partial")  # left behind on failure, for a look; removed by the next try
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
@@ -206,7 +218,7 @@ def _build_image(image: Path, versions: dict) -> None:
 
 def _prune_modules(modules: Path) -> None:
     """Keep GUEST_MODULES and what they depend on; modules.dep must be current."""
-    needs = {}  # module path -> the paths it needs (modules.dep lists them all, not only direct ones)
+    needs: dict[str, list[str]] = {}  # module path -> every path it needs (modules.dep lists indirect ones too)
     for line in (modules / "modules.dep").read_text().splitlines():
         module, _, dependencies = line.partition(":")
         needs[module] = dependencies.split()
@@ -228,9 +240,11 @@ def _prune_modules(modules: Path) -> None:
 def _pack_cpio(directory: Path, archive: Path) -> None:
     with archive.open("wb") as out:
         find = subprocess.Popen(["find", ".", "-print0"], cwd=directory, stdout=subprocess.PIPE)
+        listing = find.stdout
+        assert listing is not None  # stdout=PIPE
         _run(f"packing {archive.name}", ["cpio", "--null", "--create", "--format=newc", "--quiet"], cwd=directory,
-             stdin=find.stdout, stdout=out)
-        find.stdout.close()
+             stdin=listing, stdout=out)
+        listing.close()
         if find.wait() != 0:
             raise RxeLabError(f"packing {archive.name}: listing {directory} failed (exit {find.returncode})")
 
@@ -244,7 +258,8 @@ class Guest:
     in the namespace; the guest is `guest_ip` with MAC GUEST_MAC, and rxe0's RoCEv2 GID index 1 is ::ffff:guest_ip.
     """
 
-    def __init__(self, image: Path | None = None, namespace: str | None = None, run_dir: Path | None = None):
+    def __init__(self, image: Path | None = None, namespace: str | None = None,
+                 run_dir: Path | None = None) -> None:
         """By default the guest owns its namespace and run folder (removed by `close` or `cleanup`). With
         `namespace` (which must exist) and `run_dir` it lives in someone else's, as in `softdta lab up --collector
         rxe`, which also outlives the process that booted it: `close` then leaves the namespace alone."""
@@ -253,13 +268,13 @@ class Guest:
         self.owns_namespace = namespace is None
         self.namespace = Namespace(self.name)
         self.run_dir = run_dir or RUN_DIR / self.name
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.host_ip = self.guest_ip = self.host_mac = ""
 
     def __enter__(self) -> Guest:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def boot(self, host_ip: str = "10.77.2.1/24", guest_ip: str = "10.77.2.2", bridge: str | None = None) -> Guest:
@@ -283,8 +298,8 @@ class Guest:
             self.namespace.run("ip", "address", "add", host_ip, "dev", host_side)
             self.namespace.run("ip", "link", "set", TAP, "up")
             self.host_mac = json.loads(self.namespace.run("ip", "-j", "link", "show", host_side).stdout)[0]["address"]
-            self._start_qemu(image / "vmlinuz", initrd, f"{guest_ip}/{prefix}")
-            self._wait_until_ready()
+            self.process = self._start_qemu(image / "vmlinuz", initrd, f"{guest_ip}/{prefix}")
+            self._wait_until_ready(self.process)
         except BaseException:
             self.close()
             raise
@@ -307,7 +322,7 @@ class Guest:
             shutil.copyfileobj(source, out)
         return initrd
 
-    def _start_qemu(self, vmlinuz: Path, initrd: Path, guest_cidr: str) -> None:
+    def _start_qemu(self, vmlinuz: Path, initrd: Path, guest_cidr: str) -> subprocess.Popen[bytes]:
         serial = f"socket,id=ser0,path={self.run_dir / 'serial.sock'},server=on,wait=off," \
                  f"logfile={self.run_dir / 'serial.log'}"
         qemu = ["qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2",
@@ -320,18 +335,18 @@ class Guest:
                 "-no-reboot",  # a guest panic (its /init failed) ends qemu instead of booting again
                 "-pidfile", str(self.run_dir / "qemu.pid")]
         with (self.run_dir / "qemu.log").open("wb") as log:  # qemu's own complaints; the guest's go to serial.log
-            self.process = subprocess.Popen(["ip", "netns", "exec", self.name, *qemu], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(["ip", "netns", "exec", self.name, *qemu], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def _wait_until_ready(self) -> None:
+    def _wait_until_ready(self, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         serial_log = self.run_dir / "serial.log"
         while time.monotonic() < deadline:
             console = serial_log.read_text(errors="replace") if serial_log.exists() else ""
             if READY_MARKER in console:
                 return
-            if self.process.poll() is not None:
-                raise RxeLabError(f"qemu exited (status {self.process.returncode}) before the guest was ready:\n"
+            if process.poll() is not None:
+                raise RxeLabError(f"qemu exited (status {process.returncode}) before the guest was ready:\n"
                                   f"{self._logs()}")
             time.sleep(0.2)
         raise RxeLabError(f"the guest was not ready after {BOOT_TIMEOUT_S:.0f} s:\n{self._logs()}")
