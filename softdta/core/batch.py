@@ -33,9 +33,20 @@ from typing import Any, ClassVar, Self, cast
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.primitives import BatchPrimitive, KeyWrites, PluginRows, Primitive, SketchMerge
+from softdta.core.primitives import (
+    Append,
+    AppendRuntime,
+    BatchPrimitive,
+    KeyWrites,
+    PluginRows,
+    PostcardEntry,
+    Postcarding,
+    Primitive,
+    SketchMerge,
+    SketchRuntime,
+)
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
-from softdta.core.translator import AppendRuntime, PostcardEntry, SketchRuntime, Translator
+from softdta.core.translator import Translator
 from softdta.spec import (
     AETH,
     AETH_KIND_SHIFT,
@@ -602,7 +613,7 @@ class BatchTranslator:
         positions, list_ids, immediate, entries = (
             column[by_list] for column in (positions, list_ids, immediate, entries))
         ids, counts = np.unique(list_ids, return_counts=True)
-        state = self.oracle.append_state
+        state: dict[int, AppendRuntime] = self.oracle.primitive(Append.opcode).state
         runtimes = [state.setdefault(list_id, AppendRuntime()) for list_id in ids.tolist()]
         waited = np.fromiter((len(runtime.pending) for runtime in runtimes), dtype=np.int64, count=len(runtimes))
         group = np.repeat(np.arange(len(ids)), counts)
@@ -663,7 +674,7 @@ class BatchTranslator:
         slots, slot_of, counts = np.unique(index, return_inverse=True, return_counts=True)
         rank = np.empty(len(index), dtype=np.int64)
         rank[np.argsort(slot_of, kind="stable")] = _ranks(counts)
-        paths = _Paths.load(self.oracle.postcard_cache.setdefault(structure.qp.index, {}), slots, structure)
+        paths = _Paths.load(self._postcard_cache.setdefault(structure.qp.index, {}), slots, structure)
 
         written: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32], npt.NDArray[np.uint32],
                             npt.NDArray[np.uint32], npt.NDArray[np.bool_]]] = []
@@ -703,7 +714,7 @@ class BatchTranslator:
                                 paths.checksums[whole], rows.immediate[at][add][done]))
                 paths.live[whole] = False
             cached += int((~done & ~evict[add]).sum())
-        paths.store(self.oracle.postcard_cache[structure.qp.index], slots)
+        paths.store(self._postcard_cache[structure.qp.index], slots)
 
         sent_at: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
         if written:
@@ -805,14 +816,20 @@ class BatchTranslator:
     def _flush_later(self, index: int, structure: Structure | None, now_ns: int) -> None:
         """The flush queue entry the oracle adds when an Append list's batch or a Postcarding path begins; the
         batch or path that waits now (the last one begun there) is named by it."""
-        token = self.oracle.flush_later(now_ns, index, structure)
+        by = self.oracle.primitive(Append.opcode if structure is None else Postcarding.opcode)
+        token = self.oracle.flush_later(by, now_ns, index, structure)
         if structure is None:
-            runtime = self.oracle.append_state[index]
+            runtime = by.state[index]
             runtime.first_pending_ns, runtime.token = now_ns, token
             return
-        entry = self.oracle.postcard_cache[structure.qp.index].get(index)
+        entry = self._postcard_cache[structure.qp.index].get(index)
         if entry is not None:  # begun in this segment, since a path begins only where none waits
             entry.token = token
+
+    @property
+    def _postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]:
+        cache: dict[int, dict[int, PostcardEntry]] = self.oracle.primitive(Postcarding.opcode).state
+        return cache
 
     def _sequence(self, qp: QueuePair, sent: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
         """PSNs and AckReq bits of the QP's next `sent` frames, which it now counts as sent."""
@@ -846,7 +863,7 @@ class BatchTranslator:
             built.append((mine, _seal(template, frames)))
         return _in_order(built, len(psn))
 
-    def _count(self, kind: DtaOpcode, reports: int, sent: int) -> None:
+    def _count(self, kind: int, reports: int, sent: int) -> None:
         counters = self.oracle.counters
         counters[TranslatorCounter.TX_FRAMES] += sent
         counters[TranslatorCounter.RX_REPORTS] += reports

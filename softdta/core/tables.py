@@ -11,27 +11,23 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from softdta.core import registry
 from softdta.core.settings import Settings, TableError, tables_of
 from softdta.spec import (
     DEFAULT_ACK_REQUEST_INTERVAL,
     DEFAULT_GRACE_NS,
     DTA_V1_POSTCARD_HOPS,
-    KEY_CHECKSUM_LEN,
     MAX_ACK_REQUEST_INTERVAL,
     MAX_APPEND_BATCH,
     MAX_DATA_LEN,
     MAX_KEY_LEN,
-    MAX_POSTCARD_HOPS,
     MAX_REDUNDANCY,
     MAX_RX_QUEUES,
-    MAX_SKETCH_ROWS,
     MAX_WRITE_PAYLOAD,
     POSTCARD_CACHE_ENTRIES,
     PSN_MASK,
-    STRUCTURE_KINDS,
-    DtaOpcode,
     KeyHash,
     MergeFunction,
     Transport,
@@ -42,23 +38,12 @@ from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
 KEY_HASH_NAMES = {"dta-v1": KeyHash.DTA_V1, "independent": KeyHash.INDEPENDENT}
 
 
-def _power_of_two_at_least(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
+class Shape(Protocol):
+    """What a primitive's slot size depends on: a translator's `Structure` or a collector's configuration of one."""
 
-
-def _is_power_of_two(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
-
-
-def slot_size_of(primitive: DtaOpcode, *, data_len: int = 4, hops: int = DTA_V1_POSTCARD_HOPS, rows: int = 0) -> int:
-    """Bytes per slot of a structure: per key (Key-Write, Key-Increment, Postcarding) or per sketch column."""
-    if primitive is DtaOpcode.KEY_WRITE:
-        return _power_of_two_at_least(KEY_CHECKSUM_LEN + data_len)
-    if primitive is DtaOpcode.KEY_INCREMENT:
-        return 8
-    if primitive is DtaOpcode.POSTCARDING:
-        return _power_of_two_at_least(4 * hops)
-    return 4 * rows
+    data_len: int
+    hops: int
+    rows: int
 
 
 def _check_queue_qps(where: str, qps: list[QueuePair]) -> None:
@@ -123,9 +108,9 @@ class QueuePair:
 
 @dataclass
 class Structure(PerQueue):
-    """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area on one collector."""
+    """Where one primitive's reports land on one collector; its primitive (`registry`) lays it out."""
 
-    primitive: DtaOpcode
+    primitive: int  # an opcode in softdta.core.registry
     qp: QueuePair
     key_len: int = 4
     data_len: int = 4
@@ -144,12 +129,12 @@ class Structure(PerQueue):
     queue_qps: list[QueuePair] = field(default_factory=list)  # the QPs of RX queues 1..
 
     def __post_init__(self) -> None:
-        self.slot_size = slot_size_of(self.primitive, data_len=self.data_len, hops=self.hops, rows=self.rows)
+        self.slot_size = registry.by_opcode(self.primitive).slot_size(self)
         self.slot_count = self.qp.length // self.slot_size if self.slot_size else 0
 
     @property
     def name(self) -> str:
-        return f"{self.primitive.name.lower()}@{ip_str(self.qp.collector_ip)}"
+        return f"{registry.by_opcode(self.primitive).name.replace('-', '_')}@{ip_str(self.qp.collector_ip)}"
 
     def validate(self) -> None:
         where = f"structure {self.name}"
@@ -160,35 +145,7 @@ class Structure(PerQueue):
             raise TableError(f"{where}: data_len {self.data_len} must be 1..{MAX_DATA_LEN}")
         if not 1 <= self.redundancy <= MAX_REDUNDANCY:
             raise TableError(f"{where}: redundancy {self.redundancy} must be 1..{MAX_REDUNDANCY}")
-        if self.primitive is DtaOpcode.KEY_INCREMENT:
-            if self.qp.transport is not Transport.RC:
-                raise TableError(f"{where}: Key-Increment uses Fetch&Add, which needs an RC queue pair "
-                                 "(set transport = \"rc\")")
-            if self.qp.base_va % 8:
-                raise TableError(f"{where}: atomics need an 8-byte aligned region; base 0x{self.qp.base_va:x}")
-        if self.primitive is DtaOpcode.SKETCH_MERGE:
-            if not 1 <= self.rows <= MAX_SKETCH_ROWS or self.columns <= 0:
-                raise TableError(f"{where}: needs 1..{MAX_SKETCH_ROWS} rows and at least one column")
-            if self.columns % self.batch:
-                raise TableError(f"{where}: batch {self.batch} must divide the column count {self.columns}")
-            if self.batch * self.slot_size > MAX_WRITE_PAYLOAD:
-                raise TableError(f"{where}: a write of {self.batch} columns x {self.rows} rows x 4 B exceeds "
-                                 f"{MAX_WRITE_PAYLOAD} B; lower batch or rows")
-            if self.columns * self.slot_size > self.qp.length:
-                raise TableError(f"{where}: {self.columns} columns x {self.rows} rows x 4 B need "
-                                 f"{self.columns * self.slot_size} B, the region has {self.qp.length}")
-            if self.reporters <= 0 or self.reporters >= 1 << 16:
-                raise TableError(f"{where}: reporters must be 1..65535")
-            return
-        if self.primitive is DtaOpcode.POSTCARDING:
-            if not 1 <= self.hops <= MAX_POSTCARD_HOPS:
-                raise TableError(f"{where}: hops {self.hops} must be 1..{MAX_POSTCARD_HOPS}")
-            if not _is_power_of_two(self.cache_entries):
-                raise TableError(f"{where}: cache_entries {self.cache_entries} must be a power of two")
-        if not _is_power_of_two(self.slot_count) or self.slot_count < 2 or self.slot_count > 1 << 31:
-            raise TableError(f"{where}: region length {self.qp.length} gives {self.slot_count} slots of "
-                             f"{self.slot_size} B; the hash needs a power of two between 2 and 2^31 "
-                             f"(e.g. length {_power_of_two_at_least(max(2, self.slot_count)) * self.slot_size})")
+        registry.by_opcode(self.primitive).check_structure(self, where)
 
 
 @dataclass
@@ -243,7 +200,7 @@ class Tables:
     structures: list[Structure] = field(default_factory=list)
     append_lists: list[AppendLists] = field(default_factory=list)
     # Lookup indexes, rebuilt by validate() so that per-report lookups are dictionary hits.
-    _structure_index: dict[tuple[bytes, DtaOpcode], Structure] = field(default_factory=dict, init=False, repr=False)
+    _structure_index: dict[tuple[bytes, int], Structure] = field(default_factory=dict, init=False, repr=False)
     _local_qpn_index: dict[int, QueuePair] = field(default_factory=dict, init=False, repr=False)
     collector_ips: frozenset[bytes] = field(default=frozenset(), init=False, repr=False)
 
@@ -284,7 +241,7 @@ class Tables:
                 raise TableError(f"qp {second.name!r}: its region (base {second.base_va:#x}) overlaps qp "
                                  f"{first.name!r}'s (base {first.base_va:#x}, length {first.length}); give each "
                                  "structure its own memory")
-        seen: set[tuple[bytes, DtaOpcode]] = set()
+        seen: set[tuple[bytes, int]] = set()
         for structure in self.structures:
             structure.validate()
             key = (structure.qp.collector_ip, structure.primitive)
@@ -302,7 +259,7 @@ class Tables:
             if start < end:
                 raise TableError(f"append lists overlap at list id {start}; each list id belongs to one range")
 
-    def structure(self, collector_ip: bytes, primitive: DtaOpcode) -> Structure | None:
+    def structure(self, collector_ip: bytes, primitive: int) -> Structure | None:
         return self._structure_index.get((collector_ip, primitive))
 
     def append_range(self, list_id: int) -> AppendLists | None:
@@ -408,19 +365,20 @@ def _from_dict(document: dict[str, Any]) -> Tables:
 
     for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
         kind = entry.text("primitive")
-        if kind not in STRUCTURE_KINDS:
-            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(STRUCTURE_KINDS)} "
+        kinds = registry.structure_kinds()
+        if kind not in kinds:
+            raise TableError(f"structure: primitive {kind!r} must be one of {sorted(kinds)} "
                              "(Append lists are declared under [[append]])")
-        primitive = STRUCTURE_KINDS[kind]
+        primitive = kinds[kind]
         entry.where = f"{kind} structure"
         collector = collector_of(entry, f"{kind} structure")
-        default_transport = Transport.RC if primitive is DtaOpcode.KEY_INCREMENT else Transport.UC
-        qp, *queue_qps = _qps_from(entry, collector, f"{kind}@{collector.text('name')}", default_transport)
+        qp, *queue_qps = _qps_from(entry, collector, f"{kind}@{collector.text('name')}", primitive.default_transport)
         qps += [qp, *queue_qps]
         key_hash = entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES))
         merge = entry.text("merge", "sum", ("sum", "max"))
         structures.append(Structure(
-            primitive=primitive, qp=qp, key_len=entry.integer("key_len", 4), data_len=entry.integer("data_len", 4),
+            primitive=primitive.opcode, qp=qp, key_len=entry.integer("key_len", 4),
+            data_len=entry.integer("data_len", 4),
             hops=entry.integer("hops", DTA_V1_POSTCARD_HOPS),
             cache_entries=entry.integer("cache_entries", POSTCARD_CACHE_ENTRIES),
             columns=entry.integer("columns", 0), rows=entry.integer("rows", 0),

@@ -15,28 +15,19 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.primitives import (
-    BUILT_IN,
-    Append,
-    AppendRuntime,
-    Output,
-    PluginReport,
-    PostcardEntry,
-    Postcarding,
-    Primitive,
-    SketchRuntime,
-)
+from softdta.core import registry
+from softdta.core.primitives import Output, PluginReport, Primitive, Target
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
 from softdta.spec import (
     DTA_BASE_EXT,
     DTA_NACK_PORT,
     DTA_PORT,
     EXTENDED_MARKER,
+    PRIMITIVES,
     PSN_MASK,
     ROCE_PORT,
     SEQ_WINDOW,
     AethKind,
-    DtaOpcode,
     NackKind,
     NakCode,
     QpState,
@@ -49,9 +40,8 @@ from softdta.wire.dta import Nack, Report, decode, encode_nack
 from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
 from softdta.wire.roce import aeth_kind, build_roce_frame, parse_roce, transport_payload
 
-__all__ = ["Output", "AppendRuntime", "PostcardEntry", "SketchRuntime", "QpRuntime", "Translator"]
+__all__ = ["Output", "QpRuntime", "Translator"]
 
-_BUILT_IN_OPCODES = frozenset(int(opcode) for opcode in DtaOpcode)
 _BASE_EXT = codec(DTA_BASE_EXT)
 
 
@@ -77,38 +67,27 @@ class QpRuntime:
 
 
 class Translator:
-    """`plugins` are extra `primitives.Primitive` classes, each with an opcode no other primitive has."""
+    """Runs every registered primitive (`softdta.core.registry`) and the `plugins`, extra `primitives.Primitive`
+    classes, each with an opcode no other primitive has."""
 
     def __init__(self, tables: Tables, plugins: tuple[type[Primitive], ...] | list[type[Primitive]] = ()):
         self.tables = tables
         self.counters: Counter[TranslatorCounter] = Counter()
         self.qp_state = {qp.index: QpRuntime(qp.start_psn) for qp in tables.qps}
         self.reporter_seqnum: dict[bytes, int] = {}
-        # (token, first ns, list id | index, structure, RX queue)
-        self.flush_queue: deque[tuple[int, int, int, Structure | None, int]] = deque()
+        # (token, first ns, the index the primitive gave, its target, RX queue, the primitive)
+        self.flush_queue: deque[tuple[int, int, int, Target | None, int, Primitive]] = deque()
         self.queue = 0  # the RX queue of the frame being translated, or of the flush entry being written
         self._tokens = 0
         self.primitives: dict[int, Primitive] = {}
-        for cls in (*BUILT_IN, *plugins):
+        for cls in (*registry.registered(), *plugins):
             if cls.opcode in self.primitives:
                 raise ValueError(f"primitive {cls.__name__} takes opcode {cls.opcode}, which "
                                  f"{type(self.primitives[cls.opcode]).__name__} already has")
             self.primitives[cls.opcode] = cls(self)
 
-    @property
-    def append_state(self) -> dict[int, AppendRuntime]:
-        state: dict[int, AppendRuntime] = self.primitives[DtaOpcode.APPEND].state
-        return state
-
-    @property
-    def postcard_cache(self) -> dict[int, dict[int, PostcardEntry]]:
-        state: dict[int, dict[int, PostcardEntry]] = self.primitives[DtaOpcode.POSTCARDING].state
-        return state
-
-    @property
-    def sketch_state(self) -> dict[int, SketchRuntime]:
-        state: dict[int, SketchRuntime] = self.primitives[DtaOpcode.SKETCH_MERGE].state
-        return state
+    def primitive(self, opcode: int) -> Primitive:
+        return self.primitives[opcode]
 
     # ----------------------------------------------------------------------------------------------
     # entry points
@@ -144,53 +123,28 @@ class Translator:
         frames: list[bytes] = []
         pushed_back: Counter[int] = Counter()  # since the last write; the second time round ends the pass
         while self.flush_queue:
-            token, first_ns, index, structure, queue = self.flush_queue[0]
-            pending = self._pending_entry(token, index, structure)
-            if pending is None:
+            entry = self.flush_queue[0]
+            token, first_ns, index, target, queue, primitive = entry
+            owner = primitive.flush_target(index, target)
+            pending = None if owner is None else primitive.pending(token, index, owner)
+            if owner is None or pending is None:
                 self.flush_queue.popleft()
                 continue
             if now_ns - first_ns < idle_ns or pushed_back[token] >= 2:
                 break
             self.flush_queue.popleft()
-            # an entry without a structure is an Append batch (`pending` an AppendRuntime) of a list in a range;
-            # it is written through the QP of the queue whose report started it, or queue 0's if that is gone
-            owner = structure or cast(AppendLists, self.tables.append_range(index))
+            # written through the QP of the queue whose report started it, or queue 0's if that is gone
             self.queue = queue if owner.qp_on(queue) else 0
             qp = self.sender(owner)
             if not self._qp_flushable(qp, now_ns, idle_ns):
-                self.flush_queue.append((token, first_ns, index, structure, queue))
+                self.flush_queue.append(entry)
                 pushed_back[token] += 1
                 continue
-            if structure is None:
-                frames += self.flush_batch(cast(AppendLists, self.tables.append_range(index)), index,
-                                           cast(AppendRuntime, pending))
-            else:
-                frames += self.flush_path(structure, index, cast(PostcardEntry, pending))
+            frames += primitive.flush(owner, index, pending)
             runtime = self.qp_state[qp.index]
             runtime.flush_mark = runtime.frames_sent  # the flush's own frames do not make the QP busy
             pushed_back.clear()
         return frames
-
-    def flush_batch(self, lists: AppendLists, list_id: int, runtime: AppendRuntime) -> list[bytes]:
-        """A partial Append batch, padded with zero entries, written where the full batch would go."""
-        runtime.pending += [bytes(lists.data_len)] * (lists.batch - len(runtime.pending))
-        self.counters[TranslatorCounter.APPEND_FLUSHES] += 1
-        return cast(Append, self.primitives[DtaOpcode.APPEND]).write_batch(lists, list_id, runtime, None)
-
-    def flush_path(self, structure: Structure, index: int, entry: PostcardEntry) -> list[bytes]:
-        """A cached Postcarding path, written with the hops it has, and its cache entry freed."""
-        del self.postcard_cache[structure.qp.index][index]
-        self.counters[TranslatorCounter.POSTCARD_FLUSHES] += 1
-        return cast(Postcarding, self.primitives[DtaOpcode.POSTCARDING]).write_path(structure, entry, None)
-
-    def _pending_entry(self, token: int, index: int,
-                       structure: Structure | None) -> AppendRuntime | PostcardEntry | None:
-        """The batch or cache entry a flush-queue entry names, if it is still waiting."""
-        if structure is None:
-            runtime = self.append_state.get(index)
-            return runtime if runtime and runtime.pending and runtime.token == token else None
-        entry = self.postcard_cache.get(structure.qp.index, {}).get(index)
-        return entry if entry and entry.token == token else None
 
     def _qp_flushable(self, qp: QueuePair, now_ns: int, idle_ns: int) -> bool:
         runtime = self.qp_state[qp.index]
@@ -221,23 +175,25 @@ class Translator:
             report = self._decode(udp.payload)
         except WireError as error:
             return self.drop(TranslatorCounter[f"DROP_{error.reason}"])
-        if report.opcode in _BUILT_IN_OPCODES:
-            self.counters[TranslatorCounter(TranslatorCounter.RX_KEY_WRITE + report.opcode - 1)] += 1
+        primitive = self.primitives[report.opcode]
+        if primitive.rx_counter is not None:
+            self.counters[primitive.rx_counter] += 1
         if report.retransmit:
             verdict = self._check_sequence(udp, report)
             if verdict is not None:
                 return verdict
-        out = self.primitives[report.opcode].translate(udp, report, now_ns)
+        out = primitive.translate(udp, report, now_ns)
         self.counters[TranslatorCounter.TX_FRAMES] += len(out.frames)
         self.counters[TranslatorCounter.TX_NACKS] += len(out.to_reporter)
         return out
 
     def _decode(self, payload: bytes) -> Report | PluginReport:
-        """Built-in reports through `dta.decode`; extended reports with a plug-in's opcode through the plug-in."""
+        """The spec's primitives' reports through `dta.decode` (dta-v1 and extended); extended reports of any other
+        primitive through that primitive."""
         if len(payload) >= _BASE_EXT.size and payload[0] & EXTENDED_MARKER:
             base, offset = _BASE_EXT.unpack(payload)
             primitive = self.primitives.get(base["opcode"])
-            if primitive is not None and base["opcode"] not in _BUILT_IN_OPCODES:
+            if primitive is not None and base["opcode"] not in PRIMITIVES:
                 return primitive.decode(base, payload, offset)
         return decode(payload, self.tables.profile)
 
@@ -297,27 +253,21 @@ class Translator:
                             ttl=self.tables.ttl)
         return build_udp_frame(ends, encode_nack(nack))
 
-    def structure(self, udp: UdpFrame, kind: DtaOpcode, report: Report | PluginReport,
+    def structure(self, udp: UdpFrame, kind: int, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output:
-        """The collector structure of `kind` at the report's destination, or the drop when there is none, when the
-        key (`report.key` unless given) or Key-Write data does not fit it, or when a Key-Write or Key-Increment
-        report asks for more copies than it takes."""
+        """The collector structure of primitive `kind` at the report's destination, or the drop when there is none
+        or when the key (`report.key` unless given) does not fit it."""
         structure = self.tables.structure(udp.dst_ip, kind)
         if structure is None:
             return self.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
         key = cast(Report, report).key if key is None else key  # plug-ins pass their key
-        if len(key) != structure.key_len or \
-                (kind is DtaOpcode.KEY_WRITE and isinstance(report, Report)
-                 and len(report.data) != structure.data_len):
+        if len(key) != structure.key_len:
             return self.drop(TranslatorCounter.DROP_BAD_LENGTH)
-        if kind in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT) and isinstance(report, Report) \
-                and report.redundancy > structure.redundancy:
-            return self.drop(TranslatorCounter.DROP_BAD_REDUNDANCY)
         return structure
 
-    def flush_later(self, now_ns: int, index: int, structure: Structure | None) -> int:
+    def flush_later(self, by: Primitive, now_ns: int, index: int, target: Target | None) -> int:
         self._tokens += 1
-        self.flush_queue.append((self._tokens, now_ns, index, structure, self.queue))
+        self.flush_queue.append((self._tokens, now_ns, index, target, self.queue, by))
         return self._tokens
 
     # ----------------------------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def assert_same_state(reference: Translator, kernel: XdpTranslator):
         expected, got = reference.qp_state[qp.index], kernel.qp_state(qp)
         assert (got["next_psn"], got["unacked_psn"], got["state"], got["frames_sent"]) == \
                (expected.next_psn, expected.unacked_psn, expected.state, expected.frames_sent), qp.name
-    for list_id, runtime in reference.append_state.items():
+    for list_id, runtime in reference.primitive(DtaOpcode.APPEND).state.items():
         got = kernel.read("append_state", state_index=kernel.slots.append[list_id])
         assert (got["head"], got["pending"]) == (runtime.head, len(runtime.pending)), f"list {list_id}"
 

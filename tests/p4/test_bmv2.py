@@ -413,7 +413,7 @@ def test_flush_requests_write_out_what_has_waited_like_the_reference(program, tm
         expected = at(frames)
         assert len(expected) == 1  # list 3's full batch
         structure = tables.structure(reporter.collector_ip, DtaOpcode.POSTCARDING)
-        cache = reference.postcard_cache[structure.qp.index]
+        cache = reference.primitive(DtaOpcode.POSTCARDING).state[structure.qp.index]
         postcard_entries = sorted(cache)
         assert len(postcard_entries) == 8
         requests = [build_udp_frame(ends, FlushRequest.request(FlushTarget.APPEND_LIST, list_id))
@@ -431,7 +431,8 @@ def test_flush_requests_write_out_what_has_waited_like_the_reference(program, tm
             time.sleep(0.05)
         expected = at(requests)
         assert len(expected) == 4 + 8  # lists 1, 2, 3 and 7; every cached path
-        assert not cache and all(not state.pending for state in reference.append_state.values())
+        assert not cache
+        assert all(not state.pending for state in reference.primitive(DtaOpcode.APPEND).state.values())
         after = [reporter.frame(dta.append(2, 7)) for _ in range(4)]  # a full batch after the flushed one
         expected += at(after)
         got = bmv2.exchange(requests + after, len(expected))

@@ -280,8 +280,11 @@ def per_qp(frames):
 
 
 def state(translator):
-    return (translator.counts(), translator.qp_state, translator.reporter_seqnum, translator.append_state,
-            translator.postcard_cache, translator.sketch_state, list(translator.flush_queue))
+    states = [translator.primitive(kind).state for kind in (DtaOpcode.APPEND, DtaOpcode.POSTCARDING,
+                                                                 DtaOpcode.SKETCH_MERGE)]
+    # a flush-queue entry names its primitive, which each translator has its own instance of
+    flush_queue = [(*entry[:-1], entry[-1].opcode) for entry in translator.flush_queue]
+    return (translator.counts(), translator.qp_state, translator.reporter_seqnum, *states, flush_queue)
 
 
 def cuts_from(sizes, total):
@@ -372,7 +375,7 @@ def test_a_batch_of_appends_is_vectorized_not_sent_through_the_oracle(monkeypatc
     oracle_run = run_oracle(tables, frames, [10, 300], lambda _: 0)
     batch = BatchTranslator(Translator(tables))
     first = batch.process_batch(frames[:10], 0)  # below MIN_VECTOR_BATCH: through the oracle, leaving batches begun
-    assert any(runtime.pending for runtime in batch.oracle.append_state.values())
+    assert any(runtime.pending for runtime in batch.oracle.primitive(DtaOpcode.APPEND).state.values())
     calls = []
     monkeypatch.setattr(batch.oracle, "process", lambda *args: calls.append(args))
     second = batch.process_batch(frames[10:], 0)

@@ -239,7 +239,8 @@ def test_a_report_on_an_rx_queue_without_a_qp_is_dropped_and_counted(tables, rep
     translator = Translator(with_queue_qps(tables, 2))
     for report in (dta.key_write(1, 2, 1), dta.append(5, 1), dta.postcard(3, 1, 5)):
         assert translator.process(reporter.frame(report), 0, queue=2).drop is TranslatorCounter.DROP_NO_QUEUE_QP
-    assert translator.counters[TranslatorCounter.DROP_NO_QUEUE_QP] == 3 and not translator.append_state
+    assert translator.counters[TranslatorCounter.DROP_NO_QUEUE_QP] == 3
+    assert not translator.primitive(DtaOpcode.APPEND).state
 
 
 def test_unknown_list_is_dropped_and_counted(tables, reporter):
@@ -344,7 +345,8 @@ def test_flush_requests_write_what_the_idle_flush_writes_once_it_is_due(tables, 
     for translator in (timer, switch):
         send(translator, reporter, dta.append(5, 11), now_ns=0)
         send(translator, reporter, dta.postcard(8, 2, 22), now_ns=500)
-    entry = next(iter(switch.postcard_cache[structure(tables, DtaOpcode.POSTCARDING).qp.index]))
+    cache = switch.primitive(DtaOpcode.POSTCARDING).state[structure(tables, DtaOpcode.POSTCARDING).qp.index]
+    entry = next(iter(cache))
     ask = [flush_request(reporter, FlushTarget.APPEND_LIST, 5),
            flush_request(reporter, FlushTarget.POSTCARD_ENTRY, entry)]
     assert [switch.process(frame, 900).frames for frame in ask] == [[], []]  # neither is due

@@ -1,0 +1,79 @@
+"""Append: entries gathered into batches and written to the next place of a list's ring (RDMA WRITE)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from softdta.core.primitives.base import Output, Primitive, Target, built_in
+from softdta.core.tables import AppendLists
+from softdta.spec import DtaOpcode, TranslatorCounter
+from softdta.wire.dta import Report
+from softdta.wire.frames import UdpFrame
+
+
+@dataclass
+class AppendRuntime:
+    head: int = 0
+    pending: list[bytes] = field(default_factory=list)
+    first_pending_ns: int = 0
+    token: int = 0  # names this batch in the flush queue
+
+
+class Append(Primitive):
+    """State: list id -> its batch and ring head."""
+
+    opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.APPEND)
+    bpf_header: ClassVar[str | None] = "append.h"
+    p4_fragments: ClassVar[tuple[str, ...]] = ("append",)
+
+    def new_state(self) -> dict[int, AppendRuntime]:
+        return {}
+
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> AppendLists | Output:
+        lists = self.translator.tables.append_range(report.list_id)
+        if lists is None:
+            return self.translator.drop(TranslatorCounter.DROP_UNKNOWN_LIST)
+        if len(report.data) != lists.data_len:
+            return self.translator.drop(TranslatorCounter.DROP_BAD_LENGTH)
+        return lists
+
+    def apply(self, udp: UdpFrame, report: Report, target: AppendLists, now_ns: int) -> Output:
+        t, lists = self.translator, target
+        runtime = self.state.setdefault(report.list_id, AppendRuntime())
+        if not runtime.pending:
+            runtime.first_pending_ns = now_ns
+            runtime.token = t.flush_later(self, now_ns, report.list_id, None)
+        runtime.pending.append(_append_entry(report.data))
+        if len(runtime.pending) < lists.batch:
+            t.counters[TranslatorCounter.APPEND_BATCHED] += 1
+            return Output()
+        return Output(frames=self.write_batch(lists, report.list_id, runtime, report))
+
+    def write_batch(self, lists: AppendLists, list_id: int, runtime: AppendRuntime,
+                    report: Report | None) -> list[bytes]:
+        offset = lists.ring_offset(list_id) + runtime.head * lists.data_len
+        payload = b"".join(runtime.pending)
+        runtime.pending = []
+        runtime.head = (runtime.head + lists.batch) % lists.entries
+        return [self.translator.write(self.translator.sender(lists), offset, payload, report, list_id)]
+
+    def flush_target(self, index: int, target: Target | None) -> Target | None:
+        return self.translator.tables.append_range(index)
+
+    def pending(self, token: int, index: int, target: Target) -> AppendRuntime | None:
+        runtime: AppendRuntime | None = self.state.get(index)
+        return runtime if runtime and runtime.pending and runtime.token == token else None
+
+    def flush(self, target: Target, index: int, pending: AppendRuntime) -> list[bytes]:
+        """A partial batch, padded with zero entries, written where the full batch would go."""
+        assert isinstance(target, AppendLists)
+        pending.pending += [bytes(target.data_len)] * (target.batch - len(pending.pending))
+        self.translator.counters[TranslatorCounter.APPEND_FLUSHES] += 1
+        return self.write_batch(target, index, pending, None)
+
+
+def _append_entry(data: bytes) -> bytes:
+    """Append entries of 4 or 8 bytes are integers and stored little-endian (host order); others verbatim."""
+    return data[::-1] if len(data) in (4, 8) else data
+

@@ -1,0 +1,55 @@
+"""Key-Increment: a key's counter added into `redundancy` hashed u64 slots of a structure (RDMA Fetch&Add, RC)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from softdta.core.primitives.base import Output, Primitive, Target, built_in
+from softdta.core.regions import Buffer, KeyIncrementRegion
+from softdta.core.settings import TableError
+from softdta.core.tables import Shape, Structure
+from softdta.spec import DtaOpcode, RoceOpcode, TranslatorCounter, Transport
+from softdta.wire.dta import Report
+from softdta.wire.frames import UdpFrame
+from softdta.wire.hashing import key_slot
+
+
+class KeyIncrement(Primitive):
+    opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.KEY_INCREMENT)
+    atomics: ClassVar[bool] = True
+    default_transport: ClassVar[Transport] = Transport.RC
+    bpf_header: ClassVar[str | None] = "keyed.h"
+    p4_fragments: ClassVar[tuple[str, ...]] = ("key_increment", "keyed_slot")
+
+    @classmethod
+    def slot_size(cls, structure: Shape) -> int:
+        return 8
+
+    @classmethod
+    def check_structure(cls, structure: Structure, where: str) -> None:
+        if structure.qp.transport is not Transport.RC:
+            raise TableError(f"{where}: Key-Increment uses Fetch&Add, which needs an RC queue pair "
+                             "(set transport = \"rc\")")
+        if structure.qp.base_va % 8:
+            raise TableError(f"{where}: atomics need an 8-byte aligned region; base 0x{structure.qp.base_va:x}")
+        super().check_structure(structure, where)
+
+    @classmethod
+    def region(cls, buffer: Buffer, structure: Structure) -> KeyIncrementRegion:
+        return KeyIncrementRegion(buffer)
+
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Target | Output:
+        structure = self.translator.structure(udp, self.opcode, report)
+        if not isinstance(structure, Output) and report.redundancy > structure.redundancy:
+            return self.translator.drop(TranslatorCounter.DROP_BAD_REDUNDANCY)
+        return structure
+
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        t, structure = self.translator, target
+        qp = t.sender(structure)
+        out = Output()
+        for copy in range(report.redundancy):
+            offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
+            atomic = {"va": qp.base_va + offset, "rkey": qp.rkey, "swap_add": report.counter, "compare": 0}
+            out.frames.append(t.emit(qp, RoceOpcode.RC_FETCH_ADD, {"atomic_eth": atomic}, b""))
+        return out

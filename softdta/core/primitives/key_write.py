@@ -1,0 +1,48 @@
+"""Key-Write: a key's data, with the key's checksum, into `redundancy` hashed slots of a structure (RDMA WRITE)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from softdta.core.primitives.base import Output, PluginReport, Primitive, Target, TranslatorContext, built_in
+from softdta.core.regions import Buffer, KeyWriteRegion
+from softdta.core.tables import Structure
+from softdta.spec import DtaOpcode, TranslatorCounter
+from softdta.wire.dta import Report
+from softdta.wire.frames import UdpFrame
+from softdta.wire.hashing import key_checksum, key_slot
+
+
+class KeyWrite(Primitive):
+    opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.KEY_WRITE)
+    bpf_header: ClassVar[str | None] = "keyed.h"
+    p4_fragments: ClassVar[tuple[str, ...]] = ("key_write", "keyed_slot")
+
+    @classmethod
+    def region(cls, buffer: Buffer, structure: Structure) -> KeyWriteRegion:
+        return KeyWriteRegion.for_structure(buffer, structure)
+
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Target | Output:
+        t = self.translator
+        structure = t.structure(udp, self.opcode, report)
+        if isinstance(structure, Output):
+            return structure
+        if len(report.data) != structure.data_len:
+            return t.drop(TranslatorCounter.DROP_BAD_LENGTH)
+        if report.redundancy > structure.redundancy:
+            return t.drop(TranslatorCounter.DROP_BAD_REDUNDANCY)
+        return structure
+
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        return Output(frames=write_key(self.translator, target, report.key, report.data, report.redundancy, report))
+
+
+def write_key(t: TranslatorContext, structure: Structure, key: bytes, data: bytes, redundancy: int,
+              report: Report | PluginReport | None) -> list[bytes]:
+    """Key-Write's frames: checksum ‖ data into each of the key's `redundancy` slots."""
+    payload = key_checksum(key).to_bytes(4, "little") + data
+    frames = []
+    for copy in range(redundancy):
+        offset = key_slot(key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
+        frames.append(t.write(t.sender(structure), offset, payload, report, key_checksum(key)))
+    return frames

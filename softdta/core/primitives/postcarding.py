@@ -1,0 +1,109 @@
+"""Postcarding: the hops of a flow's path gathered in a cache and written as one slot once complete or idle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from softdta.core.primitives.base import Output, Primitive, Target, built_in, power_of_two_at_least
+from softdta.core.regions import Buffer, PostcardRegion
+from softdta.core.settings import TableError
+from softdta.core.tables import Shape, Structure
+from softdta.spec import MAX_POSTCARD_HOPS, DtaOpcode, TranslatorCounter
+from softdta.wire.dta import Report
+from softdta.wire.frames import UdpFrame
+from softdta.wire.hashing import key_checksum, postcard_hop_hash, postcard_slot_hash
+
+
+@dataclass
+class PostcardEntry:
+    key: bytes
+    path_length: int
+    values: list[int]
+    hop_mask: int = 0
+    first_ns: int = 0
+    token: int = 0
+
+
+class Postcarding(Primitive):
+    """State: QP index -> cache index -> the path being gathered."""
+
+    opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.POSTCARDING)
+    bpf_header: ClassVar[str | None] = "postcard.h"
+    p4_fragments: ClassVar[tuple[str, ...]] = ("postcarding",)
+
+    @classmethod
+    def slot_size(cls, structure: Shape) -> int:
+        return power_of_two_at_least(4 * structure.hops)
+
+    @classmethod
+    def check_structure(cls, structure: Structure, where: str) -> None:
+        if not 1 <= structure.hops <= MAX_POSTCARD_HOPS:
+            raise TableError(f"{where}: hops {structure.hops} must be 1..{MAX_POSTCARD_HOPS}")
+        entries = structure.cache_entries
+        if entries <= 0 or entries & (entries - 1):
+            raise TableError(f"{where}: cache_entries {entries} must be a power of two")
+        super().check_structure(structure, where)
+
+    @classmethod
+    def region(cls, buffer: Buffer, structure: Structure) -> PostcardRegion:
+        return PostcardRegion.for_structure(buffer, structure)
+
+    def new_state(self) -> dict[int, dict[int, PostcardEntry]]:
+        return {}
+
+    def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Structure | Output:
+        structure = self.translator.structure(udp, self.opcode, report)
+        if isinstance(structure, Output):
+            return structure
+        path_length = report.path_length or structure.hops
+        if report.hop > path_length or path_length > structure.hops:
+            return self.translator.drop(TranslatorCounter.DROP_BAD_HOP)
+        return structure
+
+    def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
+        t, structure = self.translator, target
+        path_length = report.path_length or structure.hops
+        cache = self.state.setdefault(structure.qp.index, {})
+        index = postcard_slot_hash(report.key) & (structure.cache_entries - 1)
+        encoded = int.from_bytes(report.data, "big") ^ postcard_hop_hash(report.key, report.hop)
+        out = Output()
+        entry = cache.get(index)
+        if entry is not None and entry.key != report.key:
+            if path_length == 1:
+                # A one-hop path is complete on arrival: write it without evicting another flow's path.
+                single = PostcardEntry(report.key, 1, [0] * structure.hops, hop_mask=1)
+                single.values[report.hop - 1] = encoded
+                return Output(frames=self.write_path(structure, single, report))
+            t.counters[TranslatorCounter.POSTCARD_EVICTIONS] += 1
+            out.frames += self.write_path(structure, entry, None)
+            entry = None
+        if entry is None:
+            entry = cache[index] = PostcardEntry(report.key, path_length, [0] * structure.hops, first_ns=now_ns,
+                                                 token=t.flush_later(self, now_ns, index, structure))
+        entry.values[report.hop - 1] = encoded
+        entry.hop_mask |= 1 << (report.hop - 1)
+        if entry.hop_mask.bit_count() >= entry.path_length:
+            del cache[index]
+            out.frames += self.write_path(structure, entry, report)
+        elif not out.frames:
+            t.counters[TranslatorCounter.POSTCARD_CACHED] += 1
+        return out
+
+    def write_path(self, structure: Structure, entry: PostcardEntry, report: Report | None) -> list[bytes]:
+        offset = (postcard_slot_hash(entry.key) & (structure.slot_count - 1)) * structure.slot_size
+        payload = b"".join(v.to_bytes(4, "big") for v in entry.values)
+        return [self.translator.write(self.translator.sender(structure), offset, payload, report,
+                                      key_checksum(entry.key))]
+
+    def pending(self, token: int, index: int, target: Target) -> PostcardEntry | None:
+        assert isinstance(target, Structure)
+        entry: PostcardEntry | None = self.state.get(target.qp.index, {}).get(index)
+        return entry if entry and entry.token == token else None
+
+    def flush(self, target: Target, index: int, pending: PostcardEntry) -> list[bytes]:
+        """A cached path, written with the hops it has, and its cache entry freed."""
+        assert isinstance(target, Structure)
+        del self.state[target.qp.index][index]
+        self.translator.counters[TranslatorCounter.POSTCARD_FLUSHES] += 1
+        return self.write_path(target, pending, None)
