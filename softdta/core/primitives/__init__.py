@@ -1,4 +1,4 @@
-"""The primitives: one module each, registered in `softdta.core.registry` (see `base.Primitive`)."""
+"""The primitives: one module or package each, registered in `softdta.core.registry` (see `base.Primitive`)."""
 
 from softdta.core import registry
 from softdta.core.primitives.append import Append, AppendRuntime
