@@ -5,16 +5,33 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from softdta.cli import codegen, collector, lab, offline, p4, query, translator
 from softdta.errors import SoftdtaError
+
+DESCRIPTION = """\
+softdta turns the telemetry reports switches send (DTA, UDP port 40040) into
+RDMA writes (RoCEv2) that land in a collector's memory, where queries read
+them without the collector's CPU handling any report.
+
+  try it:     softdta demo             the whole path live, in namespaces (root)
+              softdta demo --offline   the same kind of workload in this process
+  deploy it:  softdta collector up     where the data is kept
+              softdta translator up    where the reports arrive
+              softdta query            read what a collector holds"""
+
+EPILOG = """\
+`softdta COMMAND --help` tells what a command does and what each of its options
+means; the guides are in docs/."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.run
     try:
-        return args.run(args)
+        return command(args)
     except SoftdtaError as error:
         print(f"softdta: error: {error.line()}", file=sys.stderr)
         return 2
@@ -24,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="softdta", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="softdta", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, title="commands")
     for group in (offline, translator, collector, query, lab, p4, codegen):
         group.register(commands)
     return parser

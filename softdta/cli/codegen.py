@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from softdta.cli.common import REPO_ROOT
+import argparse
+
+from softdta.cli.common import REPO_ROOT, Commands, add_command
 
 
-def register(commands) -> None:
+def register(commands: Commands) -> None:
     """Add the codegen command(s) to the `softdta` parser."""
     from softdta.codegen.generate import GENERATED
-    generate = commands.add_parser("codegen", help="regenerate the files the spec generates: "
-                                   + ", ".join(str(path) for path in GENERATED))
-    generate.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    generate = add_command(commands, "codegen", "regenerate the C and P4 files made from softdta's spec (after "
+                           "changing softdta/spec)", "They are: " + ", ".join(str(path) for path in GENERATED) + ".")
+    generate.add_argument("--check", action="store_true",
+                          help="change nothing; list the files that are out of date and exit 1 if any")
     generate.set_defaults(run=_codegen)
 
 
-def _codegen(args) -> int:
+def _codegen(args: argparse.Namespace) -> int:
     from softdta.codegen.generate import stale, write_all
     if args.check:
         outdated = stale(REPO_ROOT)

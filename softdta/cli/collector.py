@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from softdta.cli.common import CliError
+import argparse
+
+from softdta.cli.common import CliError, Commands, add_command
 
 
-def register(commands) -> None:
+def register(commands: Commands) -> None:
     """Add the collector command(s) to the `softdta` parser."""
-    collector = commands.add_parser("collector", help="host DTA structures and serve queries")
-    collector_actions = collector.add_subparsers(dest="action", required=True)
-    collector_up = collector_actions.add_parser("up", help="run a collector until interrupted")
+    collector = add_command(commands, "collector", "keep the DTA structures that translators write into, and "
+                            "serve queries on them")
+    collector_actions = collector.add_subparsers(dest="action", required=True, title="actions")
+    collector_up = add_command(collector_actions, "up", "run a collector until interrupted",
+                               "It advertises its structures to translators on its control service and answers "
+                               "queries on its query service (docs/collector.md).")
     collector_up.add_argument("--config", required=True, help="collector configuration (TOML, docs/collector.md)")
     collector_up.add_argument("--netns", help="run in this network namespace")
-    collector_up.add_argument("--control-host", default="0.0.0.0", help="address of the control service")
-    collector_up.add_argument("--query-host", default="127.0.0.1", help="address of the query service")
+    collector_up.add_argument("--control-host", default="0.0.0.0",
+                              help="address the control service, which translators connect to, listens on "
+                                   "(default %(default)s)")
+    collector_up.add_argument("--query-host", default="127.0.0.1",
+                              help="address the query service (HTTP) listens on (default %(default)s)")
     collector_up.set_defaults(run=_collector_up)
 
 
-def _collector_up(args) -> int:
+def _collector_up(args: argparse.Namespace) -> int:
     from softdta.collector.backend import BackendError
     from softdta.collector.config import CollectorConfig
     from softdta.collector.control import ControlError

@@ -1,24 +1,36 @@
-"""What every command module shares: the repository root, the one CLI error, the summary printer, and the
-signals of long-running commands."""
+"""What every command module shares: the repository root, the one CLI error, adding a command, the summary
+printer, and the signals of long-running commands."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
+from typing import TypeAlias
 
 from softdta.errors import SoftdtaError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # the sub-commands of a parser
 
 
 class CliError(SoftdtaError):
     """A user-facing error: the message names the problem and the fix."""
 
 
-def print_summary(summary: dict, as_json: bool) -> None:
+def add_command(commands: Commands, name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
+    """A sub-command: `summary` is its line in the parent's --help, and opens its own --help, which `details`
+    continues."""
+    sentence = summary[0].upper() + summary[1:] + "."
+    return commands.add_parser(name, help=summary, description=f"{sentence} {details}" if details else sentence)
+
+
+def print_summary(summary: Mapping[str, object], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -48,10 +60,10 @@ class Signals:
         if reload is not None:
             signal.signal(signal.SIGHUP, self._on_reload)
 
-    def _on_stop(self, *_) -> None:
+    def _on_stop(self, _signal: int, _frame: FrameType | None) -> None:
         self._stopping = True
 
-    def _on_reload(self, *_) -> None:
+    def _on_reload(self, _signal: int, _frame: FrameType | None) -> None:
         self._reload_asked = True
 
     def set(self) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
-from softdta.cli.common import CliError, print_summary
+from softdta.cli.common import CliError, Commands, add_command, print_summary
 from softdta.core import workload
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
@@ -17,73 +19,103 @@ from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_
 from softdta.wire.pcap import Packet, read_pcap, write_pcap
 from softdta.wire.roce import describe_aeth, parse_roce
 
+if TYPE_CHECKING:
+    from softdta.core.offline import OfflineCollector
+    from softdta.kernel.tx_ring import SendResult
 
-def register(commands) -> None:
+
+def register(commands: Commands) -> None:
     """Add the offline command(s) to the `softdta` parser."""
-
-    translate = commands.add_parser("translate", help="run the reference translator over a pcap of DTA reports")
+    translate = add_command(commands, "translate", "translate a pcap of DTA reports into the RoCEv2 frames a "
+                            "translator sends for them, with no network",
+                            "Shows the counters of what was translated or dropped, and why.")
     translate.add_argument("--tables", required=True, help="translator tables (TOML, see docs/tables.md)")
     translate.add_argument("--in", dest="input", required=True, help="pcap of Ethernet frames carrying DTA reports")
-    translate.add_argument("--out", required=True, help="pcap to write RoCEv2 frames and NACKs to")
-    translate.add_argument("--flush", action="store_true", help="write out partial Append batches and "
-                                                                "incomplete Postcarding paths at the end")
+    translate.add_argument("--out", required=True, help="pcap to write the RoCEv2 frames and NACKs to")
+    translate.add_argument("--flush", action="store_true", help="at the end, also write out partial Append batches "
+                                                                "and incomplete Postcarding paths")
     translate.add_argument("--with-collector", action="store_true",
-                           help="also feed the frames to the reference responder and show what it holds")
+                           help="also deliver the frames to a collector model (the reference responder), write its "
+                                "ACKs to the pcap, and show what it holds")
     translate.add_argument("--json", action="store_true", help="print the summary as JSON")
     translate.add_argument("--engine", choices=["reference", "xdp"], default="reference",
-                           help="reference: the Python model; xdp: the kernel fast path via BPF_PROG_TEST_RUN (root)")
+                           help="reference (default): the Python model; xdp: the kernel fast path, run on each frame "
+                                "with BPF_PROG_TEST_RUN (root)")
     translate.set_defaults(run=_translate)
 
-    dissect = commands.add_parser("decode", help="dissect DTA and RoCEv2 frames; flag bad iCRCs and lengths")
-    dissect.add_argument("pcap")
-    dissect.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value)
-    dissect.add_argument("--json", action="store_true", help="one JSON object per frame")
+    dissect = add_command(commands, "decode", "show what each frame of a pcap is (DTA report, NACK, RoCEv2 request "
+                          "or reply) and flag bad iCRCs and lengths",
+                          "Exits 1 if any frame has a problem.")
+    dissect.add_argument("pcap", help="the pcap to read")
+    dissect.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value,
+                         help="the DTA header layout the reports use (default %(default)s)")
+    dissect.add_argument("--json", action="store_true", help="print one JSON object per frame")
     dissect.set_defaults(run=_decode)
 
-    report = commands.add_parser("report", help="write DTA reports to a pcap, or send them out of an interface")
-    report.add_argument("primitive", choices=list(PRIMITIVE_BY_SLUG))
+    report = add_command(commands, "report", "make DTA reports of one primitive: write them to a pcap, or send "
+                         "them out of an interface to a translator (root)",
+                         "Give --out or --interface.")
+    report.add_argument("primitive", choices=list(PRIMITIVE_BY_SLUG), help="which primitive's reports to make")
     report.add_argument("--out", help="write the reports to this pcap")
     report.add_argument("--interface", "-i", help="send the reports out of this interface instead (root)")
     report.add_argument("--netns", help="with --interface: the interface's network namespace")
     report.add_argument("--engine", choices=("kernel", "python"), default="kernel",
-                        help="with --interface: kernel sends at kernel speed (BPF_PROG_TEST_RUN live frames: the "
-                             "first report as a template, its key, data and seqnum varied per report); python "
-                             "sends the workload's reports from an AF_PACKET TX ring")
-    report.add_argument("--rate", type=float, default=0, help="with --interface: reports/s at most (0: as fast "
-                                                              "as the engine goes)")
+                        help="with --interface: kernel (default) sends at kernel speed (BPF_PROG_TEST_RUN live "
+                             "frames: the first report as a template, its key, data and seqnum varied per report); "
+                             "python sends the workload's reports from an AF_PACKET TX ring")
+    report.add_argument("--rate", type=float, default=0, help="with --interface: reports/s at most (0, the default: "
+                                                              "as fast as the engine goes)")
     report.add_argument("--duration", type=float, help="with --interface: send for this many seconds instead of "
                                                        "--count reports")
-    report.add_argument("--keys", type=int, default=1024, help="with --engine kernel: distinct keys to cycle over")
-    report.add_argument("--count", type=int, default=100, help="reports (flows for postcarding)")
-    report.add_argument("--seed", type=int, default=0)
-    report.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value)
-    report.add_argument("--collector", default="10.77.1.1", help="collector IP (the reports' destination)")
-    report.add_argument("--reporter", default="10.77.9.1", help="reporter IP")
-    report.add_argument("--reporter-mac", default="02:5d:7a:00:09:01")
-    report.add_argument("--translator-mac", default="02:5d:7a:00:00:01", help="next hop: the translator")
-    report.add_argument("--redundancy", "-n", type=int, default=2)
-    report.add_argument("--key-len", type=int, default=4)
-    report.add_argument("--data-len", type=int, default=4)
-    report.add_argument("--lists", type=int, default=4)
-    report.add_argument("--hops", type=int, default=5)
-    report.add_argument("--columns", type=int, default=64)
-    report.add_argument("--rows", type=int, default=4)
-    report.add_argument("--reporters", type=int, default=2)
-    report.add_argument("--interval-us", type=float, default=1.0, help="timestamp spacing in the pcap")
+    report.add_argument("--keys", type=int, default=1024,
+                        help="with --engine kernel: distinct keys to cycle over (default %(default)s)")
+    report.add_argument("--count", type=int, default=100,
+                        help="how many reports (flows for postcarding; default %(default)s)")
+    report.add_argument("--seed", type=int, default=0, help="seed of the random keys, data and paths: the same "
+                                                            "seed makes the same reports (default %(default)s)")
+    report.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.DTA_V1.value,
+                        help="the DTA header layout to write (default %(default)s)")
+    report.add_argument("--collector", default="10.77.1.1",
+                        help="the reports' destination IP: the collector's (default %(default)s)")
+    report.add_argument("--reporter", default="10.77.9.1", help="the reports' source IP (default %(default)s)")
+    report.add_argument("--reporter-mac", default="02:5d:7a:00:09:01",
+                        help="the reports' source MAC (default %(default)s)")
+    report.add_argument("--translator-mac", default="02:5d:7a:00:00:01",
+                        help="the reports' destination MAC: the next hop, the translator (default %(default)s)")
+    report.add_argument("--redundancy", "-n", type=int, default=2,
+                        help="key-write, key-increment: how many copies of each key the collector keeps "
+                             "(default %(default)s)")
+    report.add_argument("--key-len", type=int, default=4,
+                        help="key-write: key bytes (not 4: the extended header; default %(default)s)")
+    report.add_argument("--data-len", type=int, default=4,
+                        help="key-write: data bytes (not 4: the extended header; default %(default)s)")
+    report.add_argument("--lists", type=int, default=4,
+                        help="append: how many lists the reports spread over (default %(default)s)")
+    report.add_argument("--hops", type=int, default=5,
+                        help="postcarding: switches on each flow's path, one postcard each (default %(default)s)")
+    report.add_argument("--columns", type=int, default=64,
+                        help="sketch-merge: columns of each reporter's sketch (default %(default)s)")
+    report.add_argument("--rows", type=int, default=4,
+                        help="sketch-merge: rows of each reporter's sketch (default %(default)s)")
+    report.add_argument("--reporters", type=int, default=2,
+                        help="sketch-merge: how many reporters send their sketch (default %(default)s)")
+    report.add_argument("--interval-us", type=float, default=1.0,
+                        help="with --out: microseconds between the reports' timestamps (default %(default)s)")
     report.set_defaults(run=_report)
 
 
-def _offline_engine(args, tables: Tables) -> Engine:
+def _offline_engine(args: argparse.Namespace, tables: Tables) -> Engine:
     if args.engine == "reference":
         return Translator(tables)
-    from softdta.engines.xdp import EngineError, XdpTranslator
+    from softdta.engines.xdp import XdpTranslator
+    from softdta.kernel.programs import EngineError
     try:
         return XdpTranslator(tables, flush_idle_ns=0)
     except EngineError as error:
         raise CliError(f"{error}; --engine xdp needs root and clang (run `make setup`)") from None
 
 
-def _translate(args) -> int:
+def _translate(args: argparse.Namespace) -> int:
     tables = Tables.from_toml(args.tables)
     translator = _offline_engine(args, tables)
     collector = _offline_collector(tables) if args.with_collector else None
@@ -116,18 +148,18 @@ def _translate(args) -> int:
     return 0
 
 
-def _offline_collector(tables: Tables):
+def _offline_collector(tables: Tables) -> OfflineCollector:
     from softdta.core.offline import OfflineCollector
     return OfflineCollector(tables)
 
 
-def dissect_frame(frame: bytes, profile: Profile) -> dict:
+def dissect_frame(frame: bytes, profile: Profile) -> dict[str, Any]:
     """One frame as a dict; `problems` lists what is wrong with it (empty when it is well formed)."""
     try:
         udp = parse_udp_frame(frame)
     except WireError as error:
         return {"kind": "other", "problems": [] if error.reason == "NOT_UDP" else [str(error)]}
-    info: dict = {"src": ip_str(udp.src_ip), "dst": ip_str(udp.dst_ip), "eth_src": mac_str(udp.eth["src"]),
+    info: dict[str, Any] = {"src": ip_str(udp.src_ip), "dst": ip_str(udp.dst_ip), "eth_src": mac_str(udp.eth["src"]),
                   "eth_dst": mac_str(udp.eth["dst"]), "problems": []}
     dport = udp.udp["dport"]
     try:
@@ -159,7 +191,7 @@ def dissect_frame(frame: bytes, profile: Profile) -> dict:
     return info
 
 
-def _decode(args) -> int:
+def _decode(args: argparse.Namespace) -> int:
     profile = Profile(args.profile)
     flagged = 0
     for number, packet in enumerate(read_pcap(args.pcap), 1):
@@ -174,7 +206,7 @@ def _decode(args) -> int:
     return 1 if flagged else 0
 
 
-def _one_line(info: dict) -> str:
+def _one_line(info: dict[str, Any]) -> str:
     problems = f"  !! {'; '.join(info['problems'])}" if info["problems"] else ""
     route = f"{info.get('src', '?')} -> {info.get('dst', '?')}"
     if info["kind"] == "dta" and "report" in info:
@@ -192,7 +224,7 @@ def _one_line(info: dict) -> str:
     return f"{info['kind']:4} {route}{problems}"
 
 
-def _report(args) -> int:
+def _report(args: argparse.Namespace) -> int:
     profile = Profile(args.profile)
     address = workload.ReporterAddress(mac=mac_bytes(args.reporter_mac), ip=ip_bytes(args.reporter),
                                        translator_mac=mac_bytes(args.translator_mac),
@@ -222,7 +254,7 @@ def _report(args) -> int:
     return 0
 
 
-def _send_reports(reports: list[Report], frames: list[bytes], args) -> int:
+def _send_reports(reports: list[Report], frames: list[bytes], args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise CliError(f"--duration {args.duration} must be positive; give the seconds to send for")
     if args.rate < 0:
@@ -239,7 +271,7 @@ def _send_reports(reports: list[Report], frames: list[bytes], args) -> int:
     return 0
 
 
-def _send_kernel(template: Report, frame: bytes, args):
+def _send_kernel(template: Report, frame: bytes, args: argparse.Namespace) -> SendResult:
     from softdta.core.generator import plan
     from softdta.kernel.generator import KernelReporter
     generator = plan(template, frame, Profile(args.profile), key_span=args.keys)
@@ -250,11 +282,11 @@ def _send_kernel(template: Report, frame: bytes, args):
         return reporter.run(rate=args.rate, count=None if args.duration else args.count, seconds=args.duration)
 
 
-def _send_ring(frames: list[bytes], args):
+def _send_ring(frames: list[bytes], args: argparse.Namespace) -> SendResult:
     import itertools
     import time
 
-    from softdta.kernel.tx_ring import RingReporter, SendResult
+    from softdta.kernel.tx_ring import RingReporter
     batch, sent = 256, 0
     with RingReporter(args.interface, args.netns, batch) as ring:
         started = time.perf_counter()

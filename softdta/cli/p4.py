@@ -2,46 +2,55 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from softdta.cli.common import CliError, Signals
+from softdta.cli.common import CliError, Commands, Signals, add_command
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.tables import Tables
 
 
-def register(commands) -> None:
+def register(commands: Commands) -> None:
     """Add the p4 command(s) to the `softdta` parser."""
-    p4 = commands.add_parser("p4", help="the P4 translator: its P4Runtime entries, a push to a switch, the v1model "
-                                        "program built and run in bmv2 (docs/p4.md)")
-    p4_actions = p4.add_subparsers(dest="action", required=True)
-    entries = p4_actions.add_parser("entries", help="print the updates a first push sends (protobuf text format)")
-    push = p4_actions.add_parser("push", help="write the tables to a switch over P4Runtime, live")
-    run_p4 = p4_actions.add_parser("run", help="build the v1model program, run it in bmv2 on interfaces, and push "
-                                               "the tables; until interrupted (root)")
+    p4 = add_command(commands, "p4", "translate on a P4 switch instead: print or push its table entries, build the "
+                     "program, run it in bmv2", "See docs/p4.md.")
+    p4_actions = p4.add_subparsers(dest="action", required=True, title="actions")
+    entries = add_command(p4_actions, "entries", "print the P4Runtime updates a first push of the tables sends "
+                          "(protobuf text format, one a line)")
+    push = add_command(p4_actions, "push", "write the tables to a running P4 switch over P4Runtime, live")
+    run_p4 = add_command(p4_actions, "run", "build the v1model program, run it in bmv2 on interfaces, and push the "
+                         "tables to it; until interrupted (root)")
     for command in (entries, push, run_p4):
         command.add_argument("--tables", required=True, help="translator tables (TOML, docs/tables.md)")
         command.add_argument("--port", action="append", default=[], metavar="QP_OR_INTERFACE=PORT",
                              help="device port towards a QP's collector (default: the port reports came in on)")
     for command in (entries, push):
-        command.add_argument("--architecture", choices=["v1model", "tna"], default="v1model")
-    push.add_argument("--p4runtime", required=True, metavar="HOST:PORT")
-    push.add_argument("--device-id", type=int, default=1)
-    push.add_argument("--election-id", type=int, default=1)
+        command.add_argument("--architecture", choices=["v1model", "tna"], default="v1model",
+                             help="the program the switch runs: v1model (default: bmv2) or tna (Tofino)")
+    push.add_argument("--p4runtime", required=True, metavar="HOST:PORT", help="the switch's P4Runtime server")
+    push.add_argument("--device-id", type=int, default=1, help="the switch's P4Runtime device ID (default 1)")
+    push.add_argument("--election-id", type=int, default=1,
+                      help="this controller's election ID: the highest one connected may write (default 1)")
     push.add_argument("--pipeline", help="device config (compiler output) to install first")
     push.add_argument("--bmv2-thrift", type=int, metavar="PORT",
                       help="bmv2: its Thrift port, for the register writes its P4Runtime server refuses")
-    push.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the switch")
-    build = p4_actions.add_parser("build", help="compile the v1model program with p4c-bm2-ss ($P4C or PATH)")
-    build.add_argument("--out", default="build/p4", help="where the bmv2 JSON and the P4Info go")
+    push.add_argument("--timeout", type=float, default=10.0,
+                      help="seconds to wait for the switch (default %(default)s)")
+    build = add_command(p4_actions, "build", "compile the v1model program for bmv2 with p4c-bm2-ss (found in $P4C "
+                        "or on PATH)")
+    build.add_argument("--out", default="build/p4",
+                       help="where the bmv2 JSON and the P4Info go (default %(default)s)")
     run_p4.add_argument("--interface", "-i", action="append", required=True, metavar="[PORT@]INTERFACE",
                         help="a switch port (repeat; numbered from 0 in order unless PORT@ says)")
-    run_p4.add_argument("--grpc-port", type=int, default=9559)
-    run_p4.add_argument("--thrift-port", type=int, default=9090)
-    run_p4.add_argument("--log", help="bmv2's log file")
+    run_p4.add_argument("--grpc-port", type=int, default=9559,
+                        help="port of bmv2's P4Runtime server (default %(default)s)")
+    run_p4.add_argument("--thrift-port", type=int, default=9090,
+                        help="port of bmv2's Thrift server (default %(default)s)")
+    run_p4.add_argument("--log", help="write bmv2's log to this file")
     p4.set_defaults(run=_p4)
 
 
-def _p4(args) -> int:
+def _p4(args: argparse.Namespace) -> int:
     import tempfile
 
     from softdta.core.control_plane import Slots, plan

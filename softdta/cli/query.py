@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 
-from softdta.cli.common import CliError
+from softdta.cli.common import CliError, Commands, add_command
 from softdta.spec import PRIMITIVE_BY_SLUG
 
 
-def register(commands) -> None:
+def register(commands: Commands) -> None:
     """Add the query command(s) to the `softdta` parser."""
-    query = commands.add_parser("query", help="ask a collector's query service (docs/query.md)")
-    query.add_argument("--url", default="http://127.0.0.1:8040", help="the query service")
-    query.add_argument("what", choices=["structures", "stats", "health", "metrics", *PRIMITIVE_BY_SLUG])
+    query = add_command(commands, "query", "read what a collector holds: look keys up, take Append entries, see "
+                        "its structures, counters and health", "See docs/query.md.")
+    query.add_argument("--url", default="http://127.0.0.1:8040",
+                       help="the collector's query service (default %(default)s)")
+    query.add_argument("what", choices=["structures", "stats", "health", "metrics", *PRIMITIVE_BY_SLUG],
+                       help="what to ask: the structures, the collector's counters, its health, its Prometheus "
+                            "metrics, or one structure (by its primitive)")
     query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
     query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
-    query.add_argument("--redundancy", "-n", type=int, default=2)
-    query.add_argument("--consensus", type=int, help="Key-Write: votes needed (consensus mode)")
-    query.add_argument("--values", type=int, nargs="*", default=[], help="Postcarding: the value set")
-    query.add_argument("--list", type=int, help="Append: one list")
+    query.add_argument("--redundancy", "-n", type=int, default=2,
+                       help="Key-Write and Key-Increment: the copies of each key the reporters asked for "
+                            "(default %(default)s)")
+    query.add_argument("--consensus", type=int,
+                       help="Key-Write: answer only when this many copies agree (consensus mode)")
+    query.add_argument("--values", type=int, nargs="*", default=[],
+                       help="Postcarding: the values hops may report, for example every switch ID (the value set)")
+    query.add_argument("--list", type=int, help="Append: read (or take) this list only")
     query.add_argument("--take", action="store_true",
                        help="Append: take the entries (each is taken once) instead of reading them; needs --token")
     query.add_argument("--follow", action="store_true",
@@ -30,11 +39,11 @@ def register(commands) -> None:
     query.set_defaults(run=_query)
 
 
-def _query(args) -> int:
+def _query(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    def keys():
+    def keys() -> list[int | str]:
         return [int(k) if k.isdigit() else k for k in args.keys]
 
     if args.what in PRIMITIVE_BY_SLUG and not args.name:

@@ -2,47 +2,53 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from softdta.cli.common import CliError, Signals
+from softdta.cli.common import CliError, Commands, Signals, add_command
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
-from softdta.core.tables import TableError, Tables
+from softdta.core.settings import TableError
+from softdta.core.tables import Tables
 from softdta.engines.engine import LiveEngine
 from softdta.engines.xdp import DEFAULT_PIN_DIR
 from softdta.links.source import TablesFile, TableSource
 from softdta.spec import QpState
 
 
-def register(commands) -> None:
+def register(commands: Commands) -> None:
     """Add the translator command(s) to the `softdta` parser."""
-    translator = commands.add_parser("translator", help="run the XDP translator on interfaces and inspect it")
-    actions = translator.add_subparsers(dest="action", required=True)
-    up = actions.add_parser("up", help="attach the fast path and run its control loop until interrupted "
-                                       "(SIGHUP reloads the tables live)")
+    translator = add_command(commands, "translator", "translate the DTA reports arriving on interfaces into RDMA "
+                             "writes to the collectors (root): start, inspect and stop it",
+                             "See docs/translator.md.")
+    actions = translator.add_subparsers(dest="action", required=True, title="actions")
+    up = add_command(actions, "up", "translate on interfaces until interrupted (root)",
+                     "Its tables come from a file (--tables) or from the collectors (--collector, --collector-cm); "
+                     "SIGHUP reloads them live; SIGTERM or Ctrl-C stops it and keeps its state pinned.")
     up.add_argument("--tables", required=True, help="translator tables (TOML, see docs/tables.md)")
     up.add_argument("--interface", "-i", action="append", required=True,
                     help="interface to translate on (repeat for several: reports in, collectors out)")
-    up.add_argument("--mode", choices=["native", "generic"], default="native", help="XDP attach mode")
+    up.add_argument("--mode", choices=["native", "generic"], default="native",
+                    help="how XDP attaches: native (default) in the driver, generic (slower) for drivers without "
+                         "XDP support")
     up.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
-                    help="bpffs directory for the maps, so a restart keeps PSNs, heads and caches")
+                    help="bpffs directory that keeps the translator's state, so a restart resumes its PSNs, "
+                         "Append heads and caches (default %(default)s)")
     up.add_argument("--flush-idle-ms", type=float, default=DEFAULT_FLUSH_IDLE_NS / 1e6,
-                    help="write out partial Append batches and Postcarding paths idle this long")
+                    help="write out partial Append batches and Postcarding paths idle this many milliseconds "
+                         "(default %(default)s)")
     up.add_argument("--netns", help="run in this network namespace (unlike `ip netns exec`, keeps the host's bpffs)")
     up.add_argument("--engine", choices=["xdp", "python"], default="xdp",
-                    help="xdp: the kernel fast path; python: the reference translator (and plug-in primitives) "
-                         "on AF_XDP, one interface (docs/primitives.md)")
+                    help="xdp (default): the kernel fast path; python: the batch translator (and plug-in "
+                         "primitives) in Python on AF_XDP, one interface (docs/primitives.md)")
     up.add_argument("--primitive", action="append", default=[], metavar="MODULE:CLASS",
                     help="--engine python: add this plug-in primitive (repeat for several), e.g. "
                          "softdta.plugins.latency_sum:LatencySum")
     up.add_argument("--io", choices=["auto", "af_xdp", "af_packet"], default="auto",
-                    help="--engine python: packet I/O (auto: AF_XDP, else an AF_PACKET TPACKET_V3 ring)")
-    up.set_defaults(run=_translator_up)
-    stats = actions.add_parser("stats", help="counters and QP state of a running (or stopped) translator")
-    stats.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
-    stats.add_argument("--json", action="store_true")
-    stats.set_defaults(run=_translator_stats)
+                    help="--engine python: packet I/O (auto, the default: AF_XDP, else an AF_PACKET TPACKET_V3 "
+                         "ring)")
     up.add_argument("--collector", action="append", default=[], metavar="HOST:PORT",
                     help="take the structures from this collector's control service (repeat for several); "
                          "--tables then needs only its [translator] section")
@@ -57,14 +63,26 @@ def register(commands) -> None:
                     help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
                          "structure (kind: key-write, key-increment, postcarding, append); repeat for each port. "
                          "--tables then needs only its [translator] section (docs/drop-in.md)")
-    down = actions.add_parser("down", help="detach the fast path from interfaces; --forget drops its state")
-    down.add_argument("--interface", "-i", action="append", default=[])
-    down.add_argument("--pin", default=str(DEFAULT_PIN_DIR))
-    down.add_argument("--forget", action="store_true", help="also remove the pinned maps (PSNs restart)")
+    up.set_defaults(run=_translator_up)
+
+    stats = add_command(actions, "stats", "show a translator's counters and the state of its queue pairs",
+                        "Works while it runs and after it stopped, from the state it pinned.")
+    stats.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
+                       help="the directory `translator up --pin` kept its state in (default %(default)s)")
+    stats.add_argument("--json", action="store_true", help="print them as JSON")
+    stats.set_defaults(run=_translator_stats)
+
+    down = add_command(actions, "down", "detach a translator from interfaces; --forget also drops its state")
+    down.add_argument("--interface", "-i", action="append", default=[],
+                      help="interface to detach from (repeat for several)")
+    down.add_argument("--pin", default=str(DEFAULT_PIN_DIR),
+                      help="with --forget: the directory its state is kept in (default %(default)s)")
+    down.add_argument("--forget", action="store_true",
+                      help="also remove the kept state: the next `translator up` starts its PSNs afresh")
     down.set_defaults(run=_translator_down)
 
 
-def _translator_up(args) -> int:
+def _translator_up(args: argparse.Namespace) -> int:
     if args.netns:
         from softdta.kernel.netns import NetnsError, in_netns
         try:
@@ -75,9 +93,9 @@ def _translator_up(args) -> int:
     return _run_translator(args)
 
 
-def _run_translator(args) -> int:
-    from softdta.engines.xdp import EngineError
+def _run_translator(args: argparse.Namespace) -> int:
     from softdta.kernel.bpf import BpfError, ensure_bpffs
+    from softdta.kernel.programs import EngineError
     if args.collector and args.collector_cm:
         raise CliError("give either --collector (softdta collectors) or --collector-cm (rdma_cm collectors)")
     source, tables = _table_source(args)
@@ -106,11 +124,8 @@ def _run_translator(args) -> int:
     stop = Signals(reload)
     try:
         engine.attach(args.interface, mode=args.mode)
-        mode = f"{args.mode} XDP" if args.engine == "xdp" else f"python engine, {engine.io_name}" + \
-            (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "") + \
-            f"; frames out {engine.transmit_path}" + \
-            (f" because {engine.transmit_reason}" if engine.transmit_reason else "")
-        print(f"softdta translator up on {', '.join(args.interface)} ({mode}), maps pinned in {pin}; "
+        print(f"softdta translator up on {', '.join(args.interface)} ({_how_it_runs(engine, args.mode)}), "
+              f"maps pinned in {pin}; "
               f"{len(tables.qps)} QPs, {len(tables.structures)} structures, "
               f"{sum(a.lists for a in tables.append_lists)} Append lists", flush=True)
         engine.serve(stop, source.updates)
@@ -121,6 +136,17 @@ def _run_translator(args) -> int:
         source.close()
     print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
     return 0
+
+
+def _how_it_runs(engine: LiveEngine, mode: str) -> str:
+    """The engine's packet path once attached, and why it is not the fast one when it is not."""
+    from softdta.engines.python import PythonEngine
+    if not isinstance(engine, PythonEngine):
+        return f"{mode} XDP"
+    return (f"python engine, {engine.io_name}"
+            + (f" because AF_XDP failed: {engine.fallback_reason}" if engine.fallback_reason else "")
+            + f"; frames out {engine.transmit_path}"
+            + (f" because {engine.transmit_reason}" if engine.transmit_reason else ""))
 
 
 def next_psns(engine: LiveEngine) -> dict[int, int]:
@@ -135,7 +161,7 @@ def next_psns(engine: LiveEngine) -> dict[int, int]:
     return psns
 
 
-def _translator_engine(args, tables: Tables, pin: Path) -> LiveEngine:
+def _translator_engine(args: argparse.Namespace, tables: Tables, pin: Path) -> LiveEngine:
     """The engine `--engine` names, loaded with its tables and pinned in `pin`."""
     flush_idle_ns = int(args.flush_idle_ms * 1e6)
     if args.engine == "xdp":
@@ -152,15 +178,18 @@ def _translator_engine(args, tables: Tables, pin: Path) -> LiveEngine:
     return PythonEngine(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns, plugins=plugins, io=args.io)
 
 
-def _translator_section(path: str) -> dict:
+def _translator_section(path: str) -> dict[str, Any]:
     import tomllib
     try:
-        return tomllib.loads(Path(path).read_text())["translator"]
+        section = tomllib.loads(Path(path).read_text())["translator"]
     except (KeyError, tomllib.TOMLDecodeError) as error:
         raise CliError(f"{path}: needs a valid [translator] section ({error})") from None
+    if not isinstance(section, dict):
+        raise CliError(f"{path}: [translator] must be a table of settings, not {type(section).__name__}")
+    return section
 
 
-def _table_source(args) -> tuple[TableSource, Tables]:
+def _table_source(args: argparse.Namespace) -> tuple[TableSource, Tables]:
     """Where the translator's tables come from (--tables, --collector or --collector-cm), and the first tables."""
     if args.collector:
         return _collector_links(args)
@@ -170,7 +199,7 @@ def _table_source(args) -> tuple[TableSource, Tables]:
     return source, source.start()
 
 
-def _cm_links(args) -> tuple[TableSource, Tables]:
+def _cm_links(args: argparse.Namespace) -> tuple[TableSource, Tables]:
     """rdma_cm connections to original-DTA collectors, and the first tables their regions make."""
     from softdta.links.cm import CmError, CmLinks, CmTarget
     if len(args.interface) != 1:
@@ -183,7 +212,7 @@ def _cm_links(args) -> tuple[TableSource, Tables]:
         raise CliError(str(error)) from None
 
 
-def _collector_links(args) -> tuple[TableSource, Tables]:
+def _collector_links(args: argparse.Namespace) -> tuple[TableSource, Tables]:
     """Control links to the collectors and the first tables they advertise."""
     from softdta.collector.control import ControlError, client_tls
     from softdta.links.control import CollectorLinks, secrets_file_for
@@ -210,21 +239,22 @@ def _collector_links(args) -> tuple[TableSource, Tables]:
         raise CliError(str(error)) from None
 
 
-def _rx_queues_of(args) -> int:
+def _rx_queues_of(args: argparse.Namespace) -> int:
     """The RX queues the engine translates on, each with its own queue pairs: every queue of the interfaces, but
     one for the python engine on AF_PACKET, which takes all its frames as queue 0's."""
     if args.engine != "xdp" and args.io == "af_packet":
         return 1
-    from softdta.engines.xdp import EngineError, interface_index, rx_queues
+    from softdta.engines.xdp import interface_index, rx_queues
+    from softdta.kernel.programs import EngineError
     try:
         return max(rx_queues(interface_index(name)) for name in args.interface)
     except EngineError as error:
         raise CliError(str(error)) from None
 
 
-def _translator_stats(args) -> int:
+def _translator_stats(args: argparse.Namespace) -> int:
     from softdta.engines.python import engine_stats
-    from softdta.engines.xdp import EngineError
+    from softdta.kernel.programs import EngineError
     try:
         stats = engine_stats(Path(args.pin))
     except EngineError as error:
@@ -245,7 +275,7 @@ def _translator_stats(args) -> int:
     return 0
 
 
-def _translator_down(args) -> int:
+def _translator_down(args: argparse.Namespace) -> int:
     import shutil
     import socket
 
