@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from softdta.core import workload
+from softdta.core import registry, workload
 from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.offline import OfflineCollector
 from softdta.core.query import key_write_query, keyincrement_query, postcard_query
@@ -33,7 +33,8 @@ _Region = TypeVar("_Region", KeyWriteRegion, KeyIncrementRegion, PostcardRegion,
 def _structure(tables: Tables, collector_ip: bytes, primitive: DtaOpcode) -> Structure:
     structure = tables.structure(collector_ip, primitive)
     if structure is None:
-        raise TableError(f"the tables have no {primitive.name.lower()} structure on collector {ip_str(collector_ip)}; "
+        raise TableError(f"the tables have no {registry.by_opcode(primitive).name} structure on collector "
+                         f"{ip_str(collector_ip)}; "
                          "the offline demo needs one of each primitive there (as in examples/tables.toml)")
     return structure
 
@@ -111,7 +112,7 @@ def _collector_fill(tables: Tables, collector: OfflineCollector, collector_ip: b
             continue
         memory = np.frombuffer(collector.region_of(structure.qp), dtype=np.uint8)
         used = memory[:structure.slot_count * structure.slot_size].reshape(-1, structure.slot_size).any(axis=1)
-        lines.append(f"  {structure.primitive.name.lower():16} {used.sum():8} / {used.size} "
+        lines.append(f"  {registry.by_opcode(structure.primitive).name:16} {used.sum():8} / {used.size} "
                      f"({100 * used.mean():.2f} %)")
     return lines
 
