@@ -5,18 +5,30 @@ translator -> collector) from a TX ring or from the kernel report generator, and
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from softdta.core import workload
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 if TYPE_CHECKING:
+    from softdta.lab.direct import HopCounts, StepResult
     from softdta.lab.topology import LabState
 
 
+class LabStep(TypedDict):
+    """One offered rate in the lab, from a TX ring."""
+
+    offered: float
+    achieved: int
+    sent: int
+    translated: int
+    link_drops: int
+    lossless: bool
+
+
 class LiveLab(TypedDict):
-    steps: list[dict[str, Any]]
+    steps: list[LabStep]
     max_lossless_reports_per_s: int
 
 
@@ -24,7 +36,7 @@ class LiveKernelGenerator(TypedDict):
     primitive: str
     generator: str
     seconds_per_step: float
-    steps: list[dict[str, Any]]
+    steps: list[StepResult]
     max_lossless_reports_per_s: int
 
 
@@ -34,17 +46,17 @@ class LiveDirect(TypedDict):
     path: str
     rx_queues: int
     seconds_per_step: float
-    steps: list[dict[str, Any]]
+    steps: list[StepResult]
     max_lossless_reports_per_s: int
-    profiled_step: dict[str, Any] | None
+    profiled_step: StepResult | None
 
 
-def _lab_reporter(state: LabState) -> tuple[dict[str, Any], workload.ReporterAddress]:
-    """The lab's first reporter: its namespace and interface, and the addresses its reports carry."""
+def _lab_sender(state: LabState) -> workload.ReporterAddress:
+    """The addresses the reports of the lab's first reporter carry."""
     from softdta.lab import topology as lab
     address = state.reporter(1)
-    return address, workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
-                                             mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
+    return workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
+                                    mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
 
 
 def translator_live(reports_per_step: int, rates: list[float]) -> LiveLab:
@@ -54,10 +66,10 @@ def translator_live(reports_per_step: int, rates: list[float]) -> LiveLab:
     from softdta.kernel.tx_ring import RingReporter
     from softdta.lab import topology as lab
     from softdta.lab.demo import link_drops
-    steps: list[dict[str, Any]] = []
+    steps: list[LabStep] = []
     state = lab.up(1)
     try:
-        address, sender = _lab_reporter(state)
+        address, sender = state.reporter(1), _lab_sender(state)
         frames = [sender.frame(report) for report in workload.key_write(reports_per_step, 9, 2, 13, 20)]
         with RingReporter(address["interface"], address["netns"], 256) as ring:
             for rate in rates:
@@ -100,17 +112,17 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
     from softdta.lab.demo import collector_http, link_drops
     from softdta.lab.direct import losses
 
-    def counts() -> dict[str, Any]:
+    def counts() -> HopCounts:
         translator = pinned_stats(lab.PIN_DIR)["counters"]
         responder = collector_http("/stats").get("responder", {})
         return {"translated": translator.get("rx_reports", 0), "emitted": translator.get("tx_frames", 0),
                 "translator_drops": sum(n for name, n in translator.items() if name.startswith("drop_")),
                 "executed": responder.get("executed", 0), "links": link_drops()}
 
-    steps: list[dict[str, Any]] = []
+    steps: list[StepResult] = []
     state = lab.up(1)
     try:
-        address, sender = _lab_reporter(state)
+        address, sender = state.reporter(1), _lab_sender(state)
         # the lab's Key-Write structure holds 13-byte keys and 20-byte data (the demo's INT path tracing)
         template = dta.key_write(bytes(range(13)), bytes(20), 1, extended=True)
         with KernelReporter(plan(template, sender.frame(template), key_span=keys), address["interface"],
@@ -150,7 +162,7 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
     frame goes through the tc stage (docs/translator.md)."""
     from softdta.lab.direct import DirectPath
 
-    steps: list[dict[str, Any]] = []
+    steps: list[StepResult] = []
     profile = None
     with DirectPath(queues, keys, redundancy) as direct:
         for rate in rates:
