@@ -70,7 +70,7 @@ class Pair:
         for qpn, (buffer, region) in self.memory.items():
             assert region.view.tobytes() == bytes(buffer), f"memory of QP {qpn:#x}"
             state, reference = self.kernel.qp_state(qpn), self.reference.qps[qpn]
-            assert (state["expected_psn"], state["msn"], bool(state["error"])) == \
+            assert (state.expected_psn, state.msn, bool(state.error)) == \
                    (reference.expected_psn, reference.msn, reference.error), f"QP {qpn:#x}"
         for qpn, (reference, kernel) in self.rings.items():
             assert kernel.tolist() == reference.tolist(), f"WRITEs per Append ring of QP {qpn:#x}"
