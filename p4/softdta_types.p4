@@ -71,4 +71,7 @@ struct metadata_t {
     bit<64> now_ns;
 }
 
+// Bytes of a 32-bit value in the other order: DTA data and sketch counters are stored little-endian.
+#define BYTESWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
+
 #endif // SOFTDTA_TYPES_P4

@@ -146,9 +146,6 @@ control SoftdtaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
     apply { }
 }
 
-// Bytes of a 32-bit value in the other order: DTA data and sketch counters are stored little-endian.
-#define BYTESWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
-
 // Append: word i of the batch being written, from the list's batch registers; a flushed batch's words past
 // the pending entries are zero.
 #define APPEND_WORD(i) \

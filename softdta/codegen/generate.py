@@ -369,6 +369,86 @@ def stale(root: Path) -> list[Path]:
             if not (root / relative).is_file() or (root / relative).read_text() != render()]
 
 
+def _shifts(value: int) -> list[int]:
+    """The shifts whose sum multiplies by `value`: its set bits."""
+    return [bit for bit in range(value.bit_length()) if value >> bit & 1]
+
+
+def _log2(power_of_two: int) -> int:
+    return power_of_two.bit_length() - 1
+
+
+def _powers_of_two(smallest: int, largest: int) -> list[int]:
+    """The powers of two that hold `smallest` up to `largest` bytes."""
+    return [1 << bits for bits in range((smallest - 1).bit_length(), (largest - 1).bit_length() + 1)]
+
+
+def render_p4_tna_unrolled() -> str:
+    """The families the TNA program unrolls: one header type, hash unit, parser state or table entry per member,
+    where v1model loops over an index or multiplies. Every count comes from the spec or from icrc_split."""
+    from softdta.wire import icrc_split
+    chunk_words = icrc_split.TAIL_CHUNK_BYTES // 4
+    chunks = spec.MAX_WRITE_PAYLOAD // icrc_split.TAIL_CHUNK_BYTES
+    # Slots are powers of two: a key's checksum and 1..MAX_DATA_LEN data bytes, or 4 bytes per hop.
+    keyed_slots = _powers_of_two(spec.KEY_CHECKSUM_LEN + 1, spec.KEY_CHECKSUM_LEN + spec.MAX_DATA_LEN)
+    postcard_slots = _powers_of_two(4, 4 * spec.MAX_POSTCARD_HOPS)
+    hops = range(1, spec.MAX_POSTCARD_HOPS + 1)
+    reporters = 1 << spec.P4_SKETCH_REPORTER_BITS
+    rows = range(1, spec.MAX_SKETCH_ROWS + 1)
+
+    def each(name: str, why: str, members: list[str]) -> str:
+        return f"#define SOFTDTA_EACH_{name}(X) {' '.join(f'X({m})' for m in members)}  // {why}"
+
+    def words(count: int, first: int = 0) -> str:
+        return ", ".join(f"h.w{i}" for i in range(first, count))
+
+    lines = [f"// {BANNER}",
+             "// The TNA program's unrolled families (p4/softdta_tna.p4, p4/tna/): TNA has no multiplier and",
+             "// shifts only by constants, and a hash unit or register is one per word, so where v1model loops or",
+             "// multiplies, TNA has one header type, hash unit, parser state or table entry per member.",
+             "", "#ifndef SOFTDTA_TNA_UNROLLED_P4", "#define SOFTDTA_TNA_UNROLLED_P4", "",
+             "// The chained iCRC tail (softdta/wire/icrc_split.py): a FRAME's payload is its lead, (payload words",
+             "// mod TAIL_CHUNK_WORDS) words hashed with the headers, then whole chunks of TAIL_CHUNK_WORDS words,",
+             "// one chained hash unit each; one egress pass affords TAIL_CHUNKS_PER_PASS of them",
+             f"const bit<8> TAIL_CHUNK_WORDS = {chunk_words};",
+             f"const bit<8> TAIL_CHUNK_WORD_BITS = {_log2(chunk_words)};",
+             f"const bit<8> TAIL_CHUNKS_PER_PASS = {icrc_split.TAIL_CHUNKS_PER_PASS};",
+             f"#define SOFTDTA_TAIL_CHUNKS {chunks}  // MAX_WRITE_PAYLOAD / 4 / TAIL_CHUNK_WORDS"]
+    for lead in range(1, chunk_words):
+        lines += ["", f"header tail_lead_{lead}_h {{"] + [f"    bit<32> w{i};" for i in range(lead)] + ["}"]
+    lines += ["", "// TAIL_CHUNK_WORDS payload words: the input of one chained hash unit.", "header tail_chunk_h {"]
+    lines += [f"    bit<32> w{i};" for i in range(chunk_words)] + ["}", ""]
+    lines += ["// The words a hash unit takes from a lead header h, and from a chunk h after its first word (which",
+              "// the unit XORs with the CRC so far)"]
+    lines += [f"#define SOFTDTA_TAIL_LEAD_WORDS_{lead}(h) {words(lead)}" for lead in range(1, chunk_words)]
+    lines += [f"#define SOFTDTA_TAIL_CHUNK_WORDS_AFTER_FIRST(h) {words(chunk_words, 1)}", ""]
+    lines += [each("TNA_LEAD_LENGTH", "lead lengths in words, 0 included", [str(n) for n in range(chunk_words)]),
+              each("TNA_LEAD", "lead lengths with a lead header", [str(n) for n in range(1, chunk_words)]),
+              each("TNA_CHUNK", "the chunks of a tail", [str(n) for n in range(chunks)]),
+              each("TNA_FIRST_PASS_CHUNK", "the chunks the first egress pass hashes",
+                   [str(n) for n in range(icrc_split.TAIL_CHUNKS_PER_PASS)]),
+              each("TNA_SECOND_PASS_CHUNK", "the chunks a second egress pass hashes",
+                   [str(n) for n in range(icrc_split.TAIL_CHUNKS_PER_PASS, chunks)])]
+    lines += ["", "// Lookups that stand for a shift by a packet's value: X(key, value)",
+              each("KEYED_SLOT_SHIFT", "Key-Write and Key-Increment slot sizes and their log2",
+                   [f"{size}, {_log2(size)}" for size in keyed_slots]),
+              each("POSTCARD_SLOT_SHIFT", "Postcarding slot sizes and their log2",
+                   [f"{size}, {_log2(size)}" for size in postcard_slots]),
+              each("POSTCARD_HOP_BIT", "a hop's bit in a path's hop mask", [f"{hop}, {1 << hop - 1}" for hop in hops]),
+              each("POSTCARD_COMPLETE_MASK", "the hop mask of a complete path of n hops",
+                   [f"{n}, {(1 << n) - 1}" for n in hops]),
+              each("SKETCH_REPORTER_BIT", "a reporter's bit among a column's contributors",
+                   [f"{n}, {1 << n:#x}" for n in range(reporters)]),
+              each("SKETCH_EVERYONE_MASK", "the contributors of a column all n reporters sent",
+                   [f"{n}, {(1 << n) - 1:#x}" for n in range(1, reporters + 1)]),
+              each("SKETCH_ROWS", "the row counts of a sketch", [str(n) for n in rows]),
+              "", "// x * rows * 4 (a column's bytes) as a sum of shifts, per row count"]
+    lines += [f"#define SOFTDTA_ROW_BYTES_{n}(x) " + " + ".join(f"(x << {shift})" for shift in _shifts(4 * n))
+              for n in rows]
+    lines += ["", "#endif // SOFTDTA_TNA_UNROLLED_P4", ""]
+    return "\n".join(lines)
+
+
 def render_p4_tables() -> str:
     lines = [f"// {BANNER}",
              "// The translator's control-plane tables and their actions. #include it inside the ingress control;",
@@ -427,4 +507,5 @@ def render_p4info() -> str:
 
 GENERATED = {Path("bpf/include/softdta_spec.h"): render_c_header, Path("p4/softdta_spec.p4"): render_p4,
              Path("bpf/include/softdta_crc.h"): render_crc_header, Path("p4/softdta_tables.p4"): render_p4_tables,
-             Path("p4/softdta_registers.p4"): render_p4_registers, Path("p4/softdta.p4info.txtpb"): render_p4info}
+             Path("p4/softdta_registers.p4"): render_p4_registers, Path("p4/softdta.p4info.txtpb"): render_p4info,
+             Path("p4/softdta_tna_unrolled.p4"): render_p4_tna_unrolled}

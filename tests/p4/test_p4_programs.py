@@ -25,17 +25,20 @@ from tests.common import p4_tool
 ROOT = Path(__file__).resolve().parents[2]
 P4 = ROOT / "p4"
 PROGRAMS = {"v1model": P4 / "softdta_v1model.p4", "tna": P4 / "softdta_tna.p4"}
-GENERATED = ("softdta_spec.p4", "softdta_tables.p4", "softdta_registers.p4")
+# The hand-written sources of each program, in include order (the shared softdta_types.p4 aside).
+SOURCES = {"v1model": ("softdta_v1model.p4",),
+           "tna": ("softdta_tna.p4", "tna/parser.p4", "tna/ingress.p4", "tna/egress.p4")}
+GENERATED = ("softdta_spec.p4", "softdta_tables.p4", "softdta_registers.p4", "softdta_tna_unrolled.p4")
 
 
-def preprocessed(program: str) -> str:
+def preprocessed(program: str, include: Path = P4) -> str:
     """The program as p4c's preprocessor sees it, with the architecture includes (core.p4, tna.p4, v1model.p4)
-    empty: the structural check concerns softdta's own names."""
+    empty: the structural check concerns softdta's own names. Its includes resolve in `include`."""
     with tempfile.TemporaryDirectory() as stubs:
-        for include in ("core.p4", "tna.p4", "v1model.p4"):
-            (Path(stubs) / include).write_text("")
+        for name in ("core.p4", "tna.p4", "v1model.p4"):
+            (Path(stubs) / name).write_text("")
         command = [shutil.which("cpp") or "clang", *([] if shutil.which("cpp") else ["-E"]),
-                   "-x", "c", "-P", "-undef", "-nostdinc", "-I", stubs, "-I", str(P4), "-"]
+                   "-x", "c", "-P", "-undef", "-nostdinc", "-I", stubs, "-I", str(include), "-"]
         result = subprocess.run(command, input=program, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -127,7 +130,7 @@ def p4_problems(program: str, generated: dict[str, str], types_file: str) -> lis
         kind = roots["hdr"].get(path)
         if kind is None:
             problems.append(f"hdr.{path}: no such header")
-        elif field not in types[kind] and field not in ("isValid", "setValid", "setInvalid", "next",
+        elif kind in types and field not in types[kind] and field not in ("isValid", "setValid", "setInvalid", "next",
                                                          "push_front", "pop_front"):
             problems.append(f"hdr.{path}.{field}: {kind} has no such field")
     return problems
@@ -155,8 +158,7 @@ def test_program_matches_the_generated_definitions(architecture):
      "missing_t, which is not"),
 ])
 def test_structural_check_finds_mistakes(mutation, expected):
-    program = PROGRAMS["v1model"].read_text()
-    assert_finds(program, mutation, expected)
+    assert_finds("v1model", mutation, expected)
 
 
 @pytest.mark.parametrize("mutation,expected", [
@@ -177,10 +179,13 @@ def test_structural_check_finds_mistakes(mutation, expected):
      "hash unit hop_hash_0"),
     (lambda p: p.replace("hdr.dta.gather.left", "hdr.dta.gather.remaining", 1), "hdr.dta.gather.remaining"),
     (lambda p: p.replace("hdr.dta.postcard.hop", "hdr.dta.postcard.hops", 1), "hdr.dta.postcard.hops"),
-    (lambda p: p.replace("hdr.chunks[5].w7", "hdr.chunks[5].w8", 1), "hdr.chunks.w8"),
-    (lambda p: p.replace("hdr.lead_3.w2", "hdr.lead_3.w3", 1), "hdr.lead_3.w3"),
-    (lambda p: p.replace("chunk_6.get(", "chunk_06.get(", 1), "hash unit chunk_06"),
-    (lambda p: p.replace("head_imm_lead_4.get(", "head_imm_lead4.get(", 1), "hash unit head_imm_lead4"),
+    (lambda p: p.replace("hdr.chunks[c].w0", "hdr.chunks[c].w8", 1), "hdr.chunks.w8"),
+    (lambda p: p.replace("WORDS_##n(hdr.lead_##n)", "WORDS_##n(hdr.leads_##n)", 1), "hdr.leads_3: no such header"),
+    (lambda p: p.replace("chunk_##c.get(", "chunk_0##c.get(", 1), "hash unit chunk_06"),
+    (lambda p: p.replace("head_imm_lead_##n.get(", "head_imm_lead##n.get(", 1), "hash unit head_imm_lead4"),
+    (lambda p: p.replace("tail_lead_##n##_h lead_##n;", "tail_leads_##n##_h lead_##n;", 1),
+     "tna_headers_t.lead_2 has type tail_leads_2_h, which is not defined"),
+    (lambda p: p.replace("hdr.lead_##n.isValid()", "hdr.lead##n.isValid()", 1), "hdr.lead1: no such header"),
     (lambda p: p.replace("meta.tables.append_list.first_slot", "meta.tables.append_list.first", 1),
      "meta.tables.append_list.first"),
     (lambda p: p.replace("BRIDGE_ICRC_PASS;", "BRIDGE_ICRC_PASSES;", 1), "constant BRIDGE_ICRC_PASSES"),
@@ -188,13 +193,23 @@ def test_structural_check_finds_mistakes(mutation, expected):
     (lambda p: p.replace("(qp_gate) start_grace", "(qp_gates) start_grace", 1), "register qp_gates"),
 ])
 def test_structural_check_finds_mistakes_in_tna(mutation, expected):
-    assert_finds(PROGRAMS["tna"].read_text(), mutation, expected)
+    assert_finds("tna", mutation, expected)
 
 
-def assert_finds(program: str, mutation, expected: str) -> None:
-    mutated = mutation(program)
-    assert mutated != program
-    problems = p4_problems(preprocessed(mutated), read_generated(), (P4 / "softdta_types.p4").read_text())
+def assert_finds(architecture: str, mutation, expected: str) -> None:
+    """The check finds `expected` once `mutation` changes the first of the program's sources it changes."""
+    with tempfile.TemporaryDirectory() as copy:
+        tree = Path(copy) / "p4"
+        shutil.copytree(P4, tree)
+        for name in SOURCES[architecture]:
+            source = (tree / name).read_text()
+            if mutation(source) != source:
+                (tree / name).write_text(mutation(source))
+                break
+        else:
+            raise AssertionError("the mutation changes no source")
+        program = preprocessed((tree / SOURCES[architecture][0]).read_text(), include=tree)
+    problems = p4_problems(program, read_generated(), (P4 / "softdta_types.p4").read_text())
     assert any(expected in problem for problem in problems), problems
 
 
@@ -234,6 +249,54 @@ def test_tna_unrolled_parts_cover_the_spec_limits():
             assert [f for f in fields if f.startswith("hdr.lead_")] == [f"hdr.lead_{lead}.w{i}" for i in range(lead)]
             assert fields[len(fields) - lead:] == [f"hdr.lead_{lead}.w{i}" for i in range(lead)]
             assert ("hdr.bridge.immediate" in fields) == ("imm" in unit)
+
+
+# A family written out by hand: an X-macro applied to a literal index, or a member named by an index past 0
+# (lead_3, offset_5, column_bytes_12, chunk_6, w7). Index 0 may be named: the first word, the lead of none.
+HAND_UNROLLED = re.compile(r"\b[A-Z_]+\(\d+\)|\b[a-z]\w*_[1-9]\d*\b|\.w[1-9]\d*\b")
+
+
+@pytest.mark.parametrize("source", SOURCES["tna"])
+def test_tna_writes_no_family_by_hand(source):
+    """Every family of the TNA program (lead headers, hash units, parser states, lookup entries) comes from the
+    generated softdta_tna_unrolled.p4 or an index list; the hand-written sources name no member."""
+    assert not HAND_UNROLLED.findall(strip((P4 / source).read_text()))
+    unrolled = strip((P4 / "softdta_tna_unrolled.p4").read_text())
+    assert HAND_UNROLLED.findall(unrolled)  # the pattern finds families where they are
+
+
+def const_entries(program: str, table: str) -> dict[int, str]:
+    """key -> action call of a table's const entries."""
+    body = re.search(rf"\btable {table} \{{.*?const entries = \{{(.*?)\}}\s*size", program, re.S).group(1)
+    return {int(key, 0): call.strip() for key, call in re.findall(r"(\w+) : ([^;]+);", body)}
+
+
+def test_tna_lookups_follow_the_spec():
+    """The lookups that stand for shifts by a packet's value hold exactly the values the spec allows."""
+    program = strip(preprocessed(PROGRAMS["tna"].read_text()))
+    hops = range(1, spec.MAX_POSTCARD_HOPS + 1)
+    assert const_entries(program, "hop_bits") == {h: f"set_hop_bit({1 << h - 1})" for h in hops}
+    assert const_entries(program, "complete_masks") == {h: f"set_complete_mask({(1 << h) - 1})" for h in hops}
+    reporters = range(1 << spec.P4_SKETCH_REPORTER_BITS)
+    assert const_entries(program, "reporter_bits") == {r: f"set_reporter_bit({1 << r:#x})" for r in reporters}
+    assert const_entries(program, "everyone_masks") == \
+        {r + 1: f"set_everyone({(1 << r + 1) - 1:#x})" for r in reporters}
+    # slot * size and column * rows * 4 as sums of shifts: each entry's action, evaluated for a value of 1. Slots
+    # are powers of two: one entry each for a Postcarding path of 1..MAX_POSTCARD_HOPS hops and for a key's
+    # checksum and 1..MAX_DATA_LEN data bytes.
+    fits = lambda sizes: {1 << (size - 1).bit_length() for size in sizes}  # noqa: E731
+    ingress, egress = program.split("control SoftdtaEgress(")  # both have actions offset_<shift>
+    for control, table, variable, expected in (
+            (ingress, "postcard_slot_offset", "offset", {size: size for size in fits(4 * h for h in hops)}),
+            (egress, "slot_offset", "slot", {size: size for size in fits(
+                range(spec.KEY_CHECKSUM_LEN + 1, spec.KEY_CHECKSUM_LEN + spec.MAX_DATA_LEN + 1))}),
+            (ingress, "sketch_group_offset", "offset", {r: 4 * r for r in range(1, spec.MAX_SKETCH_ROWS + 1)})):
+        products = {}
+        for key, call in const_entries(control, table).items():
+            action = re.escape(call.removesuffix("()"))
+            expression = re.search(rf"\baction {action}\(\) \{{ offset = ([^;]*); \}}", control).group(1)
+            products[key] = eval(re.sub(rf"\b{variable}\b", "1", expression))
+        assert products == expected, table
 
 
 def test_unrolled_loops_cover_the_spec_limits():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from softdta import spec
-from softdta.codegen.generate import GENERATED, headers, stale, wire_members
+from softdta.codegen.generate import BANNER, GENERATED, headers, stale, wire_members
 from softdta.wire.codec import codec
 from tests.common import p4_tool
 
@@ -27,8 +27,11 @@ def test_generated_files_are_up_to_date():
 
 def test_every_p4_definition_is_generated():
     generated = {str(path) for path in GENERATED}
-    assert {"p4/softdta_spec.p4", "p4/softdta_tables.p4", "p4/softdta_registers.p4",
+    assert {"p4/softdta_spec.p4", "p4/softdta_tables.p4", "p4/softdta_registers.p4", "p4/softdta_tna_unrolled.p4",
             "p4/softdta.p4info.txtpb"} <= generated
+    # every P4 file that says it is generated is one `softdta codegen` writes (and `--check` checks)
+    marked = {str(path.relative_to(ROOT)) for path in (ROOT / "p4").rglob("*.p4") if BANNER in path.read_text()}
+    assert marked == {name for name in generated if name.endswith(".p4")}
 
 
 def spec_checks_program(body: str) -> str:
