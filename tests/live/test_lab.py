@@ -9,7 +9,6 @@ import pytest
 
 from softdta.lab import rxe as rxe_lab
 from softdta.lab import topology as lab
-from tests.common import ROOT
 
 pytestmark = pytest.mark.privileged
 
@@ -129,20 +128,6 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
     assert burst["offered"] == 1_000_000 and burst["sent"] > 0 and burst["executed"] == burst["sent"]
     assert not burst["lost"] and burst["keys"]["keys"] == min(burst["sent"], 8192)
     assert burst["keys"]["success"] >= burst["keys"]["expected"] - 0.01
-
-
-def test_docker_compose_runs_only_commands_the_cli_has():
-    import yaml
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert set(services) == {"reporter", "translator", "collector"}
-    for name, service in services.items():
-        assert service["privileged"] is True, name
-        command = service["command"]
-        assert command[0] == "softdta", name
-        help_text = softdta(*command[1:3], "--help").stdout
-        for option in (arg for arg in command[3:] if arg.startswith("--")):
-            assert option in help_text, f"{name}: {option} is not an option of softdta {' '.join(command[1:3])}"
 
 
 def test_bench_quick_writes_every_comparison_and_its_plots(tmp_path):
