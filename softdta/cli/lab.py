@@ -2,61 +2,85 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
-from softdta.cli.common import REPO_ROOT, CliError
+from softdta.cli.common import REPO_ROOT, CliError, Commands, add_command
 from softdta.core.tables import Tables
 
+if TYPE_CHECKING:
+    from softdta.lab.benchmarks.python_engine import BatchRate, EngineRate
 
-def register(commands) -> None:
+
+def register(commands: Commands) -> None:
     """Add the lab command(s) to the `softdta` parser."""
-    bench = commands.add_parser("bench", help="the comparison benchmarks: softdta against the alternatives, side by "
-                                              "side in one run (root); writes bench/results/ (docs/benchmarks.md)")
-    bench.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every comparison")
-    bench.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"), help="where to write JSON and plots")
+    bench = add_command(commands, "bench", "measure softdta against the alternatives a user would pick, side by "
+                        "side in one run (root)", "Writes JSON and plots to --out (docs/benchmarks.md).")
+    bench.add_argument("--quick", action="store_true", help="small sizes: a quick run of every comparison")
+    bench.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"),
+                       help="where to write the JSON and the plots (default %(default)s)")
     bench.set_defaults(run=_bench)
 
-    demo = commands.add_parser("demo", help="the live lab end to end: reporters -> XDP translator -> collector -> "
-                                            "queries, with a summary (root); --offline runs the Python models")
-    demo.add_argument("--reporters", type=int, default=2, help="reporter namespaces")
+    demo = add_command(commands, "demo", "see softdta work end to end: reports from switches, translated into RDMA "
+                       "writes, land in a collector and are queried back (root; --offline needs none)",
+                       "It builds a lab of network namespaces, streams about 100 k reports of every primitive, "
+                       "checks every answer against the reference translator's prediction and prints a summary; "
+                       "then, through the XDP translator and responder, a burst of Key-Write at 1 M reports/s. It "
+                       "exits 1 if anything was lost or an answer is wrong (docs/lab.md).")
+    demo.add_argument("--reporters", type=int, default=2, help="how many reporters (switches) send reports "
+                                                               "(default %(default)s)")
     demo.add_argument("--collector", choices=["xdp", "rxe"], default="xdp",
-                      help="the XDP responder, or the kernel's soft-RoCE in a QEMU guest (slower: see --rate)")
-    demo.add_argument("--engine", choices=["xdp", "python"], default="xdp",
-                      help="the translator: the XDP fast path, or the reference translator on AF_XDP "
+                      help="xdp (default): the XDP responder; rxe: the kernel's soft-RoCE in a QEMU guest "
                            "(slower: see --rate)")
+    demo.add_argument("--engine", choices=["xdp", "python"], default="xdp",
+                      help="the translator: xdp (default), the kernel fast path; python, the batch translator in "
+                           "Python on AF_XDP (slower: see --rate)")
     demo.add_argument("--scale", type=float, help="workload size (1.0: about 100 k reports; default 1.0, rxe 0.2)")
     demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000, "
                                                  "--engine python 3000)")
-    demo.add_argument("--seconds", type=float, default=60.0, help="stop streaming after this long")
+    demo.add_argument("--seconds", type=float, default=60.0,
+                      help="stop streaming after this many seconds (default %(default)s)")
     demo.add_argument("--burst-rate", type=float, default=1_000_000.0,
                       help="then a burst of Key-Write N=1 from kernel generators, XDP translator and responder "
                            "only: reports/s (0: as fast as they go; default 1000000)")
     demo.add_argument("--burst-seconds", type=float, default=3.0, help="the burst's length (0: no burst; default 3)")
-    demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down`)")
+    demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down` "
+                                                          "removes it)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the workload's random keys, data and paths: "
+                                                          "the same seed sends the same reports (default "
+                                                          "%(default)s)")
     demo.add_argument("--offline", action="store_true",
-                      help="no lab: the reference translator into the reference responder, in this process")
-    demo.add_argument("--tables", default=str(REPO_ROOT / "examples" / "tables.toml"), help="--offline: tables")
+                      help="no lab and no root: the reference translator into the reference responder, in this "
+                           "process")
+    demo.add_argument("--tables", default=str(REPO_ROOT / "examples" / "tables.toml"),
+                      help="--offline: the translator tables (default %(default)s)")
     demo.add_argument("--pcap-dir", help="--offline: also write the reports and RoCEv2 frames as pcaps here")
     demo.set_defaults(run=_demo)
 
-    lab = commands.add_parser("lab", help="the live lab: reporter, translator and collector namespaces (root)")
-    lab_actions = lab.add_subparsers(dest="action", required=True)
-    lab_up = lab_actions.add_parser("up", help="build the topology and start the translator and the collector")
-    lab_up.add_argument("--reporters", type=int, default=2)
-    lab_up.add_argument("--collector", choices=["xdp", "rxe"], default="xdp")
-    lab_up.add_argument("--engine", choices=["xdp", "python"], default="xdp", help="the translator's engine")
+    lab = add_command(commands, "lab", "bring up the demo's lab and leave it running, to try commands in it "
+                      "(root)", "Reporter, translator and collector network namespaces joined by veth pairs "
+                      "(docs/lab.md).")
+    lab_actions = lab.add_subparsers(dest="action", required=True, title="actions")
+    lab_up = add_command(lab_actions, "up", "build the namespaces and start the translator and the collector")
+    lab_up.add_argument("--reporters", type=int, default=2,
+                        help="how many reporter namespaces (default %(default)s)")
+    lab_up.add_argument("--collector", choices=["xdp", "rxe"], default="xdp",
+                        help="xdp (default): the XDP responder; rxe: the kernel's soft-RoCE in a QEMU guest")
+    lab_up.add_argument("--engine", choices=["xdp", "python"], default="xdp",
+                        help="the translator: xdp (default), the kernel fast path; python, the batch translator "
+                             "in Python on AF_XDP")
     lab_up.set_defaults(run=_lab)
-    lab_actions.add_parser("down", help="stop everything and remove it (safe to repeat)").set_defaults(run=_lab)
-    lab_status = lab_actions.add_parser("status", help="what is up, with the translator's counters")
-    lab_status.add_argument("--json", action="store_true")
+    add_command(lab_actions, "down", "stop everything and remove it (safe to repeat)").set_defaults(run=_lab)
+    lab_status = add_command(lab_actions, "status", "show what is up, with the translator's counters")
+    lab_status.add_argument("--json", action="store_true", help="print it as JSON")
     lab_status.set_defaults(run=_lab)
 
 
-def _bench(args) -> int:
-    from softdta.engines.xdp import EngineError
+def _bench(args: argparse.Namespace) -> int:
+    from softdta.kernel.programs import EngineError
     from softdta.lab.benchmarks.comparison import run
     try:
         results = run(quick=args.quick, out=Path(args.out))
@@ -71,26 +95,28 @@ def _bench(args) -> int:
     udp = translator["userspace_udp_python"]["key-write"]["median"]
     print(f"  userspace UDP translator (Python, uvloop), key-write: {udp:.0f} ns per report "
           f"({udp / max(translator['xdp']['key-write']['median'], 1):.0f}x the XDP path)")
-    for name, case in results["translator_rx_queue_scaling"].items():
-        print(f"  XDP translator, {name}: {case['one_queue_reports_per_s']:,} reports/s on one RX queue, "
-              f"{case['two_queues_reports_per_s']:,} on two ({case['scaling']}x)")
+    for name, scaling in results["translator_rx_queue_scaling"].items():
+        print(f"  XDP translator, {name}: {scaling['one_queue_reports_per_s']:,} reports/s on one RX queue, "
+              f"{scaling['two_queues_reports_per_s']:,} on two ({scaling['scaling']}x)")
     engines = results["translator_python_engine"]
     print("  Key-Write N=1, reports/s per core: " + ", ".join(
         f"{name} {engines[key]['reports_per_s_per_core']:,}" for name, key in (
-            (f"python engine on AF_XDP (frames out through {engines['af_xdp']['transmit']})", "af_xdp"),
+            (f"python engine on AF_XDP (frames out through {cast('EngineRate', engines['af_xdp'])['transmit']})",
+             "af_xdp"),
             ("on AF_PACKET", "af_packet"), ("reference translator alone", "reference_translator_alone"),
             ("XDP engine", "xdp"))))
     print(f"  the demo's mix of every primitive, python engine on AF_XDP: "
           f"{engines['af_xdp_mixed']['reports_per_s_per_core']:,} reports/s per core")
-    for name, case in results["translator_batch"].items():
-        print(f"  translation alone, {name}, reports/s per core: oracle {case['oracle']['reports_per_s_per_core']:,}, "
-              + ", ".join(f"{key.replace('_', ' of ')} {value['reports_per_s_per_core']:,} "
-                          f"({value['times_the_oracle']}x)" for key, value in case.items() if key != "oracle"))
+    for name, rates in results["translator_batch"].items():
+        print(f"  translation alone, {name}, reports/s per core: oracle {rates['oracle']['reports_per_s_per_core']:,}, "
+              + ", ".join(f"{key.replace('_', ' of ')} {rate['reports_per_s_per_core']:,} "
+                          f"({cast('BatchRate', rate)['times_the_oracle']}x)"
+                          for key, rate in rates.items() if key != "oracle"))
     print(f"  live lab (reporter -> bridge -> XDP translator -> XDP collector): "
           f"{results['translator_live_lab']['max_lossless_reports_per_s']:,} reports/s without loss")
-    kernel = results["translator_live_lab_kernel_generator"]
-    first_loss = next((step for step in kernel["steps"] if not step["lossless"]), None)
-    print(f"  live lab, Key-Write N=1 from the kernel generator: {kernel['max_lossless_reports_per_s']:,} reports/s "
+    generated = results["translator_live_lab_kernel_generator"]
+    first_loss = next((step for step in generated["steps"] if not step["lossless"]), None)
+    print(f"  live lab, Key-Write N=1 from the kernel generator: {generated['max_lossless_reports_per_s']:,} reports/s "
           "without loss" + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, reached "
                             f"{first_loss['achieved']:,}/s, lost {first_loss['lost']}" if first_loss else ""))
     for name, direct in results["translator_live_direct"].items():
@@ -108,7 +134,7 @@ def _bench(args) -> int:
     return 0
 
 
-def _demo(args) -> int:
+def _demo(args: argparse.Namespace) -> int:
     if args.offline:
         from softdta.lab.offline_demo import run_offline_demo
         print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
@@ -129,7 +155,7 @@ def _demo(args) -> int:
         raise CliError(str(error)) from None
 
 
-def _lab(args) -> int:
+def _lab(args: argparse.Namespace) -> int:
     from softdta.lab import topology as lab
     try:
         if args.action == "up":
