@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 from collections import Counter
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from softdta.core.control_plane import PsnRestart
 from softdta.core.primitives import Output
@@ -22,6 +22,16 @@ class Engine(Protocol):
     def flush_idle(self, now_ns: int = 0) -> list[bytes]: ...
 
     def counts(self) -> Counter[TranslatorCounter]: ...
+
+
+class QpStatus(TypedDict):
+    """A QP's place in its PSN sequence and its state, as both live engines report it."""
+
+    next_psn: int
+    unacked_psn: int  # the oldest PSN not acknowledged yet
+    state: int  # a spec.QpState
+    grace_until_ns: int
+    frames_sent: int
 
 
 class Stop(Protocol):
@@ -40,11 +50,11 @@ class LiveEngine(Engine, Protocol):
 
     def apply(self, tables: Tables) -> None: ...
 
-    def qp_state(self, qp: QueuePair) -> dict: ...
+    def qp_state(self, qp: QueuePair) -> QpStatus: ...
 
     def attach(self, interfaces: list[str], mode: str = "native") -> None: ...
 
-    def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None: ...
+    def serve(self, stop: Stop, updates: queue.Queue[Tables] | None = None) -> None: ...
 
     def close(self) -> None: ...
 

@@ -20,18 +20,19 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import cast
+from typing import NotRequired, TypedDict, cast
 
 from softdta.core.batch import BatchTranslator
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS, LiveQp, PsnRestart, restart_psn
 from softdta.core.primitives import Output, Primitive
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import QpRuntime, Translator
-from softdta.engines.engine import Stop, report_adoptions
-from softdta.engines.xdp import EngineError, build_object, check_queues, pinned_stats, rx_queues
+from softdta.engines.engine import QpStatus, Stop, report_adoptions
+from softdta.engines.xdp import CpuTime, QpStats, check_queues, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
 from softdta.kernel.maps import map_layout, record
 from softdta.kernel.netdev import NetdevError
+from softdta.kernel.programs import EngineError, build_object
 from softdta.kernel.resources import BPF_DIR
 from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
@@ -87,7 +88,7 @@ class PythonEngine:
     def __enter__(self) -> PythonEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -112,13 +113,15 @@ class PythonEngine:
             check_queues(tables, self.interfaces)
         held = {qp.local_qpn: (qp, self.translator.qp_state[qp.index]) for qp in self.translator.tables.qps
                 if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
-        states, restarts = {}, []
+        states: dict[int, QpRuntime] = {}
+        restarts: list[PsnRestart] = []
         for qp in tables.qps:
             before, runtime = held.get(qp.local_qpn, (None, None))
             live = None if before is None or runtime is None else LiveQp(
                 before.remote_qpn, before.start_psn, runtime.next_psn, runtime.unacked_psn)
-            psn = restart_psn(qp, live)  # never None for a QP without live state
+            psn = restart_psn(qp, live)
             if psn is None:
+                assert runtime is not None  # restart_psn keeps only a QP with live state
                 states[qp.index] = runtime
             else:
                 states[qp.index] = QpRuntime(psn)
@@ -144,13 +147,14 @@ class PythonEngine:
         self._qp_indices = {qp.index for qp in tables.qps}
         self.publish()
 
-    def qp_state(self, qp: QueuePair) -> dict:
+    def qp_state(self, qp: QueuePair) -> QpStatus:
         """A QP's PSN and state, in the fields `XdpTranslator.qp_state` reads from its map."""
         # another thread (rdma_cm links) may ask while `apply` swaps the tables: a QP not yet in the state
         # is one being added, at its start
         runtime = self.translator.qp_state.get(qp.index) or QpRuntime(qp.start_psn)
-        return {"next_psn": runtime.next_psn, "state": int(runtime.state), "grace_until_ns": runtime.grace_until_ns,
-                "frames_sent": runtime.frames_sent}
+        return QpStatus(next_psn=runtime.next_psn, unacked_psn=cast(int, runtime.unacked_psn),  # set by __post_init__
+                        state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
+                        frames_sent=runtime.frames_sent)
 
     def _restore_qp_state(self, tables: Tables) -> None:
         """PSNs and QP states a previous run left in the pinned maps, for QPs that are still the same ones."""
@@ -294,7 +298,7 @@ class PythonEngine:
             self.transmit_reason = f"the kernel does not say whether {self.interfaces[0]} takes frames from XDP " \
                 f"({error.strerror})"
 
-    def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None:
+    def serve(self, stop: Stop, updates: queue.Queue[Tables] | None = None) -> None:
         """Translate until `stop` is set; when the ring is empty, ticks at half the idle-flush time (at least
         100 µs, at most the stats' publication interval) and applies new tables from `updates`; sees `stop`
         within 100 ms. On AF_XDP the thread stays on the CPU its frames leave from (`XdpTransmitter.pinned`)."""
@@ -302,7 +306,7 @@ class PythonEngine:
         with self.transmitter.pinned() if self.transmitter is not None else nullcontext():
             self._serve(stop, updates, interval)
 
-    def _serve(self, stop: Stop, updates: queue.Queue | None, interval: int) -> None:
+    def _serve(self, stop: Stop, updates: queue.Queue[Tables] | None, interval: int) -> None:
         next_tick = time.monotonic_ns() + interval
         while not stop.is_set():
             if self._wait(min(max(1, interval // 1_000_000), 100)):
@@ -338,25 +342,40 @@ class PythonEngine:
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
                 next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
                 flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
-                flush_mark=runtime.flush_mark & 0xFFFFFFFF, unacked_psn=runtime.unacked_psn))
+                flush_mark=runtime.flush_mark & 0xFFFFFFFF,
+                unacked_psn=cast(int, runtime.unacked_psn)))  # set by QpRuntime.__post_init__
         value = record("python_engine_value").pack(run_time_ns=self.run_time_ns, runs=self.runs,
                                                    io=IO_CODES.get(self.io_name, 0),
                                                    transmit=int(self.transmit_path == "XDP"))
         self.maps["python_engine"].update(bytes(4), value)
 
 
-def engine_stats(pin_dir: Path) -> dict:
+class EngineInfo(TypedDict):
+    name: str  # "python" or "xdp"
+    io: NotRequired[str]  # the python engine's packet I/O (an IO_CODES name) or "not attached"
+    transmit: NotRequired[str]  # where its frames leave: "XDP" or "packet I/O"
+
+
+class EngineStats(TypedDict):
+    counters: dict[str, int]
+    qps: list[QpStats]
+    cpu: dict[str, CpuTime]
+    engine: EngineInfo
+
+
+def engine_stats(pin_dir: Path) -> EngineStats:
     """`pinned_stats` for either engine: the python engine adds its CPU time and which packet I/O it used."""
-    stats = pinned_stats(pin_dir)
+    pinned = pinned_stats(pin_dir)
     path = pin_dir / "python_engine"
-    if path.exists():
-        with Map.from_pinned(path) as engine:
-            raw = engine.lookup(bytes(4))
-        value = record("python_engine_value").unpack(raw)
-        names = {code: name for name, code in IO_CODES.items()}
-        stats["engine"] = {"name": "python", "io": names.get(value["io"], "not attached"),
-                           "transmit": "XDP" if value["transmit"] else "packet I/O"}
-        stats["cpu"] = {"python_engine": {"run_time_ns": value["run_time_ns"], "runs": value["runs"]}}
-    else:
-        stats["engine"] = {"name": "xdp"}
-    return stats
+    if not path.exists():
+        return EngineStats(counters=pinned["counters"], qps=pinned["qps"], cpu=pinned["cpu"],
+                           engine=EngineInfo(name="xdp"))
+    with Map.from_pinned(path) as engine:
+        raw = engine.lookup(bytes(4))
+    assert raw is not None  # an array map always has its entry
+    value = record("python_engine_value").unpack(raw)
+    names = {code: name for name, code in IO_CODES.items()}
+    return EngineStats(counters=pinned["counters"], qps=pinned["qps"],
+                       cpu={"python_engine": CpuTime(run_time_ns=value["run_time_ns"], runs=value["runs"])},
+                       engine=EngineInfo(name="python", io=names.get(value["io"], "not attached"),
+                                         transmit="XDP" if value["transmit"] else "packet I/O"))

@@ -10,7 +10,9 @@ import queue
 import socket
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, TypedDict
 
 from softdta.core.control_plane import (
     DEFAULT_FLUSH_IDLE_NS,
@@ -23,7 +25,7 @@ from softdta.core.control_plane import (
 )
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
-from softdta.engines.engine import Stop, report_adoptions
+from softdta.engines.engine import QpStatus, Stop, report_adoptions
 from softdta.kernel.bpf import (
     BpfError,
     BpfObject,
@@ -53,7 +55,6 @@ from softdta.spec import (
     FANOUT_META_MAGIC,
     PSN_MASK,
     TRANSLATOR_MAPS,
-    DtaOpcode,
     QpState,
     TranslatorCounter,
 )
@@ -95,12 +96,13 @@ def map_entry(entry: Entry) -> tuple[bytes, bytes]:
             layout.value.pack(**_in_memory(entry.value, addresses)))
 
 
-def _in_memory(values, addresses: frozenset[str]) -> dict:
+def _in_memory(values: Mapping[str, int | bytes], addresses: frozenset[str]) -> dict[str, int | bytes]:
     """Addresses in integer fields as the kernel stores them: network order in memory, read as a host __u32."""
-    return {name: int.from_bytes(v, "little") if name in addresses else v for name, v in values.items()}
+    return {name: int.from_bytes(v, "little") if name in addresses and isinstance(v, bytes) else v
+            for name, v in values.items()}
 
 
-def map_logical(name: str, values: dict) -> dict:
+def map_logical(name: str, values: Mapping[str, Any]) -> dict[str, int | bytes]:
     """Unpacked map fields of table `name` as control-plane values (the inverse of `map_entry`)."""
     addresses = address_fields(name)
     return {field: v.to_bytes(4, "little") if field in addresses else v for field, v in values.items()}
@@ -135,7 +137,7 @@ class XdpTranslator:
         self.attached: list[int] = []
         self.interfaces: list[str] = []
         self.reinjected = 0
-        self._backlog: dict[int, list[tuple[int, bytes]]] = {}
+        self._backlog: dict[int, list[tuple[int, int, bytes]]] = {}  # qp index -> (ifindex, RX queue, frame)
         self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
         self.apply(tables)
 
@@ -147,7 +149,7 @@ class XdpTranslator:
     def __enter__(self) -> XdpTranslator:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ----------------------------------------------------------------------------------------------
@@ -192,20 +194,21 @@ class XdpTranslator:
                 map_layout("append_list").value.unpack(value)["state_index"]
         for raw, value in self.maps["structure"].items():
             key, entry = map_layout("structure").key.unpack(raw), map_layout("structure").value.unpack(value)
-            ip = key["collector_ip"].to_bytes(4, "little")
-            if key["primitive"] == DtaOpcode.POSTCARDING:
-                slots.postcard[(ip, entry["cache_entries"])] = entry["state_index"]
-            elif key["primitive"] == DtaOpcode.SKETCH_MERGE:
-                slots.sketch[ip] = entry["state_index"]
+            slots.remember_structure(key["collector_ip"].to_bytes(4, "little"), key["primitive"], entry)
         return slots
 
     # ----------------------------------------------------------------------------------------------
     # state
 
-    def read(self, name: str, **key) -> dict | None:
+    def read(self, name: str, **key: int | bytes) -> dict[str, Any] | None:
         layout = map_layout(name)
         raw = self.maps[name].lookup(layout.key.pack(**key))
         return None if raw is None else layout.value.unpack(raw)
+
+    def _qp_state_entry(self, qp_index: int) -> dict[str, Any]:
+        state = self.read("qp_state", qp_index=qp_index)
+        assert state is not None  # an array map always has its entry
+        return state
 
     def counters(self) -> Counter[TranslatorCounter]:
         tally: Counter[TranslatorCounter] = Counter()
@@ -219,22 +222,24 @@ class XdpTranslator:
     def counts(self) -> Counter[TranslatorCounter]:
         return self.counters()
 
-    def qp_state(self, qp: QueuePair) -> dict:
-        return self.read("qp_state", qp_index=self.slots.qp[qp.local_qpn])
+    def qp_state(self, qp: QueuePair) -> QpStatus:
+        state = self._qp_state_entry(self.slots.qp[qp.local_qpn])
+        return QpStatus(next_psn=state["next_psn"], unacked_psn=state["unacked_psn"], state=state["state"],
+                        grace_until_ns=state["grace_until_ns"], frames_sent=state["frames_sent"])
 
     def resync(self, qp: QueuePair, psn: int, now_ns: int | None = None) -> None:
         """Set a QP's next PSN and start its grace period (what a sequence-error NAK does)."""
-        state = self.qp_state(qp)
+        state = self._qp_state_entry(self.slots.qp[qp.local_qpn])
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         self._write_qp_state(qp, state, next_psn=psn & PSN_MASK, unacked_psn=psn & PSN_MASK,
                              state=int(QpState.GRACE), grace_until_ns=now_ns + self.tables.grace_ns)
 
     def revive(self, qp: QueuePair, psn: int) -> None:
         """Bring a failed QP back once the collector re-created its end."""
-        self._write_qp_state(qp, self.qp_state(qp), next_psn=psn & PSN_MASK, unacked_psn=psn & PSN_MASK,
-                             state=int(QpState.ACTIVE), grace_until_ns=0)
+        self._write_qp_state(qp, self._qp_state_entry(self.slots.qp[qp.local_qpn]), next_psn=psn & PSN_MASK,
+                             unacked_psn=psn & PSN_MASK, state=int(QpState.ACTIVE), grace_until_ns=0)
 
-    def _write_qp_state(self, qp: QueuePair, current: dict, **changes) -> None:
+    def _write_qp_state(self, qp: QueuePair, current: dict[str, Any], **changes: int) -> None:
         layout = map_layout("qp_state")
         self.maps["qp_state"].update(layout.key.pack(qp_index=self.slots.qp[qp.local_qpn]),
                                      layout.value.pack(**{**current, **changes}))
@@ -283,7 +288,7 @@ class XdpTranslator:
 
     def take_deferred(self) -> list[tuple[int, int, int, bytes]]:
         """Essential reports parked while their QP could not send: (qp index, ingress ifindex, RX queue, frame)."""
-        records = []
+        records: list[tuple[int, int, int, bytes]] = []
         for raw in self.ring.consume():
             parked = _DEFERRED_REPORT.unpack(raw[:_DEFERRED_REPORT.size])
             records.append((parked["qp_index"], parked["ingress_ifindex"], parked["rx_queue"],
@@ -338,7 +343,7 @@ class XdpTranslator:
         two RCU grace periods (about 24 ms here, softdta.kernel.generator). The pass ends at an empty queue, or
         at an entry met twice (not due yet, or its QP is busy).
         """
-        queue, visits = self.maps["flush_queue"], Counter()
+        queue, visits = self.maps["flush_queue"], Counter[bytes]()
         for _ in range(_FLUSH_RUNS_PER_TICK):
             head = queue.lookup(b"")
             if head is None or visits[head] >= 2:
@@ -348,8 +353,9 @@ class XdpTranslator:
 
     def _idle(self, qp_index: int, now: int) -> bool:
         """Whether a QP can send and the data path has not used it for the idle time (as the flusher judges)."""
-        state = self.read("qp_state", qp_index=qp_index)
-        ready = state["state"] == QpState.ACTIVE or (state["state"] == QpState.GRACE and now >= state["grace_until_ns"])
+        state = self._qp_state_entry(qp_index)
+        ready: bool = state["state"] == QpState.ACTIVE or (
+            state["state"] == QpState.GRACE and now >= state["grace_until_ns"])
         frames_sent, since = self._quiet_since.get(qp_index, (None, now))
         if frames_sent != state["frames_sent"]:
             self._quiet_since[qp_index] = (state["frames_sent"], now)
@@ -357,7 +363,7 @@ class XdpTranslator:
         return ready and now - since >= self.flush_idle_ns
 
 
-    def serve(self, stop: Stop, updates: queue.Queue | None = None) -> None:
+    def serve(self, stop: Stop, updates: queue.Queue[Tables] | None = None) -> None:
         """Run the control-plane loop until `stop` is set: ticks at half the idle-flush time (at least 100 µs),
         and applies new tables from `updates` (collector re-advertisements) between ticks."""
         interval = max(self.flush_idle_ns / 2e9, 1e-4)
@@ -367,7 +373,29 @@ class XdpTranslator:
             self.tick()
 
 
-def pinned_stats(pin_dir: Path) -> dict:
+class CpuTime(TypedDict):
+    run_time_ns: int
+    runs: int
+
+
+class QpStats(TypedDict):
+    local_qpn: int
+    remote_qpn: int
+    collector: str  # its IPv4 address
+    transport: str  # "RC" or "UC"
+    next_psn: int
+    unacked_psn: int
+    state: str  # a spec.QpState's name, in lower case
+    frames_sent: int
+
+
+class PinnedStats(TypedDict):
+    counters: dict[str, int]  # the non-zero ones, by TranslatorCounter name in lower case
+    qps: list[QpStats]
+    cpu: dict[str, CpuTime]  # by program
+
+
+def pinned_stats(pin_dir: Path) -> PinnedStats:
     """Counters and QP state from a translator's pinned maps, without loading the program."""
     def pinned(name: str) -> Map:
         try:
@@ -376,7 +404,8 @@ def pinned_stats(pin_dir: Path) -> dict:
             raise EngineError(f"no translator state pinned in {pin_dir}; start one with `softdta translator up` "
                               "or pass --pin") from None
 
-    counters, qps = {}, []
+    counters: dict[str, int] = {}
+    qps: list[QpStats] = []
     with pinned("counters") as counter_map, pinned("qp") as qp_map, pinned("qp_state") as state_map:
         for counter in TranslatorCounter:
             total = sum(int.from_bytes(v[:8], "little")
@@ -387,13 +416,15 @@ def pinned_stats(pin_dir: Path) -> dict:
             entry = map_layout("qp").value.unpack(value)
             if not entry["remote_qpn"]:
                 continue
-            state = map_layout("qp_state").value.unpack(state_map.lookup(raw))
+            state_raw = state_map.lookup(raw)
+            assert state_raw is not None  # an array map always has its entry
+            state = map_layout("qp_state").value.unpack(state_raw)
             qps.append({"local_qpn": entry["local_qpn"], "remote_qpn": entry["remote_qpn"],
                         "collector": socket.inet_ntoa(entry["collector_ip"].to_bytes(4, "little")),
                         "transport": "RC" if entry["transport"] == 0 else "UC", "next_psn": state["next_psn"],
                         "unacked_psn": state["unacked_psn"], "state": QpState(state["state"]).name.lower(),
                         "frames_sent": state["frames_sent"]})
-    cpu = {}
+    cpu: dict[str, CpuTime] = {}
     for program in ("softdta_xdp", "softdta_fanout"):
         if (pin_dir / f"prog_{program}").exists():
             run_time_ns, runs = program_run_stats(pin_dir / f"prog_{program}")

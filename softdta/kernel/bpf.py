@@ -307,11 +307,10 @@ class Map:
             key = following.raw
             yield key
 
-    def items(self) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
-        """(key, value) pairs; values of per-CPU maps are lists as from lookup_percpu()."""
-        get = self.lookup_percpu if self.percpu else self.lookup
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs of a map that is not per-CPU."""
         for key in self.keys():
-            value = get(key)
+            value = self.lookup(key)
             if value is not None:
                 yield key, value
 

@@ -137,7 +137,8 @@ class LatencySum(Primitive):
         return total
 
     @classmethod
-    def report(cls, key: bytes, hop: int, path_length: int, latency_ns: int, **flags) -> bytes:
+    def report(cls, key: bytes, hop: int, path_length: int, latency_ns: int, *, seqnum: int = 0,
+               immediate: bool = False, essential: bool = False, retransmit: bool = False) -> bytes:
         """The UDP payload one hop sends."""
         return cls.encode({"hop": hop, "path_length": path_length, "key_len": len(key), "latency_ns": latency_ns,
-                           "key": key}, **flags)
+                           "key": key}, seqnum=seqnum, immediate=immediate, essential=essential, retransmit=retransmit)
