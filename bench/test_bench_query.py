@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from softdta.core.query import AppendPoller, key_write_query
-from softdta.core.regions import AppendRegion
+from softdta.core.primitives.append.queries import AppendPoller
+from softdta.core.primitives.append.region import AppendRegion
+from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.tables import AppendLists, QueuePair
 from softdta.spec import KeyHash
 from softdta.wire.frames import ip_bytes, mac_bytes

@@ -8,15 +8,16 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from softdta.collector.backend import Backend, BackendError, Peer, QpInfo, Region
 from softdta.collector.config import AppendSpec, CollectorConfig, StructureSpec
-from softdta.core.regions import AppendRegion, KeyIncrementRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core import regions, registry
+from softdta.core.primitives.append.region import AppendRegion
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Tables
-from softdta.spec import DtaOpcode
 from softdta.wire.frames import ip_str, mac_str
 
 RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
@@ -90,7 +91,7 @@ class Collector:
             secret = secrets.token_urlsafe(24)
         return Session(translator_ip, translator_mac, secret)
 
-    def connect(self, structure: str, peer: Peer, session: Session | None = None) -> dict:
+    def connect(self, structure: str, peer: Peer, session: Session | None = None) -> dict[str, Any]:
         """A new queue pair for `peer` into `structure`, held by `session` (None: held until the collector
         stops)."""
         if structure not in self.specs:
@@ -112,7 +113,7 @@ class Collector:
                 raise
         return self.advertisement(structure, qp, peer)
 
-    def connection_of(self, session: Session, structure: str, translator_qpn: int) -> dict | None:
+    def connection_of(self, session: Session, structure: str, translator_qpn: int) -> dict[str, Any] | None:
         """The advertisement of the queue pair the session's translator already has into `structure` for its QP
         `translator_qpn` (after a reconnect; a translator has one per RX queue), if the session holds it or
         proves with its secret to be the translator that does; it is the session's then."""
@@ -154,7 +155,7 @@ class Collector:
         if qp.qpn != old:
             self._save_owners()
 
-    def _saved_owners(self) -> dict:
+    def _saved_owners(self) -> dict[str, Any]:
         path = self._owners_path()
         try:
             saved = json.loads(path.read_text()) if path is not None else {}
@@ -184,7 +185,7 @@ class Collector:
         return None if self.config.data_dir is None else self.config.data_dir / OWNERS_FILE
 
     def recreate(self, session: Session, structure: str, translator_qpn: int | None = None
-                 ) -> tuple[Session | None, dict]:
+                 ) -> tuple[Session | None, dict[str, Any]]:
         """The session's translator reports that its queue pair into `structure` (the one of its QP
         `translator_qpn`, else the first) failed (a fatal NAK, real or forged, that this end may never have sent):
         re-create this end. Only a queue pair the session holds, or one held under its secret (the same
@@ -200,7 +201,7 @@ class Collector:
         raise BackendError(f"this session holds no queue pair into {structure!r}; connect first, or say hello "
                            "with the secret of the session that does")
 
-    def repair(self, now: float | None = None) -> list[tuple[Session | None, dict]]:
+    def repair(self, now: float | None = None) -> list[tuple[Session | None, dict[str, Any]]]:
         """Frees queue pairs released more than RELEASE_GRACE_S ago, and re-creates those in ERROR: (the session
         holding it, None if none does; new advertisement) for each re-created one."""
         now = _now(now)
@@ -218,7 +219,7 @@ class Collector:
             repaired.append((self.owners.get(qp.qpn), self.advertisement(structure, qp, peer)))
         return repaired
 
-    def advertisement(self, structure: str, qp: QpInfo, peer: Peer) -> dict:
+    def advertisement(self, structure: str, qp: QpInfo, peer: Peer) -> dict[str, Any]:
         region, spec = self.regions[structure], self.specs[structure]
         return {"structure": structure, **spec.advertised(),
                 "qp": {"remote_qpn": qp.qpn, "local_qpn": peer.qpn, "rkey": region.rkey, "base": region.base_va,
@@ -228,18 +229,17 @@ class Collector:
     # ----------------------------------------------------------------------------------------------
     # what the query service reads (service.QuerySource)
 
-    def structure_region(self, primitive: DtaOpcode, collector_ip: bytes):
+    def structure_region(self, primitive: int, collector_ip: bytes) -> regions.Region:
+        """The view of the memory of this collector's structure of `primitive` (an opcode), as its primitive lays
+        it out."""
+        kind = registry.by_opcode(primitive)
         structure = self.tables.structure(collector_ip, primitive)
         if structure is None:
-            raise KeyError(f"no {primitive.name} structure on this collector")
-        view = self.regions[self.specs_by_primitive(primitive).name].view
-        return {DtaOpcode.KEY_WRITE: lambda: KeyWriteRegion.for_structure(view, structure),
-                DtaOpcode.KEY_INCREMENT: lambda: KeyIncrementRegion(view),
-                DtaOpcode.POSTCARDING: lambda: PostcardRegion.for_structure(view, structure),
-                DtaOpcode.SKETCH_MERGE: lambda: SketchRegion.for_structure(view, structure)}[primitive]()
+            raise KeyError(f"no {kind.name} structure on this collector")
+        return kind.region(self.regions[self.specs_by_primitive(primitive).name].view, structure)
 
-    def specs_by_primitive(self, primitive: DtaOpcode) -> StructureSpec:
-        return next(spec for spec in self.config.structures if spec.primitive is primitive)
+    def specs_by_primitive(self, primitive: int) -> StructureSpec:
+        return next(spec for spec in self.config.structures if spec.primitive == primitive)
 
     def append_region(self, lists: AppendLists) -> AppendRegion:
         return AppendRegion(self.regions[f"append{lists.first_list}"].view, lists)
@@ -251,7 +251,7 @@ class Collector:
     def counters(self) -> dict[str, int]:
         return self.backend.counters()
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         failed = set(self.backend.failed())
         return {"backend": self.backend.name, "collector": self.config.name, "max_qps": self.config.max_qps,
                 "qps": {f"{qpn:#x}": {"structure": structure, "translator": ip_str(peer.ip),
@@ -261,17 +261,19 @@ class Collector:
                         for qpn, (structure, peer, _) in self.connections.items()}}
 
 
-def tables_document(translator: dict, collector: dict, advertisements: list[dict]) -> dict:
+def tables_document(translator: dict[str, Any], collector: dict[str, Any],
+                    advertisements: list[dict[str, Any]]) -> dict[str, Any]:
     """Translator tables (the TOML of docs/tables.md, as a dict) from a collector's advertisements.
 
     `translator` is the [translator] section and `collector` is {"name", "ip", "mac"}.
     `advertisements` may hold several per structure, one per RX queue of the translator (their "queue"): the
     structure gets a QP for each, queue 0's first.
     """
-    by_structure: dict[str, list[dict]] = {}
+    by_structure: dict[str, list[dict[str, Any]]] = {}
     for advert in sorted(advertisements, key=lambda advert: advert.get("queue", 0)):
         by_structure.setdefault(advert["structure"], []).append(advert)
-    structures, append = [], []
+    structures: list[dict[str, Any]] = []
+    append: list[dict[str, Any]] = []
     for name, adverts in by_structure.items():
         entry = {key: value for key, value in adverts[0].items() if key not in ("structure", "queue")}
         entry["collector"] = collector["name"]

@@ -6,21 +6,16 @@ responder in tests, the demo and `softdta translate --collector`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeAlias
-
 import numpy as np
 
-from softdta.core.query import AppendPoller
-from softdta.core.regions import AppendRegion, KeyIncrementRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core import registry
+from softdta.core.primitives.append.queries import AppendPoller
+from softdta.core.primitives.append.region import AppendRegion
+from softdta.core.regions import Region
 from softdta.core.responder import CompletionLog, MemoryRegion, Responder, ResponderQp
 from softdta.core.tables import AppendLists, QueuePair, Tables
-from softdta.spec import DtaOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import parse_udp_frame
-
-# The memory of one collector structure, as `OfflineCollector.structure_region` views it.
-StructureRegion: TypeAlias = KeyWriteRegion | KeyIncrementRegion | PostcardRegion | SketchRegion
 
 
 class OfflineCollector:
@@ -66,17 +61,14 @@ class OfflineCollector:
         """WRITEs the reference responder executed into each of the range's rings."""
         return self.ring_writes[lists.qp.index]
 
-    def structure_region(self, primitive: DtaOpcode, collector_ip: bytes) -> StructureRegion:
+    def structure_region(self, primitive: int, collector_ip: bytes) -> Region:
+        """The view of the memory of the structure of `primitive` (an opcode) at `collector_ip`, as its primitive
+        lays it out."""
+        kind = registry.by_opcode(primitive)
         structure = self.tables.structure(collector_ip, primitive)
         if structure is None:
-            raise KeyError(f"no {primitive.name} structure for that collector")
-        buffer = self.memory[structure.qp.index]
-        regions: dict[DtaOpcode, Callable[[], StructureRegion]] = {
-            DtaOpcode.KEY_WRITE: lambda: KeyWriteRegion.for_structure(buffer, structure),
-            DtaOpcode.KEY_INCREMENT: lambda: KeyIncrementRegion(buffer),
-            DtaOpcode.POSTCARDING: lambda: PostcardRegion.for_structure(buffer, structure),
-            DtaOpcode.SKETCH_MERGE: lambda: SketchRegion.for_structure(buffer, structure)}
-        return regions[primitive]()
+            raise KeyError(f"no {kind.name} structure for that collector")
+        return kind.region(self.memory[structure.qp.index], structure)
 
     def counters(self) -> dict[str, int]:
         total: dict[str, int] = {}

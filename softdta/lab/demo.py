@@ -20,7 +20,7 @@ import numpy as np
 
 from softdta.collector.collector import tables_document
 from softdta.collector.config import CollectorConfig
-from softdta.collector.service import OfflineSource, QueryService, key_rows
+from softdta.collector.service import OfflineSource, QueryService
 from softdta.collector.xdp_backend import pin_dir_for
 from softdta.core import workload
 from softdta.core.analysis import expected_success, key_write_success_chances, postcarding_success_chances
@@ -347,8 +347,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], str
         later = np.arange(len(keywrite) - 1, -1, -1) / KEY_WRITE_SLOTS
         rate, spread = expected_success(key_write_success_chances(later, 2))
         structure = predicted[DtaOpcode.KEY_WRITE]
-        expected = prediction.key_write_answer("", structure, key_rows([r.key.hex() for r in keywrite], structure, ""),
-                                               2, 1)
+        expected = prediction.answer(structure, {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
         queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
                                 "expected": round(rate, 4), "spread": round(spread, 4),
                                 "load": round(len(keywrite) / KEY_WRITE_SLOTS, 4),
@@ -364,8 +363,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], str
         under = sum(count < expected for count, expected in zip(counts, truth.values()))
         exact = sum(count == expected for count, expected in zip(counts, truth.values()))
         structure = predicted[DtaOpcode.KEY_INCREMENT]
-        expected = prediction.keyincrement_answer("", structure, key_rows([k.hex() for k in truth], structure, ""),
-                                                   2)
+        expected = prediction.answer(structure, {"keys": [k.hex() for k in truth], "redundancy": 2})
         queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under,
                                     "differ_from_prediction": _differences(answer["results"], expected)}
 
@@ -397,8 +395,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], str
     later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
     rate, spread = expected_success(postcarding_success_chances(later, 1, 5, len(SWITCH_IDS)))
     structure = predicted[DtaOpcode.POSTCARDING]
-    expected = prediction.postcarding_answer("", structure, key_rows([k.hex() for k in paths], structure, ""),
-                                              SWITCH_IDS)
+    expected = prediction.answer(structure, {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
     queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "expected": round(rate, 4),
                               "spread": round(spread, 4),
                               "differ_from_prediction": _differences(answer["results"], expected)}
@@ -408,7 +405,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], str
         expected[report.column] += np.array(report.counters, dtype=np.uint64)
     merged = np.array(collector_http("/sketch-merge/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
     match = merged.shape == expected.shape and bool((merged == expected).all())
-    expected_matrix = prediction.region(predicted[DtaOpcode.SKETCH_MERGE]).by_column.tolist()
+    expected_matrix = prediction.answer(predicted[DtaOpcode.SKETCH_MERGE], {})["matrix"]
     queries["sketch_merge"] = {"matches_sum_of_reporters": match,
                                "matches_prediction": merged.tolist() == expected_matrix}
     summary["complete"] = streamed["complete"]

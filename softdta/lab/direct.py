@@ -24,7 +24,7 @@ from softdta.collector.control import QUEUE_QPN_STRIDE
 from softdta.collector.xdp_backend import XdpBackend
 from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.generator import plan
-from softdta.core.query import key_write_query
+from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.tables import Tables
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator

@@ -15,8 +15,13 @@ import numpy as np
 from softdta.core import registry, workload
 from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import key_write_query, keyincrement_query, postcard_query
-from softdta.core.regions import KeyIncrementRegion, KeyWriteRegion, PostcardRegion, SketchRegion
+from softdta.core.primitives.key_increment.queries import keyincrement_query
+from softdta.core.primitives.key_increment.region import KeyIncrementRegion
+from softdta.core.primitives.key_write.queries import key_write_query
+from softdta.core.primitives.key_write.region import KeyWriteRegion
+from softdta.core.primitives.postcarding.queries import postcard_query
+from softdta.core.primitives.postcarding.region import PostcardRegion
+from softdta.core.primitives.sketch_merge.region import SketchRegion
 from softdta.core.settings import TableError
 from softdta.core.tables import Structure, Tables
 from softdta.core.translator import Translator

@@ -18,8 +18,11 @@ import pytest
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import AppendPoller, key_write_query, keyincrement_query, postcard_query
-from softdta.core.regions import AppendRegion
+from softdta.core.primitives.append.queries import AppendPoller
+from softdta.core.primitives.append.region import AppendRegion
+from softdta.core.primitives.key_increment.queries import keyincrement_query
+from softdta.core.primitives.key_write.queries import key_write_query
+from softdta.core.primitives.postcarding.queries import postcard_query
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator

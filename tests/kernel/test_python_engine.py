@@ -19,7 +19,7 @@ import pytest
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import key_write_query
+from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.engines.python import PythonEngine, engine_stats

@@ -25,7 +25,8 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, cancel_tasks, fetch_advertisements, receive, send
 from softdta.collector.xdp_backend import XdpBackend, pin_dir_for
 from softdta.core import workload
-from softdta.core.query import key_write_query, keyincrement_query
+from softdta.core.primitives.key_increment.queries import keyincrement_query
+from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress

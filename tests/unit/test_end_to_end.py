@@ -4,7 +4,10 @@ import numpy as np
 
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import BLANK, key_write_query, keyincrement_query, postcard_query
+from softdta.core.primitives.key_increment.queries import keyincrement_query
+from softdta.core.primitives.key_write.queries import key_write_query
+from softdta.core.primitives.postcarding.queries import postcard_query
+from softdta.core.query import BLANK
 from softdta.core.translator import Translator
 from softdta.spec import DtaOpcode, TranslatorCounter, Transport
 from softdta.wire.hashing import keys_to_rows

@@ -6,7 +6,7 @@ import pytest
 
 from softdta.core import primitives
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import key_write_query
+from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
 from softdta.spec import DtaOpcode, RoceOpcode, TranslatorCounter

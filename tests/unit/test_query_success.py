@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from softdta.core.analysis import key_write_empty_return_bound
-from softdta.core.query import key_write_query
-from softdta.core.regions import KeyWriteRegion
+from softdta.core.primitives.key_write.queries import key_write_query
+from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.spec import KeyHash
 from softdta.wire.hashing import key_hashes_rows, keys_to_rows
 

@@ -19,7 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from softdta.collector.service import OfflineSource, serve
 from softdta.core import workload
 from softdta.core.offline import OfflineCollector
-from softdta.core.query import BLANK, key_write_query, keyincrement_query, postcard_query
+from softdta.core.primitives.key_increment.queries import keyincrement_query
+from softdta.core.primitives.key_write.queries import KeyLookup, key_write_query
+from softdta.core.primitives.postcarding.queries import postcard_query
+from softdta.core.query import BLANK
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
@@ -462,15 +465,15 @@ def test_bad_requests_get_a_clear_json_error(service):
 def test_health_answers_while_a_query_runs(filled, start_service, monkeypatch):
     """Queries run on a worker thread: one that takes long (held here until /health has answered, or 10 s)
     never holds up the event loop."""
-    from softdta.collector import service as service_module
     health_answered, order = threading.Event(), []
+    answer = KeyLookup.answer
 
-    def slow_query(*args):
+    def slow_answer(query, region):
         health_answered.wait(10)
         order.append("query")
-        return key_write_query(*args)
+        return answer(query, region)
 
-    monkeypatch.setattr(service_module, "key_write_query", slow_query)
+    monkeypatch.setattr(KeyLookup, "answer", slow_answer)
     service = start_service(OfflineSource(filled.collector))
 
     async def both():

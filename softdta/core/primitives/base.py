@@ -22,7 +22,8 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.regions import Buffer
+from softdta.core.query import StructureQuery
+from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
 from softdta.core.tables import AppendLists, QueuePair, Shape, Structure, Tables
 from softdta.spec import (
@@ -161,6 +162,18 @@ class Primitive(abc.ABC):
     the Key-Write frames it asks for into the PSN order of their QPs. It must leave the state, counters and
     frames exactly as `translate` would, report by report (tests/unit/test_batch.py checks Latency-Sum's).
     Without it, the plug-in's reports go through `translate`, one at a time, in order.
+
+    On the collector, a primitive whose reports land in a structure declares, and the query service and the
+    command line take from that alone (`GET /structures`, `/stats`, `/metrics`, and its route):
+    - `region(buffer, structure)`: the view of the structure's memory, with `occupied()` per slot; with `hashed`
+      the service also estimates the load factor;
+    - `describe(structure)`: what `/structures` lists of it beside sizes and fill (by default key_len, key_hash);
+    - `query`: a `core.query.StructureQuery` subclass, served at `/<name>/<structure name>` (a POST of a JSON
+      object of its `required_fields`, or a GET if it declares no fields). Its `parse` turns the fields into the
+      typed query, its `answer(region)` returns an answer whose `json()` the service sends; `None`: no route.
+    A plug-in whose slots hold checksum ‖ data, as Key-Write's, reuses Key-Write's view and lookup:
+    `region` returns `key_write.region.KeyWriteRegion.for_structure(buffer, structure)` and
+    `query = key_write.queries.KeyLookup`.
     """
 
     opcode: ClassVar[int]
@@ -174,6 +187,8 @@ class Primitive(abc.ABC):
     rx_counter: ClassVar[TranslatorCounter | None] = None  # counts its well-formed reports
     bpf_header: ClassVar[str | None] = None  # bpf/translator/<header>: the XDP engine's implementation
     p4_fragments: ClassVar[tuple[str, ...]] = ()  # the P4 controls and actions that implement it
+    # what the query service answers over one of its structures, at /<name>/<structure name> (core.query)
+    query: ClassVar[type[StructureQuery[Any]] | None] = None
 
     # ----------------------------------------------------------------------------------------------
     # its structure and collector region (class-level: the tables and collectors ask without a translator)
@@ -195,9 +210,17 @@ class Primitive(abc.ABC):
         check_hashed_slots(structure, where)
 
     @classmethod
-    def region(cls, buffer: Buffer, structure: Structure) -> Any:
-        """A view of its structure's collector memory (`buffer`) that its queries read."""
+    def region(cls, buffer: Buffer, structure: Structure) -> Region:
+        """A view of its structure's collector memory (`buffer`) that its `query` reads, and that tells the query
+        service which slots are occupied (`Region.occupied`: the fill and load factor of `/structures`, `/stats`
+        and `/metrics`). A primitive whose reports land in a structure declares it."""
         raise NotImplementedError(f"primitive {cls.name} declares no collector region")
+
+    @classmethod
+    def describe(cls, structure: Structure) -> dict[str, Any]:
+        """What the query service lists of `structure` beside its sizes and fill (`/structures`, `/stats`); by
+        default its keys."""
+        return {"key_len": structure.key_len, "key_hash": structure.key_hash.name.lower()}
 
     def __init__(self, translator: TranslatorContext):
         self.translator = translator

@@ -14,8 +14,8 @@ from softdta.core.analysis import (
     key_write_wrong_output_bound,
     simulate_query_success_curve,
 )
-from softdta.core.query import key_write_query
-from softdta.core.regions import KeyWriteRegion
+from softdta.core.primitives.key_write.queries import key_write_query
+from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.lab.benchmarks.workloads import ROUNDS, Stats, stats
 from softdta.spec import KeyHash
 from softdta.wire.hashing import key_hashes_rows

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from softdta.core.primitives.base import Output, Primitive, Target, built_in
-from softdta.core.regions import Buffer, KeyIncrementRegion
+from softdta.core.primitives.key_increment.queries import CountLookup
+from softdta.core.primitives.key_increment.region import KeyIncrementRegion
+from softdta.core.regions import Buffer
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
 from softdta.spec import DtaOpcode, RoceOpcode, TranslatorCounter, Transport
@@ -33,6 +35,8 @@ class KeyIncrement(Primitive):
         if structure.qp.base_va % 8:
             raise TableError(f"{where}: atomics need an 8-byte aligned region; base 0x{structure.qp.base_va:x}")
         super().check_structure(structure, where)
+
+    query = CountLookup
 
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> KeyIncrementRegion:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from softdta.core.primitives.base import Output, PluginReport, Primitive, Target, TranslatorContext, built_in
-from softdta.core.regions import Buffer, KeyWriteRegion
+from softdta.core.primitives.key_write.queries import KeyLookup
+from softdta.core.primitives.key_write.region import KeyWriteRegion
+from softdta.core.regions import Buffer
 from softdta.core.tables import Structure
 from softdta.spec import DtaOpcode, TranslatorCounter
 from softdta.wire.dta import Report
@@ -18,9 +20,15 @@ class KeyWrite(Primitive):
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("key_write", "keyed_slot")
 
+    query = KeyLookup
+
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> KeyWriteRegion:
         return KeyWriteRegion.for_structure(buffer, structure)
+
+    @classmethod
+    def describe(cls, structure: Structure) -> dict[str, Any]:
+        return {**super().describe(structure), "data_len": structure.data_len}
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Target | Output:
         t = self.translator

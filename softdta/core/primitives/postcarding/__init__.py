@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from softdta.core.primitives.base import Output, Primitive, Target, built_in, power_of_two_at_least
-from softdta.core.regions import Buffer, PostcardRegion
+from softdta.core.primitives.postcarding.queries import PathLookup
+from softdta.core.primitives.postcarding.region import PostcardRegion
+from softdta.core.regions import Buffer
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
 from softdta.spec import MAX_POSTCARD_HOPS, DtaOpcode, TranslatorCounter
@@ -45,9 +47,15 @@ class Postcarding(Primitive):
             raise TableError(f"{where}: cache_entries {entries} must be a power of two")
         super().check_structure(structure, where)
 
+    query = PathLookup
+
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> PostcardRegion:
         return PostcardRegion.for_structure(buffer, structure)
+
+    @classmethod
+    def describe(cls, structure: Structure) -> dict[str, Any]:
+        return {**super().describe(structure), "hops": structure.hops}
 
     def new_state(self) -> dict[int, dict[int, PostcardEntry]]:
         return {}

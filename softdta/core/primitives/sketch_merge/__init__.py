@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from softdta.core.primitives.base import Output, Primitive, built_in
-from softdta.core.regions import Buffer, SketchRegion
+from softdta.core.primitives.sketch_merge.queries import MergedSketch
+from softdta.core.primitives.sketch_merge.region import SketchRegion
+from softdta.core.regions import Buffer
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
 from softdta.spec import MAX_SKETCH_ROWS, MAX_WRITE_PAYLOAD, DtaOpcode, MergeFunction, NackKind, TranslatorCounter
@@ -48,9 +50,16 @@ class SketchMerge(Primitive):
         if structure.reporters <= 0 or structure.reporters >= 1 << 16:
             raise TableError(f"{where}: reporters must be 1..65535")
 
+    query = MergedSketch
+
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> SketchRegion:
         return SketchRegion.for_structure(buffer, structure)
+
+    @classmethod
+    def describe(cls, structure: Structure) -> dict[str, Any]:
+        return {"columns": structure.columns, "rows": structure.rows, "reporters": structure.reporters,
+                "merge": structure.merge.name.lower()}
 
     def new_state(self) -> dict[int, SketchRuntime]:
         return {}

@@ -1,0 +1,58 @@
+"""Key-Increment's query: Count-Min estimates (the engine, `keyincrement_query`, and `CountLookup`, what the query
+service answers at `POST /key-increment/<structure>`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from softdta.core.primitives.key_increment.region import KeyIncrementRegion
+from softdta.core.query import Keys, StructureQuery, as_key_rows, hex_rows, integer, key_rows
+from softdta.core.tables import Structure
+from softdta.spec import MAX_REDUNDANCY, KeyHash
+from softdta.wire.hashing import key_hashes_rows
+
+
+def keyincrement_query(region: KeyIncrementRegion, keys: Keys, redundancy: int,
+                       key_hash: KeyHash = KeyHash.DTA_V1) -> np.ndarray:
+    """Count-Min estimate: the minimum of the key's `redundancy` counters (u64)."""
+    _, hashes = key_hashes_rows(as_key_rows(keys), redundancy, key_hash)
+    estimate: np.ndarray = region.counters[hashes & np.uint32(region.slot_count - 1)].min(axis=0)
+    return estimate
+
+
+@dataclass
+class CountAnswer:
+    structure: str
+    redundancy: int
+    keys: list[str]
+    counts: list[int]
+
+    def json(self) -> dict[str, Any]:
+        return {"structure": self.structure, "redundancy": self.redundancy,
+                "results": [{"key": key, "count": count} for key, count in zip(self.keys, self.counts)]}
+
+
+@dataclass(frozen=True)
+class CountLookup(StructureQuery[KeyIncrementRegion]):
+    """Each key's count: the minimum of its `redundancy` counters."""
+
+    required_fields = ("keys", "redundancy")
+
+    name: str
+    structure: Structure
+    keys: npt.NDArray[np.uint8]
+    redundancy: int
+
+    @classmethod
+    def parse(cls, fields: dict[str, Any], structure: Structure, name: str) -> CountLookup:
+        rows = key_rows(fields["keys"], structure, name)
+        return cls(name, structure, rows, integer(fields["redundancy"], "redundancy", 1, MAX_REDUNDANCY))
+
+    def answer(self, region: KeyIncrementRegion) -> CountAnswer:
+        counts = keyincrement_query(region, self.keys, self.redundancy, self.structure.key_hash)
+        return CountAnswer(self.name, self.redundancy, hex_rows(self.keys.tobytes(), self.structure.key_len),
+                           counts.tolist())
