@@ -8,11 +8,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from softdta.cli.common import CliError, Commands, add_command, print_summary
-from softdta.core import workload
+from softdta.core import registry, workload
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.engine import Engine
-from softdta.spec import DTA_NACK_PORT, DTA_PORT, PRIMITIVE_BY_SLUG, ROCE_PORT, RoceOpcode
+from softdta.spec import DTA_NACK_PORT, DTA_PORT, ROCE_PORT, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.dta import Profile, Report, decode, decode_nack
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
@@ -55,7 +55,8 @@ def register(commands: Commands) -> None:
     report = add_command(commands, "report", "make DTA reports of one primitive: write them to a pcap, or send "
                          "them out of an interface to a translator (root)",
                          "Give --out or --interface.")
-    report.add_argument("primitive", choices=list(PRIMITIVE_BY_SLUG), help="which primitive's reports to make")
+    report.add_argument("primitive", choices=[primitive.name for primitive in registry.registered()],
+                        help="which primitive's reports to make")
     report.add_argument("--out", help="write the reports to this pcap")
     report.add_argument("--interface", "-i", help="send the reports out of this interface instead (root)")
     report.add_argument("--netns", help="with --interface: the interface's network namespace")
@@ -232,15 +233,11 @@ def _report(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise CliError(f"--count {args.count}: give at least 1 report")
     count = 1 if args.interface and args.engine == "kernel" else args.count  # the kernel engine needs a template
-    generators = {
-        "key-write": lambda: workload.key_write(count, args.seed, args.redundancy, args.key_len, args.data_len),
-        "key-increment": lambda: workload.key_increment(count, args.seed, args.redundancy),
-        "append": lambda: workload.append(count, args.seed, args.lists),
-        "postcarding": lambda: workload.postcards(count, args.seed, args.hops),
-        "sketch-merge": lambda: workload.sketch_epoch(args.reporters, args.columns, args.rows, args.seed),
-    }
+    params = workload.WorkloadParams(count, args.seed, args.redundancy, args.key_len, args.data_len,
+                                     lists=args.lists, hops=args.hops, reporters=args.reporters,
+                                     columns=args.columns, rows=args.rows)
     try:
-        reports = generators[args.primitive]()
+        reports = registry.by_name(args.primitive).workload(params)
         frames = [address.frame(report, profile) for report in reports]
     except ValueError as error:
         raise CliError(str(error)) from None

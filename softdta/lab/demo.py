@@ -16,36 +16,32 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from softdta.collector.collector import tables_document
 from softdta.collector.config import CollectorConfig
-from softdta.collector.service import OfflineSource, QueryService
 from softdta.collector.xdp_backend import pin_dir_for
-from softdta.core import workload
-from softdta.core.analysis import expected_success, key_write_success_chances, postcarding_success_chances
+from softdta.core import registry, workload
 from softdta.core.offline import OfflineCollector
+from softdta.core.primitives import Primitive
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
+from softdta.core.workload import (
+    BELOW_EXPECTED,
+    BELOW_EXPECTED_WORDS,
+    DemoSetting,
+    PrimitiveDemo,
+    expected_words,
+    summary_key,
+)
 from softdta.engines.python import engine_stats
 from softdta.kernel import netns
 from softdta.kernel.bpf import Map, enable_run_stats
 from softdta.kernel.netns import in_netns
 from softdta.kernel.tx_ring import RingReporter
 from softdta.lab import topology as lab
-from softdta.spec import PRIMITIVES, DtaOpcode, ResponderCounter, TranslatorCounter
+from softdta.spec import ResponderCounter, TranslatorCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import ip_bytes, mac_bytes
 
-SWITCH_IDS = list(range(1, 4097))
-KEY_WRITE_SLOTS = 65536
-# How far a query's success rate may fall below its expected value (the summary shows its standard deviation);
-# the exact check is the one against the reference translator's prediction.
-BELOW_EXPECTED = 0.01
-BELOW_EXPECTED_WORDS = f"{100 * BELOW_EXPECTED:g} percentage point"
-POSTCARD_SLOTS = 32768
-APPEND_LISTS = 256
-SKETCH_COLUMNS, SKETCH_ROWS = 64, 4
 VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator's link holds at once
 # Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
 # ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
@@ -66,7 +62,7 @@ RESPONDER_DROPS = {counter.name.lower() for counter in ResponderCounter} - {"exe
 # translator counters of the RC replies it consumed, by what it made of them
 REPLY_COUNTERS = ("rx_acks", "rx_nak_sequence", "rx_nak_fatal", "rx_rnr_naks", "drop_reply_psn_outside_window",
                   "drop_reply_on_uc")
-APPEND_POLL_S = 0.2
+DRAIN_POLL_S = 0.2  # how often the demo takes what primitives it drains hold (Append's entries)
 # The burst after the mixed workload: Key-Write N=1 from kernel generators over the direct path (softdta.lab.direct)
 BURST_RATE = 1_000_000.0  # reports/s over all generators
 BURST_SECONDS = 3.0
@@ -74,51 +70,47 @@ BURST_SECONDS = 3.0
 
 @dataclass
 class Workload:
-    per_primitive: dict[DtaOpcode, list[Report]]
+    tables: Tables  # the lab's, as the translator gets them from the collector (addresses and QPs aside)
+    parts: list[PrimitiveDemo]  # every primitive's part, with its reports
     per_reporter: list[list[Report]]  # what each reporter sends, in order
+    unit_ends: list[list[int]]  # per reporter and report: where the unit it travels with ends
 
 
-def build_workload(reporters: int, seed: int, scale: float = 1.0) -> Workload:
-    """INT path tracing, postcards, congestion events, per-flow counters and sketches, split over reporters.
+def build_workload(tables: Tables, reporters: int, seed: int, scale: float = 1.0) -> Workload:
+    """Every primitive's demo workload on the lab's `tables` (INT path tracing, postcards, congestion events,
+    per-flow counters, sketches), split over reporters.
 
-    Append lists and sketch columns keep their order: a list belongs to one reporter, and reporter r sends
-    sketch r's columns in order. Key-Write and Postcarding come from reporter 1 alone (the sink of every traced
-    flow): reports to one slot then reach the translator in the order sent, so the collector's memory is
-    predictable exactly (`predicted_service`); Key-Increment and Sketch-Merge sums do not depend on order."""
-    per_primitive = {
-        DtaOpcode.KEY_WRITE: workload.key_write(int(6000 * scale), seed, 2, key_len=13, data_len=20),
-        DtaOpcode.KEY_INCREMENT: workload.key_increment(int(20000 * scale), seed, 2, flows=1000),
-        DtaOpcode.APPEND: workload.append(int(APPEND_LISTS * 200 * scale), seed, APPEND_LISTS),
-        DtaOpcode.POSTCARDING: workload.postcards(int(4000 * scale), seed, 5, SWITCH_IDS),
-        DtaOpcode.SKETCH_MERGE: workload.sketch_epoch(reporters, SKETCH_COLUMNS, SKETCH_ROWS, seed),
-    }
+    Each primitive says which reporter sends each of its units (`PrimitiveDemo.owner`): Append lists and sketch
+    columns keep their order, and reports whose order in one slot matters come from one reporter, so that the
+    collector's memory is predictable exactly (`predicted_collector`). Units travel whole, each reporter's
+    primitives interleaved, each keeping its order."""
+    setting, collector_ip = DemoSetting(seed, scale, reporters), ip_bytes(lab.COLLECTOR_IP)
+    parts = []
+    for primitive in registry.registered():
+        target = primitive.demo.target_in(primitive, tables, collector_ip) if primitive.demo else None
+        if primitive.demo and target is not None:
+            parts.append(primitive.demo(primitive, target, setting))
     streams: list[list[list[list[Report]]]] = [[] for _ in range(reporters)]
-    for opcode, reports in per_primitive.items():
+    for part in parts:
         split: list[list[list[Report]]] = [[] for _ in range(reporters)]
-        for index, unit in enumerate(_units(opcode, reports)):
-            owner = {DtaOpcode.APPEND: unit[0].list_id, DtaOpcode.SKETCH_MERGE: unit[0].reporter,
-                     DtaOpcode.KEY_WRITE: 0, DtaOpcode.POSTCARDING: 0}.get(opcode, index)
-            split[owner % reporters].append(unit)
-        for reporter, part in enumerate(split):
-            streams[reporter].append(list(reversed(part)))
+        for index, unit in enumerate(part.units()):
+            split[part.owner(index, unit) % reporters].append(unit)
+        for reporter, units in enumerate(split):
+            streams[reporter].append(list(reversed(units)))
     rng = random.Random(seed)
-    per_reporter = []
+    per_reporter, unit_ends = [], []
     for own in streams:  # interleave the primitives, each keeping its order
         order = [i for i, stream in enumerate(own) for _ in stream]
         rng.shuffle(order)
-        per_reporter.append([report for i in order for report in own[i].pop()])
-    return Workload(per_primitive, per_reporter)
-
-
-def _units(opcode: DtaOpcode, reports: list[Report]) -> list[list[Report]]:
-    """What must travel together: a flow's postcards leave its hops microseconds apart, well within the
-    translator's idle flush time; every other report stands alone."""
-    if opcode is not DtaOpcode.POSTCARDING:
-        return [[report] for report in reports]
-    flows: dict[bytes, list[Report]] = {}
-    for report in reports:
-        flows.setdefault(report.key, []).append(report)
-    return list(flows.values())
+        reports: list[Report] = []
+        ends: list[int] = []
+        for i in order:
+            unit = own[i].pop()
+            reports += unit
+            ends += [len(reports)] * len(unit)
+        per_reporter.append(reports)
+        unit_ends.append(ends)
+    return Workload(tables, parts, per_reporter, unit_ends)
 
 
 def collector_http(path: str, body: dict | None = None, token: str | None = None) -> dict:
@@ -138,26 +130,12 @@ def link_drops() -> dict[str, int]:
     return netns.link_drops(lab.status()["namespaces"])
 
 
-def _poll_append(appended: dict[int, list[int]], token: str) -> int:
-    """Take the Append entries through the query service, as a consumer does while reports keep coming: a
-    ring that is not drained wraps and overwrites (DTA's Append has no backpressure). Returns the entries the
-    service says were lost before they could be taken (a lap)."""
-    dropped = 0
-    for list_id, entry in collector_http("/append/append0@10.77.1.1", token=token)["lists"].items():
-        appended.setdefault(int(list_id), []).extend(entry["entries"])
-        dropped += entry["dropped"]
-    return dropped
-
-
-def _chunk_end(frames: list[tuple[Report, bytes]], start: int, chunk: int) -> int:
-    """`chunk` reports on, or a few more so that no flow's postcards straddle two chunks: a path's hops leave
-    their switches microseconds apart, while the paced sender's chunks are milliseconds apart, more than the
-    translator's idle flush waits for the rest of a path."""
-    end = min(start + chunk, len(frames))
-    while 0 < end < len(frames) and frames[end][0].opcode is DtaOpcode.POSTCARDING \
-            and frames[end - 1][0].opcode is DtaOpcode.POSTCARDING and frames[end][0].key == frames[end - 1][0].key:
-        end += 1
-    return end
+def _chunk_end(unit_ends: list[int], start: int, chunk: int) -> int:
+    """`chunk` reports on, or a few more so that no unit straddles two chunks (a flow's postcards: a path's hops
+    leave their switches microseconds apart, while the paced sender's chunks are milliseconds apart, more than
+    the translator's idle flush waits for the rest of a path)."""
+    end = min(start + chunk, len(unit_ends))
+    return unit_ends[end - 1] if end > start else end
 
 
 class _Backlog:
@@ -216,7 +194,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
     within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it, and with
     the XDP collector too, no more than ROUND of its frames on their way to the collector."""
-    sent: Counter[DtaOpcode] = Counter()
+    sent: Counter[int] = Counter()  # by opcode
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
         address = state.reporter(index)
@@ -224,8 +202,6 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                                           mac_bytes(lab.TRANSLATOR_MAC), ip_bytes(lab.COLLECTOR_IP))
         frames_by_reporter.append([(report, sender.frame(report)) for report in reports])
     offsets = [0] * len(frames_by_reporter)
-    appended: dict[int, list[int]] = {}
-    append_dropped = 0
     chunk = max(1, ROUND // len(frames_by_reporter))
     senders = [RingReporter(state.reporter(i)["interface"], state.reporter(i)["netns"], VETH_RING)
                for i in range(1, len(frames_by_reporter) + 1)]
@@ -240,7 +216,7 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
             if time.perf_counter() - started > seconds:
                 break
             for index, frames in enumerate(frames_by_reporter):
-                part = frames[offsets[index]:_chunk_end(frames, offsets[index], chunk)]
+                part = frames[offsets[index]:_chunk_end(load.unit_ends[index], offsets[index], chunk)]
                 if not part:
                     continue
                 if backlog:
@@ -250,8 +226,8 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                 sent.update(report.opcode for report, _ in part)
                 if progress:
                     progress(len(part))
-                if time.perf_counter() - last_poll > APPEND_POLL_S:
-                    append_dropped += _poll_append(appended, state.token)
+                if time.perf_counter() - last_poll > DRAIN_POLL_S:
+                    _drain(load.parts, state.token)
                     last_poll = time.perf_counter()
                 ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
                 if ahead > 0:
@@ -266,16 +242,20 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
     elapsed = time.perf_counter() - started
     return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
             "rate": sum(sent.values()) / elapsed if elapsed else 0,
-            "appended": appended, "append_dropped": append_dropped,
             "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
 
 
-def predicted_service(state: lab.LabState, load: Workload, sent_per_reporter: list[int]) -> QueryService:
-    """The query service over what the collector must hold: the reports each reporter sent, replayed in its
-    order through the reference translator into an offline collector laid out as the lab's (the same
-    [translator] settings and structures; addresses and QP numbers do not reach memory). The idle flush runs
-    once at the end: Append's answers do not depend on when a partial batch left, and a Postcarding path
-    flushed before its last hop is a shortfall the comparison must show."""
+def _drain(parts: list[PrimitiveDemo], token: str) -> None:
+    """Take what the drained primitives hold through the query service, as a consumer does while reports keep
+    coming: an Append ring that is not drained wraps and overwrites (DTA's Append has no backpressure)."""
+    for part in parts:
+        if part.drained:
+            part.take(collector_http(part.path(), token=token))
+
+
+def lab_tables(state: lab.LabState) -> Tables:
+    """The tables the lab's translator gets from its collector: the same [translator] settings and structures
+    (addresses and QP numbers made up: they do not reach memory)."""
     config_path = lab.STATE_DIR / "prediction-collector.toml"
     config_path.write_text(lab.collector_config(state))
     config = CollectorConfig.from_toml(config_path)
@@ -285,9 +265,16 @@ def predicted_service(state: lab.LabState, load: Workload, sent_per_reporter: li
                        "transport": region.transport.name.lower()}}
                for index, region in enumerate(config.regions())]
     translator = tomllib.loads(lab.translator_settings(state.collector))["translator"]
-    tables = Tables.from_dict(tables_document(translator, {"name": config.name, "ip": lab.COLLECTOR_IP,
-                                                           "mac": lab.COLLECTOR_MAC}, adverts))
-    reference, offline = Translator(tables), OfflineCollector(tables)
+    return Tables.from_dict(tables_document(translator, {"name": config.name, "ip": lab.COLLECTOR_IP,
+                                                         "mac": lab.COLLECTOR_MAC}, adverts))
+
+
+def predicted_collector(state: lab.LabState, load: Workload, sent_per_reporter: list[int]) -> OfflineCollector:
+    """What the collector must hold: the reports each reporter sent, replayed in its order through the reference
+    translator into an offline collector laid out as the lab's. The idle flush runs once at the end: Append's
+    answers do not depend on when a partial batch left, and a Postcarding path flushed before its last hop is a
+    shortfall the comparison must show."""
+    reference, offline = Translator(load.tables), OfflineCollector(load.tables)
     for index, (reports, count) in enumerate(zip(load.per_reporter, sent_per_reporter), 1):
         address = state.reporter(index)
         sender = workload.ReporterAddress(mac_bytes(address["mac"]), ip_bytes(address["ip"]),
@@ -297,16 +284,10 @@ def predicted_service(state: lab.LabState, load: Workload, sent_per_reporter: li
                 offline.deliver(frame)
     for frame in reference.flush_idle(now_ns=1 << 62, idle_ns=0):
         offline.deliver(frame)
-    return QueryService(OfflineSource(offline))
+    return offline
 
 
-def _differences(live: list, predicted: dict) -> int:
-    """Rows of a live answer that differ from the predicted one, as the service would have sent it."""
-    predicted_rows = json.loads(json.dumps(predicted["results"]))
-    return sum(a != b for a, b in zip(live, predicted_rows)) + abs(len(live) - len(predicted_rows))
-
-
-def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], streamed: dict) -> tuple[dict, list[str]]:
+def summarize(state: lab.LabState, load: Workload, sent: Counter[int], streamed: dict) -> tuple[dict, list[str]]:
     """Query the collector and compare with the truth; returns the summary and the problems found."""
     stats = engine_stats(lab.PIN_DIR)
     counters = stats["counters"]
@@ -315,10 +296,12 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], str
     responder = collector_stats.get("responder", {})
     responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
     links = link_drops()
+    sent_by = [registry.by_opcode(opcode) for opcode in sent]
     summary: dict = {
-        "reports_sent": {PRIMITIVES[op].slug: n for op, n in sent.items()},
+        "reports_sent": {primitive.name: sent[primitive.opcode] for primitive in sent_by},
         "reports_per_second": round(streamed["rate"]),
-        "translator": {"received": {PRIMITIVES[op].slug: counters.get(f"rx_{op.name.lower()}", 0) for op in sent},
+        "translator": {"received": {primitive.name: counters.get(primitive.rx_counter.name.lower(), 0)
+                                    if primitive.rx_counter else 0 for primitive in sent_by},
                        "frames_emitted": counters.get("tx_frames", 0), "nacks": counters.get("tx_nacks", 0),
                        "acks_from_collector": counters.get("rx_acks", 0), "drops": drops,
                        "engine": stats["engine"]},
@@ -334,80 +317,14 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[DtaOpcode], str
     summary["collector"]["replies_sent"] = responder.get("replies_sent", responder.get("sent_pkts", 0))
     summary["translator"]["replies"] = {name: counters.get(name, 0) for name in REPLY_COUNTERS}
     queries = summary["queries"] = {}
-    prediction = predicted_service(state, load, streamed["sent_per_reporter"])
-    collector_ip = ip_bytes(lab.COLLECTOR_IP)
-    predicted = {primitive: prediction.source.tables.structure(collector_ip, primitive)
-                 for primitive in DtaOpcode}
-
-    keywrite = [r for r in load.per_primitive[DtaOpcode.KEY_WRITE]][:sent[DtaOpcode.KEY_WRITE]]
-    if keywrite:
-        answer = collector_http("/key-write/key-write@10.77.1.1",
-                                {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
-        right = sum(row["value"] == report.data.hex() for row, report in zip(answer["results"], keywrite))
-        later = np.arange(len(keywrite) - 1, -1, -1) / KEY_WRITE_SLOTS
-        rate, spread = expected_success(key_write_success_chances(later, 2))
-        structure = predicted[DtaOpcode.KEY_WRITE]
-        expected = prediction.answer(structure, {"keys": [r.key.hex() for r in keywrite], "redundancy": 2})
-        queries["key_write"] = {"correct": right, "keys": len(keywrite), "success": round(right / len(keywrite), 4),
-                                "expected": round(rate, 4), "spread": round(spread, 4),
-                                "load": round(len(keywrite) / KEY_WRITE_SLOTS, 4),
-                                "differ_from_prediction": _differences(answer["results"], expected)}
-
-    truth: dict[bytes, int] = {}
-    for report in load.per_primitive[DtaOpcode.KEY_INCREMENT][:sent[DtaOpcode.KEY_INCREMENT]]:
-        truth[report.key] = truth.get(report.key, 0) + report.counter
-    if truth:
-        answer = collector_http("/key-increment/key-increment@10.77.1.1",
-                                {"keys": [k.hex() for k in truth], "redundancy": 2})
-        counts = [row["count"] for row in answer["results"]]
-        under = sum(count < expected for count, expected in zip(counts, truth.values()))
-        exact = sum(count == expected for count, expected in zip(counts, truth.values()))
-        structure = predicted[DtaOpcode.KEY_INCREMENT]
-        expected = prediction.answer(structure, {"keys": [k.hex() for k in truth], "redundancy": 2})
-        queries["key_increment"] = {"flows": len(truth), "exact": exact, "under_counted": under,
-                                    "differ_from_prediction": _differences(answer["results"], expected)}
-
-    per_list: dict[int, list[int]] = {}
-    append_sent = 0
-    for reports in load.per_reporter:
-        for report in reports:
-            if report.opcode is DtaOpcode.APPEND:
-                per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
-    append_sent = sum(len(v) for v in per_list.values())
-    appended = streamed["appended"]
-    dropped = streamed["append_dropped"] + _poll_append(appended, state.token)
-    recovered = sum(len(entries) for entries in appended.values())
-    in_order = sum(appended.get(list_id, []) == values for list_id, values in per_list.items())
-    expected_lists = {list_id: entries.tolist()
-                      for list_id, entries in prediction.source.collector.append_pollers[0].poll().items()}
-    queries["append"] = {"entries_sent": append_sent, "entries_recovered": recovered, "lists": len(per_list),
-                         "lists_in_exact_order": in_order, "entries_overwritten": dropped,
-                         "lists_differ_from_prediction": sum(appended.get(list_id, []) != entries
-                                                             for list_id, entries in expected_lists.items())
-                         + len(set(appended) - set(expected_lists))}
-
-    paths: dict[bytes, list[int]] = {}
-    for report in load.per_primitive[DtaOpcode.POSTCARDING]:
-        paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
-    answer = collector_http("/postcarding/postcarding@10.77.1.1",
-                            {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
-    decoded = sum(row.get("path") == path for row, path in zip(answer["results"], paths.values()))
-    later = np.arange(len(paths) - 1, -1, -1) / POSTCARD_SLOTS
-    rate, spread = expected_success(postcarding_success_chances(later, 1, 5, len(SWITCH_IDS)))
-    structure = predicted[DtaOpcode.POSTCARDING]
-    expected = prediction.answer(structure, {"keys": [k.hex() for k in paths], "value_set": SWITCH_IDS})
-    queries["postcarding"] = {"paths": len(paths), "decoded_exactly": decoded, "expected": round(rate, 4),
-                              "spread": round(spread, 4),
-                              "differ_from_prediction": _differences(answer["results"], expected)}
-
-    expected = np.zeros((SKETCH_COLUMNS, SKETCH_ROWS), dtype=np.uint64)
-    for report in load.per_primitive[DtaOpcode.SKETCH_MERGE]:
-        expected[report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = np.array(collector_http("/sketch-merge/sketch-merge@10.77.1.1")["matrix"], dtype=np.uint64)
-    match = merged.shape == expected.shape and bool((merged == expected).all())
-    expected_matrix = prediction.answer(predicted[DtaOpcode.SKETCH_MERGE], {})["matrix"]
-    queries["sketch_merge"] = {"matches_sum_of_reporters": match,
-                               "matches_prediction": merged.tolist() == expected_matrix}
+    prediction = predicted_collector(state, load, streamed["sent_per_reporter"])
+    for part in load.parts:
+        count = sent[part.primitive.opcode]
+        fields = part.request(count)
+        if fields is None:
+            continue
+        answer = collector_http(part.path(), fields or None, state.token if part.drained else None)
+        queries[summary_key(part.primitive)] = part.check(answer, part.answer_from(prediction, fields), count)
     summary["complete"] = streamed["complete"]
     problems = summary["problems"] = verdict(summary)
     return summary, problems
@@ -434,45 +351,29 @@ def verdict(summary: dict) -> list[str]:
         problems.append(f"RC replies: the collector sent {collector['replies_sent']:,}, the translator took "
                         f"{replies_taken:,}")
     queries = summary["queries"]
-    kw = queries.get("key_write")
-    if kw and kw["success"] < kw["expected"] - BELOW_EXPECTED:
-        problems.append(f"Key-Write answered {kw['success']:.2%} correctly, more than {BELOW_EXPECTED_WORDS} below "
-                        f"the expected {_expected(kw)}")
-    if queries.get("key_increment", {}).get("under_counted"):
-        problems.append(f"{queries['key_increment']['under_counted']} Key-Increment counters are below the truth")
-    append = queries["append"]
-    if summary["complete"] and (append["entries_recovered"] != append["entries_sent"]
-                                or append["lists_in_exact_order"] != append["lists"]):
-        overwritten = append.get("entries_overwritten")
-        problems.append(f"Append: {append['entries_recovered']:,} of {append['entries_sent']:,} entries recovered, "
-                        f"{append['lists_in_exact_order']} of {append['lists']} lists in order"
-                        f"{f'; laps overwrote {overwritten:,}' if overwritten else ''}")
-    postcarding = queries["postcarding"]
-    if postcarding["decoded_exactly"] / postcarding["paths"] < postcarding["expected"] - BELOW_EXPECTED:
-        problems.append(f"Postcarding decoded {postcarding['decoded_exactly'] / postcarding['paths']:.2%} of paths, "
-                        f"more than {BELOW_EXPECTED_WORDS} below the expected {_expected(postcarding)}")
-    if summary["complete"] and not queries["sketch_merge"]["matches_sum_of_reporters"]:
-        problems.append("Sketch-Merge: the merged sketch differs from the sum of the reporters' sketches")
+    for primitive, demo, entry in _entries(queries):
+        problems += demo.problems(entry, summary["complete"])
     # Exact: the collector's answers against those from the memory the reference predicts for what was sent.
-    for name, count in prediction_differences(queries).items():
+    for primitive, demo, entry in _entries(queries):
+        count = demo.prediction_count(entry)
         if count:
-            unit = "lists" if name == "append" else "answers"
-            problems.append(f"{name.replace('_', '-')}: {count:,} {unit} differ from the memory the reference "
-                            f"translator predicts from the reports sent")
-    if not queries["sketch_merge"].get("matches_prediction", True):
-        problems.append("sketch-merge: the merged sketch differs from the memory the reference predicts")
+            problems.append(f"{primitive.name}: {count:,} {demo.prediction_unit} differ from the memory the "
+                            f"reference translator predicts from the reports sent")
     return problems
 
 
-def prediction_differences(queries: dict) -> dict[str, int]:
-    """Per structure, the answers (Append: lists) that differ from those the reference translator predicts."""
-    return {name: queries[name].get("differ_from_prediction", queries[name].get("lists_differ_from_prediction"))
-            for name in ("key_write", "key_increment", "append", "postcarding") if name in queries}
+def _entries(queries: dict) -> list[tuple[type[Primitive], type[PrimitiveDemo], dict]]:
+    """Every primitive with an entry in the summary's queries, its part in the demo and its entry."""
+    return [(primitive, primitive.demo, queries[summary_key(primitive)]) for primitive in registry.registered()
+            if primitive.demo and summary_key(primitive) in queries]
 
 
-def _expected(query: dict) -> str:
-    """A query's expected success rate and one standard deviation of the measured rate around it."""
-    return f"{query['expected']:.2%} ± {query['spread']:.2%}"
+def _prediction_words(queries: dict) -> str:
+    """How the answers compare with the reference translator's prediction: counts that differ, and the rest."""
+    counts = [f"{primitive.name} {count:,}" for primitive, demo, entry in _entries(queries)
+              if (count := demo.prediction_count(entry)) is not None]
+    notes = [note for _, demo, entry in _entries(queries) if (note := demo.prediction_note(entry)) is not None]
+    return "; ".join([", ".join(counts), *notes])
 
 
 def burst(rate: float, seconds: float) -> dict:
@@ -496,7 +397,7 @@ def burst_problems(result: dict) -> list[str]:
     keys = result["keys"]
     if keys["success"] < keys["expected"] - BELOW_EXPECTED:
         problems.append(f"burst: {keys['success']:.2%} of {keys['keys']:,} keys read back right, more than "
-                        f"{BELOW_EXPECTED_WORDS} below the expected {_expected(keys)}")
+                        f"{BELOW_EXPECTED_WORDS} below the expected {expected_words(keys)}")
     return problems
 
 
@@ -513,7 +414,7 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
     with console.status(f"bringing the lab up (namespaces, {translator}, {kind} collector)"):
         state = lab.up(reporters, collector, engine)
     try:
-        load = build_workload(reporters, seed, scale)
+        load = build_workload(lab_tables(state), reporters, seed, scale)
         total = sum(len(r) for r in load.per_reporter)
         stats_fd = enable_run_stats()
         try:
@@ -564,34 +465,17 @@ def _print(console, summary: dict, Table) -> None:
     queries.add_column("structure")
     queries.add_column("result")
     q = summary["queries"]
-    if "key_write" in q:
-        kw = q["key_write"]
-        queries.add_row("key-write", f"{kw['success']:.2%} of {kw['keys']:,} keys correct at load {kw['load']} "
-                                     f"(N=2); expected {_expected(kw)}")
-    if "key_increment" in q:
-        ki = q["key_increment"]
-        queries.add_row("key-increment", f"{ki['exact']:,} / {ki['flows']:,} flow counters exact, "
-                                         f"{ki['under_counted']} under the truth")
-    ap = q["append"]
-    queries.add_row("append", f"{ap['entries_recovered']:,} / {ap['entries_sent']:,} entries recovered, "
-                              f"{ap['lists_in_exact_order']} / {ap['lists']} lists in exact order")
-    pc = q["postcarding"]
-    queries.add_row("postcarding", f"{pc['decoded_exactly']:,} / {pc['paths']:,} paths decoded exactly; "
-                                   f"expected {_expected(pc)}")
-    queries.add_row("sketch-merge", "merged sketch matches the sum of the reporters'"
-                    if q["sketch_merge"]["matches_sum_of_reporters"] else "merged sketch DIFFERS")
+    for primitive, demo, entry in _entries(q):
+        queries.add_row(primitive.name, demo.row(entry))
     console.print(queries)
-    differing = [f"{name.replace('_', '-')} {count:,}" for name, count in prediction_differences(q).items()]
-    sketch = "equals it" if q["sketch_merge"].get("matches_prediction", True) else "DIFFERS"
-    console.print(f"answers that differ from the reference translator's prediction: {', '.join(differing)}; "
-                  f"the merged sketch {sketch}")
+    console.print(f"answers that differ from the reference translator's prediction: {_prediction_words(q)}")
     if summary["burst"]:
         result, keys = summary["burst"], summary["burst"]["keys"]
         console.print(f"burst: {result['sent']:,} Key-Write N=1 reports in {result['seconds']:g} s "
                       f"({result['achieved']:,}/s) from {result['rx_queues']} kernel generators through the XDP "
                       f"translator (a QP per RX queue, frames from XDP) into the XDP responder; executed "
                       f"{result['executed']:,}, lost {result['lost'] or 'none'}; {keys['correct']:,} of "
-                      f"{keys['keys']:,} keys read back right ({keys['success']:.2%}, expected {_expected(keys)})")
+                      f"{keys['keys']:,} keys read back right ({keys['success']:.2%}, expected {expected_words(keys)})")
     if summary["problems"]:
         console.print("[bold red]problems:[/] " + "; ".join(summary["problems"]))
     else:

@@ -8,67 +8,42 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 
 from softdta.core import registry, workload
-from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.offline import OfflineCollector
-from softdta.core.primitives.key_increment.queries import keyincrement_query
-from softdta.core.primitives.key_increment.region import KeyIncrementRegion
-from softdta.core.primitives.key_write.queries import key_write_query
-from softdta.core.primitives.key_write.region import KeyWriteRegion
-from softdta.core.primitives.postcarding.queries import postcard_query
-from softdta.core.primitives.postcarding.region import PostcardRegion
-from softdta.core.primitives.sketch_merge.region import SketchRegion
 from softdta.core.settings import TableError
-from softdta.core.tables import Structure, Tables
+from softdta.core.tables import Tables
 from softdta.core.translator import Translator
-from softdta.spec import DtaOpcode
-from softdta.wire.dta import Report
+from softdta.core.workload import DemoSetting, PrimitiveDemo
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
 from softdta.wire.pcap import Packet, write_pcap
 
-SWITCH_IDS = list(range(1, 4097))
-
-_Region = TypeVar("_Region", KeyWriteRegion, KeyIncrementRegion, PostcardRegion, SketchRegion)
-
-
-def _structure(tables: Tables, collector_ip: bytes, primitive: DtaOpcode) -> Structure:
-    structure = tables.structure(collector_ip, primitive)
-    if structure is None:
-        raise TableError(f"the tables have no {registry.by_opcode(primitive).name} structure on collector "
-                         f"{ip_str(collector_ip)}; "
-                         "the offline demo needs one of each primitive there (as in examples/tables.toml)")
-    return structure
+# Half the live demo's workload: pure Python translates about a thousand reports/s
+SCALE = 0.5
 
 
-def _region(collector: OfflineCollector, primitive: DtaOpcode, collector_ip: bytes, kind: type[_Region]) -> _Region:
-    region = collector.structure_region(primitive, collector_ip)
-    assert isinstance(region, kind)  # each primitive has its own kind of region
-    return region
-
-
-def _workloads(tables: Tables, collector_ip: bytes, seed: int) -> dict[DtaOpcode, list[Report]]:
-    kw = _structure(tables, collector_ip, DtaOpcode.KEY_WRITE)
-    sketch = _structure(tables, collector_ip, DtaOpcode.SKETCH_MERGE)
-    lists = tables.append_lists[0]
-    return {
-        DtaOpcode.KEY_WRITE: workload.key_write(kw.slot_count // 10, seed, 2, kw.key_len, kw.data_len),
-        DtaOpcode.KEY_INCREMENT: workload.key_increment(4000, seed, 2, flows=200),
-        DtaOpcode.APPEND: workload.append(lists.lists * lists.entries // 2, seed, lists.lists, lists.first_list),
-        DtaOpcode.POSTCARDING: workload.postcards(2000, seed, 5, SWITCH_IDS),
-        DtaOpcode.SKETCH_MERGE: workload.sketch_epoch(sketch.reporters, sketch.columns, sketch.rows, seed),
-    }
+def _parts(tables: Tables, collector_ip: bytes, seed: int) -> list[PrimitiveDemo]:
+    """Every primitive's part in the demo, on its structure (or Append lists) at `collector_ip`."""
+    setting, parts = DemoSetting(seed, SCALE), []
+    for primitive in registry.registered():
+        if primitive.demo is None:
+            continue
+        target = primitive.demo.target_in(primitive, tables, collector_ip)
+        if target is None:
+            raise TableError(f"the tables have no {primitive.name} structure on collector {ip_str(collector_ip)}; "
+                             "the offline demo needs one of each primitive there (as in examples/tables.toml)")
+        parts.append(primitive.demo(primitive, target, setting))
+    return parts
 
 
 def run_offline_demo(tables: Tables, seed: int = 0, pcap_dir: str | None = None) -> str:
     collector_ip = tables.structures[0].qp.collector_ip
     reporter = workload.ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"),
                                         translator_mac=tables.mac, collector_ip=collector_ip)
-    per_primitive = _workloads(tables, collector_ip, seed)
-    ordered = workload.interleave(list(per_primitive.values()), seed)
+    parts = _parts(tables, collector_ip, seed)
+    ordered = workload.interleave([part.reports for part in parts], seed)
 
     translator = Translator(tables)
     collector = OfflineCollector(tables, collector_ip)
@@ -94,8 +69,8 @@ def run_offline_demo(tables: Tables, seed: int = 0, pcap_dir: str | None = None)
 
     lines = ["softdta offline demo: reference translator -> reference RoCEv2 responder -> queries", ""]
     lines.append("reports sent per primitive:")
-    for opcode, reports in per_primitive.items():
-        lines.append(f"  {opcode.name.lower():16} {len(reports):8}")
+    for part in parts:
+        lines.append(f"  {part.primitive.name.replace('-', '_'):16} {len(part.reports):8}")
     lines.append(f"translated {len(ordered)} reports into {len(roce_frames)} RoCEv2 frames in {elapsed:.2f} s "
                  f"({len(ordered) / elapsed:,.0f} reports/s, pure Python)")
     drops = {c.name.lower(): n for c, n in translator.counters.items() if c.name.startswith("DROP_") and n}
@@ -106,7 +81,7 @@ def run_offline_demo(tables: Tables, seed: int = 0, pcap_dir: str | None = None)
     lines.append("")
     lines += _collector_fill(tables, collector, collector_ip)
     lines.append("")
-    lines += _query_results(tables, collector, collector_ip, per_primitive)
+    lines += _query_results(collector, parts)
     return "\n".join(lines)
 
 
@@ -122,55 +97,15 @@ def _collector_fill(tables: Tables, collector: OfflineCollector, collector_ip: b
     return lines
 
 
-def _query_results(tables: Tables, collector: OfflineCollector, collector_ip: bytes,
-                   per_primitive: dict[DtaOpcode, list[Report]]) -> list[str]:
+def _query_results(collector: OfflineCollector, parts: list[PrimitiveDemo]) -> list[str]:
     lines = ["queries against the truth:"]
-    kw = _structure(tables, collector_ip, DtaOpcode.KEY_WRITE)
-    reports = per_primitive[DtaOpcode.KEY_WRITE]
-    answer = key_write_query(_region(collector, DtaOpcode.KEY_WRITE, collector_ip, KeyWriteRegion),
-                            [r.key for r in reports], redundancy=2, key_hash=kw.key_hash)
-    correct = np.array([found and bytes(value) == r.data if kw.data_len not in (4, 8) else
-                        found and int(value) == int.from_bytes(r.data, "big")
-                        for found, value, r in zip(answer.found, answer.values, reports)])
-    later = np.arange(len(reports) - 1, -1, -1) / kw.slot_count
-    rate, spread = expected_success(key_write_success_chances(later.tolist(), 2))
-    lines.append(f"  key-write        {correct.mean() * 100:6.2f} % of keys answered correctly "
-                 f"(N=2, load {len(reports) / kw.slot_count:.2f}, hash {kw.key_hash.name.lower()}); "
-                 f"expected {100 * rate:.2f} % ± {100 * spread:.2f} % (one standard deviation)")
-    lines.append(f"                   wrong answers: {int((answer.found & ~correct).sum())}")
-
-    ki = _structure(tables, collector_ip, DtaOpcode.KEY_INCREMENT)
-    truth: dict[bytes, int] = {}
-    for report in per_primitive[DtaOpcode.KEY_INCREMENT]:
-        truth[report.key] = truth.get(report.key, 0) + report.counter
-    estimate = keyincrement_query(_region(collector, DtaOpcode.KEY_INCREMENT, collector_ip, KeyIncrementRegion),
-                                  list(truth), 2, ki.key_hash)
-    exact = sum(int(e) == t for e, t in zip(estimate, truth.values()))
-    lines.append(f"  key-increment    {exact} / {len(truth)} flow counters exact (Count-Min, N=2)")
-
-    sent_per_list: dict[int, list[int]] = {}
-    for report in per_primitive[DtaOpcode.APPEND]:
-        sent_per_list.setdefault(report.list_id, []).append(int.from_bytes(report.data, "big"))
-    received = collector.append_pollers[0].poll()
-    recovered = sum(list(received.get(list_id, [])) == values for list_id, values in sent_per_list.items())
-    entries = sum(len(v) for v in received.values())
-    sent = sum(len(v) for v in sent_per_list.values())
-    lines.append(f"  append           {entries} / {sent} entries recovered "
-                 f"({100 * entries / sent:.1f} %), {recovered} / {len(sent_per_list)} lists in exact order")
-
-    paths: dict[bytes, list[int]] = {}
-    for report in per_primitive[DtaOpcode.POSTCARDING]:
-        paths.setdefault(report.key, [0] * 5)[report.hop - 1] = int.from_bytes(report.data, "big")
-    decoded = postcard_query(_region(collector, DtaOpcode.POSTCARDING, collector_ip, PostcardRegion), list(paths),
-                             SWITCH_IDS)
-    right = (decoded.values == np.array(list(paths.values()))).all(axis=1) & decoded.complete
-    lines.append(f"  postcarding      {int(right.sum())} / {len(paths)} paths decoded exactly")
-
-    sketch = _structure(tables, collector_ip, DtaOpcode.SKETCH_MERGE)
-    expected = np.zeros((sketch.rows, sketch.columns), dtype=np.uint64)
-    for report in per_primitive[DtaOpcode.SKETCH_MERGE]:
-        expected[:, report.column] += np.array(report.counters, dtype=np.uint64)
-    merged = _region(collector, DtaOpcode.SKETCH_MERGE, collector_ip, SketchRegion).matrix()
-    lines.append(f"  sketch-merge     merged sketch {'matches' if (merged == expected).all() else 'DIFFERS from'} "
-                 f"the sum of {sketch.reporters} reporters' sketches ({sketch.rows}x{sketch.columns})")
+    for part in parts:
+        fields = part.request(len(part.reports))
+        if fields is None:
+            continue
+        answer = part.answer_from(collector, fields)
+        entry = part.check(answer, answer, len(part.reports))
+        first, *more = part.offline_lines(entry, answer)
+        lines.append(f"  {part.primitive.name:16} {first}")
+        lines += [f"{'':19}{line}" for line in more]
     return lines

@@ -26,6 +26,7 @@ from softdta.core.query import StructureQuery
 from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
 from softdta.core.tables import AppendLists, QueuePair, Shape, Structure, Tables
+from softdta.core.workload import PrimitiveDemo, WorkloadParams
 from softdta.spec import (
     DTA_BASE_EXT,
     EXTENDED_FIRST_BYTE,
@@ -187,6 +188,7 @@ class Primitive(abc.ABC):
     rx_counter: ClassVar[TranslatorCounter | None] = None  # counts its well-formed reports
     bpf_header: ClassVar[str | None] = None  # bpf/translator/<header>: the XDP engine's implementation
     p4_fragments: ClassVar[tuple[str, ...]] = ()  # the P4 controls and actions that implement it
+    demo: ClassVar[type[PrimitiveDemo] | None] = None  # its part in the demos (core.workload); None: not in them
     # what the query service answers over one of its structures, at /<name>/<structure name> (core.query)
     query: ClassVar[type[StructureQuery[Any]] | None] = None
 
@@ -215,6 +217,11 @@ class Primitive(abc.ABC):
         service which slots are occupied (`Region.occupied`: the fill and load factor of `/structures`, `/stats`
         and `/metrics`). A primitive whose reports land in a structure declares it."""
         raise NotImplementedError(f"primitive {cls.name} declares no collector region")
+
+    @classmethod
+    def workload(cls, params: WorkloadParams) -> list[Report]:
+        """Reports of a realistic workload of this primitive, the same for the same `params` (core.workload)."""
+        raise NotImplementedError(f"primitive {cls.name} declares no workload")
 
     @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from softdta.core import workload as generators
+from softdta.core.primitives.append.demo import AppendDemo
 from softdta.core.primitives.base import Output, Primitive, Target, built_in
 from softdta.core.tables import AppendLists
 from softdta.spec import DtaOpcode, TranslatorCounter
@@ -26,6 +28,12 @@ class Append(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.APPEND)
     bpf_header: ClassVar[str | None] = "append.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("append",)
+
+    demo = AppendDemo
+
+    @classmethod
+    def workload(cls, params: generators.WorkloadParams) -> list[Report]:
+        return generators.append(params.count, params.seed, params.lists, params.first_list)
 
     def new_state(self) -> dict[int, AppendRuntime]:
         return {}

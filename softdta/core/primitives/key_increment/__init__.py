@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, Primitive, Target, built_in
+from softdta.core.primitives.key_increment.demo import KeyIncrementDemo
 from softdta.core.primitives.key_increment.queries import CountLookup
 from softdta.core.primitives.key_increment.region import KeyIncrementRegion
 from softdta.core.regions import Buffer
@@ -22,6 +24,12 @@ class KeyIncrement(Primitive):
     default_transport: ClassVar[Transport] = Transport.RC
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("key_increment", "keyed_slot")
+
+    demo = KeyIncrementDemo
+
+    @classmethod
+    def workload(cls, params: generators.WorkloadParams) -> list[Report]:
+        return generators.key_increment(params.count, params.seed, params.redundancy, params.flows)
 
     @classmethod
     def slot_size(cls, structure: Shape) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, PluginReport, Primitive, Target, TranslatorContext, built_in
+from softdta.core.primitives.key_write.demo import KeyWriteDemo
 from softdta.core.primitives.key_write.queries import KeyLookup
 from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.core.regions import Buffer
@@ -19,6 +21,13 @@ class KeyWrite(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.KEY_WRITE)
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("key_write", "keyed_slot")
+
+    demo = KeyWriteDemo
+
+    @classmethod
+    def workload(cls, params: generators.WorkloadParams) -> list[Report]:
+        return generators.key_write(params.count, params.seed, params.redundancy, params.key_len,
+                                    params.data_len)
 
     query = KeyLookup
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, Primitive, Target, built_in, power_of_two_at_least
+from softdta.core.primitives.postcarding.demo import PostcardingDemo
 from softdta.core.primitives.postcarding.queries import PathLookup
 from softdta.core.primitives.postcarding.region import PostcardRegion
 from softdta.core.regions import Buffer
@@ -33,6 +35,12 @@ class Postcarding(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.POSTCARDING)
     bpf_header: ClassVar[str | None] = "postcard.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("postcarding",)
+
+    demo = PostcardingDemo
+
+    @classmethod
+    def workload(cls, params: generators.WorkloadParams) -> list[Report]:
+        return generators.postcards(params.count, params.seed, params.hops, params.switch_ids)
 
     @classmethod
     def slot_size(cls, structure: Shape) -> int:

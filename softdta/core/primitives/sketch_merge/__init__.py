@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, Primitive, built_in
+from softdta.core.primitives.sketch_merge.demo import SketchMergeDemo
 from softdta.core.primitives.sketch_merge.queries import MergedSketch
 from softdta.core.primitives.sketch_merge.region import SketchRegion
 from softdta.core.regions import Buffer
@@ -30,6 +32,12 @@ class SketchMerge(Primitive):
     bpf_header: ClassVar[str | None] = "sketch.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("sketch_merge",)
     hashed: ClassVar[bool] = False
+
+    demo = SketchMergeDemo
+
+    @classmethod
+    def workload(cls, params: generators.WorkloadParams) -> list[Report]:
+        return generators.sketch_epoch(params.reporters, params.columns, params.rows, params.seed)
 
     @classmethod
     def slot_size(cls, structure: Shape) -> int:
