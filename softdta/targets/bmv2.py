@@ -13,13 +13,20 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
+from softdta.core.tables import QueuePair
 from softdta.kernel.resources import P4_DIR
 from softdta.spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS
 
 # .p4runtime first: it picks the protobuf runtime the p4runtime wheel needs
-from softdta.targets.p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info, p4runtime_pb2
+from softdta.targets.p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info
+
+# isort: split
+from p4.v1 import p4runtime_pb2  # noqa: E402
 
 KEY_COPY = re.compile(r"\{ reversed_key, 8w(\d) \}")  # COPY_HASH(n) in p4/softdta_v1model.p4
 HOP_HASH = "hash(hop_hash, HashAlgorithm.crc32_custom"  # HOP_HASH(n), in hop order
@@ -54,7 +61,7 @@ class ThriftRegisters:
                      f"{int.from_bytes(e.data.bitstring, 'big')}" for e in entries])
 
 
-def crc32_custom_commands(program: dict) -> list[str]:
+def crc32_custom_commands(program: dict[str, Any]) -> list[str]:
     """`set_crc32_parameters` for every crc32_custom call site of the compiled v1model program (its bmv2 JSON):
     Key-Write/Key-Increment copy n takes KEY_HASH_POLYNOMIALS[n], hop hash n POSTCARD_HOP_POLYNOMIALS[n]."""
     custom = {c["name"] for c in program["calculations"] if c["algo"] == "crc32_custom"}
@@ -124,9 +131,10 @@ class Bmv2:
             self.close()
             raise
 
-    def translator(self, **options) -> P4Translator:
+    def translator(self, *, egress: Callable[[QueuePair], int] = lambda qp: 0,
+                   flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS) -> P4Translator:
         registers = ThriftRegisters(self.cli, self.thrift_port, P4Names(load_p4info()))
-        return P4Translator(self.client, write_registers=registers.write, **options)
+        return P4Translator(self.client, write_registers=registers.write, egress=egress, flush_idle_ns=flush_idle_ns)
 
     def close(self) -> None:
         client = getattr(self, "client", None)
@@ -143,5 +151,5 @@ class Bmv2:
     def __enter__(self) -> Bmv2:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -79,12 +79,14 @@ def build_p4info() -> p4info_pb2.P4Info:
 
 
 def p4info_text() -> str:
-    return text_format.MessageToString(build_p4info())
+    text: str = text_format.MessageToString(build_p4info())
+    return text
 
 
 def one_line_text(update: message.Message) -> str:
     """A P4Runtime message in protobuf's text format, on one line."""
-    return text_format.MessageToString(update, as_one_line=True)
+    text: str = text_format.MessageToString(update, as_one_line=True)
+    return text
 
 
 def parse_p4info(text: str) -> p4info_pb2.P4Info:
