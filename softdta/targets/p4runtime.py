@@ -12,7 +12,7 @@ counterpart of `XdpTranslator.apply`: the same plan, the same calls, another tar
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from softdta.core.control_plane import (
@@ -26,7 +26,8 @@ from softdta.core.control_plane import (
     map_spec,
     plan,
 )
-from softdta.core.tables import QueuePair, TableError, Tables
+from softdta.core.settings import TableError
+from softdta.core.tables import QueuePair, Tables
 from softdta.errors import SoftdtaError
 from softdta.kernel.resources import P4_DIR
 from softdta.spec import (
@@ -70,6 +71,14 @@ def encode_value(value: int | bytes, bits: int) -> bytes:
     if not 0 <= number < 1 << bits:
         raise ValueError(f"{value!r} does not fit in bit<{bits}>")
     return number.to_bytes(max(1, (number.bit_length() + 7) // 8), "big")
+
+
+def _number(values: Mapping[str, int | bytes], name: str) -> int:
+    """A field the control plane holds as an int (every field but addresses and byte fields)."""
+    value = values[name]
+    if not isinstance(value, int):
+        raise TypeError(f"{name} holds {value!r}, not a number")
+    return value
 
 
 def _logical(table: str, name: str, data: bytes) -> int | bytes:
@@ -128,7 +137,7 @@ def decode_table_entry(message: p4runtime_pb2.TableEntry, names: P4Names) -> Ent
 def multicast_group_entry(entry: Entry) -> p4runtime_pb2.MulticastGroupEntry:
     """Copies of a report to one port, each with its replication ID (egress rid = the copy index)."""
     group = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=entry.key["group"])
-    for copy in range(entry.value.get("copies", 0)):
+    for copy in range(_number(entry.value, "copies") if entry.value else 0):
         group.replicas.add(egress_port=entry.value["port"], instance=copy)
     return group
 
@@ -139,7 +148,7 @@ def decode_multicast_group(group: p4runtime_pb2.MulticastGroupEntry) -> Entry:
     return Entry("multicast_group", {"group": group.multicast_group_id}, value)
 
 
-def _entity(entry: Entry, names: P4Names) -> dict:
+def _entity(entry: Entry, names: P4Names) -> dict[str, object]:
     if entry.table in P4_REPLICATION:
         replication = p4runtime_pb2.PacketReplicationEngineEntry()
         replication.multicast_group_entry.CopyFrom(multicast_group_entry(entry))
@@ -192,7 +201,7 @@ class P4RuntimeTarget:
     tables = frozenset(HELD_TABLES + tuple({r.table for r in p4_registers()}))
 
     def __init__(self, names: P4Names, send: Callable[[list[p4runtime_pb2.Update]], None],
-                 present: dict[str, dict[tuple, Entry]] | None = None):
+                 present: dict[str, dict[tuple[int | bytes, ...], Entry]] | None = None):
         self.names = names
         self.send = send
         self.present = present if present is not None else {name: {} for name in HELD_TABLES}
@@ -219,7 +228,7 @@ class P4RuntimeTarget:
         return list(self.present[table].values())
 
 
-def _update(kind: int, **entity) -> p4runtime_pb2.Update:
+def _update(kind: int, **entity: object) -> p4runtime_pb2.Update:
     return p4runtime_pb2.Update(type=kind, entity=p4runtime_pb2.Entity(**entity))
 
 
@@ -238,7 +247,7 @@ class P4RuntimeClient:
             raise P4RuntimeError(f"P4Runtime at {address}: UNAVAILABLE after {timeout:g} s; check the address and "
                                  "that the switch's P4Runtime server runs") from None
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
-        self._outbox: queue.Queue = queue.Queue()
+        self._outbox: queue.Queue[p4runtime_pb2.StreamMessageRequest | None] = queue.Queue()
         self._stream = self.stub.StreamChannel(iter(self._outbox.get, None))
         arbitration = p4runtime_pb2.StreamMessageRequest()
         arbitration.arbitration.device_id = device_id
@@ -262,7 +271,7 @@ class P4RuntimeClient:
     def __enter__(self) -> P4RuntimeClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def set_pipeline(self, info: p4info_pb2.P4Info, device_config: bytes) -> None:
@@ -295,7 +304,7 @@ class P4RuntimeClient:
         except grpc.RpcError as error:
             raise P4RuntimeError(f"P4Runtime Read: {error.code().name} {error.details()}") from None
 
-    def _call(self, method, request) -> None:
+    def _call(self, method: Callable[..., object], request: object) -> None:
         try:
             method(request, timeout=self.timeout)
         except grpc.RpcError as error:
@@ -395,7 +404,7 @@ class P4Translator:
         self.names = P4Names(info or load_p4info())
         self.egress = egress
         self.flush_idle_ns = flush_idle_ns
-        present: dict[str, dict[tuple, Entry]] = {name: {} for name in HELD_TABLES}
+        present: dict[str, dict[tuple[int | bytes, ...], Entry]] = {name: {} for name in HELD_TABLES}
         held = [decode_table_entry(message, self.names) for name in P4_TABLE_NAMES
                 for message in client.read_table(self.names.tables[name].preamble.id)]
         held += [decode_multicast_group(group) for group in client.read_multicast_groups()]
@@ -406,7 +415,8 @@ class P4Translator:
         self.slots = slots_of(present)
 
     def apply(self, tables: Tables) -> None:
-        installed = {key[0]: LiveQp(entry.value["remote_qpn"], entry.value["start_psn"])
+        installed = {_number(entry.key, "qp_index"): LiveQp(_number(entry.value, "remote_qpn"),
+                                                            _number(entry.value, "start_psn"))
                      for key, entry in self.target.present["qp"].items()}
         planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=self.egress,
                        installed_qps=installed)
@@ -417,18 +427,20 @@ class P4Translator:
         self.slots = planned.slots
 
 
-def slots_of(present: dict[str, dict[tuple, Entry]]) -> Slots:
+def slots_of(present: dict[str, dict[tuple[int | bytes, ...], Entry]]) -> Slots:
     """The slot allocation that entries held by a switch imply (as `XdpTranslator` rebuilds it from maps)."""
     slots = Slots()
-    for (index,), entry in present["qp"].items():
-        slots.qp[entry.value["local_qpn"]] = index
-    for (list_id,), entry in present["append_list"].items():
-        slots.append[list_id] = entry.value["state_index"]
-    for (ip, primitive), entry in present["structure"].items():
+    for key, entry in present["qp"].items():
+        slots.qp[_number(entry.value, "local_qpn")] = _number(entry.key, "qp_index")
+    for key, entry in present["append_list"].items():
+        slots.append[_number(entry.key, "list_id")] = _number(entry.value, "state_index")
+    for entry in present["structure"].values():
+        ip, primitive = entry.key["collector_ip"], _number(entry.key, "primitive")
+        assert isinstance(ip, bytes)
         if primitive == DtaOpcode.POSTCARDING:
-            slots.postcard[(ip, entry.value["cache_entries"])] = entry.value["state_index"]
+            slots.postcard[(ip, _number(entry.value, "cache_entries"))] = _number(entry.value, "state_index")
         elif primitive == DtaOpcode.SKETCH_MERGE:
-            slots.sketch[ip] = entry.value["state_index"]
+            slots.sketch[ip] = _number(entry.value, "state_index")
     return slots
 
 
