@@ -8,6 +8,7 @@ import os
 import sys
 
 from softdta.cli.common import CliError, Commands, add_command
+from softdta.core import registry
 from softdta.spec import PRIMITIVE_BY_SLUG
 
 
@@ -46,25 +47,26 @@ def _query(args: argparse.Namespace) -> int:
     def keys() -> list[int | str]:
         return [int(k) if k.isdigit() else k for k in args.keys]
 
-    if args.what in PRIMITIVE_BY_SLUG and not args.name:
+    primitive = registry.by_name(args.what) if args.what in PRIMITIVE_BY_SLUG else None
+    if primitive is not None and not args.name:
         raise CliError(f"query {args.what} needs a structure name; list them with `softdta query structures`")
     body = None
     path = f"/{args.what}" + (f"/{args.name}" if args.name else "")
-    if args.what == "key-write":
-        body = {"keys": keys(), "redundancy": args.redundancy}
+    if primitive is not None and primitive.query is not None and primitive.query.takes_body():
+        # the fields its query takes, from the options that give them
+        options: dict[str, object] = {"keys": keys(), "redundancy": args.redundancy, "value_set": args.values}
         if args.consensus:
-            body.update(mode="consensus", consensus=args.consensus)
-    elif args.what == "key-increment":
-        body = {"keys": keys(), "redundancy": args.redundancy}
-    elif args.what == "postcarding":
-        body = {"keys": keys(), "value_set": args.values}
+            options.update(mode="consensus", consensus=args.consensus)
+        query = primitive.query
+        body = {field: options[field] for field in query.required_fields + query.optional_fields if field in options}
     headers = {"Content-Type": "application/json"}
-    taking = args.what == "append" and (args.take or args.follow)
+    ranges = primitive is not None and not primitive.has_structure  # lists (Append's), read or taken
+    taking = ranges and (args.take or args.follow)
     if taking and not args.token:
         raise CliError("taking Append entries needs the collector's token: give --token or set SOFTDTA_TOKEN")
     if taking:
         headers["Authorization"] = f"Bearer {args.token}"
-    if args.what == "append":
+    if ranges:
         query_string = [f"list={args.list}"] if args.list is not None else []
         query_string += ["follow=1"] if args.follow else []
         path += "?" + "&".join(query_string) if query_string else ""
