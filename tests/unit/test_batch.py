@@ -5,6 +5,7 @@ however the workload is cut into batches."""
 import random
 import tomllib
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from softdta.core import workload
 from softdta.core.batch import MIN_VECTOR_BATCH, BatchTranslator
+from softdta.core.primitives import Postcarding
 from softdta.core.tables import AppendLists, QueuePair, Structure, Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.plugins.latency_sum import LatencySum
@@ -641,6 +643,26 @@ def test_targets_that_share_a_qp_keep_one_psn_order(monkeypatch):
     monkeypatch.setattr(Translator, "process", lambda self, *args: calls.append(args) or process(self, *args))
     assert_same(expected, run_batches(tables, frames, [200], lambda _: 0))
     assert len(calls) == 200
+
+
+@pytest.mark.parametrize("extended", [False, True], ids=["dta-v1", "extended"])
+def test_a_primitive_without_a_vector_path_goes_through_the_oracle(monkeypatch, extended):
+    """The batch translator asks each primitive for its vector path (`Primitive.vector`): Postcarding without one
+    is translated like a plug-in without `translate_batch`, report by report by the oracle, in order, among the
+    Key-Writes it still vectorizes."""
+    monkeypatch.setattr(Postcarding, "vector", None)
+    tables = batch_tables()
+    to_c1 = reporter(C1, tables)
+    postcards = [to_c1.frame(replace(report, extended=extended)) for report in workload.postcards(30, 6, 4)]
+    frames = [frame for at, postcard in enumerate(postcards)
+              for frame in (postcard, to_c1.frame(dta.key_write(at, at, 1)))]
+    expected = run_oracle(tables, frames, [len(frames)], lambda _: 0)
+    assert len(expected[1]["frames"]) > len(postcards)  # a frame per Key-Write, and the paths
+    calls = []
+    process = Translator.process
+    monkeypatch.setattr(Translator, "process", lambda self, *args: calls.append(args) or process(self, *args))
+    assert_same(expected, run_batches(tables, frames, [len(frames)], lambda _: 0))
+    assert [args[0] for args in calls] == postcards
 
 
 def test_an_ack_is_judged_by_the_psn_its_qp_had_when_it_arrived():

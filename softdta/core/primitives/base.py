@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,9 @@ from softdta.spec import (
 from softdta.wire.codec import WireError, codec
 from softdta.wire.dta import Nack, Report
 from softdta.wire.frames import UdpFrame
+
+if TYPE_CHECKING:
+    from softdta.core.vector import VectorPath
 
 
 @dataclass
@@ -188,6 +191,7 @@ class Primitive(abc.ABC):
     rx_counter: ClassVar[TranslatorCounter | None] = None  # counts its well-formed reports
     bpf_header: ClassVar[str | None] = None  # bpf/translator/<header>: the XDP engine's implementation
     p4_fragments: ClassVar[tuple[str, ...]] = ()  # the P4 controls and actions that implement it
+    vector: ClassVar[type[VectorPath[Any]] | None] = None  # its vector path in the batch translator (core/vector.py)
     demo: ClassVar[type[PrimitiveDemo] | None] = None  # its part in the demos (core.workload); None: not in them
     # what the query service answers over one of its structures, at /<name>/<structure name> (core.query)
     query: ClassVar[type[StructureQuery[Any]] | None] = None

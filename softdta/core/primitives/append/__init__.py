@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 from softdta.core import workload as generators
+from softdta.core.primitives.append.batch import AppendPath
 from softdta.core.primitives.append.demo import AppendDemo
+from softdta.core.primitives.append.state import AppendRuntime as AppendRuntime  # its state, re-exported
 from softdta.core.primitives.base import Output, Primitive, Target, built_in
 from softdta.core.tables import AppendLists
 from softdta.spec import DtaOpcode, TranslatorCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import UdpFrame
-
-
-@dataclass
-class AppendRuntime:
-    head: int = 0
-    pending: list[bytes] = field(default_factory=list)
-    first_pending_ns: int = 0
-    token: int = 0  # names this batch in the flush queue
 
 
 class Append(Primitive):
@@ -28,6 +21,7 @@ class Append(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.APPEND)
     bpf_header: ClassVar[str | None] = "append.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("append",)
+    vector = AppendPath
 
     demo = AppendDemo
 

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, Primitive, Target, built_in
+from softdta.core.primitives.key_increment.batch import KeyIncrementPath
 from softdta.core.primitives.key_increment.demo import KeyIncrementDemo
 from softdta.core.primitives.key_increment.queries import CountLookup
 from softdta.core.primitives.key_increment.region import KeyIncrementRegion
@@ -24,6 +25,7 @@ class KeyIncrement(Primitive):
     default_transport: ClassVar[Transport] = Transport.RC
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("key_increment", "keyed_slot")
+    vector = KeyIncrementPath
 
     demo = KeyIncrementDemo
 

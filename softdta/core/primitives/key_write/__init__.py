@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, PluginReport, Primitive, Target, TranslatorContext, built_in
+from softdta.core.primitives.key_write.batch import KeyWritePath
 from softdta.core.primitives.key_write.demo import KeyWriteDemo
 from softdta.core.primitives.key_write.queries import KeyLookup
 from softdta.core.primitives.key_write.region import KeyWriteRegion
@@ -21,6 +22,7 @@ class KeyWrite(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.KEY_WRITE)
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("key_write", "keyed_slot")
+    vector = KeyWritePath
 
     demo = KeyWriteDemo
 

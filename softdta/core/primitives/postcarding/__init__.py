@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, Primitive, Target, built_in, power_of_two_at_least
+from softdta.core.primitives.postcarding.batch import PostcardingPath
 from softdta.core.primitives.postcarding.demo import PostcardingDemo
 from softdta.core.primitives.postcarding.queries import PathLookup
 from softdta.core.primitives.postcarding.region import PostcardRegion
+from softdta.core.primitives.postcarding.state import PostcardEntry as PostcardEntry  # its state, re-exported
 from softdta.core.regions import Buffer
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
@@ -19,22 +20,13 @@ from softdta.wire.frames import UdpFrame
 from softdta.wire.hashing import key_checksum, postcard_hop_hash, postcard_slot_hash
 
 
-@dataclass
-class PostcardEntry:
-    key: bytes
-    path_length: int
-    values: list[int]
-    hop_mask: int = 0
-    first_ns: int = 0
-    token: int = 0
-
-
 class Postcarding(Primitive):
     """State: QP index -> cache index -> the path being gathered."""
 
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.POSTCARDING)
     bpf_header: ClassVar[str | None] = "postcard.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("postcarding",)
+    vector = PostcardingPath
 
     demo = PostcardingDemo
 

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from softdta.core import workload as generators
 from softdta.core.primitives.base import Output, Primitive, built_in
+from softdta.core.primitives.sketch_merge.batch import SketchMergePath
 from softdta.core.primitives.sketch_merge.demo import SketchMergeDemo
 from softdta.core.primitives.sketch_merge.queries import MergedSketch
 from softdta.core.primitives.sketch_merge.region import SketchRegion
@@ -31,6 +32,7 @@ class SketchMerge(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.SKETCH_MERGE)
     bpf_header: ClassVar[str | None] = "sketch.h"
     p4_fragments: ClassVar[tuple[str, ...]] = ("sketch_merge",)
+    vector = SketchMergePath
     hashed: ClassVar[bool] = False
 
     demo = SketchMergeDemo

@@ -1,0 +1,13 @@
+"""Append's state: each list's batch being gathered and its ring head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AppendRuntime:
+    head: int = 0
+    pending: list[bytes] = field(default_factory=list)
+    first_pending_ns: int = 0
+    token: int = 0  # names this batch in the flush queue
