@@ -13,8 +13,10 @@ import time
 import tomllib
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from softdta.collector.collector import tables_document
 from softdta.collector.config import CollectorConfig
@@ -41,6 +43,10 @@ from softdta.lab import topology as lab
 from softdta.spec import ResponderCounter, TranslatorCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import ip_bytes, mac_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator's link holds at once
 # Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
@@ -113,7 +119,7 @@ def build_workload(tables: Tables, reporters: int, seed: int, scale: float = 1.0
     return Workload(tables, parts, per_reporter, unit_ends)
 
 
-def collector_http(path: str, body: dict | None = None, token: str | None = None) -> dict:
+def collector_http(path: str, body: dict[str, Any] | None = None, token: str | None = None) -> dict[str, Any]:
     """A query; with the collector's token, a POST that takes (Append entries)."""
     with in_netns(lab.PREFIX + "c"):
         request = urllib.request.Request(f"http://{lab.COLLECTOR_IP}:{lab.QUERY_PORT}{path}",
@@ -122,7 +128,7 @@ def collector_http(path: str, body: dict | None = None, token: str | None = None
                                                   **({"Authorization": f"Bearer {token}"} if token else {})},
                                          method="POST" if body or token else "GET")
         with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
+            return cast(dict[str, Any], json.loads(response.read()))
 
 
 def link_drops() -> dict[str, int]:
@@ -188,8 +194,8 @@ class _Backlog:
             self.responder.close()
 
 
-def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 60.0,
-           rate: float = DEFAULT_RATE) -> dict:
+def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] | None = None,
+           seconds: float = 60.0, rate: float = DEFAULT_RATE) -> dict[str, Any]:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
     within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it, and with
@@ -235,8 +241,8 @@ def stream(state: lab.LabState, load: Workload, progress=None, seconds: float = 
                 elif ahead < -chunk / rate:  # behind (a stall): at most one chunk back to back, then the rate
                     paced_from -= ahead + chunk / rate
     finally:
-        for sender in senders:
-            sender.close()
+        for ring in senders:
+            ring.close()
         if backlog:
             backlog.close()
     elapsed = time.perf_counter() - started
@@ -287,7 +293,8 @@ def predicted_collector(state: lab.LabState, load: Workload, sent_per_reporter: 
     return offline
 
 
-def summarize(state: lab.LabState, load: Workload, sent: Counter[int], streamed: dict) -> tuple[dict, list[str]]:
+def summarize(state: lab.LabState, load: Workload, sent: Counter[int],
+              streamed: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Query the collector and compare with the truth; returns the summary and the problems found."""
     stats = engine_stats(lab.PIN_DIR)
     counters = stats["counters"]
@@ -297,7 +304,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[int], streamed:
     responder_drops = {name: value for name, value in responder.items() if name in RESPONDER_DROPS and value}
     links = link_drops()
     sent_by = [registry.by_opcode(opcode) for opcode in sent]
-    summary: dict = {
+    summary: dict[str, Any] = {
         "reports_sent": {primitive.name: sent[primitive.opcode] for primitive in sent_by},
         "reports_per_second": round(streamed["rate"]),
         "translator": {"received": {primitive.name: counters.get(primitive.rx_counter.name.lower(), 0)
@@ -330,7 +337,7 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[int], streamed:
     return summary, problems
 
 
-def verdict(summary: dict) -> list[str]:
+def verdict(summary: dict[str, Any]) -> list[str]:
     """Every shortfall, hop by hop and frame kind by frame kind; every answer that differs from the reference
     translator's prediction; every query below its truth, or more than BELOW_EXPECTED below its expected success.
 
@@ -362,13 +369,13 @@ def verdict(summary: dict) -> list[str]:
     return problems
 
 
-def _entries(queries: dict) -> list[tuple[type[Primitive], type[PrimitiveDemo], dict]]:
+def _entries(queries: dict[str, Any]) -> list[tuple[type[Primitive], type[PrimitiveDemo], dict[str, Any]]]:
     """Every primitive with an entry in the summary's queries, its part in the demo and its entry."""
     return [(primitive, primitive.demo, queries[summary_key(primitive)]) for primitive in registry.registered()
             if primitive.demo and summary_key(primitive) in queries]
 
 
-def _prediction_words(queries: dict) -> str:
+def _prediction_words(queries: dict[str, Any]) -> str:
     """How the answers compare with the reference translator's prediction: counts that differ, and the rest."""
     counts = [f"{primitive.name} {count:,}" for primitive, demo, entry in _entries(queries)
               if (count := demo.prediction_count(entry)) is not None]
@@ -376,7 +383,7 @@ def _prediction_words(queries: dict) -> str:
     return "; ".join([", ".join(counts), *notes])
 
 
-def burst(rate: float, seconds: float) -> dict:
+def burst(rate: float, seconds: float) -> dict[str, Any]:
     """`seconds` of Key-Write N=1 at `rate` reports/s (0: as fast as the generators go) on the direct path: a
     kernel generator per CPU into the XDP translator, a QP per RX queue, frames from XDP (the structure takes no
     redundancy) into the XDP responder. Then every key is read back from the collector's memory."""
@@ -387,7 +394,7 @@ def burst(rate: float, seconds: float) -> dict:
         return {**step, "seconds": seconds, "rx_queues": direct.queues, "keys": direct.key_write_check()}
 
 
-def burst_problems(result: dict) -> list[str]:
+def burst_problems(result: dict[str, Any]) -> list[str]:
     """Strict, as the mixed workload's verdict: any loss at all, or keys read back right more than BELOW_EXPECTED
     below the expected rate."""
     problems = []
@@ -443,7 +450,7 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
     return 1 if problems else 0
 
 
-def _print(console, summary: dict, Table) -> None:
+def _print(console: Console, summary: dict[str, Any], Table: type[Table]) -> None:
     reports = Table(title="reports", show_edge=False)
     for column in ("primitive", "sent", "translated"):
         reports.add_column(column, justify="right" if column != "primitive" else "left")

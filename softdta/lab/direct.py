@@ -25,6 +25,7 @@ from softdta.collector.xdp_backend import XdpBackend
 from softdta.core.analysis import expected_success, key_write_success_chances
 from softdta.core.generator import plan
 from softdta.core.primitives.key_write.queries import key_write_query
+from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.core.tables import Tables
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
@@ -206,6 +207,7 @@ class DirectPath:
         structure = self.tables.structure(ip_bytes(lab.COLLECTOR_IP), DtaOpcode.KEY_WRITE)
         assert structure is not None
         region = self.collector.structure_region(DtaOpcode.KEY_WRITE, ip_bytes(lab.COLLECTOR_IP))
+        assert isinstance(region, KeyWriteRegion)  # Key-Write's region
         answer = key_write_query(region, np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), KEY_LEN), 1,
                                 key_hash=structure.key_hash)
         expected = np.frombuffer(b"".join(data), np.uint8).reshape(len(keys), DATA_LEN)

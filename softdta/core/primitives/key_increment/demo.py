@@ -12,8 +12,7 @@ REDUNDANCY = 2
 
 class KeyIncrementDemo(PrimitiveDemo):
     def params(self) -> WorkloadParams:
-        scale = self.setting.scale
-        return WorkloadParams(int(20000 * scale), self.setting.seed, REDUNDANCY, flows=int(1000 * scale))
+        return WorkloadParams(int(20000 * self.setting.scale), self.setting.seed, REDUNDANCY, flows=1000)
 
     def truth(self, sent: int) -> dict[bytes, int]:
         """Each flow's sum of the increments in the first `sent` reports."""
