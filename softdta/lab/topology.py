@@ -30,14 +30,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from softdta.collector.xdp_backend import pin_dir_for
-from softdta.engines.python import engine_stats
-from softdta.engines.xdp import EngineError
+from softdta.engines.python import EngineInfo, engine_stats
+from softdta.engines.xdp import CpuTime, QpStats
 from softdta.errors import SoftdtaError
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, realtime_napi, veth_pair
-from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
 from softdta.lab import rxe as rxe_lab
 from softdta.wire.frames import ip_bytes
 
@@ -58,6 +59,41 @@ class LabError(SoftdtaError, RuntimeError):
     """The lab cannot be built or used; the message names the problem and the fix."""
 
 
+class ReporterPort(TypedDict):
+    """A reporter's namespace, interface and addresses."""
+
+    netns: str
+    interface: str
+    mac: str
+    ip: str
+
+
+class TranslatorStatus(TypedDict):
+    pid: int
+    running: bool
+    engine: EngineInfo
+    counters: NotRequired[dict[str, int]]  # these three from its pinned maps (engine_stats), when it has them
+    qps: NotRequired[list[QpStats]]
+    cpu: NotRequired[dict[str, CpuTime]]
+    error: NotRequired[str]  # why its pinned maps could not be read
+
+
+class CollectorStatus(TypedDict):
+    kind: str  # "xdp" or "rxe"
+    running: bool
+    pid: NotRequired[int]  # xdp: the collector's
+    qemu_pid: NotRequired[int]  # rxe: the guest's
+
+
+class LabStatus(TypedDict):
+    up: bool
+    namespaces: list[str]
+    reporters: NotRequired[int]  # these four when a lab is up
+    query_url: NotRequired[str]
+    translator: NotRequired[TranslatorStatus]
+    collector: NotRequired[CollectorStatus]
+
+
 @dataclass
 class LabState:
     reporters: int
@@ -71,7 +107,7 @@ class LabState:
     def query_url(self) -> str:
         return f"http://{COLLECTOR_IP}:{QUERY_PORT}"
 
-    def reporter(self, index: int) -> dict:
+    def reporter(self, index: int) -> ReporterPort:
         """Namespace, interface and addresses of reporter `index` (1-based)."""
         return {"netns": f"{PREFIX}r{index}", "interface": f"r{index}-0", "mac": f"02:5d:7a:00:09:{index:02x}",
                 "ip": f"10.77.9.{index}"}
@@ -146,16 +182,16 @@ def _softdta(*argv: str) -> list[str]:
     return [sys.executable, "-m", "softdta.cli", *argv]
 
 
-def _wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float = 30.0) -> None:
+def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.exists() and text in log.read_text():
             return
         if process.poll() is not None:
-            raise LabError(f"{' '.join(process.args[3:5])} exited with {process.returncode}:\n"
+            raise LabError(f"{what} exited with {process.returncode}:\n"
                            f"{log.read_text()[-2000:] if log.exists() else ''}")
         time.sleep(0.1)
-    raise LabError(f"{' '.join(process.args[3:5])} did not come up within {timeout:.0f} s; see {log}")
+    raise LabError(f"{what} did not come up within {timeout:.0f} s; see {log}")
 
 
 def up(reporters: int = 2, collector: str = "xdp", engine: str = "xdp") -> LabState:
@@ -225,7 +261,7 @@ def _start(state: LabState) -> None:
         stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     state.translator_pid = translator.pid
     write_state(state)
-    _wait_for(translator_log, "translator up on", translator)
+    _wait_for(translator_log, "translator up on", translator, "translator up")
     _realtime_data_path(state)
 
 
@@ -246,7 +282,7 @@ def _start_xdp_collector(state: LabState) -> None:
         stdout=collector_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     state.collector_pid = collector.pid
     write_state(state)
-    _wait_for(collector_log, "collector lab up", collector)
+    _wait_for(collector_log, "collector lab up", collector, "collector up")
 
 
 def guest() -> rxe_lab.Guest:
@@ -326,7 +362,7 @@ def down() -> list[str]:
     return removed
 
 
-def status() -> dict:
+def status() -> LabStatus:
     """What is up: namespaces, daemons, and the translator's counters and queue pairs."""
     state = read_state()
     namespaces = sorted(name for name in os.listdir("/run/netns") if name.startswith(PREFIX)) \
@@ -341,19 +377,22 @@ def status() -> dict:
         except ProcessLookupError:
             return False
 
+    collector: CollectorStatus
     if state.collector == "rxe":
         qemu = GUEST_RUN_DIR / "qemu.pid"
         pid = int(qemu.read_text()) if qemu.exists() else 0
         collector = {"kind": "rxe", "qemu_pid": pid, "running": bool(pid) and alive(pid)}
     else:
         collector = {"kind": "xdp", "pid": state.collector_pid, "running": alive(state.collector_pid)}
-    report = {"up": True, "namespaces": namespaces, "reporters": state.reporters, "query_url": state.query_url,
-              "translator": {"pid": state.translator_pid, "running": alive(state.translator_pid),
-                             "engine": {"name": state.engine}},
-              "collector": collector}
+    translator: TranslatorStatus = {"pid": state.translator_pid, "running": alive(state.translator_pid),
+                                    "engine": {"name": state.engine}}
     if PIN_DIR.exists():
         try:
-            report["translator"].update(engine_stats(PIN_DIR))
+            stats = engine_stats(PIN_DIR)
         except EngineError as error:
-            report["translator"]["error"] = str(error)
-    return report
+            translator["error"] = str(error)
+        else:
+            translator["counters"], translator["qps"], translator["cpu"] = stats["counters"], stats["qps"], stats["cpu"]
+            translator["engine"] = stats["engine"]
+    return {"up": True, "namespaces": namespaces, "reporters": state.reporters, "query_url": state.query_url,
+            "translator": translator, "collector": collector}
