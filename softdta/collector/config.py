@@ -9,19 +9,19 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
-from softdta.core.settings import Settings, tables_of
-from softdta.core.tables import KEY_HASH_NAMES, TableError, slot_size_of
+from softdta.core import registry
+from softdta.core.settings import Settings, TableError, tables_of
+from softdta.core.tables import KEY_HASH_NAMES
 from softdta.spec import (
     DTA_V1_POSTCARD_HOPS,
     MAX_REDUNDANCY,
     POSTCARD_CACHE_ENTRIES,
-    PRIMITIVES,
-    STRUCTURE_KINDS,
     Access,
-    DtaOpcode,
     Transport,
 )
 from softdta.wire.frames import ip_bytes, mac_bytes
@@ -40,11 +40,38 @@ NAME_LIMIT = 64  # the name is part of the pin directory's and of every queue pa
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+class StructureFields(TypedDict):
+    """A structure's fields in a translator-tables entry (docs/tables.md); the Sketch-Merge ones only for it."""
+
+    primitive: str
+    key_len: int
+    data_len: int
+    hash: str
+    hops: int
+    cache_entries: int
+    merge: str
+    batch: int
+    redundancy: int
+    columns: NotRequired[int]
+    rows: NotRequired[int]
+    reporters: NotRequired[int]
+
+
+class AppendFields(TypedDict):
+    """An Append range's fields in a translator-tables entry (docs/tables.md)."""
+
+    first_list: int
+    lists: int
+    entries: int
+    data_len: int
+    batch: int
+
+
 @dataclass
 class StructureSpec:
-    """A hashed structure (Key-Write, Key-Increment, Postcarding) or a Sketch-Merge area."""
+    """Where one primitive's reports land (`softdta.core.registry` names it)."""
 
-    primitive: DtaOpcode
+    primitive: int
     slots: int = 0  # keys (hashed structures) or columns (Sketch-Merge)
     key_len: int = 4
     data_len: int = 4
@@ -60,11 +87,11 @@ class StructureSpec:
 
     @property
     def name(self) -> str:
-        return PRIMITIVES[self.primitive].slug
+        return registry.by_opcode(self.primitive).name
 
     @property
     def slot_size(self) -> int:
-        return slot_size_of(self.primitive, data_len=self.data_len, hops=self.hops, rows=self.rows)
+        return registry.by_opcode(self.primitive).slot_size(self)
 
     @property
     def length(self) -> int:
@@ -74,27 +101,29 @@ class StructureSpec:
 
     @property
     def access(self) -> Access:
-        atomic = Access.REMOTE_ATOMIC if self.primitive is DtaOpcode.KEY_INCREMENT else Access(0)
+        atomic = Access.REMOTE_ATOMIC if registry.by_opcode(self.primitive).atomics else Access(0)
         return Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | atomic
 
     def validate(self) -> None:
         where = f"{self.name} structure"
-        if self.primitive is not DtaOpcode.SKETCH_MERGE and (self.slots <= 0 or self.slots & (self.slots - 1)):
+        primitive = registry.by_opcode(self.primitive)
+        if primitive.hashed and (self.slots <= 0 or self.slots & (self.slots - 1)):
             raise TableError(f"{where}: slots {self.slots} must be a power of two (the slot hash is masked)")
-        if self.primitive is DtaOpcode.SKETCH_MERGE and self.slots <= 0:
-            raise TableError(f"{where}: set slots to the number of sketch columns")
-        if self.primitive is DtaOpcode.KEY_INCREMENT and self.transport is not Transport.RC:
+        if not primitive.hashed and self.slots <= 0:
+            raise TableError(f"{where}: set slots to the number of columns")
+        if primitive.atomics and self.transport is not Transport.RC:
             raise TableError(f"{where}: Fetch&Add needs transport \"rc\"")
         if self.hash not in KEY_HASH_NAMES:
             raise TableError(f"{where}: hash {self.hash!r} must be one of {sorted(KEY_HASH_NAMES)}")
 
-    def advertised(self) -> dict:
+    def advertised(self) -> StructureFields:
         """The structure fields of a translator-tables entry (docs/tables.md), without the queue pair."""
-        fields = {"primitive": self.name, "key_len": self.key_len, "data_len": self.data_len, "hash": self.hash,
-                  "hops": self.hops, "cache_entries": self.cache_entries, "merge": self.merge, "batch": self.batch,
-                  "redundancy": self.redundancy}
-        if self.primitive is DtaOpcode.SKETCH_MERGE:
-            fields.update(columns=self.slots, rows=self.rows, reporters=self.reporters)
+        fields: StructureFields = {
+            "primitive": self.name, "key_len": self.key_len, "data_len": self.data_len, "hash": self.hash,
+            "hops": self.hops, "cache_entries": self.cache_entries, "merge": self.merge, "batch": self.batch,
+            "redundancy": self.redundancy}
+        if not registry.by_opcode(self.primitive).hashed:
+            fields.update({"columns": self.slots, "rows": self.rows, "reporters": self.reporters})
         return fields
 
 
@@ -128,7 +157,7 @@ class AppendSpec:
             raise TableError(f"{self.name}: lists and entries must be positive and entries a multiple of the batch "
                              f"({self.batch})")
 
-    def advertised(self) -> dict:
+    def advertised(self) -> AppendFields:
         return {"first_list": self.first_list, "lists": self.lists, "entries": self.entries,
                 "data_len": self.data_len, "batch": self.batch}
 
@@ -171,7 +200,7 @@ class CollectorConfig:
                 not 1 <= self.max_qps <= MAX_QPS_LIMIT:
             raise TableError(f"collector: max_qps {self.max_qps!r} must be a whole number from 1 to {MAX_QPS_LIMIT} "
                              f"(queue pairs for all translators; default {DEFAULT_MAX_QPS})")
-        seen = set()
+        seen: set[int] = set()
         for structure in self.structures:
             structure.validate()
             if structure.primitive in seen:
@@ -208,17 +237,17 @@ class CollectorConfig:
             raise TableError(f"{path}: {error}; see docs/collector.md") from None
 
     @classmethod
-    def from_dict(cls, document: dict, relative_to: Path = Path(".")) -> CollectorConfig:
+    def from_dict(cls, document: dict[str, Any], relative_to: Path = Path(".")) -> CollectorConfig:
         Settings("the configuration", document, ("collector", "structures", "append"))
         collector = Settings("[collector]", document.get("collector"), COLLECTOR_KEYS)
         structures = []
         for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
-            kind = entry.text("primitive", choices=tuple(sorted(STRUCTURE_KINDS)))
-            primitive = STRUCTURE_KINDS[kind]
-            default = "rc" if primitive is DtaOpcode.KEY_INCREMENT else "uc"
+            kinds = registry.structure_kinds()
+            primitive = kinds[entry.text("primitive", choices=tuple(sorted(kinds)))]
+            default = primitive.default_transport.name.lower()
             slots_key = "columns" if "columns" in entry else "slots"
             structures.append(StructureSpec(
-                primitive=primitive, slots=entry.integer(slots_key, minimum=1),
+                primitive=primitive.opcode, slots=entry.integer(slots_key, minimum=1),
                 key_len=entry.integer("key_len", 4, 1), data_len=entry.integer("data_len", 4, 1),
                 hash=entry.text("hash", "dta-v1", tuple(KEY_HASH_NAMES)),
                 hops=entry.integer("hops", DTA_V1_POSTCARD_HOPS, 1),
@@ -261,7 +290,7 @@ class CollectorConfig:
         return config
 
 
-def _address(settings: Settings, key: str, parse) -> bytes:
+def _address(settings: Settings, key: str, parse: Callable[[str], bytes]) -> bytes:
     value = settings.text(key)
     try:
         return parse(value)
