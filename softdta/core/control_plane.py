@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
+from softdta.core import registry
 from softdta.core.settings import TableError
 from softdta.core.tables import QueuePair, Tables
 from softdta.spec import (
@@ -27,7 +28,6 @@ from softdta.spec import (
     PSN_MASK,
     ROCE_PORT,
     TRANSLATOR_MAPS,
-    DtaOpcode,
     Field,
     Map,
     QpState,
@@ -68,8 +68,18 @@ class Slots:
 
     qp: dict[int, int] = field(default_factory=dict)  # local QPN -> qp index
     append: dict[int, int] = field(default_factory=dict)  # list id -> append_state index
-    postcard: dict[tuple[bytes, int], int] = field(default_factory=dict)  # (collector ip, entries) -> first slot
-    sketch: dict[bytes, int] = field(default_factory=dict)  # collector ip -> sketch state index
+    # (primitive, collector ip, entries) -> the first of a structure's entries in its primitive's `state_map`
+    state: dict[tuple[int, bytes, int], int] = field(default_factory=dict)
+
+    def remember_structure(self, collector_ip: bytes, primitive: int, fields: Mapping[str, int]) -> None:
+        """Take a structure entry a data plane holds (`fields`: its value) into the allocation."""
+        kind = registry.by_opcode(primitive)
+        if kind.state_map is not None:
+            self.state[(primitive, collector_ip, kind.state_size(fields))] = fields["state_index"]
+
+    def state_of(self, primitive: int) -> dict[tuple[bytes, int], int]:
+        """(collector ip, entries) -> first entry, of the structures of one primitive."""
+        return {(ip, size): first for (kind, ip, size), first in self.state.items() if kind == primitive}
 
 
 @dataclass(frozen=True)
@@ -170,14 +180,14 @@ def _free_index(used: set[int], limit: int, what: str) -> int:
     raise TableError(f"the translator holds at most {limit} {what}; split the tables over translators")
 
 
-def _free_range(ranges: list[tuple[int, int]], size: int, limit: int, what: str) -> int:
+def _free_range(ranges: list[tuple[int, int]], size: int, limit: int, what: str, fix: str) -> int:
     start = 0
     for first, length in sorted(ranges):
         if first - start >= size:
             break
         start = max(start, first + length)
     if start + size > limit:
-        raise TableError(f"the translator holds at most {limit} {what} in total; lower cache_entries")
+        raise TableError(f"the translator holds at most {limit} {what} in total; {fix}")
     ranges.append((start, size))
     return start
 
@@ -193,8 +203,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     tables.validate()
     if len(tables.ip) != 4:
         raise TableError("the translator data planes work over IPv4; give the translator an IPv4 address")
-    new = Slots(qp=dict(slots.qp), append=dict(slots.append), postcard=dict(slots.postcard),
-                sketch=dict(slots.sketch))
+    new = Slots(qp=dict(slots.qp), append=dict(slots.append), state=dict(slots.state))
     entries = [Entry("translator_config", {"index": 0}, {
         "src_mac": tables.mac, "udp_sport": tables.udp_sport, "src_ip": tables.ip, "dscp": tables.dscp,
         "ttl": tables.ttl, "profile": 0 if tables.profile.value == "dta-v1" else 1,
@@ -227,28 +236,28 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             collectors.add(qp.collector_ip)
             entries.append(Entry("collector", {"ip": qp.collector_ip}, {"mac": qp.collector_mac}))
     entries += queue_qps(tables, qp_index)  # before the entries that lead traffic to them
-    postcard_ranges = [(first, size) for (_, size), first in slots.postcard.items()]
-    sketch_used = set(slots.sketch.values())
+    state_ranges: dict[str, list[tuple[int, int]]] = {}  # per state map: the (first, entries) ranges taken
+    for (kind, _, size), first in slots.state.items():
+        state_ranges.setdefault(cast(str, registry.by_opcode(kind).state_map), []).append((first, size))
+    live_state = set()
     for structure in tables.structures:
-        ip = structure.qp.collector_ip
-        state_index = 0
-        if structure.primitive is DtaOpcode.POSTCARDING:
-            key = (ip, structure.cache_entries)
-            if key not in new.postcard:
-                new.postcard[key] = _free_range(postcard_ranges, structure.cache_entries,
-                                                capacity("postcard_cache"), "Postcarding cache entries")
-            state_index = new.postcard[key]
-        elif structure.primitive is DtaOpcode.SKETCH_MERGE:
-            if ip not in new.sketch:
-                new.sketch[ip] = _free_index(sketch_used, capacity("sketch_column"), "sketches")
-            state_index = new.sketch[ip]
-        entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, {
+        ip, primitive = structure.qp.collector_ip, registry.by_opcode(structure.primitive)
+        fields = {
             "qp_index": qp_index[structure.qp.name], "queues": len(structure.qps), "slot_count": structure.slot_count,
             "slot_size": structure.slot_size, "key_len": structure.key_len, "data_len": structure.data_len,
             "hops": structure.hops, "merge": int(structure.merge), "key_hash": int(structure.key_hash),
             "redundancy": structure.redundancy,
             "rows": structure.rows, "reporters": structure.reporters, "columns": structure.columns,
-            "cache_entries": structure.cache_entries, "batch": structure.batch, "state_index": state_index}))
+            "cache_entries": structure.cache_entries, "batch": structure.batch, "state_index": 0}
+        if primitive.state_map is not None:
+            key = (structure.primitive, ip, primitive.state_size(fields))
+            if key not in new.state:
+                what, fix = primitive.state_limit
+                new.state[key] = _free_range(state_ranges.setdefault(primitive.state_map, []), key[2],
+                                             capacity(primitive.state_map), what, fix)
+            live_state.add(key)
+            fields["state_index"] = new.state[key]
+        entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, fields))
     list_ids = set()
     append_used = set(slots.append.values())
     for lists in tables.append_lists:
@@ -265,11 +274,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
                 "qp_index": qp_index[lists.qp.name], "queues": len(lists.qps), "first_slot": offset * lists.entries,
                 "slot_count": lists.entries, "entry_size": lists.data_len, "batch": lists.batch,
                 "state_index": new.append[list_id]}))
-    live = {(s.qp.collector_ip, s.primitive, s.cache_entries) for s in tables.structures}
-    new.postcard = {key: first for key, first in new.postcard.items()
-                    if (key[0], DtaOpcode.POSTCARDING, key[1]) in live}
-    sketches = {s.qp.collector_ip for s in tables.structures if s.primitive is DtaOpcode.SKETCH_MERGE}
-    new.sketch = {ip: index for ip, index in new.sketch.items() if ip in sketches}
+    new.state = {key: first for key, first in new.state.items() if key in live_state}
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
@@ -322,14 +327,10 @@ def frame_shapes(tables: Tables) -> dict[str, set[tuple[RoceOpcode, int]]]:
             shapes[qp.name].update((opcode, length) for length in lengths)
 
     for structure in tables.structures:
-        if structure.primitive is DtaOpcode.KEY_INCREMENT:
+        primitive = registry.by_opcode(structure.primitive)
+        if primitive.atomics:
             shapes[structure.qp.name].add((RoceOpcode.RC_FETCH_ADD, 0))
-        elif structure.primitive is DtaOpcode.KEY_WRITE:
-            writes(structure.qp, [4 + structure.data_len])  # key checksum, then data
-        elif structure.primitive is DtaOpcode.POSTCARDING:
-            writes(structure.qp, [4 * structure.hops])
-        else:
-            writes(structure.qp, [structure.batch * structure.slot_size])
+        writes(structure.qp, primitive.write_lengths(structure))
     for lists in tables.append_lists:
         writes(lists.qp, [count * lists.data_len for count in range(1, lists.batch + 1)])  # idle flushes too
     return shapes
@@ -352,8 +353,7 @@ def icrc_constants(tables: Tables, qp_index: Mapping[str, int]) -> list[Entry]:
 
 
 def multicast_groups(tables: Tables, egress: Callable[[QueuePair], int]) -> list[Entry]:
-    """Replication groups for Key-Write and Key-Increment: one per egress port and copy count 1..N."""
-    ports = sorted({egress(s.qp) for s in tables.structures
-                    if s.primitive in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)})
+    """Replication groups for the primitives whose reports ask for copies: one per egress port and count 1..N."""
+    ports = sorted({egress(s.qp) for s in tables.structures if registry.by_opcode(s.primitive).redundant})
     return [Entry("multicast_group", {"group": port * MAX_REDUNDANCY + copies}, {"port": port, "copies": copies})
             for port in ports for copies in range(1, MAX_REDUNDANCY + 1)]

@@ -15,6 +15,7 @@ import queue
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from softdta.core import registry
 from softdta.core.control_plane import (
     DEFAULT_FLUSH_IDLE_NS,
     Entry,
@@ -31,20 +32,13 @@ from softdta.core.tables import QueuePair, Tables
 from softdta.errors import SoftdtaError
 from softdta.kernel.resources import P4_DIR
 from softdta.spec import (
-    P4_SKETCH_COLUMN_BITS,
-    P4_SKETCH_REPORTER_BITS,
     TNA_APPEND_STATE_ENTRIES,
     TNA_MAX_APPEND_BATCH,
-    TNA_MAX_SKETCH_ROWS,
-    TNA_POSTCARD_CACHE_ENTRIES,
-    TNA_SKETCH_COLUMN_ENTRIES,
-    DtaOpcode,
     Raw,
 )
 from softdta.targets.p4info import parse_p4info
 from softdta.targets.p4names import P4_REPLICATION, p4_control_tables, p4_registers
 from softdta.wire.dta import Profile
-from softdta.wire.icrc_split import TAIL_CHUNK_BYTES, TAIL_CHUNKS_PER_PASS
 
 # isort: split
 import grpc  # noqa: E402  (after .p4info, which selects the protobuf runtime the p4runtime wheel needs)
@@ -315,12 +309,6 @@ class P4RuntimeClient:
 ARCHITECTURES = ("v1model", "tna")
 
 
-def tna_needs_two_passes(payload_len: int) -> bool:
-    """Whether the TNA program finishes a write's tail CRC in a second egress pass: when its payload has more
-    whole chunks than one pass chains (p4/softdta_tna.p4, icrc_split.chained_tail_crc)."""
-    return payload_len // TAIL_CHUNK_BYTES > TAIL_CHUNKS_PER_PASS
-
-
 def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
     """What in `tables` the P4 program of `architecture` cannot translate (docs/p4.md); empty when it can."""
     problems = []
@@ -332,26 +320,12 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
     if tables.profile is not Profile.DTA_V1:
         problems.append(f"profile {tables.profile.value!r}: the P4 programs parse the 3-byte dta-v1 base header")
     for structure in tables.structures:
-        if structure.key_len != 4 or (structure.primitive is DtaOpcode.KEY_WRITE and structure.data_len != 4):
-            problems.append(f"structure {structure.name}: dta-v1 reports carry 4-byte keys and data")
-        if structure.primitive is DtaOpcode.SKETCH_MERGE:
-            if structure.batch & (structure.batch - 1):
-                problems.append(f"structure {structure.name}: batch {structure.batch} must be a power of two")
-            if structure.reporters > 1 << P4_SKETCH_REPORTER_BITS:
-                problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_REPORTER_BITS} reporters")
-            if structure.columns > 1 << P4_SKETCH_COLUMN_BITS:
-                problems.append(f"structure {structure.name}: at most {1 << P4_SKETCH_COLUMN_BITS} columns")
-            if architecture == "tna" and tna_needs_two_passes(structure.batch * structure.slot_size):
-                sharing = [other for other in users[structure.qp.name] if other != structure.name]
-                if sharing:
-                    problems.append(f"structure {structure.name}: its {structure.batch * structure.slot_size} B "
-                                    f"writes take their PSN before a second egress pass on tna, so its qp "
-                                    f"{structure.qp.name!r} must carry nothing else ({', '.join(sharing)})")
+        sharing = [other for other in users[structure.qp.name] if other != structure.name]
+        problems += registry.by_opcode(structure.primitive).p4_problems(structure, architecture, sharing)
     problems += [f"append lists from {lists.first_list}: dta-v1 Append data is 4 bytes"
                  for lists in tables.append_lists if lists.data_len != 4]
-    sketches = map_spec("sketch_column").max_entries >> P4_SKETCH_COLUMN_BITS
-    if any(index >= sketches for index in planned.slots.sketch.values()):
-        problems.append(f"at most {sketches} Sketch-Merge structures")
+    for primitive in registry.registered():
+        problems += primitive.p4_state_problems(planned.slots.state_of(primitive.opcode), architecture)
     if architecture == "tna":
         problems += tna_build_problems(tables, planned)
     return problems
@@ -362,21 +336,10 @@ def tna_build_problems(tables: Tables, planned: Plan) -> list[str]:
     problems = [f"append lists from {lists.first_list}: batch {lists.batch} is more than the tna build's "
                 f"TNA_MAX_APPEND_BATCH ({TNA_MAX_APPEND_BATCH})"
                 for lists in tables.append_lists if lists.batch > TNA_MAX_APPEND_BATCH]
-    problems += [f"structure {structure.name}: {structure.rows} rows are more than the tna build's "
-                 f"TNA_MAX_SKETCH_ROWS ({TNA_MAX_SKETCH_ROWS})" for structure in tables.structures
-                 if structure.primitive is DtaOpcode.SKETCH_MERGE and structure.rows > TNA_MAX_SKETCH_ROWS]
     if len(planned.slots.append) > TNA_APPEND_STATE_ENTRIES or \
             any(index >= TNA_APPEND_STATE_ENTRIES for index in planned.slots.append.values()):
         problems.append(f"{len(planned.slots.append)} Append lists: the tna build holds TNA_APPEND_STATE_ENTRIES "
                         f"({TNA_APPEND_STATE_ENTRIES})")
-    cache_end = max((first + size for (_, size), first in planned.slots.postcard.items()), default=0)
-    if cache_end > TNA_POSTCARD_CACHE_ENTRIES:
-        problems.append(f"Postcarding caches of {cache_end} entries in all: the tna build holds "
-                        f"TNA_POSTCARD_CACHE_ENTRIES ({TNA_POSTCARD_CACHE_ENTRIES})")
-    columns_end = max(((index + 1) << P4_SKETCH_COLUMN_BITS for index in planned.slots.sketch.values()), default=0)
-    if columns_end > TNA_SKETCH_COLUMN_ENTRIES:
-        problems.append(f"{len(planned.slots.sketch)} Sketch-Merge structures: the tna build holds "
-                        f"{TNA_SKETCH_COLUMN_ENTRIES >> P4_SKETCH_COLUMN_BITS} (TNA_SKETCH_COLUMN_ENTRIES)")
     return problems
 
 
@@ -435,12 +398,11 @@ def slots_of(present: dict[str, dict[tuple[int | bytes, ...], Entry]]) -> Slots:
     for key, entry in present["append_list"].items():
         slots.append[_number(entry.key, "list_id")] = _number(entry.value, "state_index")
     for entry in present["structure"].values():
-        ip, primitive = entry.key["collector_ip"], _number(entry.key, "primitive")
-        assert isinstance(ip, bytes)
-        if primitive == DtaOpcode.POSTCARDING:
-            slots.postcard[(ip, _number(entry.value, "cache_entries"))] = _number(entry.value, "state_index")
-        elif primitive == DtaOpcode.SKETCH_MERGE:
-            slots.sketch[ip] = _number(entry.value, "state_index")
+        ip = entry.key["collector_ip"]
+        if not isinstance(ip, bytes):
+            raise TypeError(f"collector_ip holds {ip!r}, not an address")
+        numbers = {name: value for name, value in entry.value.items() if isinstance(value, int)}
+        slots.remember_structure(ip, _number(entry.key, "primitive"), numbers)
     return slots
 
 

@@ -31,6 +31,7 @@ from softdta.spec import (
     DtaOpcode,
     Header,
     NackKind,
+    Raw,
 )
 from softdta.wire.codec import WireError, codec
 
@@ -102,9 +103,13 @@ def needs_extended(report: Report) -> bool:
     """True when a report cannot be expressed in dta-v1 (sizes, opcode or flags beyond the original)."""
     if report.opcode not in DTA_V1_OPCODES or report.essential or report.path_length:
         return True
-    if report.opcode in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING) and len(report.key) != 4:
-        return True
-    return report.opcode in (DtaOpcode.KEY_WRITE, DtaOpcode.APPEND, DtaOpcode.POSTCARDING) and len(report.data) != 4
+    v1 = _sized_fields(cast(Header, PRIMITIVES[report.opcode].v1_subheader))
+    return any(len(getattr(report, name)) != size for name, size in v1.items())
+
+
+def _sized_fields(header: Header) -> dict[str, int]:
+    """A dta-v1 sub-header's fixed-size byte fields (key, data) and their sizes."""
+    return {f.name: f.size for f in header.fields if isinstance(f, Raw)}
 
 
 def encode(report: Report, profile: Profile = Profile.DTA_V1) -> bytes:
@@ -188,20 +193,20 @@ def _expect_end(payload: bytes, end: int, opcode: DtaOpcode) -> None:
 
 
 def _validate(report: Report) -> Report:
-    opcode = report.opcode
-    if opcode in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT) and not 1 <= report.redundancy <= MAX_REDUNDANCY:
+    """Check what the sub-header's fields carry against the spec's limits (each field means the same wherever
+    it appears)."""
+    names = codec(PRIMITIVES[report.opcode].ext_subheader).names
+    if "redundancy" in names and not 1 <= report.redundancy <= MAX_REDUNDANCY:
         raise WireError("BAD_REDUNDANCY", f"redundancy N={report.redundancy} is outside 1..{MAX_REDUNDANCY}")
-    if opcode in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING) \
-            and not 1 <= len(report.key) <= MAX_KEY_LEN:
+    if "key" in names and not 1 <= len(report.key) <= MAX_KEY_LEN:
         raise WireError("BAD_LENGTH", f"key length {len(report.key)} is outside 1..{MAX_KEY_LEN}")
-    if opcode in (DtaOpcode.KEY_WRITE, DtaOpcode.APPEND) and not 1 <= len(report.data) <= MAX_DATA_LEN:
+    if "data_len" in names and not 1 <= len(report.data) <= MAX_DATA_LEN:
         raise WireError("BAD_LENGTH", f"data length {len(report.data)} is outside 1..{MAX_DATA_LEN}")
-    if opcode is DtaOpcode.POSTCARDING:
-        if not 1 <= report.hop <= MAX_POSTCARD_HOPS or report.path_length > MAX_POSTCARD_HOPS \
-                or (report.path_length and report.hop > report.path_length):
-            raise WireError("BAD_HOP", f"hop {report.hop} of path length {report.path_length} is outside "
-                                       f"1..{MAX_POSTCARD_HOPS}")
-    if opcode is DtaOpcode.SKETCH_MERGE and not 1 <= len(report.counters) <= MAX_SKETCH_ROWS:
+    if "hop" in names and (not 1 <= report.hop <= MAX_POSTCARD_HOPS or report.path_length > MAX_POSTCARD_HOPS
+                           or (report.path_length and report.hop > report.path_length)):
+        raise WireError("BAD_HOP", f"hop {report.hop} of path length {report.path_length} is outside "
+                                   f"1..{MAX_POSTCARD_HOPS}")
+    if "counters" in names and not 1 <= len(report.counters) <= MAX_SKETCH_ROWS:
         raise WireError("BAD_LENGTH", f"a sketch column has 1..{MAX_SKETCH_ROWS} rows, got {len(report.counters)}")
     return report
 

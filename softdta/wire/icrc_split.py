@@ -91,3 +91,9 @@ def chained_tail_crc(tail: bytes, headers_len: int) -> int:
     for start in range(first, len(tail), TAIL_CHUNK_BYTES):
         state = continue_crc(state, tail[start:start + TAIL_CHUNK_BYTES])
     return state
+
+
+def tna_needs_two_passes(payload_len: int) -> bool:
+    """Whether the TNA program finishes a write's tail CRC in a second egress pass: when its payload has more
+    whole chunks than one pass chains (p4/softdta_tna.p4, `chained_tail_crc`)."""
+    return payload_len // TAIL_CHUNK_BYTES > TAIL_CHUNKS_PER_PASS

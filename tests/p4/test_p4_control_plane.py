@@ -201,7 +201,8 @@ def test_tna_push_writes_the_xdp_plans_entries_for_every_primitive(switch):
 def test_tna_refuses_a_two_pass_sketch_on_a_shared_qp():
     """A Sketch-Merge write longer than one TNA egress pass chains takes its PSN before a second pass; only a
     QP of its own keeps its frames in PSN order."""
-    from softdta.targets.p4runtime import tna_needs_two_passes, unsupported
+    from softdta.targets.p4runtime import unsupported
+    from softdta.wire.icrc_split import tna_needs_two_passes
 
     tables = Tables.from_toml(EXAMPLE_TABLES)
     sketch = next(s for s in tables.structures if s.primitive is DtaOpcode.SKETCH_MERGE)

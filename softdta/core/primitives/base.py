@@ -3,7 +3,8 @@
 A primitive declares its opcode, name and sub-headers (from `spec.PRIMITIVES` for the built-ins), its state and
 reference translation (`translate`, `apply`), its vector translation for the batch translator, its collector
 region (`slot_size`, `check_structure`, `region`), its query answers, its control-plane planning and its
-workload and truth for demos, and names the BPF header and P4 fragments that implement it in the data planes.
+workload and truth for demos, and names the BPF header and the P4 header instance that implement it in the data
+planes.
 Every layer finds it in `softdta.core.registry` and asks; none switches on an opcode or a name.
 
 Built-in primitives take their sub-headers from `softdta.wire.dta` (they have dta-v1 and extended forms); a plug-in
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -189,12 +191,17 @@ class Primitive(abc.ABC):
     atomics: ClassVar[bool] = False  # writes with Fetch&Add: an RC queue pair and remote-atomic access
     default_transport: ClassVar[Transport] = Transport.UC
     rx_counter: ClassVar[TranslatorCounter | None] = None  # counts its well-formed reports
+    redundant: ClassVar[bool] = False  # its reports ask for copies (redundancy): the P4 path multicasts them
+    # its per-structure state in the data planes: a range of `state_size` entries of this map, and what to say
+    # when they run out (what, fix)
+    state_map: ClassVar[str | None] = None
+    state_limit: ClassVar[tuple[str, str]] = ("state entries", "split the tables over translators")
     bpf_header: ClassVar[str | None] = None  # bpf/translator/<header>: the XDP engine's implementation
-    p4_fragments: ClassVar[tuple[str, ...]] = ()  # the P4 controls and actions that implement it
+    p4_header: ClassVar[str | None] = None  # its sub-header's instance in the P4 programs, whose validity selects it
     vector: ClassVar[type[VectorPath[Any]] | None] = None  # its vector path in the batch translator (core/vector.py)
-    demo: ClassVar[type[PrimitiveDemo] | None] = None  # its part in the demos (core.workload); None: not in them
     # what the query service answers over one of its structures, at /<name>/<structure name> (core.query)
     query: ClassVar[type[StructureQuery[Any]] | None] = None
+    demo: ClassVar[type[PrimitiveDemo] | None] = None  # its part in the demos (core.workload); None: not in them
 
     # ----------------------------------------------------------------------------------------------
     # its structure and collector region (class-level: the tables and collectors ask without a translator)
@@ -216,6 +223,31 @@ class Primitive(abc.ABC):
         check_hashed_slots(structure, where)
 
     @classmethod
+    def write_lengths(cls, structure: Structure) -> tuple[int, ...]:
+        """The payload lengths of the RDMA WRITEs it sends into `structure` (the iCRC constants cover each)."""
+        return (KEY_CHECKSUM_LEN + structure.data_len,)
+
+    @classmethod
+    def state_size(cls, fields: Mapping[str, int]) -> int:
+        """How many entries of `state_map` a structure takes, from its `structure` map entry's fields."""
+        return 1
+
+    @classmethod
+    def p4_problems(cls, structure: Structure, architecture: str, sharing: list[str]) -> list[str]:
+        """What the P4 program of `architecture` ("v1model", "tna") cannot do of `structure`; `sharing` names what
+        else writes through its queue pair. A primitive the P4 programs do not parse cannot run there at all."""
+        if cls.p4_header is None:
+            return [f"structure {structure.name}: the P4 programs have no {cls.name} primitive"]
+        if structure.key_len != 4:
+            return [f"structure {structure.name}: dta-v1 reports carry 4-byte keys and data"]
+        return []
+
+    @classmethod
+    def p4_state_problems(cls, state: Mapping[tuple[bytes, int], int], architecture: str) -> list[str]:
+        """What the P4 program cannot hold of its structures' state: (collector ip, entries) -> first entry."""
+        return []
+
+    @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> Region:
         """A view of its structure's collector memory (`buffer`) that its `query` reads, and that tells the query
         service which slots are occupied (`Region.occupied`: the fill and load factor of `/structures`, `/stats`
@@ -223,15 +255,15 @@ class Primitive(abc.ABC):
         raise NotImplementedError(f"primitive {cls.name} declares no collector region")
 
     @classmethod
-    def workload(cls, params: WorkloadParams) -> list[Report]:
-        """Reports of a realistic workload of this primitive, the same for the same `params` (core.workload)."""
-        raise NotImplementedError(f"primitive {cls.name} declares no workload")
-
-    @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:
         """What the query service lists of `structure` beside its sizes and fill (`/structures`, `/stats`); by
         default its keys."""
         return {"key_len": structure.key_len, "key_hash": structure.key_hash.name.lower()}
+
+    @classmethod
+    def workload(cls, params: WorkloadParams) -> list[Report]:
+        """Reports of a realistic workload of this primitive, the same for the same `params` (core.workload)."""
+        raise NotImplementedError(f"primitive {cls.name} declares no workload")
 
     def __init__(self, translator: TranslatorContext):
         self.translator = translator

@@ -29,7 +29,7 @@ from softdta.lab.benchmarks.workloads import (
     primitive_workloads,
     stats,
 )
-from softdta.spec import ROCE_PORT, DtaOpcode, RoceOpcode, Transport
+from softdta.spec import ROCE_PORT, RoceOpcode, Transport
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.wire.roce import build_roce_frame, transport_payload
@@ -110,19 +110,20 @@ def collector_python(count: int) -> Stats:
 async def _python_collector_round(payloads: list[bytes]) -> float:
     loop = asyncio.get_running_loop()
     progress = Progress()
-    key_writes: dict[bytes, bytes] = {}
-    key_increments: dict[bytes, int] = {}
-    appends: dict[int, list[bytes]] = {}
+    # what a CPU collector keeps: the latest data per key, a running sum per key, and appended entries per list
+    latest: dict[tuple[int, bytes], bytes] = {}
+    sums: dict[tuple[int, bytes], int] = {}
+    appended: dict[tuple[int, int], list[bytes]] = {}
 
     class Collect(asyncio.DatagramProtocol):
         def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
             report = dta.decode(data)
-            if report.opcode is DtaOpcode.KEY_WRITE:
-                key_writes[report.key] = report.data
-            elif report.opcode is DtaOpcode.KEY_INCREMENT:
-                key_increments[report.key] = key_increments.get(report.key, 0) + report.counter
+            if report.counter:
+                sums[report.opcode, report.key] = sums.get((report.opcode, report.key), 0) + report.counter
+            elif report.key:
+                latest[report.opcode, report.key] = report.data
             else:
-                appends.setdefault(report.list_id, []).append(report.data)
+                appended.setdefault((report.opcode, report.list_id), []).append(report.data)
             progress.add()
 
     transport, _ = await loop.create_datagram_endpoint(Collect, local_addr=("127.0.0.1", 0))

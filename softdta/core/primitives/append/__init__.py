@@ -20,7 +20,7 @@ class Append(Primitive):
 
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.APPEND)
     bpf_header: ClassVar[str | None] = "append.h"
-    p4_fragments: ClassVar[tuple[str, ...]] = ("append",)
+    p4_header: ClassVar[str | None] = "append"
     vector = AppendPath
 
     demo = AppendDemo

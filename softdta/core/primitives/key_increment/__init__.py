@@ -22,9 +22,10 @@ from softdta.wire.hashing import key_slot
 class KeyIncrement(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.KEY_INCREMENT)
     atomics: ClassVar[bool] = True
+    redundant: ClassVar[bool] = True
     default_transport: ClassVar[Transport] = Transport.RC
     bpf_header: ClassVar[str | None] = "keyed.h"
-    p4_fragments: ClassVar[tuple[str, ...]] = ("key_increment", "keyed_slot")
+    p4_header: ClassVar[str | None] = "key_increment"
     vector = KeyIncrementPath
 
     demo = KeyIncrementDemo
@@ -36,6 +37,10 @@ class KeyIncrement(Primitive):
     @classmethod
     def slot_size(cls, structure: Shape) -> int:
         return 8
+
+    @classmethod
+    def write_lengths(cls, structure: Structure) -> tuple[int, ...]:
+        return ()  # Fetch&Add only
 
     @classmethod
     def check_structure(cls, structure: Structure, where: str) -> None:

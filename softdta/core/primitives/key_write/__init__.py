@@ -21,8 +21,9 @@ from softdta.wire.hashing import key_checksum, key_slot
 class KeyWrite(Primitive):
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.KEY_WRITE)
     bpf_header: ClassVar[str | None] = "keyed.h"
-    p4_fragments: ClassVar[tuple[str, ...]] = ("key_write", "keyed_slot")
+    p4_header: ClassVar[str | None] = "key_write"
     vector = KeyWritePath
+    redundant: ClassVar[bool] = True
 
     demo = KeyWriteDemo
 
@@ -40,6 +41,12 @@ class KeyWrite(Primitive):
     @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:
         return {**super().describe(structure), "data_len": structure.data_len}
+
+    @classmethod
+    def p4_problems(cls, structure: Structure, architecture: str, sharing: list[str]) -> list[str]:
+        if structure.key_len != 4 or structure.data_len != 4:
+            return [f"structure {structure.name}: dta-v1 reports carry 4-byte keys and data"]
+        return []
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Target | Output:
         t = self.translator

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from softdta.core import workload as generators
@@ -14,7 +15,7 @@ from softdta.core.primitives.postcarding.state import PostcardEntry as PostcardE
 from softdta.core.regions import Buffer
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
-from softdta.spec import MAX_POSTCARD_HOPS, DtaOpcode, TranslatorCounter
+from softdta.spec import MAX_POSTCARD_HOPS, TNA_POSTCARD_CACHE_ENTRIES, DtaOpcode, TranslatorCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import UdpFrame
 from softdta.wire.hashing import key_checksum, postcard_hop_hash, postcard_slot_hash
@@ -25,14 +26,24 @@ class Postcarding(Primitive):
 
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.POSTCARDING)
     bpf_header: ClassVar[str | None] = "postcard.h"
-    p4_fragments: ClassVar[tuple[str, ...]] = ("postcarding",)
+    p4_header: ClassVar[str | None] = "postcard"
     vector = PostcardingPath
+    state_map: ClassVar[str | None] = "postcard_cache"
+    state_limit: ClassVar[tuple[str, str]] = ("Postcarding cache entries", "lower cache_entries")
 
     demo = PostcardingDemo
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
         return generators.postcards(params.count, params.seed, params.hops, params.switch_ids)
+
+    @classmethod
+    def state_size(cls, fields: Mapping[str, int]) -> int:
+        return fields["cache_entries"]
+
+    @classmethod
+    def write_lengths(cls, structure: Structure) -> tuple[int, ...]:
+        return (4 * structure.hops,)
 
     @classmethod
     def slot_size(cls, structure: Shape) -> int:
@@ -56,6 +67,14 @@ class Postcarding(Primitive):
     @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:
         return {**super().describe(structure), "hops": structure.hops}
+
+    @classmethod
+    def p4_state_problems(cls, state: Mapping[tuple[bytes, int], int], architecture: str) -> list[str]:
+        cache_end = max((first + size for (_, size), first in state.items()), default=0)
+        if architecture == "tna" and cache_end > TNA_POSTCARD_CACHE_ENTRIES:
+            return [f"Postcarding caches of {cache_end} entries in all: the tna build holds "
+                    f"TNA_POSTCARD_CACHE_ENTRIES ({TNA_POSTCARD_CACHE_ENTRIES})"]
+        return []
 
     def new_state(self) -> dict[int, dict[int, PostcardEntry]]:
         return {}

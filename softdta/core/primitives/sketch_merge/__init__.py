@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from softdta.core import workload as generators
+from softdta.core.control_plane import map_spec
 from softdta.core.primitives.base import Output, Primitive, built_in
 from softdta.core.primitives.sketch_merge.batch import SketchMergePath
 from softdta.core.primitives.sketch_merge.demo import SketchMergeDemo
@@ -14,9 +16,21 @@ from softdta.core.primitives.sketch_merge.region import SketchRegion
 from softdta.core.regions import Buffer
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
-from softdta.spec import MAX_SKETCH_ROWS, MAX_WRITE_PAYLOAD, DtaOpcode, MergeFunction, NackKind, TranslatorCounter
+from softdta.spec import (
+    MAX_SKETCH_ROWS,
+    MAX_WRITE_PAYLOAD,
+    P4_SKETCH_COLUMN_BITS,
+    P4_SKETCH_REPORTER_BITS,
+    TNA_MAX_SKETCH_ROWS,
+    TNA_SKETCH_COLUMN_ENTRIES,
+    DtaOpcode,
+    MergeFunction,
+    NackKind,
+    TranslatorCounter,
+)
 from softdta.wire.dta import Nack, Report
 from softdta.wire.frames import UdpFrame
+from softdta.wire.icrc_split import tna_needs_two_passes
 
 
 @dataclass
@@ -31,15 +45,21 @@ class SketchMerge(Primitive):
 
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.SKETCH_MERGE)
     bpf_header: ClassVar[str | None] = "sketch.h"
-    p4_fragments: ClassVar[tuple[str, ...]] = ("sketch_merge",)
+    p4_header: ClassVar[str | None] = "sketch"
     vector = SketchMergePath
     hashed: ClassVar[bool] = False
+    state_map: ClassVar[str | None] = "sketch_column"
+    state_limit: ClassVar[tuple[str, str]] = ("sketches", "split the tables over translators")
 
     demo = SketchMergeDemo
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
         return generators.sketch_epoch(params.reporters, params.columns, params.rows, params.seed)
+
+    @classmethod
+    def write_lengths(cls, structure: Structure) -> tuple[int, ...]:
+        return (structure.batch * structure.slot_size,)
 
     @classmethod
     def slot_size(cls, structure: Shape) -> int:
@@ -70,6 +90,36 @@ class SketchMerge(Primitive):
     def describe(cls, structure: Structure) -> dict[str, Any]:
         return {"columns": structure.columns, "rows": structure.rows, "reporters": structure.reporters,
                 "merge": structure.merge.name.lower()}
+
+    @classmethod
+    def p4_problems(cls, structure: Structure, architecture: str, sharing: list[str]) -> list[str]:
+        where, problems = f"structure {structure.name}", super().p4_problems(structure, architecture, sharing)
+        if structure.batch & (structure.batch - 1):
+            problems.append(f"{where}: batch {structure.batch} must be a power of two")
+        if structure.reporters > 1 << P4_SKETCH_REPORTER_BITS:
+            problems.append(f"{where}: at most {1 << P4_SKETCH_REPORTER_BITS} reporters")
+        if structure.columns > 1 << P4_SKETCH_COLUMN_BITS:
+            problems.append(f"{where}: at most {1 << P4_SKETCH_COLUMN_BITS} columns")
+        if architecture == "tna" and tna_needs_two_passes(structure.batch * structure.slot_size) and sharing:
+            problems.append(f"{where}: its {structure.batch * structure.slot_size} B writes take their PSN before a "
+                            f"second egress pass on tna, so its qp {structure.qp.name!r} must carry nothing else "
+                            f"({', '.join(sharing)})")
+        if architecture == "tna" and structure.rows > TNA_MAX_SKETCH_ROWS:
+            problems.append(f"{where}: {structure.rows} rows are more than the tna build's "
+                            f"TNA_MAX_SKETCH_ROWS ({TNA_MAX_SKETCH_ROWS})")
+        return problems
+
+    @classmethod
+    def p4_state_problems(cls, state: Mapping[tuple[bytes, int], int], architecture: str) -> list[str]:
+        problems = []
+        sketches = map_spec(cast(str, cls.state_map)).max_entries >> P4_SKETCH_COLUMN_BITS
+        if any(index >= sketches for index in state.values()):
+            problems.append(f"at most {sketches} Sketch-Merge structures")
+        columns_end = max(((index + 1) << P4_SKETCH_COLUMN_BITS for index in state.values()), default=0)
+        if architecture == "tna" and columns_end > TNA_SKETCH_COLUMN_ENTRIES:
+            problems.append(f"{len(state)} Sketch-Merge structures: the tna build holds "
+                            f"{TNA_SKETCH_COLUMN_ENTRIES >> P4_SKETCH_COLUMN_BITS} (TNA_SKETCH_COLUMN_ENTRIES)")
+        return problems
 
     def new_state(self) -> dict[int, SketchRuntime]:
         return {}
