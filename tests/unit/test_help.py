@@ -103,3 +103,10 @@ def test_the_help_opens_with_what_softdta_does(help_of):
     description = " ".join(help_of().split("\n\n")[1].split())
     assert description.startswith("softdta turns the telemetry reports switches send"), description
     assert "dispatch" not in help_of()
+
+
+def test_the_demo_help_gives_the_rates_the_demo_uses(help_of):
+    from softdta.lab.demo import DEFAULT_RATE, DEFAULTS, PYTHON_ENGINE_RATE
+    rate_help = dict(entries(help_of("demo")))["--rate RATE"]
+    assert f"(default {DEFAULT_RATE:.0f}, rxe {DEFAULTS['rxe']['rate']:.0f}, --engine python " \
+           f"{PYTHON_ENGINE_RATE:.0f})" in rate_help, rate_help
