@@ -6,6 +6,7 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,7 +262,7 @@ class Collector:
                         for qpn, (structure, peer, _) in self.connections.items()}}
 
 
-def tables_document(translator: dict[str, Any], collector: dict[str, Any],
+def tables_document(translator: dict[str, Any], collector: Mapping[str, object],
                     advertisements: list[dict[str, Any]]) -> dict[str, Any]:
     """Translator tables (the TOML of docs/tables.md, as a dict) from a collector's advertisements.
 

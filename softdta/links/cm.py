@@ -15,13 +15,17 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 from softdta.collector.collector import tables_document
 from softdta.collector.config import AppendSpec, StructureSpec
+from softdta.collector.control import CollectorIdentity
+from softdta.core import registry
 from softdta.core.cm import CmConnection, CmEndpoint
-from softdta.core.tables import TableError, Tables
+from softdta.core.settings import TableError
+from softdta.core.tables import Tables
 from softdta.errors import SoftdtaError
 from softdta.spec import DTA_V1_OPCODES, MAX_REDUNDANCY, PRIMITIVE_BY_SLUG, PRIMITIVES, ROCE_PORT, Transport
 from softdta.wire.codec import WireError
@@ -79,24 +83,27 @@ class CmTarget:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}{self.list_id if self.kind == 'append' else ''}-{self.port}"
+        lists = not registry.by_name(self.kind).has_structure  # a ring of Append lists: which list it holds
+        return f"{self.kind}{self.list_id if lists else ''}-{self.port}"
 
-    def advertisement(self, connection: CmConnection) -> dict:
-        """The structure entry of the translator tables, sized by the region the collector sent."""
+    def advertisement(self, connection: CmConnection) -> dict[str, Any]:
+        """The structure entry of the translator tables, sized by the region the collector sent (an advertisement
+        as the control protocol's collectors send it)."""
         metadata = connection.metadata
+        assert metadata is not None  # a connected connection has the collector's region
         qp = {"remote_qpn": connection.remote_qpn, "local_qpn": connection.local.qpn, "rkey": metadata.key,
               "base": metadata.base_va, "length": metadata.length, "start_psn": connection.send_psn,
               "transport": Transport.RC.name.lower()}
-        if self.kind == "append":
-            spec = AppendSpec(first_list=self.list_id, lists=1, entries=metadata.length // 4, data_len=4,
+        if not registry.by_name(self.kind).has_structure:
+            ring = AppendSpec(first_list=self.list_id, lists=1, entries=metadata.length // 4, data_len=4,
                               batch=self.batch, transport=Transport.RC)
-            entries = spec.entries - spec.entries % spec.batch
-            return {"structure": self.name, **{**spec.advertised(), "entries": entries}, "qp": qp}
-        spec = StructureSpec(PRIMITIVE_BY_SLUG[self.kind], hash=self.hash, transport=Transport.RC,
-                             redundancy=self.redundancy)
-        slots = metadata.length // spec.slot_size
-        usable = (1 << (slots.bit_length() - 1) if slots else 0) * spec.slot_size  # the slot hash is masked
-        return {"structure": self.name, **spec.advertised(), "qp": {**qp, "length": usable}}
+            entries = ring.entries - ring.entries % ring.batch
+            return {"structure": self.name, **{**ring.advertised(), "entries": entries}, "qp": qp}
+        structure = StructureSpec(PRIMITIVE_BY_SLUG[self.kind], hash=self.hash, transport=Transport.RC,
+                                  redundancy=self.redundancy)
+        slots = metadata.length // structure.slot_size
+        usable = (1 << (slots.bit_length() - 1) if slots else 0) * structure.slot_size  # the slot hash is masked
+        return {"structure": self.name, **structure.advertised(), "qp": {**qp, "length": usable}}
 
 
 class CmLinks:
@@ -107,7 +114,7 @@ class CmLinks:
     `report_failures` tells it how to find the translator's QPs (local QPNs) in ERROR, so it can start them over.
     """
 
-    def __init__(self, translator: dict, targets: list[CmTarget], interface: str, first_qpn: int = 0x2000,
+    def __init__(self, translator: dict[str, Any], targets: list[CmTarget], interface: str, first_qpn: int = 0x2000,
                  log: Callable[[str], None] = print):
         if not targets:
             raise CmError("no rdma_cm collectors given")
@@ -168,12 +175,13 @@ class CmLinks:
     def tables(self) -> Tables:
         return Tables.from_dict(self.document(), "rdma_cm collectors")
 
-    def document(self) -> dict:
-        document = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
+    def document(self) -> dict[str, Any]:
+        """The translator tables (docs/tables.md) the connected collectors' regions make, as a dict."""
+        document: dict[str, Any] = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
         for ip in sorted({target.ip for target in self.targets}):
             adverts = [target.advertisement(connection) for target, connection in zip(self.targets, self.connections)
                        if target.ip == ip and connection.connected]
-            collector = {"name": f"cm-{ip_str(ip)}", "ip": ip_str(ip), "mac": mac_str(self._collector_macs[ip])}
+            collector = CollectorIdentity(name=f"cm-{ip_str(ip)}", ip=ip_str(ip), mac=mac_str(self._collector_macs[ip]))
             part = tables_document(self.translator, collector, adverts)
             for key in ("collectors", "structures", "append"):
                 document[key] += part[key]

@@ -10,12 +10,15 @@ import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from softdta.collector.collector import tables_document
 from softdta.collector.control import (
     FAILURE_POLL_S,
     KEEPALIVE_S,
+    CollectorIdentity,
     ControlError,
+    Message,
     cancel_tasks,
     fetch_advertisements,
     receive,
@@ -45,16 +48,16 @@ class CollectorLinks:
     the next process reclaims these queue pairs (else they live as long as this object).
     """
 
-    def __init__(self, translator: dict, collectors: list[tuple[str, int]], token: str, first_qpn: int = 0x1000,
-                 keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None, queues: int = 1,
-                 secrets_file: Path | None = None):
+    def __init__(self, translator: dict[str, Any], collectors: list[tuple[str, int]], token: str,
+                 first_qpn: int = 0x1000, keepalive_s: float = KEEPALIVE_S, tls: ssl.SSLContext | None = None,
+                 queues: int = 1, secrets_file: Path | None = None):
         self.translator, self.collectors, self.token, self.tls = translator, collectors, token, tls
         self.first_qpn, self.keepalive_s, self.queues = first_qpn, keepalive_s, queues
         self.failed_qpns: Callable[[], set[int]] = set
         self.next_psns: Callable[[], dict[int, int]] = dict
         self.updates: queue.Queue[Tables] = queue.Queue()
         # address -> (collector, adverts by our QPN: one per structure and RX queue)
-        self._state: dict[tuple[str, int], tuple[dict, dict[int, dict]]] = {}
+        self._state: dict[tuple[str, int], tuple[CollectorIdentity, dict[int, Message]]] = {}
         self.secrets_file = secrets_file
         self._secrets = self._kept_secrets()  # address -> our session's secret: a reconnect reclaims our QPs
         self._loop = asyncio.new_event_loop()
@@ -92,9 +95,9 @@ class CollectorLinks:
     def tables(self) -> Tables:
         return Tables.from_dict(self.document(), "collector advertisements")
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         """The translator tables (docs/tables.md) the collectors' current advertisements make, as a dict."""
-        document = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
+        document: dict[str, Any] = {"translator": self.translator, "collectors": [], "structures": [], "append": []}
         for collector, adverts in self._state.values():
             part = tables_document(self.translator, collector, list(adverts.values()))
             for key in ("collectors", "structures", "append"):
@@ -125,7 +128,7 @@ class CollectorLinks:
     def _local_qpn(self, collector_index: int, position: int) -> int:
         return self.first_qpn + 0x100 * collector_index + position
 
-    async def _fetch(self, index: int, address: tuple[str, int]):
+    async def _fetch(self, index: int, address: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         collector, adverts, reader, writer, self._secrets[address] = await fetch_advertisements(
             *address, self.token, self.translator, {"*": (self._local_qpn(index, 0), 0)}, tls=self.tls,
             queues=self.queues, secret=self._secrets.get(address), psns=self.next_psns())
@@ -139,7 +142,7 @@ class CollectorLinks:
 
     async def _report_failures(self, address: tuple[str, int], writer: asyncio.StreamWriter) -> None:
         """Tell the collector about each failed QP once per advertisement; its new advertisement revives it."""
-        reported: set[tuple[str, int]] = set()
+        reported: set[tuple[str, int, int]] = set()  # (structure, remote QPN, start PSN) of each advertisement
         while True:
             await asyncio.sleep(FAILURE_POLL_S)
             failed = self.failed_qpns()
@@ -151,7 +154,8 @@ class CollectorLinks:
                           "asking the collector to re-create it", flush=True)
                     await send(writer, {"type": "failed", "structure": structure, "qpn": qp["local_qpn"]})
 
-    async def _follow(self, index: int, address: tuple[str, int], reader, writer) -> None:
+    async def _follow(self, index: int, address: tuple[str, int], reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
         """Apply re-advertisements; keep the connection alive; report failed QPs; reconnect (with backoff) when it
         drops."""
         while True:
