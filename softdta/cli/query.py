@@ -9,7 +9,6 @@ import sys
 
 from softdta.cli.common import CliError, Commands, add_command
 from softdta.core import registry
-from softdta.spec import PRIMITIVE_BY_SLUG
 
 
 def register(commands: Commands) -> None:
@@ -18,7 +17,8 @@ def register(commands: Commands) -> None:
                         "its structures, counters and health", "See docs/query.md.")
     query.add_argument("--url", default="http://127.0.0.1:8040",
                        help="the collector's query service (default %(default)s)")
-    query.add_argument("what", choices=["structures", "stats", "health", "metrics", *PRIMITIVE_BY_SLUG],
+    query.add_argument("what", choices=["structures", "stats", "health", "metrics",
+                                        *(p.name for p in registry.registered())],
                        help="what to ask: the structures, the collector's counters, its health, its Prometheus "
                             "metrics, or one structure (by its primitive)")
     query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
@@ -47,7 +47,7 @@ def _query(args: argparse.Namespace) -> int:
     def keys() -> list[int | str]:
         return [int(k) if k.isdigit() else k for k in args.keys]
 
-    primitive = registry.by_name(args.what) if args.what in PRIMITIVE_BY_SLUG else None
+    primitive = next((p for p in registry.registered() if p.name == args.what), None)
     if primitive is not None and not args.name:
         raise CliError(f"query {args.what} needs a structure name; list them with `softdta query structures`")
     body = None

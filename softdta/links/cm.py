@@ -27,7 +27,7 @@ from softdta.core.cm import CmConnection, CmEndpoint
 from softdta.core.settings import TableError
 from softdta.core.tables import Tables
 from softdta.errors import SoftdtaError
-from softdta.spec import DTA_V1_OPCODES, MAX_REDUNDANCY, PRIMITIVE_BY_SLUG, PRIMITIVES, ROCE_PORT, Transport
+from softdta.spec import DTA_V1_OPCODES, MAX_REDUNDANCY, PRIMITIVES, ROCE_PORT, Transport
 from softdta.wire.codec import WireError
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes, mac_str, parse_udp_frame
 
@@ -99,7 +99,7 @@ class CmTarget:
                               batch=self.batch, transport=Transport.RC)
             entries = ring.entries - ring.entries % ring.batch
             return {"structure": self.name, **{**ring.advertised(), "entries": entries}, "qp": qp}
-        structure = StructureSpec(PRIMITIVE_BY_SLUG[self.kind], hash=self.hash, transport=Transport.RC,
+        structure = StructureSpec(registry.by_name(self.kind).opcode, hash=self.hash, transport=Transport.RC,
                                   redundancy=self.redundancy)
         slots = metadata.length // structure.slot_size
         usable = (1 << (slots.bit_length() - 1) if slots else 0) * structure.slot_size  # the slot hash is masked

@@ -104,8 +104,6 @@ PRIMITIVES = {info.opcode: info for info in (
     PrimitiveInfo(DtaOpcode.POSTCARDING, "postcarding", POSTCARD_V1, POSTCARD_EXT),
     PrimitiveInfo(DtaOpcode.SKETCH_MERGE, "sketch-merge", None, SKETCH_MERGE_EXT),
 )}
-PRIMITIVE_BY_SLUG = {info.slug: opcode for opcode, info in PRIMITIVES.items()}
-STRUCTURE_KINDS = {info.slug: opcode for opcode, info in PRIMITIVES.items() if info.structure}
 DTA_V1_OPCODES = tuple(opcode for opcode, info in PRIMITIVES.items() if info.v1_subheader)
 
 DTA_HEADERS = (DTA_BASE_V1_SHORT, DTA_BASE_V1_SEQ, DTA_BASE_EXT, KEY_WRITE_V1, KEY_INCREMENT_V1, APPEND_V1,

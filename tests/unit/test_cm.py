@@ -278,13 +278,13 @@ def test_the_translator_leaves_with_a_dreq():
 
 
 def test_targets_parse_and_size_their_structures_from_the_region():
-    keywrite = CmTarget.parse("10.0.0.51:1337,kind=key-write")
+    key_write = CmTarget.parse("10.0.0.51:1337,kind=key-write")
     append = CmTarget.parse("10.0.0.51:1338,kind=append,list=3,batch=8")
-    assert (keywrite.ip, keywrite.port, keywrite.kind) == (ip_bytes("10.0.0.51"), 1337, "key-write")
+    assert (key_write.ip, key_write.port, key_write.kind) == (ip_bytes("10.0.0.51"), 1337, "key-write")
     assert (append.list_id, append.batch) == (3, 8)
     link = connection()
     link.remote_qpn, link.send_psn, link.metadata = COLLECTOR_QPN, COLLECTOR_PSN, Metadata(0x1000, 3000, 0x22)
-    advert = keywrite.advertisement(link)
+    advert = key_write.advertisement(link)
     assert advert["qp"]["length"] == 256 * 8  # 375 slots fit: the hash is masked, so 256 are used
     assert advert["qp"]["start_psn"] == COLLECTOR_PSN and advert["qp"]["rkey"] == 0x22
     ring = append.advertisement(link)
