@@ -2,10 +2,12 @@
 
 import json
 import os
+import re
 import select
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,24 @@ from softdta.wire.roce import RoceFrame, parse_roce
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TABLES = ROOT / "examples" / "tables.toml"
+COLLECTOR_CONFIG = (ROOT / "examples" / "collector.toml").read_text()
+SOFTDTA = [sys.executable, "-m", "softdta.cli"]
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The one line a command that exits 2 on bad input prints, checked to be that."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("softdta: error: "), result.stderr
+    return lines[0]
+
+
+def edited(text: str, pattern: str, replacement: str) -> str:
+    """`text` with the first match of `pattern` (once, and it must match) replaced."""
+    changed, count = re.subn(pattern, replacement, text, count=1, flags=re.MULTILINE)
+    assert count == 1, pattern
+    return changed
 
 
 def assert_every_queue_wrote_in_psn_order(tables, seen: list[bytes], expected: list[bytes]) -> None:

@@ -3,31 +3,13 @@
 holds the errors in translator tables and collector configuration."""
 
 import os
-import re
 import socket
 import subprocess
-import sys
 
 import pytest
 
-from tests.common import ROOT
-
-SOFTDTA = [sys.executable, "-m", "softdta.cli"]
-COLLECTOR = (ROOT / "examples" / "collector.toml").read_text()
-
-
-def one_line_error(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("softdta: error: "), result.stderr
-    return lines[0]
-
-
-def edited(text: str, pattern: str, replacement: str) -> str:
-    changed, count = re.subn(pattern, replacement, text, count=1, flags=re.MULTILINE)
-    assert count == 1, pattern
-    return changed
+from tests.common import COLLECTOR_CONFIG as COLLECTOR
+from tests.common import ROOT, SOFTDTA, edited, one_line_error
 
 
 @pytest.mark.privileged

@@ -2,9 +2,7 @@
 real command line (exit 2, one line naming the setting and the fix, never a traceback) and through the validator
 itself, and the commands docker-compose.yml runs against the command line's options. Nothing here needs root."""
 
-import re
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -12,25 +10,10 @@ import yaml
 from softdta.collector.config import CollectorConfig
 from softdta.core.settings import TableError
 from softdta.wire.pcap import write_pcap
-from tests.common import ROOT
+from tests.common import COLLECTOR_CONFIG as COLLECTOR
+from tests.common import ROOT, SOFTDTA, edited, one_line_error
 
-SOFTDTA = [sys.executable, "-m", "softdta.cli"]
-COLLECTOR = (ROOT / "examples" / "collector.toml").read_text()
 TABLES = (ROOT / "examples" / "tables.toml").read_text()
-
-
-def one_line_error(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("softdta: error: "), result.stderr
-    return lines[0]
-
-
-def edited(text: str, pattern: str, replacement: str) -> str:
-    changed, count = re.subn(pattern, replacement, text, count=1, flags=re.MULTILINE)
-    assert count == 1, pattern
-    return changed
 
 
 def softdta(*args):
