@@ -207,11 +207,6 @@ class Primitive(abc.ABC):
     # its structure and collector region (class-level: the tables and collectors ask without a translator)
 
     @classmethod
-    def title(cls) -> str:
-        """Its name for people: Key-Write, Sketch-Merge."""
-        return "-".join(part.capitalize() for part in cls.name.split("-"))
-
-    @classmethod
     def slot_size(cls, structure: Shape) -> int:
         """Bytes per slot of its structure (per key, or per sketch column)."""
         return power_of_two_at_least(KEY_CHECKSUM_LEN + structure.data_len)
