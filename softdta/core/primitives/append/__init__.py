@@ -22,7 +22,6 @@ class Append(Primitive):
     bpf_header: ClassVar[str | None] = "append.h"
     p4_header: ClassVar[str | None] = "append"
     vector = AppendPath
-
     demo = AppendDemo
 
     @classmethod

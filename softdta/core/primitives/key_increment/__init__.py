@@ -27,8 +27,8 @@ class KeyIncrement(Primitive):
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_header: ClassVar[str | None] = "key_increment"
     vector = KeyIncrementPath
-
     demo = KeyIncrementDemo
+    query = CountLookup
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
@@ -50,8 +50,6 @@ class KeyIncrement(Primitive):
         if structure.qp.base_va % 8:
             raise TableError(f"{where}: atomics need an 8-byte aligned region; base 0x{structure.qp.base_va:x}")
         super().check_structure(structure, where)
-
-    query = CountLookup
 
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> KeyIncrementRegion:

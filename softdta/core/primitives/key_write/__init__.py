@@ -23,16 +23,14 @@ class KeyWrite(Primitive):
     bpf_header: ClassVar[str | None] = "keyed.h"
     p4_header: ClassVar[str | None] = "key_write"
     vector = KeyWritePath
-    redundant: ClassVar[bool] = True
-
     demo = KeyWriteDemo
+    query = KeyLookup
+    redundant: ClassVar[bool] = True
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
         return generators.key_write(params.count, params.seed, params.redundancy, params.key_len,
                                     params.data_len)
-
-    query = KeyLookup
 
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> KeyWriteRegion:

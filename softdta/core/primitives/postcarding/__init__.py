@@ -28,10 +28,10 @@ class Postcarding(Primitive):
     bpf_header: ClassVar[str | None] = "postcard.h"
     p4_header: ClassVar[str | None] = "postcard"
     vector = PostcardingPath
+    demo = PostcardingDemo
+    query = PathLookup
     state_map: ClassVar[str | None] = "postcard_cache"
     state_limit: ClassVar[tuple[str, str]] = ("Postcarding cache entries", "lower cache_entries")
-
-    demo = PostcardingDemo
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
@@ -57,8 +57,6 @@ class Postcarding(Primitive):
         if entries <= 0 or entries & (entries - 1):
             raise TableError(f"{where}: cache_entries {entries} must be a power of two")
         super().check_structure(structure, where)
-
-    query = PathLookup
 
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> PostcardRegion:

@@ -47,11 +47,11 @@ class SketchMerge(Primitive):
     bpf_header: ClassVar[str | None] = "sketch.h"
     p4_header: ClassVar[str | None] = "sketch"
     vector = SketchMergePath
+    demo = SketchMergeDemo
+    query = MergedSketch
     hashed: ClassVar[bool] = False
     state_map: ClassVar[str | None] = "sketch_column"
     state_limit: ClassVar[tuple[str, str]] = ("sketches", "split the tables over translators")
-
-    demo = SketchMergeDemo
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
@@ -79,8 +79,6 @@ class SketchMerge(Primitive):
                              f"{structure.columns * structure.slot_size} B, the region has {structure.qp.length}")
         if structure.reporters <= 0 or structure.reporters >= 1 << 16:
             raise TableError(f"{where}: reporters must be 1..65535")
-
-    query = MergedSketch
 
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> SketchRegion:
