@@ -241,8 +241,8 @@ class QueryService:
         self.append_feeds = {range_name(lists): AppendFeed(lists, source.append_region(lists),
                                                            source.append_ring_writes(lists))
                              for lists in source.tables.append_lists}
-        self.registry = CollectorRegistry(auto_describe=False)  # names depend on the tables: no check at register
-        self.registry.register(_Metrics(self))
+        self.prometheus = CollectorRegistry(auto_describe=False)  # names depend on the tables: no check at register
+        self.prometheus.register(_Metrics(self))
         self.closing = asyncio.Event()  # set at shutdown, so that follow streams end
 
     def routes(self) -> list[web.RouteDef]:
@@ -405,7 +405,7 @@ class QueryService:
         return web.json_response({"status": "ok", **self.source.health()})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(self.prometheus), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def end_streams(self, app: web.Application) -> None:
         self.closing.set()
