@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from softdta.core import registry
+from softdta.core.primitives.base import is_power_of_two
 from softdta.core.settings import Settings, TableError, tables_of
 from softdta.core.tables import KEY_HASH_NAMES
 from softdta.spec import (
@@ -107,7 +108,7 @@ class StructureSpec:
     def validate(self) -> None:
         where = f"{self.name} structure"
         primitive = registry.by_opcode(self.primitive)
-        if primitive.hashed and (self.slots <= 0 or self.slots & (self.slots - 1)):
+        if primitive.hashed and not is_power_of_two(self.slots):
             raise TableError(f"{where}: slots {self.slots} must be a power of two (the slot hash is masked)")
         if not primitive.hashed and self.slots <= 0:
             raise TableError(f"{where}: set slots to the number of columns")

@@ -20,7 +20,6 @@ def test_built_in_primitives_are_dispatched_through_the_plug_in_api(tables):
     translator = Translator(tables)
     assert set(translator.primitives) == set(DtaOpcode)
     assert all(isinstance(p, primitives.Primitive) for p in translator.primitives.values())
-    assert translator.primitive(DtaOpcode.APPEND) is translator.primitives[DtaOpcode.APPEND]
 
 
 def test_a_plug_in_cannot_take_an_opcode_already_in_use(tables):

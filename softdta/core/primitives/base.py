@@ -331,10 +331,14 @@ def power_of_two_at_least(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
 def check_hashed_slots(structure: Structure, where: str) -> None:
     """A hashed structure's slot count is a power of two between 2 and 2^31 (the hash takes the low bits)."""
     count = structure.slot_count
-    if count & (count - 1) or count < 2 or count > 1 << 31:
+    if not is_power_of_two(count) or count < 2 or count > 1 << 31:
         raise TableError(f"{where}: region length {structure.qp.length} gives {count} slots of "
                          f"{structure.slot_size} B; the hash needs a power of two between 2 and 2^31 "
                          f"(e.g. length {power_of_two_at_least(max(2, count)) * structure.slot_size})")

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from softdta.core import workload as generators
-from softdta.core.primitives.base import Output, Primitive, Target, built_in, power_of_two_at_least
+from softdta.core.primitives.base import Output, Primitive, Target, built_in, is_power_of_two, power_of_two_at_least
 from softdta.core.primitives.postcarding.batch import PostcardingPath
 from softdta.core.primitives.postcarding.demo import PostcardingDemo
 from softdta.core.primitives.postcarding.queries import PathLookup
@@ -53,9 +53,8 @@ class Postcarding(Primitive):
     def check_structure(cls, structure: Structure, where: str) -> None:
         if not 1 <= structure.hops <= MAX_POSTCARD_HOPS:
             raise TableError(f"{where}: hops {structure.hops} must be 1..{MAX_POSTCARD_HOPS}")
-        entries = structure.cache_entries
-        if entries <= 0 or entries & (entries - 1):
-            raise TableError(f"{where}: cache_entries {entries} must be a power of two")
+        if not is_power_of_two(structure.cache_entries):
+            raise TableError(f"{where}: cache_entries {structure.cache_entries} must be a power of two")
         super().check_structure(structure, where)
 
     @classmethod

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, cast
 
 from softdta.core import workload as generators
 from softdta.core.control_plane import map_spec
-from softdta.core.primitives.base import Output, Primitive, built_in
+from softdta.core.primitives.base import Output, Primitive, built_in, is_power_of_two
 from softdta.core.primitives.sketch_merge.batch import SketchMergePath
 from softdta.core.primitives.sketch_merge.demo import SketchMergeDemo
 from softdta.core.primitives.sketch_merge.queries import MergedSketch
@@ -92,7 +92,7 @@ class SketchMerge(Primitive):
     @classmethod
     def p4_problems(cls, structure: Structure, architecture: str, sharing: list[str]) -> list[str]:
         where, problems = f"structure {structure.name}", super().p4_problems(structure, architecture, sharing)
-        if structure.batch & (structure.batch - 1):
+        if not is_power_of_two(structure.batch):
             problems.append(f"{where}: batch {structure.batch} must be a power of two")
         if structure.reporters > 1 << P4_SKETCH_REPORTER_BITS:
             problems.append(f"{where}: at most {1 << P4_SKETCH_REPORTER_BITS} reporters")
