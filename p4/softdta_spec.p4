@@ -39,6 +39,10 @@ const bit<32> DEFAULT_GRACE_NS = 1000000;
 const bit<8> DEFAULT_ACK_REQUEST_INTERVAL = 16;
 const bit<32> MAX_ACK_REQUEST_INTERVAL = 65536;
 const bit<32> CRC32_POLYNOMIAL = 79764919;
+const bit<32> PARTITION_POLYNOMIAL = 2821953579;
+const bit<8> DEFAULT_SLOT_BITS = 12;
+const bit<8> MAX_SLOT_BITS = 16;
+const bit<8> MAX_REPLICAS = 4;
 const bit<8> FLUSH_OPCODE = 127;
 const bit<8> AETH_KIND_SHIFT = 5;
 const bit<8> AETH_VALUE_MASK = 31;
@@ -159,6 +163,7 @@ const bit<8> CNT_ESSENTIAL_DEFERRED = 11;
 const bit<8> CNT_APPEND_FLUSHES = 12;
 const bit<8> CNT_POSTCARD_FLUSHES = 13;
 const bit<8> CNT_DROP_NO_QUEUE_QP = 14;
+const bit<8> CNT_DROP_FLEET_UNMAPPED = 15;
 const bit<8> CNT_DROP_TRUNCATED = 16;
 const bit<8> CNT_DROP_BAD_LENGTH = 17;
 const bit<8> CNT_DROP_UNKNOWN_OPCODE = 18;
@@ -190,6 +195,7 @@ const bit<8> CNT_RX_POSTCARDING = 43;
 const bit<8> CNT_RX_SKETCH_MERGE = 44;
 const bit<8> CNT_NAK_LOST_WRITES = 45;
 const bit<8> CNT_PSN_ADOPTED = 46;
+const bit<8> CNT_FLEET_RESOLVED = 47;
 
 // Access: Access rights of a registered memory region (ibv_access_flags).
 const bit<8> ACCESS_LOCAL_WRITE = 1;
@@ -271,6 +277,8 @@ const bit<32> POSTCARD_CACHE_MAX_ENTRIES = 131072;
 const bit<32> SKETCH_COLUMN_MAX_ENTRIES = 65536;
 const bit<32> SKETCH_REPORTER_MAX_ENTRIES = 65536;
 const bit<16> FANOUT_MAX_ENTRIES = 256;
+const bit<8> FLEET_CONFIG_MAX_ENTRIES = 1;
+const bit<32> FLEET_SLOT_MAX_ENTRIES = 65536;
 const bit<32> REPORTER_SEQ_MAX_ENTRIES = 65536;
 const bit<8> RESPONDER_CONFIG_MAX_ENTRIES = 1;
 const bit<16> RESPONDER_QP_MAX_ENTRIES = 1024;
@@ -594,6 +602,31 @@ struct append_list_value_t {
     bit<32> state_index;
 }
 
+// fleet_slot key: the slot map: each slot's ordered replica set of collectors
+struct fleet_slot_key_t {
+    bit<32> slot; // partition hash & (2^slot_bits - 1)
+}
+
+// fleet_slot value: the slot map: each slot's ordered replica set of collectors
+struct fleet_slot_value_t {
+    bit<32> replicas; // collectors in the replica set, 0 = none
+    bit<128> collector_ip; // the replica set's collector IPs in order, network order
+}
+
+// fleet_config key: the fleet: where reports addressed to the fleet address go (docs/fleet.md)
+struct fleet_config_key_t {
+    bit<32> index;
+}
+
+// fleet_config value: the fleet: where reports addressed to the fleet address go (docs/fleet.md)
+struct fleet_config_value_t {
+    bit<32> address; // network order; reports to the fleet address go by slot, 0 = no fleet
+    bit<8> slot_bits; // the slot table has 2^slot_bits entries
+    bit<8> across; // 1: copy n of a Key-Write or Key-Increment report goes to replica n of its slot
+    bit<16> pad;
+    bit<64> epoch; // of the slot map the control plane wrote last
+}
+
 // icrc_constant key: TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
 struct icrc_constant_key_t {
     bit<32> qp_index;
@@ -638,6 +671,10 @@ struct translator_tables_t {
     structure_value_t structure;
     append_list_key_t append_list_key;
     append_list_value_t append_list;
+    fleet_slot_key_t fleet_slot_key;
+    fleet_slot_value_t fleet_slot;
+    fleet_config_key_t fleet_config_key;
+    fleet_config_value_t fleet_config;
     icrc_constant_key_t icrc_constant_key;
     icrc_constant_value_t icrc_constant;
 }

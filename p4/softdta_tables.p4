@@ -137,12 +137,46 @@ table append_list {
     size = 65536;
 }
 
+// the slot map: each slot's ordered replica set of collectors
+@id(0x01000007) @name(".set_fleet_slot")
+action set_fleet_slot(bit<32> replicas, bit<128> collector_ip) {
+    meta.tables.fleet_slot.replicas = replicas;
+    meta.tables.fleet_slot.collector_ip = collector_ip;
+}
+@id(0x02000007) @name(".fleet_slot")
+table fleet_slot {
+    key = {
+        meta.tables.fleet_slot_key.slot : exact @name("slot");
+    }
+    actions = { set_fleet_slot; @defaultonly softdta_miss; }
+    const default_action = softdta_miss();
+    size = 65536;
+}
+
+// the fleet: where reports addressed to the fleet address go (docs/fleet.md)
+@id(0x01000008) @name(".set_fleet_config")
+action set_fleet_config(bit<32> address, bit<8> slot_bits, bit<8> across, bit<64> epoch) {
+    meta.tables.fleet_config.address = address;
+    meta.tables.fleet_config.slot_bits = slot_bits;
+    meta.tables.fleet_config.across = across;
+    meta.tables.fleet_config.epoch = epoch;
+}
+@id(0x02000008) @name(".fleet_config")
+table fleet_config {
+    key = {
+        meta.tables.fleet_config_key.index : exact @name("index");
+    }
+    actions = { set_fleet_config; @defaultonly softdta_miss; }
+    const default_action = softdta_miss();
+    size = 1;
+}
+
 // TNA: the per-QP part of the iCRC of every frame shape a QP sends (softdta/wire/icrc_split.py)
-@id(0x01000007) @name(".set_icrc_constant")
+@id(0x01000009) @name(".set_icrc_constant")
 action set_icrc_constant(bit<32> constant) {
     meta.tables.icrc_constant.constant = constant;
 }
-@id(0x02000007) @name(".icrc_constant")
+@id(0x02000009) @name(".icrc_constant")
 table icrc_constant {
     key = {
         meta.tables.icrc_constant_key.qp_index : exact @name("qp_index");

@@ -44,6 +44,10 @@
 #define DEFAULT_ACK_REQUEST_INTERVAL 16
 #define MAX_ACK_REQUEST_INTERVAL 65536 /* 0x10000 */
 #define CRC32_POLYNOMIAL 79764919 /* 0x4c11db7 */
+#define PARTITION_POLYNOMIAL 2821953579U /* 0xa833982b */
+#define DEFAULT_SLOT_BITS 12
+#define MAX_SLOT_BITS 16
+#define MAX_REPLICAS 4
 #define FLUSH_OPCODE 127
 #define AETH_KIND_SHIFT 5
 #define AETH_VALUE_MASK 31
@@ -168,6 +172,7 @@
 #define CNT_APPEND_FLUSHES 12
 #define CNT_POSTCARD_FLUSHES 13
 #define CNT_DROP_NO_QUEUE_QP 14
+#define CNT_DROP_FLEET_UNMAPPED 15
 #define CNT_DROP_TRUNCATED 16
 #define CNT_DROP_BAD_LENGTH 17
 #define CNT_DROP_UNKNOWN_OPCODE 18
@@ -199,6 +204,7 @@
 #define CNT_RX_SKETCH_MERGE 44
 #define CNT_NAK_LOST_WRITES 45
 #define CNT_PSN_ADOPTED 46
+#define CNT_FLEET_RESOLVED 47
 
 /* Access: Access rights of a registered memory region (ibv_access_flags). */
 #define ACCESS_LOCAL_WRITE 1
@@ -280,6 +286,8 @@
 #define SKETCH_COLUMN_MAX_ENTRIES 65536 /* 0x10000 */
 #define SKETCH_REPORTER_MAX_ENTRIES 65536 /* 0x10000 */
 #define FANOUT_MAX_ENTRIES 256
+#define FLEET_CONFIG_MAX_ENTRIES 1
+#define FLEET_SLOT_MAX_ENTRIES 65536 /* 0x10000 */
 #define REPORTER_SEQ_MAX_ENTRIES 65536 /* 0x10000 */
 #define RESPONDER_CONFIG_MAX_ENTRIES 1
 #define RESPONDER_QP_MAX_ENTRIES 1024
@@ -1397,6 +1405,35 @@ struct fanout_value {
 	__u8 frames[768]; /* frames 2..count */
 };
 _Static_assert(sizeof(struct fanout_value) == 780, "struct fanout_value does not match softdta/spec/");
+
+/* fleet_config key: the fleet: where reports addressed to the fleet address go (docs/fleet.md) */
+struct fleet_config_key {
+	__u32 index;
+};
+_Static_assert(sizeof(struct fleet_config_key) == 4, "struct fleet_config_key does not match softdta/spec/");
+
+/* fleet_config value: the fleet: where reports addressed to the fleet address go (docs/fleet.md) */
+struct fleet_config_value {
+	__u32 address; /* network order; reports to the fleet address go by slot, 0 = no fleet */
+	__u8 slot_bits; /* the slot table has 2^slot_bits entries */
+	__u8 across; /* 1: copy n of a Key-Write or Key-Increment report goes to replica n of its slot */
+	__u16 pad;
+	__u64 epoch; /* of the slot map the control plane wrote last */
+};
+_Static_assert(sizeof(struct fleet_config_value) == 16, "struct fleet_config_value does not match softdta/spec/");
+
+/* fleet_slot key: the slot map: each slot's ordered replica set of collectors */
+struct fleet_slot_key {
+	__u32 slot; /* partition hash & (2^slot_bits - 1) */
+};
+_Static_assert(sizeof(struct fleet_slot_key) == 4, "struct fleet_slot_key does not match softdta/spec/");
+
+/* fleet_slot value: the slot map: each slot's ordered replica set of collectors */
+struct fleet_slot_value {
+	__u32 replicas; /* collectors in the replica set, 0 = none */
+	__u8 collector_ip[16]; /* the replica set's collector IPs in order, network order */
+};
+_Static_assert(sizeof(struct fleet_slot_value) == 20, "struct fleet_slot_value does not match softdta/spec/");
 
 /* reporter_seq key: go-back-N tracking of retransmitting reporters */
 struct reporter_seq_key {

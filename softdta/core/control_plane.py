@@ -42,7 +42,8 @@ from softdta.wire.roce import transport_payload
 # How long a partial Append batch or Postcarding path waits before it is written out, by default.
 DEFAULT_FLUSH_IDLE_NS = 1_000_000
 # Written by the control plane; the data plane only reads them.
-CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list", "queue_qp")
+CONFIG_TABLES = ("translator_config", "qp", "collector", "qp_by_local_qpn", "structure", "append_list", "queue_qp",
+                 "fleet_slot", "fleet_config")
 # Entries only the P4 data planes take (iCRC constants, packet replication groups); see spec.P4_TABLES.
 P4_ONLY_TABLES = tuple(t.name for t in P4_TABLES)
 # Entries that stop existing when the tables no longer name them (the qp array is zeroed instead, by the
@@ -260,20 +261,22 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
         entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, fields))
     list_ids = set()
     append_used = set(slots.append.values())
-    for lists in tables.append_lists:
-        for offset in range(lists.lists):
-            list_id = lists.first_list + offset
-            list_ids.add(list_id)
-            if list_id not in new.append:
-                new.append[list_id] = _free_index(append_used, capacity("append_state"), "Append lists")
-                state.append(Entry("append_state", {"state_index": new.append[list_id]}))
-            elif qp_index[lists.qp.name] in restarted:
-                # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
-                state.append(Entry("append_state", {"state_index": new.append[list_id]}))
-            entries.append(Entry("append_list", {"list_id": list_id}, {
-                "qp_index": qp_index[lists.qp.name], "queues": len(lists.qps), "first_slot": offset * lists.entries,
-                "slot_count": lists.entries, "entry_size": lists.data_len, "batch": lists.batch,
-                "state_index": new.append[list_id]}))
+    for list_id in sorted({lists.first_list + offset for lists in tables.append_lists for offset in range(lists.lists)}):
+        owner = tables.append_range(list_id)  # with a fleet, the range of its slot's first replica that has it
+        if owner is None:
+            continue
+        list_ids.add(list_id)
+        if list_id not in new.append:
+            new.append[list_id] = _free_index(append_used, capacity("append_state"), "Append lists")
+            state.append(Entry("append_state", {"state_index": new.append[list_id]}))
+        elif qp_index[owner.qp.name] in restarted:
+            # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
+            state.append(Entry("append_state", {"state_index": new.append[list_id]}))
+        entries.append(Entry("append_list", {"list_id": list_id}, {
+            "qp_index": qp_index[owner.qp.name], "queues": len(owner.qps),
+            "first_slot": (list_id - owner.first_list) * owner.entries, "slot_count": owner.entries,
+            "entry_size": owner.data_len, "batch": owner.batch, "state_index": new.append[list_id]}))
+    entries += fleet_entries(tables)
     new.state = {key: first for key, first in new.state.items() if key in live_state}
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
@@ -281,6 +284,19 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)
     keep = {name: {entry.key_tuple() for entry in entries if entry.table == name} for name in PRUNED_TABLES}
     return Plan(entries, state, retire, keep, new, generation_of(entries), restarts)
+
+
+def fleet_entries(tables: Tables) -> list[Entry]:
+    """The slot map, then the fleet's settings that lead reports to it; all zeros without a fleet."""
+    fleet = tables.fleet
+    if fleet is None:
+        return [Entry("fleet_config", {"index": 0})]
+    width = map_spec("fleet_slot").value[1].bits // 8
+    return [Entry("fleet_slot", {"slot": slot}, {"replicas": len(replicas),
+                                                 "collector_ip": b"".join(replicas).ljust(width, b"\0")})
+            for slot, replicas in enumerate(fleet.slots)] + \
+        [Entry("fleet_config", {"index": 0}, {"address": fleet.address, "slot_bits": fleet.slot_bits,
+                                              "across": int(fleet.across), "epoch": fleet.epoch})]
 
 
 def generation_of(entries: list[Entry]) -> Entry:

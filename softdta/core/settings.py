@@ -69,6 +69,12 @@ class Settings:
             raise TableError(f"{self.where}: {key} must not be empty")
         return value
 
+    def boolean(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise TableError(f"{self.where}: {key} = {value!r} must be true or false")
+        return value
+
     def table(self, key: str, known: tuple[str, ...], where: str | None = None) -> Settings:
         return Settings(where or f"{self.where} {key}", self._get(key, _REQUIRED), known)
 

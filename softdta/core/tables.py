@@ -18,13 +18,16 @@ from softdta.core.settings import Settings, TableError, tables_of
 from softdta.spec import (
     DEFAULT_ACK_REQUEST_INTERVAL,
     DEFAULT_GRACE_NS,
+    DEFAULT_SLOT_BITS,
     DTA_V1_POSTCARD_HOPS,
     MAX_ACK_REQUEST_INTERVAL,
     MAX_APPEND_BATCH,
     MAX_DATA_LEN,
     MAX_KEY_LEN,
     MAX_REDUNDANCY,
+    MAX_REPLICAS,
     MAX_RX_QUEUES,
+    MAX_SLOT_BITS,
     MAX_WRITE_PAYLOAD,
     POSTCARD_CACHE_ENTRIES,
     PSN_MASK,
@@ -34,7 +37,9 @@ from softdta.spec import (
 )
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, ip_str, mac_bytes
+from softdta.wire.hashing import partition_slot
 
+APPEND_OWNER_CACHE = 1 << 16  # Append lists whose owning range a fleet's tables remember
 KEY_HASH_NAMES = {"dta-v1": KeyHash.DTA_V1, "independent": KeyHash.INDEPENDENT}
 
 
@@ -185,6 +190,43 @@ class AppendLists(PerQueue):
 
 
 @dataclass
+class Fleet:
+    """Reports addressed to the fleet `address` go to the collectors of their slot (docs/fleet.md): slot s of the
+    partition hash has the replica set `slots[s]`, collector IPs in order, from the slot map of `epoch`."""
+
+    address: bytes
+    epoch: int
+    slot_bits: int
+    slots: tuple[tuple[bytes, ...], ...]
+    across: bool = False  # copy n of a Key-Write or Key-Increment report goes to replica n of its slot
+
+    def validate(self, collector_ips: frozenset[bytes]) -> None:
+        if not 1 <= self.slot_bits <= MAX_SLOT_BITS:
+            raise TableError(f"[fleet]: slot_bits {self.slot_bits} must be 1..{MAX_SLOT_BITS}")
+        if len(self.slots) != 1 << self.slot_bits:
+            raise TableError(f"[fleet]: {len(self.slots)} slots given, slot_bits {self.slot_bits} needs "
+                             f"{1 << self.slot_bits}")
+        if self.epoch < 0:
+            raise TableError(f"[fleet]: epoch {self.epoch} must not be negative")
+        if self.address in collector_ips:
+            raise TableError(f"[fleet]: address {ip_str(self.address)} is a collector's; give the fleet its own "
+                             "address")
+        for slot, replicas in enumerate(self.slots):
+            if len(replicas) > MAX_REPLICAS or len(set(replicas)) != len(replicas):
+                raise TableError(f"[fleet]: slot {slot} needs at most {MAX_REPLICAS} distinct collectors")
+            for ip in replicas:
+                if ip not in collector_ips:
+                    raise TableError(f"[fleet]: slot {slot} names collector {ip_str(ip)}, which has no structure or "
+                                     "append lists here; connect it first or leave it out of the slot")
+
+    def slot(self, partition_key: bytes) -> int:
+        return partition_slot(partition_key, self.slot_bits)
+
+    def replicas(self, partition_key: bytes) -> tuple[bytes, ...]:
+        return self.slots[self.slot(partition_key)]
+
+
+@dataclass
 class Tables:
     """Everything the translator needs: its own addresses, QPs, structures and Append lists."""
 
@@ -199,9 +241,11 @@ class Tables:
     qps: list[QueuePair] = field(default_factory=list)
     structures: list[Structure] = field(default_factory=list)
     append_lists: list[AppendLists] = field(default_factory=list)
+    fleet: Fleet | None = None
     # Lookup indexes, rebuilt by validate() so that per-report lookups are dictionary hits.
     _structure_index: dict[tuple[bytes, int], Structure] = field(default_factory=dict, init=False, repr=False)
     _local_qpn_index: dict[int, QueuePair] = field(default_factory=dict, init=False, repr=False)
+    _append_owner: dict[int, AppendLists | None] = field(default_factory=dict, init=False, repr=False)
     collector_ips: frozenset[bytes] = field(default=frozenset(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -252,21 +296,40 @@ class Tables:
         self._structure_index = {(s.qp.collector_ip, s.primitive): s for s in self.structures}
         self._local_qpn_index = {qp.local_qpn: qp for qp in self.qps}
         self.collector_ips = frozenset(qp.collector_ip for qp in self.qps)
-        ranges = sorted((lists.first_list, lists.first_list + lists.lists) for lists in self.append_lists)
         for lists in self.append_lists:
             lists.validate()
-        for (_, end), (start, _) in zip(ranges, ranges[1:]):
-            if start < end:
-                raise TableError(f"append lists overlap at list id {start}; each list id belongs to one range")
+        self._append_owner = {}
+        if self.fleet is not None:
+            self.fleet.validate(self.collector_ips)
+            by_collector: dict[bytes, list[AppendLists]] = {}
+            for lists in self.append_lists:
+                by_collector.setdefault(lists.qp.collector_ip, []).append(lists)
+            groups = list(by_collector.values())  # with a fleet, each collector's ranges are one list space
+        else:
+            groups = [self.append_lists]
+        for group in groups:
+            ranges = sorted((lists.first_list, lists.first_list + lists.lists) for lists in group)
+            for (_, end), (start, _) in zip(ranges, ranges[1:]):
+                if start < end:
+                    raise TableError(f"append lists overlap at list id {start}; each list id belongs to one range"
+                                     + (" of a collector" if self.fleet else ""))
 
     def structure(self, collector_ip: bytes, primitive: int) -> Structure | None:
         return self._structure_index.get((collector_ip, primitive))
 
     def append_range(self, list_id: int) -> AppendLists | None:
-        for lists in self.append_lists:
-            if lists.first_list <= list_id < lists.first_list + lists.lists:
-                return lists
-        return None
+        """The range that list `list_id` is written through: the only one holding it, or with a fleet, the one of
+        the first collector of the list's replica set that holds it."""
+        if list_id in self._append_owner:
+            return self._append_owner[list_id]
+        holders = [lists for lists in self.append_lists if lists.first_list <= list_id < lists.first_list + lists.lists]
+        if self.fleet is not None:
+            by_ip = {lists.qp.collector_ip: lists for lists in holders}
+            holders = [by_ip[ip] for ip in self.fleet.replicas(list_id.to_bytes(4, "big")) if ip in by_ip]
+        owner = holders[0] if holders else None
+        if len(self._append_owner) < APPEND_OWNER_CACHE:
+            self._append_owner[list_id] = owner
+        return owner
 
     def queue_limit(self) -> tuple[int, str]:
         """How many RX queues every structure and Append range has a QP for, and the first that sets the limit."""
@@ -318,6 +381,7 @@ COLLECTOR_KEYS = ("name", "ip", "mac", "interface")
 QP_KEYS = ("remote_qpn", "local_qpn", "rkey", "base", "length", "start_psn", "transport", "name")
 STRUCTURE_KEYS = ("primitive", "collector", "qp", "hash", "key_len", "data_len", "hops", "cache_entries", "columns",
                   "rows", "reporters", "merge", "batch", "redundancy")
+FLEET_KEYS = ("address", "epoch", "slot_bits", "slots", "across")
 APPEND_KEYS = ("collector", "qp", "first_list", "lists", "entries", "data_len", "batch")
 
 
@@ -350,7 +414,7 @@ def _qps_from(entry: Settings, collector: Settings, default_name: str,
 
 
 def _from_dict(document: dict[str, Any]) -> Tables:
-    Settings("the tables", document, ("translator", "collectors", "structures", "append"))
+    Settings("the tables", document, ("translator", "collectors", "structures", "append", "fleet"))
     translator = Settings("[translator]", document.get("translator"), TRANSLATOR_KEYS)
     collectors = {c.text("name"): c for c in tables_of(document, "collectors", COLLECTOR_KEYS, "[[collectors]]")}
     qps: list[QueuePair] = []
@@ -402,4 +466,24 @@ def _from_dict(document: dict[str, Any]) -> Tables:
                   grace_ns=int(translator.number("grace_ms", DEFAULT_GRACE_NS / 1e6) * 1_000_000),
                   ack_request_interval=translator.integer("ack_request_interval", DEFAULT_ACK_REQUEST_INTERVAL, 1,
                                                              MAX_ACK_REQUEST_INTERVAL),
-                  qps=qps, structures=structures, append_lists=append_lists)
+                  qps=qps, structures=structures, append_lists=append_lists,
+                  fleet=_fleet_from(document, collectors))
+
+
+def _fleet_from(document: dict[str, Any], collectors: dict[str, Settings]) -> Fleet | None:
+    if "fleet" not in document:
+        return None
+    fleet = Settings("[fleet]", document["fleet"], FLEET_KEYS)
+    slots = fleet.value.get("slots")
+    if not isinstance(slots, list) or not all(isinstance(names, list) for names in slots):
+        raise TableError("[fleet]: slots must be an array of 2^slot_bits arrays of [[collectors]] names")
+    replica_sets = []
+    for slot, names in enumerate(slots):
+        for name in names:
+            if name not in collectors:
+                raise TableError(f"[fleet]: slot {slot} names collector {name!r}, which is not defined under "
+                                 "[[collectors]]")
+        replica_sets.append(tuple(_address(collectors[name], "ip", ip_bytes) for name in names))
+    return Fleet(address=_address(fleet, "address", ip_bytes), epoch=fleet.integer("epoch", 0, 0),
+                 slot_bits=fleet.integer("slot_bits", DEFAULT_SLOT_BITS, 1, MAX_SLOT_BITS),
+                 slots=tuple(replica_sets), across=fleet.boolean("across", False))

@@ -255,15 +255,62 @@ class Translator:
 
     def structure(self, udp: UdpFrame, kind: int, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output:
-        """The collector structure of primitive `kind` at the report's destination, or the drop when there is none
-        or when the key (`report.key` unless given) does not fit it."""
-        structure = self.tables.structure(udp.dst_ip, kind)
-        if structure is None:
-            return self.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
+        """The collector structure of primitive `kind` at the report's destination (at the fleet address: the first
+        of its slot's replicas that has one), or the drop when there is none or when the key (`report.key` unless
+        given) does not fit it."""
+        structures = self.replica_structures(udp, kind, report)
+        if isinstance(structures, Output):
+            return structures
+        structure = structures[0]
         key = cast(Report, report).key if key is None else key  # plug-ins pass their key
         if len(key) != structure.key_len:
             return self.drop(TranslatorCounter.DROP_BAD_LENGTH)
         return structure
+
+    def replica_structures(self, udp: UdpFrame, kind: int, report: Report | PluginReport) -> list[Structure] | Output:
+        """The structures of primitive `kind` a report may go to: the one at its destination IP; at the fleet's
+        address, those of the replicas of its partition key's slot that have one, in replica order."""
+        fleet = self.tables.fleet
+        if fleet is None or udp.dst_ip != fleet.address:
+            structure = self.tables.structure(udp.dst_ip, kind)
+            return [structure] if structure is not None else self.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
+        replicas = fleet.replicas(self.primitives[kind].partition_key(report))
+        found = [structure for ip in replicas if (structure := self.tables.structure(ip, kind)) is not None]
+        if not found:
+            return self.drop(TranslatorCounter.DROP_FLEET_UNMAPPED)
+        self.counters[TranslatorCounter.FLEET_RESOLVED] += 1
+        return found
+
+    def copy_structures(self, udp: UdpFrame, kind: int, report: Report | PluginReport, target: Structure,
+                        copies: int, now_ns: int) -> list[Structure | None]:
+        """Where each of a report's `copies` goes: all into `target`, or, at the fleet's address with copies across
+        collectors, copy n into the structure of replica n (mod the replicas). None: a copy whose queue pair may
+        not send now, counted as that drop."""
+        fleet = self.tables.fleet
+        if fleet is None or not fleet.across or udp.dst_ip != fleet.address:
+            return [target] * copies
+        replicas = self.replica_structures(udp, kind, report)
+        if isinstance(replicas, Output):  # not reached: `target` came from them
+            return [target] * copies
+        placed: list[Structure | None] = []
+        for copy in range(copies):
+            structure = replicas[copy % len(replicas)]
+            if structure is not target and not self._may_send(structure, now_ns):
+                placed.append(None)
+                continue
+            placed.append(structure)
+        return placed
+
+    def _may_send(self, structure: Structure, now_ns: int) -> bool:
+        qp = structure.qp_on(self.queue)
+        if qp is None:
+            self.counters[TranslatorCounter.DROP_NO_QUEUE_QP] += 1
+            return False
+        if not self.qp_ready(qp, now_ns):
+            failed = self.qp_state[qp.index].state is QpState.FAILED
+            self.counters[TranslatorCounter.DROP_QP_FAILED if failed else TranslatorCounter.DROP_GRACE] += 1
+            return False
+        return True
 
     def flush_later(self, by: Primitive, now_ns: int, index: int, target: Target | None) -> int:
         self._tokens += 1

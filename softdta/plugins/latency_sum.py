@@ -61,7 +61,7 @@ class LatencySum(Primitive):
         if total is None:
             return Output()
         data = min(total, (1 << 8 * structure.data_len) - 1).to_bytes(structure.data_len, "big")
-        return Output(frames=write_key(self.translator, structure, fields["key"], data, 1, report))
+        return Output(frames=write_key(self.translator, [structure], fields["key"], data, report))
 
     def translate_batch(self, rows: PluginRows, now_ns: int) -> BatchResult:
         """`translate` for a batch of reports. The fields, the checks and the frames are vectorized; each

@@ -73,6 +73,15 @@ CRC32_POLYNOMIAL = 0x04C11DB7
 # CRC-32, CRC-32C (Castagnoli), CRC-32K (Koopman), CRC-32Q, in normal notation.
 KEY_HASH_POLYNOMIALS = (CRC32_POLYNOMIAL, 0x1EDC6F41, 0x741B8CD7, 0x814141AB)
 
+# The fleet's partition hash ("crc32d"): reflected CRC-32 with this polynomial, init and xorout 0xFFFFFFFF, over a
+# report's partition key in wire order; its low slot_bits bits are the key's slot (docs/fleet.md). No slot hash
+# uses this polynomial, so the keys of one slot still spread over every slot of a collector's structure.
+PARTITION_HASH_NAME = "crc32d"
+PARTITION_POLYNOMIAL = 0xA833982B
+DEFAULT_SLOT_BITS = 12
+MAX_SLOT_BITS = 16
+MAX_REPLICAS = MAX_REDUNDANCY  # collectors per slot: with copies across collectors, copy n goes to replica n
+
 
 class DtaOpcode(IntEnum):
     """The DTA primitives, by their report opcodes; a structure's kind is the opcode that feeds it."""
@@ -169,6 +178,7 @@ class TranslatorCounter(IntEnum):
     APPEND_FLUSHES = 12
     POSTCARD_FLUSHES = 13
     DROP_NO_QUEUE_QP = 14  # a report came in on an RX queue its structure has no queue pair for
+    DROP_FLEET_UNMAPPED = 15  # a report to the fleet address whose slot names no collector with its structure
     DROP_TRUNCATED = 16
     DROP_BAD_LENGTH = 17
     DROP_UNKNOWN_OPCODE = 18
@@ -201,6 +211,7 @@ class TranslatorCounter(IntEnum):
     RX_SKETCH_MERGE = 44
     NAK_LOST_WRITES = 45  # frames sent at or after the PSN of a NAK: the collector did not execute them
     PSN_ADOPTED = 46  # advertisements whose PSN the translator took over from the collector (control plane)
+    FLEET_RESOLVED = 47  # reports to the fleet address that the slot map sent to a collector
 
 
 COUNTER_SLOTS = 48

@@ -7,8 +7,10 @@ from softdta.spec.constants import (
     MAX_KEY_LEN,
     MAX_POSTCARD_HOPS,
     MAX_REDUNDANCY,
+    MAX_REPLICAS,
     MAX_RX_QUEUES,
     MAX_SKETCH_ROWS,
+    MAX_SLOT_BITS,
     MAX_WRITE_PAYLOAD,
 )
 from softdta.spec.headers import FANOUT_FRAME_MAX
@@ -96,6 +98,16 @@ TRANSLATOR_MAPS = (
         Field("pad", 8), Field("frame_len", 16), Field("ifindex", 32, "egress interface, 0 = the ingress one"),
         Raw("frames", (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX, "frames 2..count"),
     ), 256, "frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)"),
+    Map("fleet_config", (Field("index", 32),), (
+        Field("address", 32, "network order; reports to the fleet address go by slot, 0 = no fleet"),
+        Field("slot_bits", 8, "the slot table has 2^slot_bits entries"),
+        Field("across", 8, "1: copy n of a Key-Write or Key-Increment report goes to replica n of its slot"),
+        Field("pad", 16), Field("epoch", 64, "of the slot map the control plane wrote last"),
+    ), 1, "the fleet: where reports addressed to the fleet address go (docs/fleet.md)"),
+    Map("fleet_slot", (Field("slot", 32, "partition hash & (2^slot_bits - 1)"),), (
+        Field("replicas", 32, "collectors in the replica set, 0 = none"),
+        Raw("collector_ip", 4 * MAX_REPLICAS, "the replica set's collector IPs in order, network order"),
+    ), 1 << MAX_SLOT_BITS, "the slot map: each slot's ordered replica set of collectors"),
     Map("reporter_seq", (Field("reporter_ip", 32, "network order"),), (Field("last_seqnum", 32),), 65536,
           "go-back-N tracking of retransmitting reporters"),
 )

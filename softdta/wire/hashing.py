@@ -6,6 +6,8 @@ length follow the same rule: all key bytes reversed. Postcarding hashes the key 
 
 Two slot-hash schemes exist (`spec.KeyHash`): dta-v1's CRC32(k || n), whose copies are correlated, and
 INDEPENDENT, which gives copy n its own CRC polynomial.
+
+The fleet's partition hash (`partition_hash`) picks a key's slot in the fleet's slot map, and so its collectors.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
-from softdta.spec import CRC32_POLYNOMIAL, KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS, KeyHash
+from softdta.spec import (
+    CRC32_POLYNOMIAL,
+    KEY_HASH_POLYNOMIALS,
+    PARTITION_POLYNOMIAL,
+    POSTCARD_HOP_POLYNOMIALS,
+    KeyHash,
+)
 
 _MASK32 = 0xFFFFFFFF
 
@@ -79,6 +87,16 @@ def postcard_slot_hash(key: bytes) -> int:
     return zlib.crc32(key)
 
 
+def partition_hash(partition_key: bytes) -> int:
+    """The fleet's partition hash of a report's partition key (spec.PARTITION_POLYNOMIAL)."""
+    return crc32_poly(PARTITION_POLYNOMIAL, partition_key)
+
+
+def partition_slot(partition_key: bytes, slot_bits: int) -> int:
+    """The slot of the fleet's slot map that owns `partition_key`."""
+    return partition_hash(partition_key) & ((1 << slot_bits) - 1)
+
+
 # --------------------------------------------------------------------------------------------------
 # Vectorized forms, for queries over millions of keys.
 
@@ -101,6 +119,11 @@ def crc32_rows(rows: np.ndarray, polynomial: int = CRC32_POLYNOMIAL) -> np.ndarr
     """CRC-32 of every row of a (count, width) uint8 array."""
     start = np.full(rows.shape[0], _MASK32, dtype=np.uint32)
     return crc32_update_rows(start, rows, polynomial) ^ np.uint32(_MASK32)
+
+
+def partition_slots_rows(rows: np.ndarray, slot_bits: int) -> np.ndarray:
+    """`partition_slot` of every row of a (count, width) uint8 array of partition keys."""
+    return crc32_rows(rows, PARTITION_POLYNOMIAL) & np.uint32((1 << slot_bits) - 1)
 
 
 def keys_to_rows(keys: npt.ArrayLike, key_len: int = 4) -> np.ndarray:

@@ -92,6 +92,12 @@ class TranslatorContext(Protocol):
     def gate(self, qp: QueuePair, essential: npt.NDArray[np.bool_],
              now_ns: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]: ...
 
+    def replica_structures(self, udp: UdpFrame, kind: int,
+                           report: Report | PluginReport) -> list[Structure] | Output: ...
+
+    def copy_structures(self, udp: UdpFrame, kind: int, report: Report | PluginReport, target: Structure,
+                        copies: int, now_ns: int) -> list[Structure | None]: ...
+
     def structure(self, udp: UdpFrame, kind: int, report: Report | PluginReport,
                   key: bytes | None = None) -> Structure | Output: ...
 
@@ -202,6 +208,14 @@ class Primitive(abc.ABC):
     # what the query service answers over one of its structures, at /<name>/<structure name> (core.query)
     query: ClassVar[type[StructureQuery[Any]] | None] = None
     demo: ClassVar[type[PrimitiveDemo] | None] = None  # its part in the demos (core.workload); None: not in them
+    partitioned_by: ClassVar[str] = "key"  # what picks its reports' slot in a fleet: `partition_key` (docs/fleet.md)
+
+    @classmethod
+    def partition_key(cls, report: Any) -> bytes:
+        """The bytes of a report that the fleet's partition hash takes (a Report, or a plug-in's PluginReport): by
+        default its key, in wire order."""
+        key = report.fields.get("key", b"") if isinstance(report, PluginReport) else report.key
+        return bytes(key)
 
     # ----------------------------------------------------------------------------------------------
     # its structure and collector region (class-level: the tables and collectors ask without a translator)

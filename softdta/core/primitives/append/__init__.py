@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from softdta.core import workload as generators
 from softdta.core.primitives.append.batch import AppendPath
@@ -30,6 +30,12 @@ class Append(Primitive):
 
     def new_state(self) -> dict[int, AppendRuntime]:
         return {}
+
+    partitioned_by: ClassVar[str] = "list id"
+
+    @classmethod
+    def partition_key(cls, report: Any) -> bytes:
+        return int(report.list_id).to_bytes(4, "big")
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> AppendLists | Output:
         lists = self.translator.tables.append_range(report.list_id)

@@ -62,10 +62,13 @@ class KeyIncrement(Primitive):
         return structure
 
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
-        t, structure = self.translator, target
-        qp = t.sender(structure)
+        t = self.translator
         out = Output()
-        for copy in range(report.redundancy):
+        for copy, structure in enumerate(t.copy_structures(udp, self.opcode, report, target, report.redundancy,
+                                                           now_ns)):
+            if structure is None:
+                continue
+            qp = t.sender(structure)
             offset = key_slot(report.key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
             atomic = {"va": qp.base_va + offset, "rkey": qp.rkey, "swap_add": report.counter, "compare": 0}
             out.frames.append(t.emit(qp, RoceOpcode.RC_FETCH_ADD, {"atomic_eth": atomic}, b""))

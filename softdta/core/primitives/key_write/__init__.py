@@ -58,15 +58,18 @@ class KeyWrite(Primitive):
         return structure
 
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
-        return Output(frames=write_key(self.translator, target, report.key, report.data, report.redundancy, report))
+        copies = self.translator.copy_structures(udp, self.opcode, report, target, report.redundancy, now_ns)
+        return Output(frames=write_key(self.translator, copies, report.key, report.data, report))
 
 
-def write_key(t: TranslatorContext, structure: Structure, key: bytes, data: bytes, redundancy: int,
+def write_key(t: TranslatorContext, copies: list[Structure | None], key: bytes, data: bytes,
               report: Report | PluginReport | None) -> list[bytes]:
-    """Key-Write's frames: checksum ‖ data into each of the key's `redundancy` slots."""
+    """Key-Write's frames: checksum ‖ data into the key's slot of each copy n in the structure `copies[n]` (None:
+    that copy is not sent)."""
     payload = key_checksum(key).to_bytes(4, "little") + data
     frames = []
-    for copy in range(redundancy):
-        offset = key_slot(key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
-        frames.append(t.write(t.sender(structure), offset, payload, report, key_checksum(key)))
+    for copy, structure in enumerate(copies):
+        if structure is not None:
+            offset = key_slot(key, copy, structure.slot_count, structure.key_hash) * structure.slot_size
+            frames.append(t.write(t.sender(structure), offset, payload, report, key_checksum(key)))
     return frames

@@ -52,6 +52,11 @@ class SketchMerge(Primitive):
     hashed: ClassVar[bool] = False
     state_map: ClassVar[str | None] = "sketch_column"
     state_limit: ClassVar[tuple[str, str]] = ("sketches", "split the tables over translators")
+    partitioned_by: ClassVar[str] = "sketch"  # a fleet address has one sketch: all its columns on one collector
+
+    @classmethod
+    def partition_key(cls, report: Any) -> bytes:
+        return b""
 
     @classmethod
     def workload(cls, params: generators.WorkloadParams) -> list[Report]:
