@@ -1,0 +1,1 @@
+"""The fleet's processes over etcd: the controller that commits slot maps, the federated query router."""
