@@ -1,0 +1,85 @@
+"""A local etcd process for the lab, the demos and the tests (Debian's etcd-server; never a stand-in)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from softdta.errors import SoftdtaError
+from softdta.etcd.client import Etcd, EtcdUnavailable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class EtcdServer:
+    """One etcd member on `host`, its data in `directory`. `stop`/`kill` and `start` again keep data and ports, as
+    an operator's restart does."""
+
+    def __init__(self, directory: Path, host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0):
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise SoftdtaError("etcd is not installed; run scripts/setup.sh (it installs Debian's etcd-server)")
+        self.binary, self.directory, self.host = binary, Path(directory), host
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    def client(self, timeout: float = 2.0) -> Etcd:
+        return Etcd(self.endpoint, timeout)
+
+    def start(self, ready_within: float = 20.0) -> EtcdServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        peer = f"http://{self.host}:{self.peer_port}"
+        log = open(self.directory / "etcd.log", "ab")
+        self.process = subprocess.Popen(
+            [self.binary, "--name", "softdta", "--data-dir", str(self.directory / "data"),
+             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"softdta={peer}"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + ready_within
+        client = self.client(timeout=0.5)
+        while True:
+            if self.process.poll() is not None:
+                raise SoftdtaError(f"etcd exited with status {self.process.returncode} at start; see "
+                                   f"{self.directory / 'etcd.log'}")
+            try:
+                client.get("/softdta/")
+                return self
+            except EtcdUnavailable:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise SoftdtaError(f"etcd did not answer within {ready_within} s; see "
+                                       f"{self.directory / 'etcd.log'}") from None
+                time.sleep(0.05)
+
+    def _end(self, how: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(how)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def stop(self) -> None:
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._end(signal.SIGKILL)
+
+    def __enter__(self) -> EtcdServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
