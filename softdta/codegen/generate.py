@@ -349,6 +349,8 @@ def render_crc_header() -> str:
                              "byte tables of KEY_HASH_POLYNOMIALS (KeyHash.INDEPENDENT copy n)")
     lines += [""] + _c_table("crc32_postcard_hop", [list(crc_table(p)) for p in spec.POSTCARD_HOP_POLYNOMIALS],
                              "byte tables of POSTCARD_HOP_POLYNOMIALS (hop 1..8)", "POSTCARD_HOP_POLYNOMIALS_COUNT")
+    lines += [""] + _c_table("crc32_partition", [list(crc_table(spec.PARTITION_POLYNOMIAL))],
+                             "byte table of PARTITION_POLYNOMIAL (the fleet's partition hash)")
     return "\n".join(lines + ["", "#endif /* SOFTDTA_CRC_H */", ""])
 
 
