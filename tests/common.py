@@ -200,3 +200,42 @@ class Link:
                 frames.append(frame)
             wait = 0.05
         return frames
+
+
+FLEET_ADDRESS = "10.77.9.9"
+
+
+def fleet_tables(collectors: int = 3, replicas: int = 2, slot_bits: int = 12, across: bool = False):
+    """(tables, slot map) of `fleet_document`."""
+    from softdta.core.tables import Tables
+
+    document, slot_map = fleet_document(collectors, replicas, slot_bits, across)
+    return Tables.from_dict(document), slot_map
+
+
+def fleet_document(collectors: int = 3, replicas: int = 2, slot_bits: int = 12, across: bool = False,
+                   example: Path = EXAMPLE_TABLES):
+    """(tables document, slot map) of a fleet: `collectors` copies of the example's collector and its structures and
+    Append lists (each with its own IP, QPNs and R_Keys), and the slot map core.fleet.assign gives them, at
+    FLEET_ADDRESS."""
+    import tomllib
+
+    from softdta.core.fleet import Member, assign
+
+    base = tomllib.loads(example.read_text())
+    document = {"translator": base["translator"], "collectors": [], "structures": [], "append": []}
+    members = {}
+    for number in range(1, collectors + 1):
+        name, ip, mac = f"c{number}", f"10.77.1.{number}", f"02:5d:7a:00:01:{number:02x}"
+        document["collectors"].append({"name": name, "ip": ip, "mac": mac})
+        members[name] = Member(name, ip, mac, f"{ip}:4790", f"http://{ip}:8080")
+        for section in ("structures", "append"):
+            for entry in base.get(section, []):
+                qp = dict(entry["qp"], remote_qpn=entry["qp"]["remote_qpn"] + 0x1000 * number,
+                          local_qpn=entry["qp"]["local_qpn"] + 0x1000 * number,
+                          rkey=entry["qp"]["rkey"] + 0x10000 * number)
+                document[section].append(dict(entry, collector=name, qp=qp))
+    slot_map = assign(members, replicas=replicas, slot_bits=slot_bits)
+    document["fleet"] = {"address": FLEET_ADDRESS, "epoch": slot_map.epoch, "slot_bits": slot_bits, "across": across,
+                         "slots": [list(owners) for owners in slot_map.slots]}
+    return document, slot_map

@@ -135,9 +135,10 @@ class SketchMerge(Primitive):
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Structure | Output:
         t = self.translator
-        structure = t.tables.structure(udp.dst_ip, self.opcode)
-        if structure is None:
-            return t.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
+        structures = t.replica_structures(udp, self.opcode, report)  # at the fleet address, its slot's first
+        if isinstance(structures, Output):
+            return structures
+        structure = structures[0]
         if report.reporter >= structure.reporters:
             return t.drop(TranslatorCounter.DROP_UNKNOWN_REPORTER)
         if len(report.counters) != structure.rows or report.column >= structure.columns:
