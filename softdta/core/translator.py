@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from softdta.core import registry
 from softdta.core.primitives import Output, PluginReport, Primitive, Target
-from softdta.core.tables import AppendLists, QueuePair, Structure, Tables
+from softdta.core.tables import AppendLists, Fleet, QueuePair, Structure, Tables
 from softdta.spec import (
     DTA_BASE_EXT,
     DTA_NACK_PORT,
@@ -274,12 +274,16 @@ class Translator:
         if fleet is None or udp.dst_ip != fleet.address:
             structure = self.tables.structure(udp.dst_ip, kind)
             return [structure] if structure is not None else self.drop(TranslatorCounter.DROP_UNKNOWN_COLLECTOR)
-        replicas = fleet.replicas(self.primitives[kind].partition_key(report))
-        found = [structure for ip in replicas if (structure := self.tables.structure(ip, kind)) is not None]
+        found = self._replicas(report, kind)
         if not found:
             return self.drop(TranslatorCounter.DROP_FLEET_UNMAPPED)
         self.counters[TranslatorCounter.FLEET_RESOLVED] += 1
         return found
+
+    def _replicas(self, report: Report | PluginReport, kind: int) -> list[Structure]:
+        """The structures of primitive `kind` at the replicas of the report's slot that have one, in order."""
+        replicas = cast(Fleet, self.tables.fleet).replicas(self.primitives[kind].partition_key(report))
+        return [structure for ip in replicas if (structure := self.tables.structure(ip, kind)) is not None]
 
     def copy_structures(self, udp: UdpFrame, kind: int, report: Report | PluginReport, target: Structure,
                         copies: int, now_ns: int) -> list[Structure | None]:
@@ -289,9 +293,7 @@ class Translator:
         fleet = self.tables.fleet
         if fleet is None or not fleet.across or udp.dst_ip != fleet.address:
             return [target] * copies
-        replicas = self.replica_structures(udp, kind, report)
-        if isinstance(replicas, Output):  # not reached: `target` came from them
-            return [target] * copies
+        replicas = self._replicas(report, kind)  # counted as resolved once, when `target` was found
         placed: list[Structure | None] = []
         for copy in range(copies):
             structure = replicas[copy % len(replicas)]
