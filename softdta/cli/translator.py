@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,16 @@ def register(commands: Commands) -> None:
                     help="connect over rdma_cm to a collector written for the original DTA, one listening port per "
                          "structure (kind: key-write, key-increment, postcarding, append); repeat for each port. "
                          "--tables then needs only its [translator] section (docs/drop-in.md)")
+    up.add_argument("--etcd", metavar="URL", help="follow a fleet's slot map and collectors in this etcd "
+                    "(http://HOST:PORT; with --fleet and --fleet-address); --tables then needs only its [translator] "
+                    "section (docs/fleet.md)")
+    up.add_argument("--fleet", metavar="NAME", help="with --etcd: the fleet's name (its keys are under /softdta/NAME/)")
+    up.add_argument("--fleet-address", metavar="IP", help="with --etcd: the address reporters send the fleet's "
+                                                          "reports to")
+    up.add_argument("--across", action="store_true", help="with --etcd: copy n of a redundant Key-Write or "
+                                                           "Key-Increment report goes to replica n of its slot")
+    up.add_argument("--name", help="with --etcd: this translator's name under the fleet's applied/ keys (default: "
+                                   "its IP)")
     up.set_defaults(run=_translator_up)
 
     stats = add_command(actions, "stats", "show a translator's counters and the state of its queue pairs",
@@ -96,8 +107,10 @@ def _translator_up(args: argparse.Namespace) -> int:
 def _run_translator(args: argparse.Namespace) -> int:
     from softdta.kernel.bpf import BpfError, ensure_bpffs
     from softdta.kernel.programs import EngineError
-    if args.collector and args.collector_cm:
-        raise CliError("give either --collector (softdta collectors) or --collector-cm (rdma_cm collectors)")
+    from softdta.links.fleet import FleetLinks
+    if sum(map(bool, (args.collector, args.collector_cm, args.etcd))) > 1:
+        raise CliError("give one of --collector (softdta collectors), --collector-cm (rdma_cm collectors) and "
+                       "--etcd (a fleet)")
     source, tables = _table_source(args)
     try:
         ensure_bpffs()
@@ -111,6 +124,8 @@ def _run_translator(args: argparse.Namespace) -> int:
     source.report_failures(lambda: {qp.local_qpn for qp in engine.tables.qps
                                     if engine.qp_state(qp)["state"] == QpState.FAILED})
     source.report_psns(lambda: next_psns(engine))
+    if isinstance(source, FleetLinks):
+        source.report_applied(lambda: engine.tables)
 
     def reload() -> None:
         try:
@@ -193,6 +208,8 @@ def _table_source(args: argparse.Namespace) -> tuple[TableSource, Tables]:
     """Where the translator's tables come from (--tables, --collector or --collector-cm), and the first tables."""
     if args.collector:
         return _collector_links(args)
+    if args.etcd:
+        return _fleet_links(args)
     if args.collector_cm:
         return _cm_links(args)
     source = TablesFile(args.tables)
@@ -214,7 +231,7 @@ def _cm_links(args: argparse.Namespace) -> tuple[TableSource, Tables]:
 
 def _collector_links(args: argparse.Namespace) -> tuple[TableSource, Tables]:
     """Control links to the collectors and the first tables they advertise."""
-    from softdta.collector.control import ControlError, client_tls
+    from softdta.collector.control import ControlError
     from softdta.links.control import CollectorLinks, secrets_file_for
     translator = _translator_section(args.tables)
     addresses = []
@@ -223,20 +240,49 @@ def _collector_links(args: argparse.Namespace) -> tuple[TableSource, Tables]:
         if not host or not port.isdigit():
             raise CliError(f"--collector {address!r}: give HOST:PORT, for example 10.77.1.1:40050")
         addresses.append((host, int(port)))
-    if (args.collector_cert or args.collector_key) and not args.collector_ca:
-        raise CliError("--collector-cert and --collector-key need --collector-ca, "
-                       "the CA of the collectors' certificates")
-    try:
-        tls = client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
-    except ControlError as error:
-        raise CliError(f"--collector-ca/--collector-cert/--collector-key: {error}") from None
-    links = CollectorLinks(translator, addresses, args.token, tls=tls, queues=_rx_queues_of(args),
+    links = CollectorLinks(translator, addresses, args.token, tls=_collector_tls(args), queues=_rx_queues_of(args),
                            secrets_file=secrets_file_for(Path(args.pin)))
     try:
         return links, links.start()
     except ControlError as error:
         links.close()
         raise CliError(str(error)) from None
+
+
+def _collector_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """TLS towards the collectors' control services, if --collector-ca asks for it."""
+    from softdta.collector.control import ControlError, client_tls
+    if (args.collector_cert or args.collector_key) and not args.collector_ca:
+        raise CliError("--collector-cert and --collector-key need --collector-ca, "
+                       "the CA of the collectors' certificates")
+    try:
+        return client_tls(args.collector_ca, args.collector_cert, args.collector_key) if args.collector_ca else None
+    except ControlError as error:
+        raise CliError(f"--collector-ca/--collector-cert/--collector-key: {error}") from None
+
+
+def _fleet_links(args: argparse.Namespace) -> tuple[TableSource, Tables]:
+    """Follow the fleet in etcd: control links to its collectors and the first tables its slot map makes."""
+    from softdta.core.fleet import FleetError
+    from softdta.etcd.client import Etcd, EtcdUnavailable
+    from softdta.links.control import secrets_file_for
+    from softdta.links.fleet import FleetLinks
+    if not args.fleet or not args.fleet_address:
+        raise CliError("--etcd needs --fleet NAME and --fleet-address IP (where reporters send the fleet's reports)")
+    translator = _translator_section(args.tables)
+    try:
+        etcd = Etcd(args.etcd)
+        links = FleetLinks(translator, etcd, args.fleet, args.fleet_address,
+                           name=args.name or str(translator.get("ip", "")), across=args.across, token=args.token,
+                           tls=_collector_tls(args), queues=_rx_queues_of(args),
+                           secrets_file=secrets_file_for(Path(args.pin)))
+    except EtcdUnavailable as error:
+        raise CliError(str(error)) from None
+    try:
+        return links, links.start()
+    except (EtcdUnavailable, FleetError, TableError) as error:
+        links.close()
+        raise CliError(f"fleet {args.fleet}: {error}") from None
 
 
 def _rx_queues_of(args: argparse.Namespace) -> int:
@@ -259,8 +305,9 @@ def _translator_stats(args: argparse.Namespace) -> int:
         stats = engine_stats(Path(args.pin))
     except EngineError as error:
         raise CliError(str(error)) from None
+    fleet = _fleet_status(Path(args.pin))
     if args.json:
-        print(json.dumps(stats, indent=2))
+        print(json.dumps({**stats, **({"fleet": fleet} if fleet else {})}, indent=2))
         return 0
     engine = stats["engine"]
     print(f"engine: {engine['name']}" +
@@ -272,7 +319,27 @@ def _translator_stats(args: argparse.Namespace) -> int:
     for qp in stats["qps"]:
         print(f"  local 0x{qp['local_qpn']:06x} -> remote 0x{qp['remote_qpn']:06x} at {qp['collector']:15} "
               f"{qp['transport']}  next PSN {qp['next_psn']:8}  {qp['state']}")
+    if fleet:
+        etcd = "reachable" if fleet["etcd_reachable"] else "UNREACHABLE, running on the last epoch"
+        print(f"fleet {fleet['fleet']} at {fleet['address']} as {fleet['translator']}: epoch {fleet['epoch']} "
+              f"(generation {fleet['generation']}), etcd {fleet['etcd']} {etcd}")
+        for name in ("slot_map_epoch", "slot_maps_refused", "tables_refused", "members_refused",
+                     "replicas_unconnected", "slots_unmapped", "etcd_outages"):
+            print(f"  {name:28} {fleet[name]}")
+        for name, state in sorted(fleet["collectors"].items()):
+            print(f"  collector {name:18} {state}")
     return 0
+
+
+def _fleet_status(pin: Path) -> dict[str, Any] | None:
+    """What a translator that follows a fleet (--etcd) last said about it, if it does."""
+    from softdta.links.control import secrets_file_for
+    from softdta.links.fleet import fleet_status_file
+    try:
+        status = json.loads(fleet_status_file(secrets_file_for(pin)).read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
 
 
 def _translator_down(args: argparse.Namespace) -> int:
@@ -292,7 +359,9 @@ def _translator_down(args: argparse.Namespace) -> int:
     if args.forget:
         from softdta.links.control import secrets_file_for
         shutil.rmtree(args.pin, ignore_errors=True)
-        secrets_file_for(Path(args.pin)).unlink(missing_ok=True)  # the collectors' queue pairs go with the state
+        secrets = secrets_file_for(Path(args.pin))
+        for kept in [secrets, *secrets.parent.glob(f"{secrets.stem}.*.json")]:  # a fleet's, by collector
+            kept.unlink(missing_ok=True)  # the collectors' queue pairs go with the state
     print(f"detached from {', '.join(args.interface) or 'no interface'}"
           + (f"; removed {args.pin}" if args.forget else ""))
     return 0
