@@ -11,6 +11,7 @@ Append ranges "append<first-list>@<collector-ip>" (append0@10.77.1.1). Keys are 
   POST /key-write/<name>         {"keys", "redundancy", "mode": "plurality"|"consensus", "consensus"}: values
   POST /key-increment/<name>     {"keys", "redundancy"}: Count-Min estimates (minimum of the N counters)
   POST /postcarding/<name>       {"keys", "value_set"}: decoded paths
+                                 (Key-Write and Key-Increment also take keys as a binary body: ROWS_CONTENT_TYPE)
   GET  /sketch-merge/<name>      the merged sketch, matrix[column][row]
   POST|GET /<plug-in>/<name>     a plug-in primitive's query (`Primitive.query`)
   GET  /append/<name>?list=<id>  the entries waiting in that list (all lists without `list`), oldest first,
@@ -53,7 +54,7 @@ from softdta.core.offline import OfflineCollector
 from softdta.core.primitives import Append, Primitive
 from softdta.core.primitives.append.queries import AppendFeed, range_name
 from softdta.core.primitives.append.region import AppendRegion
-from softdta.core.query import QueryError, StructureQuery
+from softdta.core.query import QueryError, RowsAnswer, StructureQuery, checked_fields
 from softdta.core.regions import Region
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Structure, Tables
@@ -67,6 +68,10 @@ LINGER_S = 2.0  # after an answer sent before the whole body came (408, 413, 503
 # this long, so that the client can read the answer, then the connection is closed
 IDLE_TIMEOUT_S = 10.0  # a connection that sends no (complete) request is closed
 MAX_CONNECTIONS = 256
+# The binary form of a keyed query, for batches too big for JSON: the body is the keys as rows (key_len bytes each,
+# wire order), the other fields are URL parameters (each a JSON value, or else a string: ?redundancy=2&mode=plurality),
+# and the answer is one row per key in order (`RowsAnswer.rows`, e.g. KeyLookupAnswer.rows), same content type.
+ROWS_CONTENT_TYPE = "application/octet-stream"
 log = logging.getLogger("softdta.collector.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
@@ -325,6 +330,10 @@ class QueryService:
                 async with self.one_query:
                     return await self._answered(query.parse({}, structure, name), structure)
             async with self._received_body(request) as raw, self.one_query:
+                if request.content_type == ROWS_CONTENT_TYPE:
+                    with _bad_requests():
+                        parsed = query.parse(_rows_fields(raw, request, query, structure), structure, name)
+                    return await self._answered_rows(parsed, structure)
                 with _bad_requests():
                     parsed = query.from_json(raw, structure, name)
                 return await self._answered(parsed, structure)
@@ -334,6 +343,16 @@ class QueryService:
         def answer() -> dict[str, Any]:
             return query.answer(self.region(structure)).json()
         return web.json_response(await self._off_loop(answer))
+
+    async def _answered_rows(self, query: StructureQuery[Any], structure: Structure) -> web.Response:
+        def answer() -> bytes | None:
+            answered = query.answer(self.region(structure))
+            return answered.rows() if isinstance(answered, RowsAnswer) else None
+        rows = await self._off_loop(answer)
+        if rows is None:
+            raise _error(web.HTTPUnsupportedMediaType, f"{structure_name(structure)} answers in JSON only; send the "
+                                                       "query as a JSON object (Content-Type: application/json)")
+        return web.Response(body=rows, content_type=ROWS_CONTENT_TYPE)
 
     async def _off_loop(self, query: Callable[[], T]) -> T:
         """Run a query on the worker thread: one at a time, and never on the loop that answers /health."""
@@ -426,6 +445,26 @@ def make_app(source: QuerySource, token: str | None = None) -> web.Application:
     app.on_shutdown.append(service.end_streams)
     app.on_cleanup.append(service.end_queries)
     return app
+
+
+def _rows_fields(raw: bytearray, request: web.Request, query: type[StructureQuery[Any]],
+                 structure: Structure) -> dict[str, Any]:
+    """A binary request's fields: its body as the keys' rows, its URL parameters as the other fields."""
+    if "keys" not in query.required_fields:
+        raise QueryError(f"{structure_name(structure)} takes no keys: send its fields as a JSON object")
+    if not raw or len(raw) % structure.key_len:
+        raise QueryError(f"the body is {len(raw)} bytes: send whole keys of key_len {structure.key_len} "
+                         f"(at least one)")
+    fields: dict[str, Any] = {}
+    for field, text in request.query.items():
+        try:
+            fields[field] = json.loads(text)
+        except ValueError:
+            fields[field] = text  # a bare string: mode=plurality
+    if "keys" in fields:
+        raise QueryError("the keys are the body of a binary request, not a URL parameter")
+    fields["keys"] = np.frombuffer(bytes(raw), dtype=np.uint8).reshape(-1, structure.key_len)
+    return checked_fields(fields, query.required_fields, query.optional_fields)
 
 
 class _LimitedSite(web.TCPSite):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeAlias, TypeVar, cast
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeAlias, TypeVar, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,14 @@ class Answer(Protocol):
     def json(self) -> dict[str, Any]:
         """The answer as the query service sends it (JSON-ready: lists, ints, strings, None)."""
         ...
+
+
+@runtime_checkable
+class RowsAnswer(Answer, Protocol):
+    """An answer that also has a binary form: one fixed-size row per key, in the order asked (what the query
+    service sends for a request of key rows, `application/octet-stream`)."""
+
+    def rows(self) -> bytes: ...
 
 
 RegionT = TypeVar("RegionT", bound=Region)
@@ -91,6 +99,11 @@ def json_object(raw: bytes | bytearray, required: tuple[str, ...], optional: tup
         raise QueryError(f"body is not valid JSON: {reason}") from None
     if not isinstance(body, dict):
         raise QueryError(f"body must be a JSON object, got {type(body).__name__}")
+    return checked_fields(body, required, optional)
+
+
+def checked_fields(body: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`body` if it has every `required` field and no other than the `optional` ones."""
     unknown = sorted(body.keys() - set(required) - set(optional))
     if unknown:
         raise QueryError(f"unknown field(s) {unknown}; this endpoint takes {list(required + optional)}")
@@ -110,6 +123,12 @@ def key_rows(keys: Any, structure: Structure, name: str) -> npt.NDArray[np.uint8
     """Keys given as hex strings (wire order) or integers (their big-endian bytes), as (count, key_len) uint8
     rows in wire order."""
     key_len = structure.key_len
+    if isinstance(keys, np.ndarray):  # already rows: the binary form of a request
+        if keys.dtype != np.uint8 or keys.ndim != 2 or keys.shape[1] != key_len or not keys.shape[0]:
+            raise QueryError(f"the body must be whole keys of {name}'s key_len, {key_len} bytes each")
+        if keys.shape[0] > MAX_KEYS:
+            raise QueryError(f"{keys.shape[0]:,} keys in one request; send at most {MAX_KEYS:,} at a time")
+        return keys
     if not isinstance(keys, list) or not keys:
         raise QueryError("keys must be a non-empty list of hex strings (wire order) or integers")
     if len(keys) > MAX_KEYS:

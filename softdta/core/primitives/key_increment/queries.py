@@ -28,12 +28,18 @@ def keyincrement_query(region: KeyIncrementRegion, keys: Keys, redundancy: int,
 class CountAnswer:
     structure: str
     redundancy: int
-    keys: list[str]
-    counts: list[int]
+    keys: npt.NDArray[np.uint8]  # (count, key_len) rows
+    counts: npt.NDArray[np.uint64]
 
     def json(self) -> dict[str, Any]:
+        keys = hex_rows(self.keys.tobytes(), self.keys.shape[1])
         return {"structure": self.structure, "redundancy": self.redundancy,
-                "results": [{"key": key, "count": count} for key, count in zip(self.keys, self.counts)]}
+                "results": [{"key": key, "count": count} for key, count in zip(keys, self.counts.tolist())]}
+
+    def rows(self) -> bytes:
+        """The binary answer (the query service's application/octet-stream form): each key's count, u64
+        big-endian, in order."""
+        return self.counts.astype(">u8").tobytes()
 
 
 @dataclass(frozen=True)
@@ -54,5 +60,4 @@ class CountLookup(StructureQuery[KeyIncrementRegion]):
 
     def answer(self, region: KeyIncrementRegion) -> CountAnswer:
         counts = keyincrement_query(region, self.keys, self.redundancy, self.structure.key_hash)
-        return CountAnswer(self.name, self.redundancy, hex_rows(self.keys.tobytes(), self.structure.key_len),
-                           counts.tolist())
+        return CountAnswer(self.name, self.redundancy, self.keys, counts.astype(np.uint64))

@@ -63,6 +63,9 @@ def key_write_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_RE
     return KeyWriteAnswer(found, best_words, np.where(found, best_votes, 0))
 
 
+LOOKUP_STATUSES = ("empty", "found", "collided")  # a key's status, numbered as `KeyLookupAnswer.rows` sends it
+
+
 @dataclass
 class KeyLookupAnswer:
     """Per key: its value if found, its votes, and its status: "found", "empty" (none of its slots was ever
@@ -71,17 +74,40 @@ class KeyLookupAnswer:
     structure: str
     redundancy: int
     consensus: int
-    keys: list[str]
-    values: list[str | None]
-    votes: list[int]
-    status: npt.NDArray[np.str_]
+    keys: npt.NDArray[np.uint8]  # (count, key_len) rows
+    values: npt.NDArray[np.uint8]  # (count, data_len) rows, zero where not found
+    votes: npt.NDArray[np.int8]
+    status: npt.NDArray[np.uint8]  # an index into LOOKUP_STATUSES
 
     def json(self) -> dict[str, Any]:
-        counts = {state: int(np.count_nonzero(self.status == state)) for state in ("found", "empty", "collided")}
-        results = [{"key": key, "value": value, "votes": votes, "status": state}
-                   for key, value, votes, state in zip(self.keys, self.values, self.votes, self.status.tolist())]
+        names = np.array(LOOKUP_STATUSES)[self.status].tolist()
+        counts = {state: int(np.count_nonzero(self.status == code)) for code, state in enumerate(LOOKUP_STATUSES)}
+        found = (self.status == LOOKUP_STATUSES.index("found")).tolist()
+        values = hex_rows(self.values.tobytes(), self.values.shape[1])
+        results = [{"key": key, "value": value if hit else None, "votes": votes, "status": state}
+                   for key, value, hit, votes, state in zip(hex_rows(self.keys.tobytes(), self.keys.shape[1]), values,
+                                                            found, self.votes.tolist(), names)]
         return {"structure": self.structure, "redundancy": self.redundancy, "consensus": self.consensus, **counts,
                 "results": results}
+
+    def rows(self) -> bytes:
+        """The binary answer (the query service's application/octet-stream form): per key, in order, its status
+        (u8, an index into LOOKUP_STATUSES), its votes (u8) and its value (data_len bytes, zero if not found)."""
+        return lookup_rows(self.status, self.votes, self.values)
+
+
+def lookup_rows(status: npt.NDArray[np.uint8], votes: npt.NDArray[np.integer[Any]],
+                values: npt.NDArray[np.uint8]) -> bytes:
+    rows = np.empty((status.size, 2 + values.shape[1]), dtype=np.uint8)
+    rows[:, 0], rows[:, 1], rows[:, 2:] = status, votes, values
+    return rows.tobytes()
+
+
+def parse_lookup_rows(raw: bytes, data_len: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8],
+                                                            npt.NDArray[np.uint8]]:
+    """`KeyLookupAnswer.rows` back into (status, votes, values) arrays."""
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 2 + data_len)
+    return rows[:, 0], rows[:, 1], rows[:, 2:]
 
 
 @dataclass(frozen=True)
@@ -119,9 +145,8 @@ class KeyLookup(StructureQuery[KeyWriteRegion]):
         _, hashes = key_hashes_rows(self.keys, self.redundancy, structure.key_hash)
         slots = hashes & np.uint32(region.slot_count - 1)
         written = ((region.checksums[slots] != 0) | region.data[slots].any(axis=-1)).any(axis=0)
-        status = np.where(answer.found, "found", np.where(written, "collided", "empty"))
-        values = hex_rows(answer.values.astype(answer.values.dtype.newbyteorder(">")).tobytes(), structure.data_len)
-        return KeyLookupAnswer(self.name, self.redundancy, self.consensus, hex_rows(self.keys.tobytes(),
-                                                                                    structure.key_len),
-                               [value if found else None for value, found in zip(values, answer.found.tolist())],
-                               answer.votes.tolist(), status)
+        status = np.where(answer.found, 1, np.where(written, 2, 0)).astype(np.uint8)
+        values = np.ascontiguousarray(answer.values.astype(answer.values.dtype.newbyteorder(">"))).view(np.uint8)
+        values = values.reshape(len(self.keys), structure.data_len) * answer.found[:, None].astype(np.uint8)
+        return KeyLookupAnswer(self.name, self.redundancy, self.consensus, self.keys, values,
+                               answer.votes.astype(np.int8), status)
