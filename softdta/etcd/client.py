@@ -13,7 +13,7 @@ import json
 import queue
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +23,14 @@ from softdta.errors import SoftdtaError
 
 class EtcdUnavailable(SoftdtaError, ConnectionError):
     """etcd did not answer, refused the request, or answered with something else than its API."""
+
+
+class NotEtcd(EtcdUnavailable):
+    """Something answered at the endpoint, but not with etcd's API: the URL is wrong, retrying will not help."""
+
+
+class LeaseExpired(EtcdUnavailable):
+    """A write named a lease etcd no longer has (it expired, or was revoked): grant a new one and write again."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,16 @@ class Etcd:
         try:
             answer = json.loads(text)
         except ValueError:
-            raise EtcdUnavailable(f"etcd at {self.endpoint} answered {path} with something else than JSON "
-                                  f"(HTTP {response.status}); is that etcd's client port?") from None
-        if response.status != 200 or "error" in answer:
-            raise EtcdUnavailable(f"etcd at {self.endpoint} refused {path}: {answer.get('message', answer)}")
+            raise NotEtcd(f"etcd at {self.endpoint} answered {path} with something else than JSON (HTTP "
+                          f"{response.status}); is that etcd's client port?") from None
+        if isinstance(answer, dict) and "code" in answer and (response.status != 200 or "error" in answer):
+            message = str(answer.get("message", answer))
+            refusal = LeaseExpired if "requested lease not found" in message else EtcdUnavailable
+            raise refusal(f"etcd at {self.endpoint} refused {path}: {message}")
+        result = answer.get("result", answer) if isinstance(answer, dict) else None
+        if response.status != 200 or not isinstance(result, dict) or "header" not in result:
+            raise NotEtcd(f"etcd at {self.endpoint} answered {path} with JSON that is not etcd's (HTTP "
+                          f"{response.status}); is that etcd's client port?")
         return dict(answer)
 
     # ----------------------------------------------------------------------------------------------
@@ -115,15 +129,18 @@ class Etcd:
     def delete(self, key: str) -> None:
         self.call("kv/deleterange", {"key": _b64(key)})
 
-    def put_if(self, key: str, value: str | bytes, *, mod_revision: int, lease: int = 0) -> bool:
+    def put_if(self, key: str, value: str | bytes, *, mod_revision: int, lease: int = 0,
+               unchanged: Mapping[str, int] | None = None) -> int:
         """Compare-and-swap: write `key` only if its mod revision is still `mod_revision` (0: only if it does not
-        exist). False: someone else wrote it first."""
-        compare = {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
+        exist) and each key of `unchanged` still has its given mod revision (a fence: the writer still holds
+        what it read, e.g. its leader key). The revision of the write; 0 (false) if someone else wrote first."""
+        compare = [{"key": _b64(name), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+                   for name, revision in {key: mod_revision, **(unchanged or {})}.items()]
         put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
         if lease:
             put["lease"] = str(lease)
-        answer = self.call("kv/txn", {"compare": [compare], "success": [{"request_put": put}]})
-        return bool(answer.get("succeeded", False))
+        answer = self.call("kv/txn", {"compare": compare, "success": [{"request_put": put}]})
+        return int(answer["header"]["revision"]) if answer.get("succeeded", False) else 0
 
     # ----------------------------------------------------------------------------------------------
     # leases
@@ -160,6 +177,8 @@ class Watch:
     def __init__(self, etcd: Etcd, prefix: str, start_revision: int, idle_timeout: float):
         self.etcd, self.idle_timeout = etcd, idle_timeout
         self.batches: queue.Queue[list[WatchEvent] | EtcdUnavailable] = queue.Queue()
+        self.closed = False
+        self.reader: threading.Thread | None = None  # started once the stream is open
         self.connection = http.client.HTTPConnection(etcd.host, etcd.port, timeout=etcd.timeout)
         request = {"create_request": {"key": _b64(prefix), "range_end": _prefix_end(prefix),
                                       "start_revision": str(start_revision)}}
@@ -175,10 +194,11 @@ class Watch:
             self.close()
             raise EtcdUnavailable(f"etcd at {etcd.endpoint} is unreachable ({error}); start etcd or fix --etcd") \
                 from None
-        self.closed = False
-        threading.Thread(target=self._read, name="etcd-watch", daemon=True).start()
+        self.reader = threading.Thread(target=self._read, name="etcd-watch", daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
+        """The stream's lines into `batches`; the connection is closed here, never under a running readline."""
         try:
             while True:
                 line = self.response.readline()
@@ -189,14 +209,21 @@ class Watch:
                     self.batches.put(batch)
         except EtcdUnavailable as error:
             self.batches.put(error)
-        except (OSError, ValueError, http.client.HTTPException) as error:
+        except (OSError, ValueError, AttributeError, http.client.HTTPException) as error:
+            # AttributeError: http.client reading a chunked stream whose socket close() shut down
             self.batches.put(EtcdUnavailable(f"the watch on etcd at {self.etcd.endpoint} broke ({error})"))
+        finally:
+            self.connection.close()
 
     def _events(self, line: bytes) -> list[WatchEvent]:
         try:
-            result = json.loads(line).get("result", {})
+            document = json.loads(line)
         except ValueError:
             raise EtcdUnavailable(f"etcd at {self.etcd.endpoint} sent a watch line that is not JSON") from None
+        if not isinstance(document, dict) or "error" in document:
+            error = document.get("error", document) if isinstance(document, dict) else document
+            raise EtcdUnavailable(f"etcd at {self.etcd.endpoint} ended the watch: {error}")
+        result = document.get("result", {})
         if result.get("canceled"):
             raise EtcdUnavailable(f"etcd canceled the watch: {result.get('cancel_reason', 'compacted')}")
         events = []
@@ -210,17 +237,26 @@ class Watch:
         return self
 
     def __next__(self) -> list[WatchEvent]:
+        batch = self.poll(self.idle_timeout)
+        if not batch and self.closed:
+            raise StopIteration
+        return batch
+
+    def poll(self, timeout: float) -> list[WatchEvent]:
+        """The next batch of events within `timeout` seconds, else []; raises EtcdUnavailable once the stream
+        broke."""
         try:
-            batch = self.batches.get(timeout=self.idle_timeout)
+            batch = self.batches.get(timeout=timeout)
         except queue.Empty:
             return []
         if isinstance(batch, EtcdUnavailable):
             if self.closed:
-                raise StopIteration
+                return []
             raise batch
         return batch
 
     def close(self) -> None:
+        """End the stream: its reader sees the socket shut down, and closes the connection."""
         self.closed = True
         sock = self.connection.sock
         if sock is not None:
@@ -228,4 +264,5 @@ class Watch:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self.connection.close()
+        if self.reader is None:
+            self.connection.close()
