@@ -44,7 +44,7 @@
 #define DEFAULT_ACK_REQUEST_INTERVAL 16
 #define MAX_ACK_REQUEST_INTERVAL 65536 /* 0x10000 */
 #define CRC32_POLYNOMIAL 79764919 /* 0x4c11db7 */
-#define PARTITION_POLYNOMIAL 2821953579U /* 0xa833982b */
+#define PARTITION_POLYNOMIAL 844641433 /* 0x32583499 */
 #define DEFAULT_SLOT_BITS 12
 #define MAX_SLOT_BITS 16
 #define MAX_REPLICAS 4
@@ -1596,11 +1596,20 @@ struct report_generator_value {
 	__u16 key_offset; /* where the key's last 4 bytes are in the frame, 0 = nowhere */
 	__u16 data_offset; /* where the data's last 4 bytes are, 0 = nowhere */
 	__u16 seq_offset; /* where the seqnum is (report i: seq_base + i), 0 = nowhere */
+	__u16 destination_offset; /* where the IPv4 destination is: report i goes to entry i % key_span of map `report_destinations`; 0 = the template's destination */
+	__u16 checksum_offset; /* where the IPv4 header checksum is */
 	__u8 seq_base;
 	__u8 pad;
 	__u8 frame[256];
-	__u8 _pad0[4];
 };
 _Static_assert(sizeof(struct report_generator_value) == 296, "struct report_generator_value does not match softdta/spec/");
+
+/* where the kernel report generator sends the reports of one key (map `report_destinations`, BPF_F_MMAPABLE, written by userspace): its slot's collector in a fleet */
+struct report_destination {
+	__u32 ip; /* the IPv4 destination, as a big-endian number */
+	__u16 checksum; /* the IPv4 header checksum with it */
+	__u16 pad;
+};
+_Static_assert(sizeof(struct report_destination) == 8, "struct report_destination does not match softdta/spec/");
 
 #endif /* SOFTDTA_SPEC_H */

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from softdta.cli.common import CliError, Commands, add_command, print_summary
 from softdta.core import registry, workload
+from softdta.core.fleet import SlotMap
+from softdta.core.fleet_reporter import address as fleet_address
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.engines.engine import Engine
@@ -53,12 +56,15 @@ def register(commands: Commands) -> None:
     dissect.set_defaults(run=_decode)
 
     report = add_command(commands, "report", "make DTA reports of one primitive: write them to a pcap, or send "
-                         "them out of an interface to a translator (root)",
-                         "Give --out or --interface.")
+                         "them out of an interface to a translator (root), or from a UDP socket",
+                         "Give --out, --interface or --udp.")
     report.add_argument("primitive", choices=[primitive.name for primitive in registry.registered()],
                         help="which primitive's reports to make")
     report.add_argument("--out", help="write the reports to this pcap")
     report.add_argument("--interface", "-i", help="send the reports out of this interface instead (root)")
+    report.add_argument("--udp", action="store_true",
+                        help="send each report in a UDP datagram from an ordinary socket to port 40040 of its "
+                             "collector instead (no root: the kernel routes it, through the translator)")
     report.add_argument("--netns", help="with --interface: the interface's network namespace")
     report.add_argument("--engine", choices=("kernel", "python"), default="kernel",
                         help="with --interface: kernel (default) sends at kernel speed (BPF_PROG_TEST_RUN live "
@@ -78,6 +84,12 @@ def register(commands: Commands) -> None:
                         help="the DTA header layout to write (default %(default)s)")
     report.add_argument("--collector", default="10.77.1.1",
                         help="the reports' destination IP: the collector's (default %(default)s)")
+    report.add_argument("--fleet-map", metavar="FILE",
+                        help="a fleet's slot map (JSON, as the fleet controller writes it): each report goes to its "
+                             "slot's collector instead of --collector (docs/fleet-reporters.md)")
+    report.add_argument("--across", action="store_true",
+                        help="with --fleet-map: key-write and key-increment reports go to every replica of their "
+                             "slot that holds one of their copies, not all copies to the first")
     report.add_argument("--reporter", default="10.77.9.1", help="the reports' source IP (default %(default)s)")
     report.add_argument("--reporter-mac", default="02:5d:7a:00:09:01",
                         help="the reports' source MAC (default %(default)s)")
@@ -241,24 +253,72 @@ def _report(args: argparse.Namespace) -> int:
         frames = [address.frame(report, profile) for report in reports]
     except ValueError as error:
         raise CliError(str(error)) from None
-    if bool(args.out) == bool(args.interface):
-        raise CliError("give --out FILE (write a pcap) or --interface IF (send on the wire), not both or neither")
+    if [bool(args.out), bool(args.interface), args.udp].count(True) != 1:
+        raise CliError("give one of --out FILE (write a pcap), --interface IF (send on the wire) or --udp (send "
+                       "from a socket)")
+    slot_map = _slot_map(args)
+    if args.udp:
+        return _send_udp(reports, slot_map, args)
+    if slot_map is not None and not (args.interface and args.engine == "kernel"):
+        frames = [replace(address, collector_ip=each.collector).frame(each.report, profile) for report in reports
+                  for each in fleet_address(slot_map, report, copies_across=args.across)]
     if args.interface:
-        return _send_reports(reports, frames, args)
+        return _send_reports(reports, frames, slot_map, args)
     step = int(args.interval_us * 1000)
     written = write_pcap(args.out, (Packet(i * step, frame) for i, frame in enumerate(frames)))
     print(f"wrote {written} {args.primitive} reports to {args.out}")
     return 0
 
 
-def _send_reports(reports: list[Report], frames: list[bytes], args: argparse.Namespace) -> int:
+def _slot_map(args: argparse.Namespace) -> SlotMap | None:
+    if args.fleet_map is None:
+        if args.across:
+            raise CliError("--across applies to a fleet: give its slot map with --fleet-map FILE")
+        return None
+    try:
+        with open(args.fleet_map, "rb") as file:
+            return SlotMap.from_json(file.read())
+    except OSError as error:
+        raise CliError(f"cannot read the slot map {args.fleet_map}: {error.strerror}; give the file the fleet "
+                       "controller wrote") from None
+
+
+def _send_udp(reports: list[Report], slot_map: SlotMap | None, args: argparse.Namespace) -> int:
+    import itertools
+    import time
+
+    from softdta.kernel.udp_reporter import UdpReporter
+    if args.rate < 0:
+        raise CliError(f"--rate {args.rate} must be 0 (as fast as possible) or more reports/s")
+    if args.duration is not None and args.duration <= 0:
+        raise CliError(f"--duration {args.duration} must be positive; give the seconds to send for")
+    with UdpReporter(slot_map=slot_map, collector=None if slot_map else args.collector,
+                     profile=Profile(args.profile), copies_across=args.across) as reporter:
+        started, sent = time.perf_counter(), 0
+        for report in itertools.cycle(reports) if args.duration else reports:
+            if args.duration and time.perf_counter() - started >= args.duration:
+                break
+            reporter.send(report)
+            sent += 1
+            ahead = sent / args.rate - (time.perf_counter() - started) if args.rate else 0
+            if ahead > 0:
+                time.sleep(ahead)
+        seconds = time.perf_counter() - started
+    spread = ", ".join(f"{count} to {collector}" for collector, count in sorted(reporter.sent.items()))
+    print(f"sent {sent} {args.primitive} reports in {sum(reporter.sent.values())} datagrams in {seconds:.3f} s "
+          f"({spread})")
+    return 0
+
+
+def _send_reports(reports: list[Report], frames: list[bytes], slot_map: SlotMap | None,
+                  args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise CliError(f"--duration {args.duration} must be positive; give the seconds to send for")
     if args.rate < 0:
         raise CliError(f"--rate {args.rate} must be 0 (as fast as possible) or more reports/s")
     try:
         if args.engine == "kernel":
-            result = _send_kernel(reports[0], frames[0], args)
+            result = _send_kernel(reports[0], frames[0], slot_map, args)
         else:
             result = _send_ring(frames, args)
     except PermissionError as error:
@@ -268,10 +328,13 @@ def _send_reports(reports: list[Report], frames: list[bytes], args: argparse.Nam
     return 0
 
 
-def _send_kernel(template: Report, frame: bytes, args: argparse.Namespace) -> SendResult:
+def _send_kernel(template: Report, frame: bytes, slot_map: SlotMap | None, args: argparse.Namespace) -> SendResult:
     from softdta.core.generator import plan
     from softdta.kernel.generator import KernelReporter
-    generator = plan(template, frame, Profile(args.profile), key_span=args.keys)
+    if args.across:
+        raise CliError("the kernel generator sends each report to its slot's first replica only; for --across "
+                       "use --engine python or --udp")
+    generator = plan(template, frame, Profile(args.profile), key_span=args.keys, slot_map=slot_map)
     with KernelReporter(generator, args.interface, args.netns) as reporter:
         if not reporter.linked:
             print("softdta: note: the generator could not link to lo (another XDP program there?), so each of its "

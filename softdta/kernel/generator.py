@@ -1,7 +1,7 @@
 """Reports at kernel speed: bpf/reporter.bpf.c run by BPF_PROG_TEST_RUN in live-frames mode on the reporter's
 interface (the mechanism of xdp-trafficgen). One system call sends thousands of reports, each built in the kernel
-from the template of a softdta.core.generator plan, which predicts every one of them. The AF_PACKET TX ring
-(softdta.kernel.tx_ring) is the fallback.
+from the template of a softdta.core.generator plan, which predicts every one of them (in a fleet, with its
+slot's collector as destination). The AF_PACKET TX ring (softdta.kernel.tx_ring) is the fallback.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import socket
 import time
 from contextlib import AbstractContextManager, nullcontext
 
+import numpy as np
+
 from softdta.core.generator import GeneratorPlan
 from softdta.kernel.bpf import BpfError, BpfObject, link_xdp
 from softdta.kernel.maps import record
@@ -19,6 +21,7 @@ from softdta.kernel.programs import REPORTER_SOURCE, EngineError, build_object
 from softdta.kernel.tx_ring import SendResult
 
 _LAYOUT = record("report_generator_value")
+_DESTINATION = record("report_destination")
 _KEY = bytes(4)
 CALL_REPORTS = 4096  # reports per system call at full speed: a few milliseconds of them
 PACED_CALL_S = 0.001  # at a given rate, a call sends this long's worth: a call costs about 0.1 ms, and one call
@@ -40,16 +43,29 @@ class KernelReporter:
         except OSError:
             raise EngineError(f"interface {interface!r} does not exist{' in ' + netns if netns else ''}; "
                               "give the reporter's interface") from None
-        self._object = BpfObject(build_object(REPORTER_SOURCE))
+        self._object = BpfObject(build_object(REPORTER_SOURCE),
+                                 map_sizes={"report_destinations": max(1, len(plan.destinations))})
         self._link = -1
         try:
             self._map = self._object.maps["report_generator"]
+            self._write_destinations()
             self._map.update(_KEY, _LAYOUT.pack(**plan.config(), ifindex=self.ifindex))
             self._program = self._object.programs["softdta_report"]
             self._keep_dispatched()
         except BaseException:
             self.close()
             raise
+
+    def _write_destinations(self) -> None:
+        """Each key's destination and IPv4 checksum (a fleet's slot map applied), in one copy into the map."""
+        if not len(self.plan.destinations):
+            return
+        entries = np.zeros(len(self.plan.destinations), dtype=np.dtype({
+            "names": ["ip", "checksum"], "formats": ["=u4", "=u2"],
+            "offsets": [_DESTINATION.offsets["ip"], _DESTINATION.offsets["checksum"]], "itemsize": _DESTINATION.size}))
+        entries["ip"], entries["checksum"] = self.plan.destinations, self.plan.checksums
+        with self._object.maps["report_destinations"].mmap() as memory:
+            memory[:entries.nbytes] = entries.tobytes()
 
     @property
     def linked(self) -> bool:

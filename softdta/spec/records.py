@@ -54,7 +54,15 @@ RECORDS = (
         Field("key_offset", 16, "where the key's last 4 bytes are in the frame, 0 = nowhere"),
         Field("data_offset", 16, "where the data's last 4 bytes are, 0 = nowhere"),
         Field("seq_offset", 16, "where the seqnum is (report i: seq_base + i), 0 = nowhere"),
+        Field("destination_offset", 16, "where the IPv4 destination is: report i goes to entry i % key_span of "
+                                        "map `report_destinations`; 0 = the template's destination"),
+        Field("checksum_offset", 16, "where the IPv4 header checksum is"),
         Field("seq_base", 8), Field("pad", 8),
         Raw("frame", GENERATOR_FRAME_MAX),
     ), "the kernel report generator's template and how it varies it per report (map `report_generator`)"),
+    Record("report_destination", (
+        Field("ip", 32, "the IPv4 destination, as a big-endian number"),
+        Field("checksum", 16, "the IPv4 header checksum with it"), Field("pad", 16),
+    ), "where the kernel report generator sends the reports of one key (map `report_destinations`, "
+       "BPF_F_MMAPABLE, written by userspace): its slot's collector in a fleet"),
 )
