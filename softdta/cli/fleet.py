@@ -26,6 +26,8 @@ def register(commands: Commands) -> None:
     actions = cast(Commands, fleet.add_subparsers(dest="action", required=True, title="actions",
                                                   parser_class=OneLineErrors))
     _register_plan(actions)
+    _register_controller(actions)
+    _register_status(actions)
 
 
 def _register_plan(actions: Commands) -> None:
@@ -83,3 +85,73 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _fraction(value: float) -> str:
     return f"{value:.6f} ({value * 100:.3f} %)"
+
+
+def _register_controller(actions: Commands) -> None:
+    from softdta.fleet.controller import LEASE_TTL_S
+    controller = add_command(actions, "controller", "run a fleet controller: commit a slot map epoch whenever the "
+                             "collectors change", "Several may run: one leads by election in etcd, the others "
+                             "take over within the lease TTL when it goes (docs/fleet.md, \"Control plane on "
+                             "etcd\"). Runs until SIGINT or SIGTERM; etcd unreachable is logged and retried.")
+    controller.add_argument("--etcd", required=True, metavar="URL", help="etcd's client URL, http://HOST:PORT")
+    controller.add_argument("--fleet", required=True, metavar="NAME", help="the fleet (its keys are under "
+                            "/softdta/NAME/)")
+    controller.add_argument("--replicas", type=int, default=1,
+                            help=f"collectors per slot, 1..{MAX_REPLICAS} (default %(default)s)")
+    controller.add_argument("--slot-bits", type=int, default=DEFAULT_SLOT_BITS,
+                            help=f"the slot map has 2^bits slots, 1..{MAX_SLOT_BITS} (default %(default)s)")
+    controller.add_argument("--id", help="this controller's name in the leader key (default HOST-PID)")
+    controller.add_argument("--lease-ttl", type=int, default=LEASE_TTL_S, metavar="S",
+                            help="seconds a dead leader keeps the lead (default %(default)s, at least 2)")
+    controller.add_argument("--metrics", metavar="HOST:PORT",
+                            help="serve the controller's counters for Prometheus at http://HOST:PORT/metrics")
+    controller.set_defaults(run=_controller)
+
+
+def _controller(args: argparse.Namespace) -> int:
+    from softdta.cli.common import Signals
+    from softdta.etcd.client import Etcd
+    from softdta.fleet.controller import Controller, serve_metrics
+    controller = Controller(Etcd(args.etcd), args.fleet, ident=args.id, replicas=args.replicas,
+                            slot_bits=args.slot_bits, lease_ttl=args.lease_ttl)
+    if args.metrics:
+        serve_metrics(controller, args.metrics)
+    print(f"softdta fleet controller {controller.ident} up: fleet {args.fleet}, etcd {controller.etcd.endpoint}",
+          flush=True)
+    controller.run(Signals())
+    return 0
+
+
+def _register_status(actions: Commands) -> None:
+    status = add_command(actions, "status", "show a fleet: its collectors, leader, epoch, slots per collector and "
+                         "the epoch each translator and reporter applies", "Reads etcd once; exits 2 when etcd "
+                         "does not answer.")
+    status.add_argument("--etcd", required=True, metavar="URL", help="etcd's client URL, http://HOST:PORT")
+    status.add_argument("--fleet", required=True, metavar="NAME", help="the fleet")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from softdta.etcd.client import Etcd
+    from softdta.fleet.controller import fleet_status
+    status = fleet_status(Etcd(args.etcd), args.fleet)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    epoch = status["epoch"]
+    print_summary({
+        "fleet": args.fleet,
+        "leader": status["leader"] or "none (no controller runs)",
+        "epoch": epoch if epoch is not None else f"none ({status['slot_map_problem'] or 'no slot map yet'})",
+        "collectors (weight, slots led/held)": {
+            name: f"{member['ip']}  weight {member['weight']:g}  slots {member['slots_led']}/{member['slots_held']}"
+            for name, member in status["members"].items()} or "none registered",
+        "in the map, not registered": ", ".join(status["unregistered_in_map"]) or "none",
+        "applied (translators, reporters)": {
+            name: f"epoch {applied.get('epoch')}" + ("" if applied["current"] else f" (behind {epoch})")
+            for name, applied in status["applied"].items()} or "none",
+    }, as_json=False)
+    return 0
