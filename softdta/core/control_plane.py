@@ -69,6 +69,7 @@ class Slots:
 
     qp: dict[int, int] = field(default_factory=dict)  # local QPN -> qp index
     append: dict[int, int] = field(default_factory=dict)  # list id -> append_state index
+    append_qp: dict[int, int] = field(default_factory=dict)  # list id -> the qp index it writes through
     # (primitive, collector ip, entries) -> the first of a structure's entries in its primitive's `state_map`
     state: dict[tuple[int, bytes, int], int] = field(default_factory=dict)
 
@@ -204,7 +205,8 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     tables.validate()
     if len(tables.ip) != 4:
         raise TableError("the translator data planes work over IPv4; give the translator an IPv4 address")
-    new = Slots(qp=dict(slots.qp), append=dict(slots.append), state=dict(slots.state))
+    new = Slots(qp=dict(slots.qp), append=dict(slots.append), append_qp=dict(slots.append_qp),
+                state=dict(slots.state))
     entries = [Entry("translator_config", {"index": 0}, {
         "src_mac": tables.mac, "udp_sport": tables.udp_sport, "src_ip": tables.ip, "dscp": tables.dscp,
         "ttl": tables.ttl, "profile": 0 if tables.profile.value == "dta-v1" else 1,
@@ -261,24 +263,29 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
         entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, fields))
     list_ids = set()
     append_used = set(slots.append.values())
-    for list_id in sorted({lists.first_list + offset for lists in tables.append_lists for offset in range(lists.lists)}):
+    list_ids_held = {lists.first_list + offset for lists in tables.append_lists for offset in range(lists.lists)}
+    for list_id in sorted(list_ids_held):
         owner = tables.append_range(list_id)  # with a fleet, the range of its slot's first replica that has it
         if owner is None:
             continue
+        through = qp_index[owner.qp.name]
         list_ids.add(list_id)
         if list_id not in new.append:
             new.append[list_id] = _free_index(append_used, capacity("append_state"), "Append lists")
             state.append(Entry("append_state", {"state_index": new.append[list_id]}))
-        elif qp_index[owner.qp.name] in restarted:
-            # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
+        elif through in restarted or slots.append_qp.get(list_id, through) != through:
+            # a re-created collector QP (a restarted collector), or another collector's (a fleet moved the list),
+            # comes with a fresh ring, read from entry 0
             state.append(Entry("append_state", {"state_index": new.append[list_id]}))
+        new.append_qp[list_id] = through
         entries.append(Entry("append_list", {"list_id": list_id}, {
-            "qp_index": qp_index[owner.qp.name], "queues": len(owner.qps),
+            "qp_index": through, "queues": len(owner.qps),
             "first_slot": (list_id - owner.first_list) * owner.entries, "slot_count": owner.entries,
             "entry_size": owner.data_len, "batch": owner.batch, "state_index": new.append[list_id]}))
     entries += fleet_entries(tables)
     new.state = {key: first for key, first in new.state.items() if key in live_state}
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
+    new.append_qp = {list_id: index for list_id, index in new.append_qp.items() if list_id in list_ids}
     live_qpns = {qp.local_qpn for qp in tables.qps}
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
     entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)

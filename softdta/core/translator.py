@@ -92,6 +92,12 @@ class Translator:
     # ----------------------------------------------------------------------------------------------
     # entry points
 
+    def retable(self, tables: Tables) -> None:
+        """Translate with `tables` from now on (a live change); each primitive adjusts its state to them."""
+        old, self.tables = self.tables, tables
+        for primitive in self.primitives.values():
+            primitive.retabled(old)
+
     def process(self, frame: bytes, now_ns: int = 0, queue: int = 0) -> Output:
         """`queue`: the RX queue the frame arrived on; its reports write through that queue's QPs."""
         self.queue = queue

@@ -128,7 +128,7 @@ class PythonEngine:
                 restarts.append(PsnRestart(qp.name, qp.local_qpn, psn, live.next_psn if live else None))
         self.translator.qp_state = states
         self.translator.counters[TranslatorCounter.PSN_ADOPTED] += report_adoptions(restarts)
-        self.translator.tables = tables
+        self.translator.retable(tables)
         collectors, layout = self.maps["collector"], map_layout("collector")
         wanted = {layout.key.pack(ip=int.from_bytes(qp.collector_ip, "little")): layout.value.pack(mac=qp.collector_mac)
                   for qp in tables.qps}

@@ -148,3 +148,42 @@ def test_bad_fleet_sections_name_the_problem(change, message):
     change(document["fleet"])
     with pytest.raises(TableError, match=message):
         Tables.from_dict(document)
+
+
+def moved_list_tables():
+    """Tables of epoch 1 and of an epoch 2 whose slots all moved one collector on, and an Append list."""
+    document, _ = fleet_document()
+    first = Tables.from_dict(document)
+    rotate = {"c1": "c2", "c2": "c3", "c3": "c1"}
+    document["fleet"] = dict(document["fleet"], epoch=2,
+                             slots=[[rotate[name] for name in owners] for owners in document["fleet"]["slots"]])
+    return first, Tables.from_dict(document), 5
+
+
+def test_a_list_moved_to_another_collector_starts_its_ring_there_and_keeps_its_waiting_entries():
+    first, second, list_id = moved_list_tables()
+    translator = Translator(first)
+    batch = first.append_range(list_id).batch
+    for entry in range(batch + 1):  # one batch written, one entry waiting
+        translator.process(REPORTER.frame(dta.append(list_id, entry)), 0)
+    translator.retable(second)
+    lists = second.append_range(list_id)
+    frames = []
+    for entry in range(batch + 1, 2 * batch):
+        frames += translator.process(REPORTER.frame(dta.append(list_id, entry)), 0).frames
+    assert [collector_of(frame) for frame in frames] == [ip_str(lists.qp.collector_ip)]
+    write = parse_roce(frames[0])
+    assert write.headers["reth"]["va"] == lists.qp.base_va + lists.ring_offset(list_id)
+    assert write.payload[:4] == batch.to_bytes(4, "little"), "the entry that waited leads the new ring"
+
+
+def test_the_control_plane_restarts_a_moved_lists_ring_and_keeps_the_others():
+    from softdta.core.control_plane import LiveQp, Slots, plan
+    first, second, list_id = moved_list_tables()
+    before = plan(first, Slots(), flush_idle_ns=0, egress=lambda qp: 0)
+    live = {before.slots.qp[qp.local_qpn]: LiveQp(qp.remote_qpn, qp.start_psn) for qp in first.qps}
+    after = plan(second, before.slots, flush_idle_ns=0, egress=lambda qp: 0, installed_qps=live)
+    reset = {entry.key["state_index"] for entry in after.state if entry.table == "append_state"}
+    assert before.slots.append[list_id] in reset
+    unmoved = plan(first, before.slots, flush_idle_ns=0, egress=lambda qp: 0, installed_qps=live)
+    assert not [entry for entry in unmoved.state if entry.table == "append_state"]

@@ -281,6 +281,10 @@ class Primitive(abc.ABC):
     def new_state(self) -> Any:
         return None
 
+    def retabled(self, old: Tables) -> None:
+        """The translator's tables were `old` and are now `self.translator.tables` (a live change): adjust the state
+        that depended on them."""
+
     def decode(self, base: dict[str, Any], payload: bytes, offset: int) -> PluginReport:
         """The report after the extended base header `base`; raises WireError for malformed input."""
         fields, end = codec(self.subheader).unpack(payload, offset)

@@ -9,7 +9,7 @@ from softdta.core.primitives.append.batch import AppendPath
 from softdta.core.primitives.append.demo import AppendDemo
 from softdta.core.primitives.append.state import AppendRuntime as AppendRuntime  # its state, re-exported
 from softdta.core.primitives.base import Output, Primitive, Target, built_in
-from softdta.core.tables import AppendLists
+from softdta.core.tables import AppendLists, Tables
 from softdta.spec import DtaOpcode, TranslatorCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import UdpFrame
@@ -67,6 +67,16 @@ class Append(Primitive):
 
     def flush_target(self, index: int, target: Target | None) -> Target | None:
         return self.translator.tables.append_range(index)
+
+    def retabled(self, old: Tables) -> None:
+        """A list whose ring moved to another collector or region (a fleet's new epoch) starts that ring at its first
+        entry; what waits in its batch goes there."""
+        new = self.translator.tables
+        for list_id, runtime in self.state.items():
+            before, after = old.append_range(list_id), new.append_range(list_id)
+            if before is None or after is None or (before.qp.collector_ip, before.qp.rkey, before.qp.base_va) != \
+                    (after.qp.collector_ip, after.qp.rkey, after.qp.base_va):
+                runtime.head = 0
 
     def pending(self, token: int, index: int, target: Target) -> AppendRuntime | None:
         runtime: AppendRuntime | None = self.state.get(index)
