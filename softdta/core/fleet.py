@@ -91,6 +91,11 @@ class SlotMap:
         self.validate()
 
     def validate(self) -> None:
+        for name, ip in self.members.items():
+            try:
+                ipaddress.IPv4Address(ip)
+            except ValueError:
+                raise FleetError(f"slot map: collector {name}'s ip {ip!r} is not an IPv4 address") from None
         if not 1 <= self.slot_bits <= MAX_SLOT_BITS:
             raise FleetError(f"slot map: slot_bits {self.slot_bits} must be 1..{MAX_SLOT_BITS}")
         if self.epoch < 1:
@@ -155,13 +160,22 @@ class SlotMap:
             document = json.loads(text)
             members = {str(name): str(ip) for name, ip in document["members"].items()}
             names = sorted(members)
-            slots = tuple(tuple(names[i] for i in owners) for owners in document["slots"])
+            slots = tuple(tuple(_member_name(names, i, slot) for i in owners)
+                          for slot, owners in enumerate(document["slots"]))
             return cls(int(document["epoch"]), int(document["slot_bits"]), int(document["replicas"]), members, slots)
         except FleetError:
             raise
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
             raise FleetError(f"slot map is malformed ({type(error).__name__}: {error}); let the controller write "
                              "a new epoch") from None
+
+
+def _member_name(names: list[str], index: object, slot: int) -> str:
+    """The name a slot map's JSON gives by its index into the sorted member names (never counted from the end)."""
+    if type(index) is not int or not 0 <= index < len(names):
+        raise FleetError(f"slot map: slot {slot} names unknown collector {index!r}: members lists {len(names)}; let "
+                         "the controller write a new epoch")
+    return names[index]
 
 
 def check_successor(current: SlotMap | None, new: SlotMap) -> None:
@@ -263,6 +277,7 @@ def _fill(table: npt.NDArray[np.int64], position: int, quota: Mapping[str, int],
     heap = [entry for entry in deficits if entry[0] < 0]
     heapq.heapify(heap)
     free = set(np.flatnonzero(row < 0).tolist())
+    filled = sorted(free)
     preference: dict[int, list[int]] = {}
     cursor = dict.fromkeys(range(len(names)), 0)
     relaxed: set[int] = set()
@@ -296,3 +311,22 @@ def _fill(table: npt.NDArray[np.int64], position: int, quota: Mapping[str, int],
         counts[member] += 1
         if deficit + 1 < 0:
             heapq.heappush(heap, (deficit + 1, member))
+    if relaxed:
+        _unblock(table, position, filled, later)
+
+
+def _unblock(table: npt.NDArray[np.int64], position: int, filled: list[int], later: set[tuple[int, int]]) -> None:
+    """Where the filling gave a member a slot it holds a later position of (the slots left at the end of the
+    turns may all be such), swap it with a slot filled at this position whose member may take both: counts stay,
+    and the later position does not move."""
+    row = table[position]
+    for slot in filled:
+        member = int(row[slot])
+        if (member, slot) not in later:
+            continue
+        for other in filled:
+            swap = int(row[other])
+            if swap != member and (swap, slot) not in later and (member, other) not in later \
+                    and swap not in table[:position, slot] and member not in table[:position, other]:
+                row[slot], row[other] = swap, member
+                break

@@ -73,11 +73,13 @@ CRC32_POLYNOMIAL = 0x04C11DB7
 # CRC-32, CRC-32C (Castagnoli), CRC-32K (Koopman), CRC-32Q, in normal notation.
 KEY_HASH_POLYNOMIALS = (CRC32_POLYNOMIAL, 0x1EDC6F41, 0x741B8CD7, 0x814141AB)
 
-# The fleet's partition hash ("crc32d"): reflected CRC-32 with this polynomial, init and xorout 0xFFFFFFFF, over a
-# report's partition key in wire order; its low slot_bits bits are the key's slot (docs/fleet.md). No slot hash
-# uses this polynomial, so the keys of one slot still spread over every slot of a collector's structure.
-PARTITION_HASH_NAME = "crc32d"
-PARTITION_POLYNOMIAL = 0xA833982B
+# The fleet's partition hash ("crc32k2", Koopman's CRC-32/K2): reflected CRC-32 with this polynomial, init and xorout
+# 0xFFFFFFFF, over a report's partition key in wire order; its low slot_bits bits are the key's slot (docs/fleet.md).
+# No slot hash uses it, and its 12 slot bits are linearly independent of the 17 low bits of every slot hash on 4-byte
+# keys, so the keys of one slot spread over every slot of a collector's structure (CRC-32D's are not: they tie to
+# CRC-32K's and CRC-32Q's, the independent copies 2 and 3).
+PARTITION_HASH_NAME = "crc32k2"
+PARTITION_POLYNOMIAL = 0x32583499
 DEFAULT_SLOT_BITS = 12
 MAX_SLOT_BITS = 16
 MAX_REPLICAS = MAX_REDUNDANCY  # collectors per slot: with copies across collectors, copy n goes to replica n
