@@ -26,6 +26,7 @@ import asyncio
 import base64
 import json
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,8 +36,11 @@ from typing import Any, cast
 import aiohttp
 import numpy as np
 import numpy.typing as npt
+import uvloop
+from aiohttp import web
 
 from softdta.collector.service import MAX_BODY_BYTES, ROWS_CONTENT_TYPE
+from softdta.core import registry
 from softdta.core.fleet import MEMBERS, SLOT_MAP, FleetError, Member, SlotMap, check_successor, fleet_prefix
 from softdta.core.primitives import Append, PluginReport, Primitive
 from softdta.core.primitives.key_increment.queries import CountLookup
@@ -757,3 +761,119 @@ def key_write_json(name: str, rows: npt.NDArray[np.uint8], redundancy: int, cons
             **result.partial,
             "results": [{"key": key, "value": value if hit else None, "votes": votes, "status": state}
                         for key, value, hit, votes, state in zip(keys, values, found, result.votes.tolist(), names)]}
+
+
+# --------------------------------------------------------------------------------------------------
+# The router's HTTP service: the collector service's API over the whole fleet
+
+
+def _json_error(status: type[web.HTTPException], message: str, **details: Any) -> web.HTTPException:
+    return status(text=json.dumps({"error": message, **details}), content_type="application/json")
+
+
+class RouterService:
+    def __init__(self, router: Router, watch: FleetWatch | None = None):
+        self.router, self.watch = router, watch
+
+    def routes(self) -> list[web.RouteDef]:
+        routes = [web.get("/structures", self.structures), web.get("/health", self.health)]
+        for primitive in registry.registered():
+            if primitive.query in MERGED:
+                route = web.post if primitive.query is not None and primitive.query.takes_body() else web.get
+                routes.append(route(f"/{primitive.name}/{{name}}", self._handler(primitive)))
+        return routes + [web.get(f"/{Append.name}/{{name}}", self.append),
+                         web.post(f"/{Append.name}/{{name}}", self.append)]
+
+    def _named(self, request: web.Request, served: str) -> None:
+        if request.match_info["name"] != served:
+            raise _json_error(web.HTTPNotFound, f"this router serves fleet {self.router.fleet!r} as {served!r}",
+                              known=[served])
+
+    def _handler(self, primitive: type[Primitive]) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.Response:
+            self._named(request, self.router.name(primitive))
+            fields: dict[str, Any] = {}
+            if request.method == "POST":
+                try:
+                    fields = json.loads(await request.read())
+                except ValueError as error:
+                    raise _json_error(web.HTTPBadRequest, f"body is not valid JSON: {error}") from None
+                if not isinstance(fields, dict):
+                    raise _json_error(web.HTTPBadRequest, "body must be a JSON object of the query's fields")
+            return web.json_response(await self._answered(self.router.query(primitive, fields)))
+        return handle
+
+    async def _answered(self, answer: Any) -> dict[str, Any]:
+        try:
+            return cast(dict[str, Any], await answer)
+        except RouterError as error:
+            status = web.HTTPServiceUnavailable if "no slot map" in str(error) else web.HTTPBadRequest
+            raise _json_error(status, str(error)) from None
+        except QueryError as error:
+            raise _json_error(web.HTTPBadRequest, str(error)) from None
+
+    async def append(self, request: web.Request) -> web.Response:
+        self._named(request, f"{Append.name}@{self.router.fleet}")
+        text = request.query.get("list", "")
+        if not (text.isascii() and text.isdigit() and len(text) < 11):
+            raise _json_error(web.HTTPBadRequest, "list must be a list id: the router reads one list at a time "
+                                                  "(?list=<id>)")
+        take = request.method == "POST"
+        return web.json_response(await self._answered(self.router.append(
+            int(text), take, request.headers.get("Authorization"))))
+
+    async def structures(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._answered(self.router.structures()))
+
+    async def health(self, request: web.Request) -> web.Response:
+        view = self.router.view()
+        return web.json_response({
+            "status": "ok" if view.current is not None else "no slot map", "fleet": self.router.fleet,
+            "epoch": view.current.epoch if view.current else None,
+            "previous_epoch": view.previous.epoch if view.previous else None,
+            "members": sorted(view.members), "etcd": "up" if view.etcd_up else "down (routing on the last epoch)"})
+
+
+async def serve(router: Router, host: str = "127.0.0.1", port: int = 0) -> web.AppRunner:
+    """Serve `router` (entered) on the running loop; `runner.addresses[0][1]` is the bound port."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.add_routes(RouterService(router).routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def run(etcd: Etcd, fleet: str, host: str, port: int, ready: Callable[[int], None] | None = None) -> None:
+    """`softdta fleet router`: follow the fleet in etcd and serve its queries until SIGINT or SIGTERM."""
+    watch = FleetWatch(etcd, fleet).start()
+
+    async def serve_until_stopped() -> None:
+        async with Router(lambda: watch.view, fleet) as router:
+            runner = await serve(router, host, port)
+            if ready is not None:
+                ready(runner.addresses[0][1])
+            stop = asyncio.Event()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+            await stop.wait()
+            await runner.cleanup()
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve_until_stopped())
+    finally:
+        watch.close()
+
+
+def query_once(etcd: Etcd, fleet: str, run_query: Callable[[Router], Any], timeout: float = REQUEST_TIMEOUT_S
+               ) -> Any:
+    """`softdta fleet query`: read the fleet once from etcd and run one query over it."""
+    watch = FleetWatch(etcd, fleet)
+    watch.load()
+
+    async def ask() -> Any:
+        async with Router(lambda: watch.view, fleet, timeout) as router:
+            return await run_query(router)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(ask())
