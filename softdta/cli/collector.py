@@ -22,6 +22,13 @@ def register(commands: Commands) -> None:
                                    "(default %(default)s)")
     collector_up.add_argument("--query-host", default="127.0.0.1",
                               help="address the query service (HTTP) listens on (default %(default)s)")
+    collector_up.add_argument("--etcd", metavar="URL", help="register in a fleet through etcd at this client URL "
+                              "(http://HOST:PORT; docs/fleet.md); needs --fleet")
+    collector_up.add_argument("--fleet", metavar="NAME", help="the fleet to join")
+    collector_up.add_argument("--weight", type=float, default=1.0,
+                              help="its share of the fleet's slots relative to the others' (default %(default)s)")
+    collector_up.add_argument("--lease-ttl", type=int, metavar="S",
+                              help="seconds until a crashed collector leaves the fleet (default 5, at least 2)")
     collector_up.set_defaults(run=_collector_up)
 
 
@@ -30,17 +37,25 @@ def _collector_up(args: argparse.Namespace) -> int:
     from softdta.collector.config import CollectorConfig
     from softdta.collector.control import ControlError
     from softdta.collector.daemon import StartError, run
+    from softdta.collector.registration import DEFAULT_LEASE_TTL_S, FleetSettings
     config = CollectorConfig.from_toml(args.config)
     if not config.token:
         raise CliError(f"{args.config}: [collector] token is missing or empty; set one, translators must "
                        "authenticate with it")
+    if bool(args.etcd) != bool(args.fleet):
+        raise CliError("--etcd and --fleet go together: give both to join a fleet, or neither")
+    fleet = None
+    if args.etcd:
+        ttl = DEFAULT_LEASE_TTL_S if args.lease_ttl is None else args.lease_ttl
+        fleet = FleetSettings(args.etcd, args.fleet, args.weight, ttl)
+        fleet.validate()
     try:
         if args.netns:
             from softdta.kernel.netns import in_netns
             with in_netns(args.netns):
-                run(config, control_host=args.control_host, query_host=args.query_host)
+                run(config, control_host=args.control_host, query_host=args.query_host, fleet=fleet)
         else:
-            run(config, control_host=args.control_host, query_host=args.query_host)
+            run(config, control_host=args.control_host, query_host=args.query_host, fleet=fleet)
     except (BackendError, StartError, ControlError) as error:
         raise CliError(str(error)) from None
     return 0

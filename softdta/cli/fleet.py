@@ -88,7 +88,6 @@ def _fraction(value: float) -> str:
 
 
 def _register_controller(actions: Commands) -> None:
-    from softdta.fleet.controller import LEASE_TTL_S
     controller = add_command(actions, "controller", "run a fleet controller: commit a slot map epoch whenever the "
                              "collectors change", "Several may run: one leads by election in etcd, the others "
                              "take over within the lease TTL when it goes (docs/fleet.md, \"Control plane on "
@@ -101,8 +100,8 @@ def _register_controller(actions: Commands) -> None:
     controller.add_argument("--slot-bits", type=int, default=DEFAULT_SLOT_BITS,
                             help=f"the slot map has 2^bits slots, 1..{MAX_SLOT_BITS} (default %(default)s)")
     controller.add_argument("--id", help="this controller's name in the leader key (default HOST-PID)")
-    controller.add_argument("--lease-ttl", type=int, default=LEASE_TTL_S, metavar="S",
-                            help="seconds a dead leader keeps the lead (default %(default)s, at least 2)")
+    controller.add_argument("--lease-ttl", type=int, metavar="S",
+                            help="seconds a dead leader keeps the lead (default 5, at least 2)")
     controller.add_argument("--metrics", metavar="HOST:PORT",
                             help="serve the controller's counters for Prometheus at http://HOST:PORT/metrics")
     controller.set_defaults(run=_controller)
@@ -111,9 +110,10 @@ def _register_controller(actions: Commands) -> None:
 def _controller(args: argparse.Namespace) -> int:
     from softdta.cli.common import Signals
     from softdta.etcd.client import Etcd
-    from softdta.fleet.controller import Controller, serve_metrics
+    from softdta.fleet.controller import LEASE_TTL_S, Controller, serve_metrics
+    ttl = LEASE_TTL_S if args.lease_ttl is None else args.lease_ttl
     controller = Controller(Etcd(args.etcd), args.fleet, ident=args.id, replicas=args.replicas,
-                            slot_bits=args.slot_bits, lease_ttl=args.lease_ttl)
+                            slot_bits=args.slot_bits, lease_ttl=ttl)
     if args.metrics:
         serve_metrics(controller, args.metrics)
     print(f"softdta fleet controller {controller.ident} up: fleet {args.fleet}, etcd {controller.etcd.endpoint}",

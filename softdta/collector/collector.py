@@ -19,6 +19,7 @@ from softdta.core import regions, registry
 from softdta.core.primitives.append.region import AppendRegion
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Tables
+from softdta.etcd.lease import KeptKey
 from softdta.wire.frames import ip_str, mac_str
 
 RELEASE_GRACE_S = 30.0  # how long a translator whose session ended keeps its queue pairs: reconnects find them
@@ -78,6 +79,7 @@ class Collector:
         self._save_owners()
         self.tables = tables_for(config, self.regions)
         self.completion_log = CompletionLog()
+        self.registration: KeptKey | None = None  # its fleet membership (softdta collector up --fleet)
 
     def poll_completions(self) -> None:
         self.completion_log.add(self.backend.completions())
@@ -254,7 +256,8 @@ class Collector:
 
     def health(self) -> dict[str, Any]:
         failed = set(self.backend.failed())
-        return {"backend": self.backend.name, "collector": self.config.name, "max_qps": self.config.max_qps,
+        fleet = {"fleet": self.registration.status()} if self.registration is not None else {}
+        return {"backend": self.backend.name, "collector": self.config.name, "max_qps": self.config.max_qps, **fleet,
                 "qps": {f"{qpn:#x}": {"structure": structure, "translator": ip_str(peer.ip),
                                       "state": "error" if qpn in failed else "ready",
                                       "session": "ended" if qpn in self.released else "open",

@@ -15,6 +15,7 @@ from softdta.collector.backend import Backend
 from softdta.collector.collector import Collector
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
+from softdta.collector.registration import FleetSettings, register
 from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
 from softdta.errors import SoftdtaError
 from softdta.wire.frames import ip_str
@@ -53,9 +54,10 @@ def ignore_hangup(*_: object) -> None:
 
 
 async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
-                          ready: Announce = print) -> None:
+                          ready: Announce = print, fleet: FleetSettings | None = None) -> None:
     """Serve until SIGINT or SIGTERM; region files are saved every CHECKPOINT_S seconds (and at close). A
-    StartError is raised before `ready` only."""
+    StartError is raised before `ready` only. With `fleet`, the collector registers in it once it serves, and
+    leaves at stop."""
     config = collector.config
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -82,6 +84,8 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
           f"{' on ' + config.interface if config.interface else ''} at {ip_str(config.ip)}, "
           f"{len(collector.regions)} regions; control {control_host}:{config.control_port}, "
           f"queries http://{query_host}:{config.query_port}", flush=True)
+    if fleet is not None:
+        collector.registration = register(config, fleet, control_host=control_host, query_host=query_host)
     completions = loop.create_task(poll_completions(collector, stop))
     while not stop.is_set():
         try:
@@ -95,6 +99,8 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
                 print(f"softdta: saving the regions failed ({error}); trying again in {CHECKPOINT_S:.0f} s",
                       file=sys.stderr, flush=True)
     await completions
+    if collector.registration is not None:
+        await loop.run_in_executor(None, collector.registration.close)
     control.close()
     await query.cleanup()
 
@@ -106,7 +112,7 @@ async def poll_completions(collector: Collector, stop: asyncio.Event) -> None:
 
 
 def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
-        ready: Announce = print) -> None:
+        ready: Announce = print, fleet: FleetSettings | None = None) -> None:
     """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop.
 
     The xdp backend's pin directory is locked first, so a second collector of the same configuration touches
@@ -135,7 +141,7 @@ def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: s
             # not uvloop.install(): pyroute2 (detaching XDP at close) needs a standard loop, which it makes itself
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 runner.run(serve_collector(collector, control_host=control_host, query_host=query_host,
-                                           ready=announce))
+                                           ready=announce, fleet=fleet))
         except BaseException:
             if not started:
                 _discard(backend)

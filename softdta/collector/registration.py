@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 from softdta.collector.config import CollectorConfig
@@ -29,6 +30,9 @@ class FleetSettings:
     def validate(self) -> None:
         if not self.fleet or "/" in self.fleet:
             raise FleetError(f"fleet name {self.fleet!r} must be non-empty and without '/'; give --fleet NAME")
+        Etcd(self.etcd)  # a URL that is not http://HOST:PORT is refused now, not once the collector runs
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise FleetError(f"--weight {self.weight} must be a positive number")
         if self.lease_ttl < 2:
             raise FleetError(f"--lease-ttl {self.lease_ttl} is below etcd's shortest lease, 2 s; give 2 or more")
 

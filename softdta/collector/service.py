@@ -225,7 +225,21 @@ class _Metrics:
                            0 if qp.get("state") == "error" or qp.get("error") else 1)
         completions = CounterMetricFamily("softdta_completions", "WRITE with Immediate completions received")
         completions.add_metric([], self.service.source.completion_log.total)
-        return [fill, load, unread, responder, qps, completions]
+        return [fill, load, unread, responder, qps, completions, *self._fleet()]
+
+    def _fleet(self) -> list[Metric]:
+        """The collector's fleet registration (softdta collector up --fleet), if it has one."""
+        fleet = self.service.source.health().get("fleet")
+        if fleet is None:
+            return []
+        registered = GaugeMetricFamily("softdta_fleet_registered", "1 while the collector's fleet membership is "
+                                       "in etcd under a live lease")
+        registered.add_metric([], int(fleet["registered"]))
+        events = CounterMetricFamily("softdta_fleet_registration_events", "Fleet registration events",
+                                     labels=["event"])
+        for event in ("registrations", "lease_expiries", "etcd_failures"):
+            events.add_metric([event], fleet[event])
+        return [registered, events]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -417,8 +431,9 @@ class QueryService:
     async def stats(self, request: web.Request) -> web.Response:
         unread = {name: {str(list_id): entries.shape[0] for list_id, entries in feed.unread.items()}
                   for name, feed in self.append_feeds.items()}
+        fleet = self.source.health().get("fleet")
         return web.json_response({"structures": self.structure_stats(), "append_unread": unread,
-                                  "responder": self.source.counters()})
+                                  "responder": self.source.counters(), **({"fleet": fleet} if fleet else {})})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", **self.source.health()})

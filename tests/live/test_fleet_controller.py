@@ -5,6 +5,8 @@ controllers, and a collector back with another region layout."""
 
 import http.server
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -458,3 +460,97 @@ def test_a_collector_back_with_another_layout_keeps_its_slots_under_a_new_epoch(
     members.add(etcd, "c3", "10.77.1.3")
     assert map_where(etcd, lambda m: m.epoch == 3).members.keys() == {"c1", "c2", "c3"}
     assert counters(port)["layout_changes"] == 1, "a layout change bumps one epoch, once"
+
+
+# --------------------------------------------------------------------------------------------------
+# `softdta collector up --etcd --fleet`
+
+
+def test_collector_fleet_options_go_together(tmp_path):
+    (tmp_path / "collector.toml").write_text((ROOT / "examples" / "collector.toml").read_text())
+    for options, problem in ((["--etcd", "http://127.0.0.1:2379"], "--etcd and --fleet go together"),
+                             (["--etcd", "https://127.0.0.1:2379", "--fleet", FLEET], "is not http://HOST:PORT"),
+                             (["--etcd", "http://127.0.0.1:2379", "--fleet", FLEET, "--lease-ttl", "1"],
+                              "below etcd's shortest lease"),
+                             (["--etcd", "http://127.0.0.1:2379", "--fleet", FLEET, "--weight", "0"],
+                              "must be a positive number")):
+        result = subprocess.run(SOFTDTA + ["collector", "up", "--config", str(tmp_path / "collector.toml"), *options],
+                                cwd=ROOT, text=True, capture_output=True, timeout=60,
+                                env={"PATH": PLAIN_PATH, "HOME": str(tmp_path)})
+        assert problem in one_line_error(result)
+
+
+def _collector_metrics(config) -> tuple[dict, str]:
+    base = f"http://127.0.0.1:{config.query_port}"
+    stats = json.loads(urllib.request.urlopen(base + "/stats", timeout=5).read())
+    return stats.get("fleet", {}), urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+
+
+@pytest.mark.privileged
+def test_a_collector_registers_leaves_on_stop_re_registers_after_a_pause_and_vanishes_after_kill_9(tmp_path):
+    from softdta.collector.config import CollectorConfig
+    from softdta.collector.registration import layout_fingerprint
+    from softdta.collector.xdp_backend import pin_dir_for
+    from softdta.kernel.netns import cleanup_prefix, in_netns
+    from tests.live.test_collector import rc_collector_link
+
+    prefix = f"sdta-f{os.getpid()}-"
+    collector_ns, _, text = rc_collector_link(prefix, f"fleet-{os.getpid()}")
+    (tmp_path / "regions").mkdir()
+    (tmp_path / "collector.toml").write_text(text)
+    config = CollectorConfig.from_toml(tmp_path / "collector.toml")
+    key = PREFIX + "members/" + config.name
+    collector = None
+    try:
+        with in_netns(collector_ns.name), EtcdServer(tmp_path / "etcd") as etcd:
+            client = etcd.client()
+
+            def start() -> subprocess.Popen:
+                process = subprocess.Popen(
+                    SOFTDTA + ["collector", "up", "--config", str(tmp_path / "collector.toml"), "--etcd",
+                               etcd.endpoint, "--fleet", FLEET, "--lease-ttl", str(TTL), "--weight", "2"],
+                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                eventually(lambda: client.get(key), within=30, what="the collector's registration")
+                return process
+
+            collector = start()
+            member = Member.from_json(client.get(key).value)
+            assert (member.name, member.ip, member.weight) == (config.name, "10.77.1.1", 2.0)
+            assert member.control == f"10.77.1.1:{config.control_port}"
+            assert member.query == f"http://127.0.0.1:{config.query_port}"
+            assert member.layout == layout_fingerprint(config)
+            fleet, metrics = _collector_metrics(config)
+            assert fleet["registered"] and fleet["registrations"] == 1
+            assert "softdta_fleet_registered 1.0" in metrics
+
+            etcd.kill()  # etcd away: the collector serves on, says so, and registers again when it is back
+            eventually(lambda: _collector_metrics(config)[0]["etcd_failures"] > 0, what="the outage counted")
+            assert not _collector_metrics(config)[0]["registered"]
+            assert collector.poll() is None
+            etcd.start()
+            eventually(lambda: _collector_metrics(config)[0]["registered"], what="registered again")
+
+            collector.send_signal(signal.SIGSTOP)  # paused longer than its lease: it leaves, then comes back
+            eventually(lambda: client.get(key) is None, within=TTL + 5, what="the paused collector's key gone")
+            collector.send_signal(signal.SIGCONT)
+            eventually(lambda: client.get(key), what="the collector back after its pause")
+            eventually(lambda: _collector_metrics(config)[0]["lease_expiries"] == 1, what="the expiry counted")
+
+            collector.send_signal(signal.SIGTERM)
+            assert collector.wait(30) == 0
+            assert client.get(key) is None, "a collector that stops leaves at once"
+            stderr = collector.stderr.read()
+            assert stderr.count("is unreachable") == 1, stderr
+            assert "expired while this process ran" in stderr
+
+            collector = start()
+            collector.kill()
+            killed = time.monotonic()
+            eventually(lambda: client.get(key) is None, within=TTL + 5, what="the killed collector's key gone")
+            assert time.monotonic() - killed <= TTL + 1.5
+    finally:
+        if collector is not None and collector.poll() is None:
+            collector.kill()
+            collector.wait()
+        cleanup_prefix(prefix)
+        shutil.rmtree(pin_dir_for(config.name, config.ip), ignore_errors=True)
