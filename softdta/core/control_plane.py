@@ -70,6 +70,9 @@ class Slots:
     qp: dict[int, int] = field(default_factory=dict)  # local QPN -> qp index
     append: dict[int, int] = field(default_factory=dict)  # list id -> append_state index
     append_qp: dict[int, int] = field(default_factory=dict)  # list id -> the qp index it writes through
+    # (list id, qp index) -> the append_state index of a ring the list left (a fleet moved it): its head, should
+    # the list come back
+    parked: dict[tuple[int, int], int] = field(default_factory=dict)
     # (primitive, collector ip, entries) -> the first of a structure's entries in its primitive's `state_map`
     state: dict[tuple[int, bytes, int], int] = field(default_factory=dict)
 
@@ -206,7 +209,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     if len(tables.ip) != 4:
         raise TableError("the translator data planes work over IPv4; give the translator an IPv4 address")
     new = Slots(qp=dict(slots.qp), append=dict(slots.append), append_qp=dict(slots.append_qp),
-                state=dict(slots.state))
+                parked=dict(slots.parked), state=dict(slots.state))
     entries = [Entry("translator_config", {"index": 0}, {
         "src_mac": tables.mac, "udp_sport": tables.udp_sport, "src_ip": tables.ip, "dscp": tables.dscp,
         "ttl": tables.ttl, "profile": 0 if tables.profile.value == "dta-v1" else 1,
@@ -262,7 +265,7 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             fields["state_index"] = new.state[key]
         entries.append(Entry("structure", {"collector_ip": ip, "primitive": int(structure.primitive)}, fields))
     list_ids = set()
-    append_used = set(slots.append.values())
+    append_used = set(slots.append.values()) | set(slots.parked.values())
     list_ids_held = {lists.first_list + offset for lists in tables.append_lists for offset in range(lists.lists)}
     for list_id in sorted(list_ids_held):
         owner = tables.append_range(list_id)  # with a fleet, the range of its slot's first replica that has it
@@ -270,12 +273,18 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
             continue
         through = qp_index[owner.qp.name]
         list_ids.add(list_id)
+        left = new.append_qp.get(list_id, through)
+        if list_id in new.append and left != through:
+            # a fleet moved the list to another collector: each ring keeps its own head, for when it comes back
+            new.parked[(list_id, left)] = new.append.pop(list_id)
+            returning = new.parked.pop((list_id, through), None)
+            if returning is not None:
+                new.append[list_id] = returning
         if list_id not in new.append:
             new.append[list_id] = _free_index(append_used, capacity("append_state"), "Append lists")
             state.append(Entry("append_state", {"state_index": new.append[list_id]}))
-        elif through in restarted or slots.append_qp.get(list_id, through) != through:
-            # a re-created collector QP (a restarted collector), or another collector's (a fleet moved the list),
-            # comes with a fresh ring, read from entry 0
+        elif through in restarted:
+            # a re-created collector QP (a restarted collector) comes with a fresh region, read from entry 0
             state.append(Entry("append_state", {"state_index": new.append[list_id]}))
         new.append_qp[list_id] = through
         entries.append(Entry("append_list", {"list_id": list_id}, {
@@ -286,6 +295,8 @@ def plan(tables: Tables, slots: Slots, *, flush_idle_ns: int, egress: Callable[[
     new.state = {key: first for key, first in new.state.items() if key in live_state}
     new.append = {list_id: index for list_id, index in new.append.items() if list_id in list_ids}
     new.append_qp = {list_id: index for list_id, index in new.append_qp.items() if list_id in list_ids}
+    live_qps = set(qp_index.values())
+    new.parked = {key: index for key, index in new.parked.items() if key[1] in live_qps and key[0] in list_ids_held}
     live_qpns = {qp.local_qpn for qp in tables.qps}
     retire = [Entry("qp", {"qp_index": new.qp.pop(local_qpn)}) for local_qpn in sorted(set(new.qp) - live_qpns)]
     entries += icrc_constants(tables, qp_index) + multicast_groups(tables, egress)

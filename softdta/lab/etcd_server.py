@@ -7,10 +7,12 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from softdta.errors import SoftdtaError
 from softdta.etcd.client import Etcd, EtcdUnavailable
+from softdta.kernel.netns import in_netns
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -20,14 +22,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class EtcdServer:
-    """One etcd member on `host`, its data in `directory`. `stop`/`kill` and `start` again keep data and ports, as
-    an operator's restart does."""
+    """One etcd member on `host` (in network namespace `netns`, if given), its data in `directory`. `stop`/`kill`
+    and `start` again keep data and ports, as an operator's restart does."""
 
-    def __init__(self, directory: Path, host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0):
+    def __init__(self, directory: Path, host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0,
+                 netns: str | None = None):
         binary = shutil.which("etcd")
         if binary is None:
             raise SoftdtaError("etcd is not installed; run scripts/setup.sh (it installs Debian's etcd-server)")
-        self.binary, self.directory, self.host = binary, Path(directory), host
+        self.binary, self.directory, self.host, self.netns = binary, Path(directory), host, netns
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
         self.process: subprocess.Popen[bytes] | None = None
@@ -44,7 +47,7 @@ class EtcdServer:
         peer = f"http://{self.host}:{self.peer_port}"
         log = open(self.directory / "etcd.log", "ab")
         self.process = subprocess.Popen(
-            [self.binary, "--name", "softdta", "--data-dir", str(self.directory / "data"),
+            (["ip", "netns", "exec", self.netns] if self.netns else []) + [self.binary, "--name", "softdta", "--data-dir", str(self.directory / "data"),
              "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"softdta={peer}"],
@@ -57,7 +60,8 @@ class EtcdServer:
                 raise SoftdtaError(f"etcd exited with status {self.process.returncode} at start; see "
                                    f"{self.directory / 'etcd.log'}")
             try:
-                client.get("/softdta/")
+                with in_netns(self.netns) if self.netns else nullcontext():
+                    client.get("/softdta/")
                 return self
             except EtcdUnavailable:
                 if time.monotonic() > deadline:

@@ -175,15 +175,24 @@ def test_a_list_moved_to_another_collector_starts_its_ring_there_and_keeps_its_w
     write = parse_roce(frames[0])
     assert write.headers["reth"]["va"] == lists.qp.base_va + lists.ring_offset(list_id)
     assert write.payload[:4] == batch.to_bytes(4, "little"), "the entry that waited leads the new ring"
+    translator.retable(first)  # back to its first collector: on after the batch it wrote there
+    frames = []
+    for entry in range(batch):
+        frames += translator.process(REPORTER.frame(dta.append(list_id, entry)), 0).frames
+    lists = first.append_range(list_id)
+    assert parse_roce(frames[0]).headers["reth"]["va"] == \
+        lists.qp.base_va + lists.ring_offset(list_id) + batch * lists.data_len
 
 
-def test_the_control_plane_restarts_a_moved_lists_ring_and_keeps_the_others():
+def test_the_control_plane_gives_a_moved_list_a_fresh_ring_and_its_old_one_back_when_it_returns():
     from softdta.core.control_plane import LiveQp, Slots, plan
     first, second, list_id = moved_list_tables()
     before = plan(first, Slots(), flush_idle_ns=0, egress=lambda qp: 0)
     live = {before.slots.qp[qp.local_qpn]: LiveQp(qp.remote_qpn, qp.start_psn) for qp in first.qps}
     after = plan(second, before.slots, flush_idle_ns=0, egress=lambda qp: 0, installed_qps=live)
     reset = {entry.key["state_index"] for entry in after.state if entry.table == "append_state"}
-    assert before.slots.append[list_id] in reset
-    unmoved = plan(first, before.slots, flush_idle_ns=0, egress=lambda qp: 0, installed_qps=live)
-    assert not [entry for entry in unmoved.state if entry.table == "append_state"]
+    assert after.slots.append[list_id] != before.slots.append[list_id] and after.slots.append[list_id] in reset
+    assert before.slots.append[list_id] not in reset, "the ring it left keeps its head"
+    back = plan(first, after.slots, flush_idle_ns=0, egress=lambda qp: 0, installed_qps=live)
+    assert back.slots.append[list_id] == before.slots.append[list_id]
+    assert not [entry for entry in back.state if entry.table == "append_state"]

@@ -69,14 +69,17 @@ class Append(Primitive):
         return self.translator.tables.append_range(index)
 
     def retabled(self, old: Tables) -> None:
-        """A list whose ring moved to another collector or region (a fleet's new epoch) starts that ring at its first
-        entry; what waits in its batch goes there."""
+        """A list that a fleet's new epoch moved to another collector goes on in that collector's ring where it left
+        it (at its first entry if it never wrote there); what waits in its batch goes there."""
         new = self.translator.tables
         for list_id, runtime in self.state.items():
             before, after = old.append_range(list_id), new.append_range(list_id)
-            if before is None or after is None or (before.qp.collector_ip, before.qp.rkey, before.qp.base_va) != \
-                    (after.qp.collector_ip, after.qp.rkey, after.qp.base_va):
-                runtime.head = 0
+            if before is None or after is None:
+                continue
+            left, joined = (before.qp.collector_ip, before.qp.rkey), (after.qp.collector_ip, after.qp.rkey)
+            if left != joined:
+                runtime.parked[left] = runtime.head
+                runtime.head = runtime.parked.pop(joined, 0)
 
     def pending(self, token: int, index: int, target: Target) -> AppendRuntime | None:
         runtime: AppendRuntime | None = self.state.get(index)

@@ -11,3 +11,5 @@ class AppendRuntime:
     pending: list[bytes] = field(default_factory=list)
     first_pending_ns: int = 0
     token: int = 0  # names this batch in the flush queue
+    # the heads of rings on other collectors the list wrote before a fleet moved it, by (collector IP, R_Key)
+    parked: dict[tuple[bytes, int], int] = field(default_factory=dict)
