@@ -4,7 +4,9 @@ runs it."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Sequence
 from typing import NoReturn, cast
 
 from softdta.cli.common import Commands, add_command, print_summary
@@ -13,6 +15,13 @@ from softdta.spec import DEFAULT_SLOT_BITS, MAX_REPLICAS, MAX_SLOT_BITS
 
 class OneLineErrors(argparse.ArgumentParser):
     """A parser whose bad arguments end it with one line and status 2, as every other error of the CLI does."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:  # else the top parser would report them, with its usage
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
     def error(self, message: str) -> NoReturn:
         print(f"softdta: error: {self.prog}: {message}; see `{self.prog} --help`", file=sys.stderr)
@@ -28,6 +37,8 @@ def register(commands: Commands) -> None:
     _register_plan(actions)
     _register_controller(actions)
     _register_status(actions)
+    _register_router(actions)
+    _register_query(actions)
 
 
 def _register_plan(actions: Commands) -> None:
@@ -154,4 +165,96 @@ def _status(args: argparse.Namespace) -> int:
             name: f"epoch {applied.get('epoch')}" + ("" if applied["current"] else f" (behind {epoch})")
             for name, applied in status["applied"].items()} or "none",
     }, as_json=False)
+    return 0
+
+
+def _register_router(actions: Commands) -> None:
+    router = add_command(actions, "router", "serve queries over the whole fleet with a collector's query API",
+                         "Follows the slot map and the collectors in etcd; each query goes to the collectors that "
+                         "own its keys, in both the current and the previous epoch, and their answers are merged. "
+                         "A collector that does not answer makes the answer partial (\"partial\": true, "
+                         "\"missing_slots\"). Runs until SIGINT or SIGTERM (docs/fleet.md, \"Federated queries\").")
+    router.add_argument("--etcd", required=True, metavar="URL", help="etcd's client URL, http://HOST:PORT")
+    router.add_argument("--fleet", required=True, metavar="NAME", help="the fleet")
+    router.add_argument("--listen", default="127.0.0.1:8050", metavar="HOST:PORT",
+                        help="where to serve (default %(default)s)")
+    router.set_defaults(run=_router)
+
+
+def _router(args: argparse.Namespace) -> int:
+    from softdta.cli.common import CliError
+    from softdta.etcd.client import Etcd
+    from softdta.fleet.router import run
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise CliError(f"--listen {args.listen!r} is not HOST:PORT")
+
+    def ready(bound: int) -> None:
+        print(f"softdta fleet router up on http://{host}:{bound}: fleet {args.fleet}, etcd {args.etcd}", flush=True)
+    run(Etcd(args.etcd), args.fleet, host, int(port), ready)
+    return 0
+
+
+def _register_query(actions: Commands) -> None:
+    from softdta.core import registry
+    query = add_command(actions, "query", "ask the whole fleet once: look keys up, read a sketch or an Append list",
+                        "Reads the slot map and the collectors from etcd, asks the collectors that own the keys and "
+                        "prints the merged answer as JSON, as `softdta query` prints a collector's. Exits 3 when "
+                        "the answer is partial (a collector did not answer; \"missing_slots\" names its slots).")
+    query.add_argument("--etcd", required=True, metavar="URL", help="etcd's client URL, http://HOST:PORT")
+    query.add_argument("--fleet", required=True, metavar="NAME", help="the fleet")
+    query.add_argument("what", choices=[p.name for p in registry.registered()
+                                        if p.query is not None or not p.has_structure],
+                       help="the primitive whose structures to ask (Append: its lists)")
+    query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
+    query.add_argument("--redundancy", "-n", type=int, default=2,
+                       help="Key-Write and Key-Increment: the copies of each key the reporters asked for "
+                            "(default %(default)s)")
+    query.add_argument("--consensus", type=int,
+                       help="Key-Write: answer only when this many copies agree (consensus mode)")
+    query.add_argument("--values", type=int, nargs="*", default=[],
+                       help="Postcarding: the values hops may report, for example every switch ID (the value set)")
+    query.add_argument("--list", type=int, help="Append: the list to read (or take)")
+    query.add_argument("--take", action="store_true",
+                       help="Append: take the entries instead of reading them; needs --token")
+    query.add_argument("--token", default=os.environ.get("SOFTDTA_TOKEN"),
+                       help="the collectors' token, for --take (default: $SOFTDTA_TOKEN)")
+    query.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                       help="seconds a collector has to answer before it counts as down (default %(default)s)")
+    query.set_defaults(run=_query)
+
+
+def _query(args: argparse.Namespace) -> int:
+    import json
+    from typing import Any
+
+    from softdta.cli.common import CliError
+    from softdta.core import registry
+    from softdta.etcd.client import Etcd
+    from softdta.fleet.router import Router, query_once
+    primitive = registry.by_name(args.what)
+    if not primitive.has_structure:  # lists (Append's)
+        if args.list is None:
+            raise CliError("fleet query append needs --list: the router reads one list at a time")
+        if args.take and not args.token:
+            raise CliError("taking Append entries needs the collectors' token: give --token or set SOFTDTA_TOKEN")
+
+        async def ask(router: Router) -> dict[str, Any]:
+            return await router.append(args.list, args.take, f"Bearer {args.token}" if args.take else None)
+    else:
+        options: dict[str, object] = {"keys": [int(k) if k.isdigit() else k for k in args.keys],
+                                      "redundancy": args.redundancy, "value_set": args.values}
+        if args.consensus:
+            options.update(mode="consensus", consensus=args.consensus)
+        fields = {name: options[name] for name in primitive.query.required_fields + primitive.query.optional_fields
+                  if name in options} if primitive.query is not None else {}
+
+        async def ask(router: Router) -> dict[str, Any]:
+            return await router.query(primitive, fields)
+    answer = query_once(Etcd(args.etcd), args.fleet, ask, timeout=args.timeout)
+    print(json.dumps(answer))
+    if answer.get("partial"):
+        print(f"softdta: partial answer: {', '.join(answer['down']) or 'some collectors'} did not answer; "
+              f"{len(answer['missing_slots'])} slot(s) missing", file=sys.stderr)
+        return 3
     return 0
