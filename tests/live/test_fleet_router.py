@@ -374,9 +374,9 @@ def test_the_router_service_and_fleet_query_answer_as_a_collector_does(fleets):
     listed, answer, health = ask(fleet, run)
     assert {entry["name"] for entry in listed["structures"]} >= {f"key-write@{FLEET}", f"append@{FLEET}"}
     assert answer["found"] == len(key_writes) and health["epoch"] == slot_map.epoch and health["etcd"] == "up"
-    keys = [r.key.hex() for r in key_writes[:50]]
-    result = subprocess.run([*SOFTDTA, "fleet", "query", "--etcd", fleet.etcd.endpoint, "--fleet", FLEET, "--json",
-                             "key-write", *keys], capture_output=True, text=True, timeout=60)
+    keys = [str(int.from_bytes(r.key, "big")) for r in key_writes[:50]]  # as integers: hex of digits reads as one
+    result = subprocess.run([*SOFTDTA, "fleet", "query", "--etcd", fleet.etcd.endpoint, "--fleet", FLEET, "key-write",
+                             *keys], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert [r["value"] for r in printed["results"]] == [r.data.hex() for r in key_writes[:50]]
@@ -387,3 +387,81 @@ def test_fleet_query_without_etcd_is_one_line(tmp_path):
     result = subprocess.run([*SOFTDTA, "fleet", "query", "--etcd", "http://127.0.0.1:9", "--fleet", FLEET,
                              "key-write", "00000001"], capture_output=True, text=True, timeout=60)
     assert "etcd" in one_line_error(result)
+
+
+def test_a_collector_answers_key_rows_as_its_json_answer_says(fleets):
+    """The binary form the router uses: keys as rows in the body, one answer row per key."""
+    import aiohttp
+    import numpy as np
+
+    from softdta.collector.service import ROWS_CONTENT_TYPE
+    from softdta.core.primitives.key_write.queries import LOOKUP_STATUSES, parse_lookup_rows
+    fleet = fleets(assign(members(), replicas=1, slot_bits=SLOT_BITS))
+    key_writes = write_reports(300)
+    increments = workload.key_increment(500, seed=2, flows=16)
+    fleet.send(key_writes + increments)
+    solo = collector(SOLO, 9)["ip"]
+    unknown = [bytes([0xEE, 0, 0, n]) for n in range(5)]
+    keys = [r.key for r in key_writes] + unknown
+    flows = sorted({r.key for r in increments})
+
+    async def run():
+        async with aiohttp.ClientSession(fleet.solo_url) as http:
+            async def post(path, body, params=None, content_type=ROWS_CONTENT_TYPE):
+                async with http.post(path, data=body, params=params, headers={"Content-Type": content_type}) as reply:
+                    return reply.status, await reply.read()
+            rows = await post(f"/key-write/key-write@{solo}", b"".join(keys), {"redundancy": "2"})
+            as_json = await solo_answer(fleet.solo_url, f"/key-write/key-write@{solo}",
+                                        {"keys": [k.hex() for k in keys], "redundancy": 2})
+            counts = await post(f"/key-increment/key-increment@{solo}", b"".join(flows), {"redundancy": "2"})
+            counts_json = await solo_answer(fleet.solo_url, f"/key-increment/key-increment@{solo}",
+                                            {"keys": [k.hex() for k in flows], "redundancy": 2})
+            consensus = await post(f"/key-write/key-write@{solo}", b"".join(keys),
+                                   {"redundancy": "2", "mode": "consensus", "consensus": "2"})
+            consensus_json = await solo_answer(fleet.solo_url, f"/key-write/key-write@{solo}", {
+                "keys": [k.hex() for k in keys], "redundancy": 2, "mode": "consensus", "consensus": 2})
+            ragged = await post(f"/key-write/key-write@{solo}", b"\x01\x02\x03", {"redundancy": "2"})
+            unknown_field = await post(f"/key-write/key-write@{solo}", keys[0], {"redundancy": "2", "x": "1"})
+            paths = await post(f"/postcarding/postcarding@{solo}", keys[0], {"value_set": "[1, 2]"})
+            return rows, as_json, counts, counts_json, (consensus, consensus_json), ragged, unknown_field, paths
+    rows, as_json, counts, counts_json, (consensus, consensus_json), ragged, unknown_field, paths = asyncio.run(run())
+    assert rows[0] == 200 and consensus[0] == 200
+    status, votes, values = parse_lookup_rows(rows[1], 4)
+    assert [LOOKUP_STATUSES[s] for s in status] == [r["status"] for r in as_json["results"]]
+    assert votes.tolist() == [r["votes"] for r in as_json["results"]]
+    assert [v.tobytes().hex() if r["value"] else None for v, r in zip(values, as_json["results"])] == \
+        [r["value"] for r in as_json["results"]]
+    assert [LOOKUP_STATUSES[s] for s in status[-5:]] == ["empty"] * 5
+    assert [LOOKUP_STATUSES[s] for s in parse_lookup_rows(consensus[1], 4)[0]] == \
+        [r["status"] for r in consensus_json["results"]]
+    assert counts[0] == 200
+    assert np.frombuffer(counts[1], ">u8").tolist() == [r["count"] for r in counts_json["results"]]
+    assert ragged[0] == 400 and b"whole keys" in ragged[1]
+    assert unknown_field[0] == 400 and b"unknown field" in unknown_field[1]
+    assert paths[0] == 415 and b"JSON only" in paths[1]
+
+
+def test_softdta_fleet_router_serves_until_stopped(fleets):
+    import signal
+    import urllib.request
+    fleet = fleets(assign(members(), replicas=1, slot_bits=SLOT_BITS))
+    key_writes = write_reports(100)
+    fleet.send(key_writes)
+    router = subprocess.Popen([*SOFTDTA, "fleet", "router", "--etcd", fleet.etcd.endpoint, "--fleet", FLEET,
+                               "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = router.stdout.readline()
+        assert line.startswith("softdta fleet router up on http://127.0.0.1:"), line + router.stderr.read()
+        url = line.split()[5].rstrip(":")
+        body = json.dumps({"keys": [r.key.hex() for r in key_writes], "redundancy": 2}).encode()
+        request = urllib.request.Request(f"{url}/key-write/key-write@{FLEET}", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            answer = json.loads(reply.read())
+        assert answer["found"] == len(key_writes) and not answer["partial"]
+        router.send_signal(signal.SIGTERM)
+        assert router.wait(timeout=30) == 0
+    finally:
+        if router.poll() is None:
+            router.kill()
+            router.wait()
