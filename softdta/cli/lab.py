@@ -135,6 +135,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    for fleet in results["fleet_slot_map"].values():
+        print(f"  fleet of {fleet['collectors']}, {fleet['replicas']} replica(s): slots led max/mean "
+              f"{fleet['max_over_mean']} (goal <= {fleet['balance_goal']}), moved on a join "
+              f"{fleet['moved_on_join']:.4f} "
+              f"(ideal {fleet['ideal_on_join']:.4f}, goal <= {fleet['join_goal']:.4f})")
     if args.offline:
         from softdta.lab.offline_demo import run_offline_demo
         print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))

@@ -18,6 +18,7 @@ from softdta.lab.benchmarks.collector import (
     collector_xdp_responder,
     memory_writes_per_report,
 )
+from softdta.lab.benchmarks.fleet import FleetBalance, fleet_balance
 from softdta.lab.benchmarks.live import (
     LiveDirect,
     LiveKernelGenerator,
@@ -79,6 +80,7 @@ class Comparison(TypedDict):
     memory_writes_per_report: dict[str, float]
     query_rate_per_core: dict[str, Stats]
     query_success: list[dict[str, float]]
+    fleet_slot_map: dict[str, FleetBalance]
     seconds: NotRequired[float]
 
 
@@ -113,6 +115,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
         "memory_writes_per_report": memory_writes_per_report(count),
         "query_rate_per_core": query_rate(16 if quick else 22, 1 << (12 if quick else 18)),
         "query_success": query_success(1 << (14 if quick else 18), 2000 if quick else 20000),
+        "fleet_slot_map": fleet_balance(),
     }
     results["seconds"] = round(time.time() - started, 1)
     out.mkdir(parents=True, exist_ok=True)
