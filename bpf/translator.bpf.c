@@ -23,6 +23,7 @@
 #include "translator/state.h"
 #include "translator/report.h"
 #include "translator/hashing.h"
+#include "translator/fleet.h"
 #include "translator/qp.h"
 #include "translator/frames.h"
 #include "translator/nack.h"
@@ -66,6 +67,8 @@ static __always_inline int translate(struct xdp_md *ctx)
 			count(CNT_RX_KEY_WRITE + s->report.opcode - 1);
 		if (!reason && s->report.retransmit)
 			reason = check_sequence();
+		if (!reason)
+			reason = fleet_resolve(s);
 		if (!reason) {
 			switch (s->report.opcode) {
 			case DTA_OP_KEY_WRITE:

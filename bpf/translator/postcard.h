@@ -45,7 +45,7 @@ static __always_inline void take_path(struct scratch *s, const struct postcard_c
 static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
-	const struct structure_value *st = structure_find(s, s->dst_ip, DTA_OP_POSTCARDING);
+	const struct structure_value *st = structure_find(s, s->collector_ip, DTA_OP_POSTCARDING);
 	struct postcard_cache_value *entry;
 	struct qp_ref ref;
 	__u32 blocked, path_length, slot, encoded, hop = (r->hop - 1) & (MAX_POSTCARD_HOPS - 1);
@@ -113,7 +113,7 @@ static __always_inline __u32 on_postcard_body(struct xdp_md *ctx, struct scratch
 		return blocked;
 	}
 	if (started)
-		flush_later(s, FLUSH_TARGET_POSTCARD_ENTRY, slot, s->dst_ip, first);
+		flush_later(s, FLUSH_TARGET_POSTCARD_ENTRY, slot, s->collector_ip, first);
 	if (evicted) {
 		count(CNT_POSTCARD_EVICTIONS);
 		blocked = postcard_write(s, &s->postcard, st, 0, &ref);

@@ -53,7 +53,7 @@ __noinline int sketch_group_take(__u32 state_index, __u32 first, __u32 batch, __
 static __always_inline __u32 on_sketch_body(struct xdp_md *ctx, struct scratch *s, const struct translator_config_value *cfg)
 {
 	struct report *r = &s->report;
-	const struct structure_value *st = structure_find(s, s->dst_ip, DTA_OP_SKETCH_MERGE);
+	const struct structure_value *st = structure_find(s, s->collector_ip, DTA_OP_SKETCH_MERGE);
 	struct sketch_reporter_key rk = {};
 	struct sketch_reporter_value *progress, fresh = {};
 	struct sketch_column_key ck = {};

@@ -81,6 +81,9 @@ struct scratch {
 	__u32 rx_queue;		/* of the report, or of the report that started the batch a flush writes out */
 	__u32 src_ip;		/* of the report, network order */
 	__u32 dst_ip;
+	__u32 collector_ip;	/* whose structures the report goes to: dst_ip, or at the fleet address its slot's */
+	__u32 across;		/* copies go across the fleet's replicas: copy n to copy_ip[n] */
+	__u32 copy_ip[MAX_REDUNDANCY];	/* replica n % R of those R in the slot that have the structure */
 	__u8 peer_mac[6];
 	__u8 raw[RAW_MAX];
 	struct report report;

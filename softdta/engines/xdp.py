@@ -10,10 +10,11 @@ import queue
 import socket
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
+from softdta.core import registry
 from softdta.core.control_plane import (
     DEFAULT_FLUSH_IDLE_NS,
     Entry,
@@ -23,6 +24,7 @@ from softdta.core.control_plane import (
     apply_plan,
     plan,
 )
+from softdta.core.settings import TableError
 from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
 from softdta.engines.engine import QpStatus, Stop, report_adoptions
@@ -161,6 +163,7 @@ class XdpTranslator:
         end), start at their start_psn; removed entries are deleted last, so traffic for the rest never sees a
         gap. Tables that give some structure fewer QPs than the attached interfaces have RX queues are refused."""
         check_queues(tables, self.interfaces)
+        check_across(tables, route_egress)
         installed = {}
         for local_qpn, index in self.slots.qp.items():
             current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
@@ -190,8 +193,9 @@ class XdpTranslator:
             if entry["remote_qpn"]:
                 slots.qp[entry["local_qpn"]] = map_layout("qp").key.unpack(raw)["qp_index"]
         for raw, value in self.maps["append_list"].items():
-            slots.append[map_layout("append_list").key.unpack(raw)["list_id"]] = \
-                map_layout("append_list").value.unpack(value)["state_index"]
+            list_id, entry = map_layout("append_list").key.unpack(raw)["list_id"], \
+                map_layout("append_list").value.unpack(value)
+            slots.append[list_id], slots.append_qp[list_id] = entry["state_index"], entry["qp_index"]
         for raw, value in self.maps["structure"].items():
             key, entry = map_layout("structure").key.unpack(raw), map_layout("structure").value.unpack(value)
             slots.remember_structure(key["collector_ip"].to_bytes(4, "little"), key["primitive"], entry)
@@ -467,6 +471,29 @@ def check_queues(tables: Tables, interfaces: list[str]) -> None:
             raise EngineError(f"{name} has {queues} RX queues, and {owner} has a QP for {limit}; give every "
                               f"structure one QP per RX queue (a qp array in the tables; --collector asks for "
                               f"them), or lower the queues (ethtool -L {name} combined {limit})")
+
+
+def check_across(tables: Tables, egress: Callable[[QueuePair], int]) -> None:
+    """Refuse a fleet with copies across replicas whose copies the program cannot send as one report's frames: the
+    tc stage sends them all out of one interface, and a QP's frames must always take one path (through the tc
+    stage when its structure takes redundant reports), or they could leave out of PSN order."""
+    fleet = tables.fleet
+    if fleet is None or not fleet.across:
+        return
+    replicas = {ip for owners in fleet.slots for ip in owners}
+    for primitive in {s.primitive for s in tables.structures if registry.by_opcode(s.primitive).redundant}:
+        name = registry.by_opcode(primitive).name
+        structures = [s for s in tables.structures if s.primitive == primitive and s.qp.collector_ip in replicas]
+        if len({s.redundancy > 1 for s in structures}) > 1:
+            listed = ", ".join(f"{s.name} (redundancy {s.redundancy})" for s in structures)
+            raise TableError(f"[fleet] across: the {name} structures of the fleet's collectors must all take "
+                             f"redundancy 1, or all more than 1, for the XDP engine to send copies across them: "
+                             f"{listed}; align their redundancy, or run the python engine")
+        interfaces = {egress(qp) for s in structures for qp in s.qps}
+        if len(interfaces) > 1:
+            raise TableError(f"[fleet] across: the {name} structures of the fleet's collectors are reached through "
+                             f"{len(interfaces)} interfaces, and the XDP engine sends a report's copies out of one; "
+                             "route the collectors through one interface, or run the python engine")
 
 
 def rx_queues(ifindex: int) -> int:
