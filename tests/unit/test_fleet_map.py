@@ -111,6 +111,15 @@ def test_partition_bits_and_structure_slot_bits_are_linearly_independent(name):
     assert gf2_rank(partition + structure) == SLOT_BITS + STRUCTURE_SLOT_BITS
 
 
+@pytest.mark.parametrize("slot_bits", range(1, 17))
+def test_every_slot_map_size_is_independent_of_structures_up_to_27_bits_together(slot_bits):
+    # what docs/fleet.md promises for every --slot-bits: 27 bits of a 4-byte key's partition and slot hashes
+    partition = linear_rows(partition_hash, slot_bits)
+    for name, slot_hash in structure_slot_hashes().items():
+        structure = linear_rows(slot_hash, 27 - slot_bits)
+        assert gf2_rank(partition + structure) == 27, name
+
+
 def test_keys_of_one_partition_slot_fill_every_structure_slot():
     # long keys, empirically: the keys of a partition slot land evenly in a 32-slot structure, by every slot hash
     rng = np.random.default_rng(16)
