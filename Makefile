@@ -1,13 +1,17 @@
 # The two commands of the README: `make demo` (the main job) and `make test`. Both set up a fresh machine first.
 PYTHON ?= python3
 
-.PHONY: setup demo lint test bench codegen
+.PHONY: setup demo demo-fleet lint test bench codegen
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	softdta demo
+
+# the fleet: etcd, a controller, collectors joining and killed, two translators, the federated router
+demo-fleet: setup
+	softdta demo --fleet
 
 # the dependency rule between layers (docs/architecture.md), style, and strict types on spec, wire and core
 lint: setup

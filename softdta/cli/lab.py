@@ -58,6 +58,10 @@ def register(commands: Commands) -> None:
     demo.add_argument("--tables", default=str(REPO_ROOT / "examples" / "tables.toml"),
                       help="--offline: the translator tables (default %(default)s)")
     demo.add_argument("--pcap-dir", help="--offline: also write the reports and RoCEv2 frames as pcaps here")
+    demo.add_argument("--fleet", action="store_true",
+                      help="the fleet demo instead: etcd, a controller, three collectors and two translators in "
+                           "namespaces; a fourth collector joins and another is killed with SIGKILL mid-run; every "
+                           "key and list read back through the federated router (docs/fleet.md)")
     demo.set_defaults(run=_demo)
 
     lab = add_command(commands, "lab", "bring up the demo's lab and leave it running, to try commands in it "
@@ -131,19 +135,25 @@ def _bench(args: argparse.Namespace) -> int:
           f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns, userspace 0; "
           f"Python asyncio {collector['python_asyncio']['median']:.0f} ns"
           + (f"; C epoll {c['median']:.0f} ns" if c else ""))
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
     for fleet in results["fleet_slot_map"].values():
         print(f"  fleet of {fleet['collectors']}, {fleet['replicas']} replica(s): slots led max/mean "
               f"{fleet['max_over_mean']} (goal <= {fleet['balance_goal']}), moved on a join "
               f"{fleet['moved_on_join']:.4f} "
               f"(ideal {fleet['ideal_on_join']:.4f}, goal <= {fleet['join_goal']:.4f})")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
     if args.offline:
         from softdta.lab.offline_demo import run_offline_demo
         print(run_offline_demo(Tables.from_toml(args.tables), args.seed, args.pcap_dir))
         return 0
+    if args.fleet:
+        from softdta.lab import fleet_demo
+        try:
+            return fleet_demo.run(seed=args.seed, as_json=args.json, **({"rate": args.rate} if args.rate else {}))
+        except fleet_demo.FleetDemoError as error:
+            raise CliError(str(error)) from None
     from softdta.lab import demo
     from softdta.lab import topology as lab
     if args.burst_rate < 0:

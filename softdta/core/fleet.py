@@ -51,7 +51,7 @@ class Member:
     control: str  # HOST:PORT of its control protocol (softdta collector run --control)
     query: str  # base URL of its query service
     weight: float = 1.0
-    layout: str = ""  # its regions' layout fingerprint: a re-registration with another layout is refused
+    layout: str = ""  # its regions' layout fingerprint: another one under the same name bumps the epoch
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
