@@ -7,6 +7,10 @@ variable fields. Their iCRC is the template's constant XOR a linear CRC over the
 (`wire.icrc_split`). A plug-in with `translate_batch` gets its reports of a segment at once. Every other frame
 goes through the oracle itself (`core.translator.Translator`), whose state the batch translator shares.
 
+Reports to a fleet's address are vectorized too: each path binds them for their slots' structures
+(`core.vector`), and the rows it takes count as resolved (FLEET_RESOLVED) as the oracle counts them. With copies
+across replicas, a Key-Write's copies go through several QPs: a QP that may not send drops its copies, counted.
+
 Exactness: per QP, frames come out in the oracle's order with its PSNs, and state and counters end equal.
 Vectorized rows touch only their QPs' PSNs and frame counts, their structures' state, counters (which commute)
 and the flush queue, whose entries they add in batch order among the oracle's. A QP is vectorized only when it
@@ -62,6 +66,7 @@ from softdta.spec import (
     IPV4,
     IPV4_FLAG_MORE_FRAGMENTS,
     IPV4_VERSION_NUMBER,
+    MAX_REDUNDANCY,
     PSN_MASK,
     RETH,
     ROCE_OPCODE_HEADERS,
@@ -69,6 +74,7 @@ from softdta.spec import (
     UDP,
     AethKind,
     Header,
+    QpState,
     RoceOpcode,
     TranslatorCounter,
     Transport,
@@ -88,6 +94,7 @@ VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
 # calls, about ten frames' worth of the oracle (docs/primitives.md).
 MIN_VECTOR_BATCH = 12
 OPCODES = 256  # a DTA base header's opcode is a byte
+COPY_ORDER = MAX_REDUNDANCY  # a frame's place in its report's order: position * COPY_ORDER + its copy
 
 
 @dataclass
@@ -100,7 +107,7 @@ class BatchOutput:
     runs: list[Sequence[bytes]] = field(default_factory=list)
     to_reporter: list[bytes] = field(default_factory=list)
     deferred: list[int] = field(default_factory=list)
-    # the batch position of the report behind each frame, a run per call that added frames
+    # the place of each frame in report order (COPY_ORDER), a run per call that added frames
     made_by: list[npt.NDArray[np.int64]] = field(default_factory=list, repr=False)
 
     @property
@@ -162,6 +169,8 @@ class BatchTranslator:
         self._templates: dict[tuple[int, RoceOpcode, int], _Template] = {}
         self._vector_qps: set[int] = set()
         self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
+        self._resolved = np.zeros(0, dtype=bool)  # by batch position: a report at the fleet's address, vectorized
+        self._fleet_address = -1  # the tables' fleet address as an integer (-1: no fleet)
         self._queue = 0  # the RX queue of the batch being translated
         # each primitive with a vector path gets it; the others are plug-ins, through `translate` or
         # `translate_batch`
@@ -197,6 +206,7 @@ class BatchTranslator:
                 self._through_oracle(frames, position, now_ns, out)
             return out.in_report_order()
         self._ack_qp = {}
+        self._resolved = np.zeros(count, dtype=bool)
         roles, pieces = self._classify(frames)
         start = 0
         for barrier in [*np.flatnonzero(roles == BARRIER).tolist(), count]:
@@ -216,6 +226,7 @@ class BatchTranslator:
         if tables is self._tables:
             return
         self._tables, self._templates = tables, {}
+        self._fleet_address = -1 if tables.fleet is None else int.from_bytes(tables.fleet.address, "big")
         targets: list[Target] = [*tables.structures, *tables.append_lists]
         owners = Counter(qp.index for target in targets for qp in target.qps)
         # a QP that two targets share keeps their reports in one PSN order: those stay with the oracle
@@ -296,7 +307,8 @@ class BatchTranslator:
         roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
         if self._batch_plugins and self._plugins_write:
             for code, primitive in self._batch_plugins.items():
-                mine = plugin & (opcode == code)
+                # at the fleet's address, the oracle binds them (translate_batch takes structures by address)
+                mine = plugin & (opcode == code) & (addresses != self._fleet_address)
                 if mine.any():
                     taken = _decode_plugin(rows[mine], positions[mine], primitive)
                     roles[taken.positions] = VECTOR
@@ -322,6 +334,9 @@ class BatchTranslator:
                                 self._writable)
             for piece in found:
                 roles[piece.positions] = VECTOR
+            if found and packed & 0xFFFFFFFF == self._fleet_address:
+                for piece in found:
+                    self._resolved[piece.positions] = True
             pieces += found
 
     def _writable(self, target: Target) -> bool:
@@ -365,12 +380,21 @@ class BatchTranslator:
         if plugins:
             here += self._run_plugins(plugins, now_ns, out)
         by_qp: dict[int, list[VectorPiece]] = {}  # a vector QP has one target: its pieces are alike
-        for piece in here:
+        # copies after the reports they copy: those whose target may not send go to the oracle whole
+        for piece in sorted(here, key=operator.attrgetter("copied")):
+            if piece.copied and roles[piece.positions[0]] != VECTOR:
+                continue
             qp = oracle.sender(piece.target)
-            if qp.index not in ready:  # asked when the oracle would ask: at the QP's first report here
+            # asked when the oracle would ask: at the QP's first report here (its readiness holds in a segment)
+            if qp.index not in ready:
                 ready[qp.index] = oracle.qp_ready(qp, now_ns)
-            if not ready[qp.index]:  # dropped or deferred: by the oracle, in order
-                roles[piece.positions] = INDEPENDENT
+            if not ready[qp.index]:
+                if piece.copied:  # each copy a counted drop (`Translator.copy_structures`)
+                    failed = oracle.qp_state[qp.index].state is QpState.FAILED
+                    reason = TranslatorCounter.DROP_QP_FAILED if failed else TranslatorCounter.DROP_GRACE
+                    oracle.counters[reason] += self._qp_path[qp.index].unsent(piece)
+                else:  # dropped or deferred: by the oracle, in order
+                    roles[piece.positions] = INDEPENDENT
                 continue
             by_qp.setdefault(qp.index, []).append(piece)
         emitted: dict[int, npt.NDArray[np.int64]] = {}  # QP index -> the batch position of each frame it sent
@@ -380,17 +404,19 @@ class BatchTranslator:
             path = self._qp_path[qp_index]
             made = path.emit(parts, now_ns)
             out.runs += made.runs
-            out.made_by.append(made.sent)  # the frames just added, in PSN order
+            # the frames just added, in PSN order
+            out.made_by.append(made.sent * COPY_ORDER + (0 if made.copies is None else made.copies))
             emitted[qp_index] = made.sent
             flushes += ((position, path, index, target) for position, index, target in made.flushes)
             if made.resume != NEVER:
                 for piece in parts:  # from there on, the oracle takes them in order
                     roles[piece.positions[piece.positions >= made.resume]] = INDEPENDENT
+        taken = roles[start:end]
+        oracle.counters[TranslatorCounter.FLEET_RESOLVED] += int((self._resolved[start:end] & (taken == VECTOR)).sum())
         # in batch order: the oracle's frames, the ACKs, and the flush queue entries of the vector rows
         flushes.sort(key=operator.itemgetter(0))
         waiting = iter(flushes)
         upcoming = next(waiting, None)
-        taken = roles[start:end]
         for position in (np.flatnonzero((taken == INDEPENDENT) | (taken == ACK)) + start).tolist():
             while upcoming is not None and upcoming[0] < position:
                 self._flush_later(*upcoming[1:], now_ns)
@@ -449,7 +475,7 @@ class BatchTranslator:
         result = self.oracle.process(frames[position], now_ns, self._queue)
         if result.frames:
             out.runs.append(result.frames)
-            out.made_by.append(np.full(len(result.frames), position, dtype=np.int64))
+            out.made_by.append(np.full(len(result.frames), position * COPY_ORDER, dtype=np.int64))
         out.to_reporter += result.to_reporter
         if result.deferred:
             out.deferred.append(position)

@@ -1,5 +1,6 @@
 """Append's vector path: each report's entry finds its place in its list's batches by its rank among the segment's
-reports to that list, and every batch filled is written at once."""
+reports to that list, and every batch filled is written at once. A list is written through the range that holds
+it, or with a fleet, the range of the first replica of the list's slot that holds it (`Tables.append_range`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy.typing as npt
 
 from softdta.core.primitives.append.state import AppendRuntime
 from softdta.core.tables import AppendLists, Tables
-from softdta.core.vector import Emitted, Layout, Target, VectorPath, ranks, report_flags
-from softdta.spec import APPEND_EXT, DTA_BASE_EXT, TranslatorCounter
+from softdta.core.vector import Emitted, FleetMap, Layout, Target, VectorPath, fleet_map, ranks, report_flags
+from softdta.spec import APPEND_EXT, DTA_BASE_EXT, MAX_REPLICAS, TranslatorCounter
 from softdta.wire.columns import Rows, byte_offset, gather
+from softdta.wire.hashing import partition_slots_rows
 
 
 @dataclass
@@ -27,6 +29,8 @@ class AppendPiece:
     list_ids: npt.NDArray[np.int64]
     immediate: npt.NDArray[np.bool_]
     entries: Rows
+
+    copied = False
 
     @property
     def target(self) -> AppendLists:
@@ -46,7 +50,6 @@ class AppendPath(VectorPath[AppendPiece]):
     def decode(self, rows: Rows, positions: npt.NDArray[np.int64], layout: Layout,
                writable: Callable[[Target], bool]) -> list[AppendPiece]:
         """The rows of one layout that the vector path takes, a piece per range of lists."""
-        ranges = [lists for lists in self.tables.append_lists if writable(lists)]
         if layout.extended:
             sub = self.primitive.subheader
             width = layout.size - DTA_BASE_EXT.size - APPEND_EXT.size
@@ -64,9 +67,12 @@ class AppendPath(VectorPath[AppendPiece]):
             take, immediate, sub_at = report_flags(rows, layout)
             data_at = sub_at + byte_offset(sub, "data")
         list_ids = gather(rows, sub_at, sub, "list_id").astype(np.int64)
+        owners = self._owners(list_ids)
         pieces = []
-        for lists in ranges:
-            mine = take & (list_ids >= lists.first_list) & (list_ids < lists.first_list + lists.lists)
+        for owner, lists in enumerate(self.tables.append_lists):
+            if not writable(lists):
+                continue
+            mine = take & (owners == owner)
             if lists.data_len != width or not mine.any():
                 continue  # another length than the list's is the oracle's drop
             data = rows[mine, data_at:data_at + width]
@@ -74,6 +80,26 @@ class AppendPath(VectorPath[AppendPiece]):
             entries = np.ascontiguousarray(data[:, ::-1] if width in (4, 8) else data)
             pieces.append(AppendPiece(lists, positions[mine], list_ids[mine], immediate[mine], entries))
         return pieces
+
+    def _owners(self, list_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The range each list is written through (`Tables.append_range`), as an index into the tables' ranges;
+        -1 for none."""
+        tables = self.tables
+        owners = np.full(len(list_ids), -1, dtype=np.int64)
+        holds = [(list_ids >= lists.first_list) & (list_ids < lists.first_list + lists.lists)
+                 for lists in tables.append_lists]
+        if tables.fleet is None:  # ranges do not overlap
+            for owner, held in enumerate(holds):
+                owners[held] = owner
+            return owners
+        slots: FleetMap = fleet_map(self.fleet_maps, tables, tables.fleet, self.primitive.opcode)
+        keys = np.ascontiguousarray(list_ids.astype(">u4")).view(np.uint8).reshape(-1, 4)
+        addresses = slots.addresses[partition_slots_rows(keys, tables.fleet.slot_bits)]
+        collectors = [int.from_bytes(lists.qp.collector_ip, "big") for lists in tables.append_lists]
+        for replica in range(MAX_REPLICAS):  # the first replica that holds the list
+            for owner, (held, collector) in enumerate(zip(holds, collectors)):
+                owners[(owners < 0) & held & (addresses[:, replica] == collector)] = owner
+        return owners
 
     def emit(self, parts: list[AppendPiece], now_ns: int) -> Emitted:
         """The frames of one range's rows in a segment: a report that fills its list's batch writes the batch.

@@ -29,6 +29,10 @@ class SketchPiece(Columns):
 
 
 class SketchMergePath(VectorPath[SketchPiece]):
+    def partition_keys(self, rows: Rows, layout: Layout) -> list[tuple[npt.NDArray[np.int64], Rows]]:
+        """One sketch per fleet address: every report's partition key is empty (`SketchMerge.partition_key`)."""
+        return [(np.arange(len(rows)), np.empty((len(rows), 0), dtype=np.uint8))]
+
     def decode_structure(self, rows: Rows, positions: npt.NDArray[np.int64], structure: Structure,
                          layout: Layout) -> SketchPiece | None:
         sub = self.primitive.subheader
