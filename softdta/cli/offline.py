@@ -86,7 +86,7 @@ def register(commands: Commands) -> None:
                         help="the reports' destination IP: the collector's (default %(default)s)")
     report.add_argument("--fleet-map", metavar="FILE",
                         help="a fleet's slot map (JSON, as the fleet controller writes it): each report goes to its "
-                             "slot's collector instead of --collector (docs/fleet-reporters.md)")
+                             "slot's collector instead of --collector (docs/fleet.md)")
     report.add_argument("--across", action="store_true",
                         help="with --fleet-map: key-write and key-increment reports go to every replica of their "
                              "slot that holds one of their copies, not all copies to the first")

@@ -1,4 +1,4 @@
-"""A reporter's side of the fleet, DTA's way (sans-IO; docs/fleet-reporters.md): each report is addressed to the
+"""A reporter's side of the fleet, DTA's way (sans-IO; docs/fleet.md): each report is addressed to the
 collector of its partition key's slot in the slot map.
 
 Normally a report goes to the first replica of its slot, as it is. With copies across the replicas, a report of a

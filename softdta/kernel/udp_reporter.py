@@ -1,5 +1,5 @@
 """The small Python reporter: DTA reports in UDP datagrams from an ordinary socket, each to port 40040 of its
-collector; in a fleet, its slot's collector (core.fleet_reporter, docs/fleet-reporters.md). No root: the kernel
+collector; in a fleet, its slot's collector (core.fleet_reporter, docs/fleet.md). No root: the kernel
 routes each datagram, and the route to a collector passes its translator.
 
 A new slot map applies live (`update`, from any thread, e.g. a watch of the fleet's etcd key): only a later epoch

@@ -1,6 +1,6 @@
 """`softdta report --udp --fleet-map`, run as a user types it (a plain shell's environment): UDP sockets on port
 40040 of several loopback addresses stand in for a fleet's collectors, and each gets exactly the reports of its
-slots (docs/fleet-reporters.md)."""
+slots (docs/fleet.md)."""
 
 import os
 import socket

@@ -1,4 +1,4 @@
-"""The slot map applied at the reporter, DTA's way (docs/fleet-reporters.md): every report addressed to its slot's
+"""The slot map applied at the reporter, DTA's way (docs/fleet.md): every report addressed to its slot's
 collector, copies across the replicas landing where a translator at the fleet address puts them, the kernel
 generator's plan addressing each report, and the UDP reporter's live map updates."""
 
