@@ -71,7 +71,7 @@ MAX_CONNECTIONS = 256
 # The binary form of a keyed query, for batches too big for JSON: the body is the keys as rows (key_len bytes each,
 # wire order), the other fields are URL parameters (each a JSON value, or else a string: ?redundancy=2&mode=plurality),
 # and the answer is one row per key in order (`RowsAnswer.rows`, e.g. KeyLookupAnswer.rows), same content type.
-ROWS_CONTENT_TYPE = "application/octet-stream"
+ROWS_CONTENT_TYPE = "application/vnd.softdta.key-rows"  # its own type: no client sends it by accident
 log = logging.getLogger("softdta.collector.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")

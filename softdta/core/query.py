@@ -46,7 +46,7 @@ class Answer(Protocol):
 @runtime_checkable
 class RowsAnswer(Answer, Protocol):
     """An answer that also has a binary form: one fixed-size row per key, in the order asked (what the query
-    service sends for a request of key rows, `application/octet-stream`)."""
+    service sends for a request of key rows, collector.service.ROWS_CONTENT_TYPE)."""
 
     def rows(self) -> bytes: ...
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import signal
@@ -235,6 +236,7 @@ class Plan:
     owners: list[list[npt.NDArray[np.int64]]]
     slots: list[npt.NDArray[np.int64]]
 
+    @functools.cached_property
     def reads(self) -> dict[int, npt.NDArray[np.int64]]:
         """Member index -> the keys (indices) it is asked about: each once, however many epochs need it."""
         count = self.slots[0].size
@@ -251,14 +253,10 @@ def plan(view: FleetView, slots_of: Callable[[SlotMap], npt.NDArray[np.int64]], 
     the current map, and those of the previous map where the slot's replica set changed."""
     epochs = view.epochs()
     names = sorted({name for slot_map in epochs for name in slot_map.assigned()})
-    number = {name: i for i, name in enumerate(names)}
     owners, slots = [], []
     newest: npt.NDArray[np.int64] | None = None
     for slot_map in epochs:
-        table = np.full((positions, slot_map.slot_count), -1, dtype=np.int64)
-        for slot, replicas in enumerate(slot_map.slots):
-            for position, name in enumerate(replicas[:positions]):
-                table[position, slot] = number[name]
+        table = _owner_table(slot_map, tuple(names), positions)
         key_slots = slots_of(slot_map)
         epoch = [table[position][key_slots] for position in range(positions)]
         if newest is not None:  # an older epoch: read only where the replica set changed
@@ -269,6 +267,27 @@ def plan(view: FleetView, slots_of: Callable[[SlotMap], npt.NDArray[np.int64]], 
         owners.append(epoch)
         slots.append(key_slots)
     return Plan(names, owners, slots)
+
+
+_OWNER_TABLES: dict[tuple[int, tuple[str, ...], int], tuple[SlotMap, npt.NDArray[np.int64]]] = {}
+
+
+def _owner_table(slot_map: SlotMap, names: tuple[str, ...], positions: int) -> npt.NDArray[np.int64]:
+    """(positions, slots): the index in `names` of each slot's replica at each position, -1 where it has none.
+    Kept for the last few maps: every query over a map asks for the same."""
+    key = (id(slot_map), names, positions)
+    known = _OWNER_TABLES.get(key)
+    if known is not None and known[0] is slot_map:
+        return known[1]
+    number = {name: i for i, name in enumerate(names)}
+    table = np.full((positions, slot_map.slot_count), -1, dtype=np.int64)
+    for slot, replicas in enumerate(slot_map.slots):
+        for position, name in enumerate(replicas[:positions]):
+            table[position, slot] = number[name]
+    if len(_OWNER_TABLES) >= 8:
+        _OWNER_TABLES.clear()
+    _OWNER_TABLES[key] = (slot_map, table)
+    return table
 
 
 @dataclass
@@ -451,7 +470,7 @@ class Router:
                      ask: Callable[[Collector, npt.NDArray[np.uint8]], Any]) -> tuple[FleetView, Plan, Reads]:
         view = self._current()
         plan_ = plan(view, self._slots(primitive, rows), positions)
-        reads_of = plan_.reads()
+        reads_of = plan_.reads
 
         async def ask_member(member: int, collector: Collector) -> Any:
             if primitive.name not in collector.structures:
@@ -549,7 +568,7 @@ class Router:
             if primitive.name not in collector.structures:
                 raise ValueError(f"it has no {primitive.name} structure")
             return await self._get_json(collector.url, path_of + collector.structures[primitive.name]["name"])
-        reads = await self._gather(view, plan_.members, list(plan_.reads()), ask)
+        reads = await self._gather(view, plan_.members, list(plan_.reads), ask)
         matrix: npt.NDArray[np.int64] | None = None
         shape: dict[str, Any] = {}
         for answer in reads.answers.values():
@@ -683,17 +702,16 @@ def _per_key(plan_: Plan, reads: Reads, count: int
              ) -> list[tuple[npt.NDArray[np.bool_], list[tuple[int, npt.NDArray[np.int64], Any]]]]:
     """Per epoch (newest first), position 0: which keys' owner did not answer, and per answering member the keys
     (indices) it owns there with its answer for them (answers are per member, in the order of `plan.reads`)."""
-    reads_of = plan_.reads()
+    reads_of = plan_.reads
     out = []
     for epoch in plan_.owners:
         owner = epoch[0]
         unanswered = np.isin(owner, np.array(sorted(reads.down), dtype=np.int64))
         parts = []
         for member, answer in reads.answers.items():
-            indices = np.nonzero(owner == member)[0]
-            if indices.size:
-                at = np.searchsorted(reads_of[member], indices)
-                parts.append((member, indices, _take(answer, at)))
+            mine = owner[reads_of[member]] == member
+            if mine.any():
+                parts.append((member, reads_of[member][mine], _take(answer, np.nonzero(mine)[0])))
         out.append((unanswered, parts))
     return out
 
@@ -709,11 +727,13 @@ def merge_key_write(plan_: Plan, reads: Reads, count: int, data_len: int, consen
     """Per key (status, votes, values): per epoch, the votes each replica gave its value summed over the replicas
     that agree, the plurality (no value on a tie) with at least `consensus` votes; the newest epoch that found the
     key wins."""
-    reads_of = plan_.reads()
     down = np.array(sorted(reads.down), dtype=np.int64)
+    value = np.dtype({1: "u1", 2: "u2", 4: "u4", 8: "u8"}.get(data_len, f"V{data_len}"))  # one comparable scalar
+    answers = {member: (member_status, member_votes, np.ascontiguousarray(member_values).view(value).reshape(-1))
+               for member, (member_status, member_votes, member_values) in reads.answers.items()}
     status = np.full(count, EMPTY, dtype=np.uint8)
     votes = np.zeros(count, dtype=np.int64)
-    values = np.zeros((count, data_len), dtype=np.uint8)
+    values = np.zeros(count, dtype=value)
     decided = np.zeros(count, dtype=bool)
     collided = np.zeros(count, dtype=bool)
     missing = np.zeros(count, dtype=bool)
@@ -721,25 +741,28 @@ def merge_key_write(plan_: Plan, reads: Reads, count: int, data_len: int, consen
         positions = len(epoch)
         found = np.zeros((positions, count), dtype=bool)
         given = np.zeros((positions, count), dtype=np.int64)
-        words = np.zeros((positions, count, data_len), dtype=np.uint8)
+        words = np.zeros((positions, count), dtype=value)
         for position, owner in enumerate(epoch):
-            missing |= np.isin(owner, down)
-            for member, (member_status, member_votes, member_values) in reads.answers.items():
-                indices = np.nonzero(owner == member)[0]
-                if not indices.size:
-                    continue
-                at = np.searchsorted(reads_of[member], indices)
-                found[position, indices] = member_status[at] == FOUND
-                collided[indices] |= member_status[at] == COLLIDED
-                given[position, indices] = member_votes[at]
-                words[position, indices] = member_values[at]
-        same = (words[:, None] == words[None, :]).all(axis=-1)  # [i, j]: replica i's value is replica j's
-        score = np.einsum("ijk,jk->ik", same & found[None, :, :], given) * found  # votes for replica i's value
-        best = score.argmax(axis=0)
-        columns = np.arange(count)
-        best_score = score[best, columns]
-        best_words = words[best, columns]
-        tied = ((score == best_score) & ~(words == best_words).all(axis=-1) & found).any(axis=0)
+            if down.size:
+                missing |= np.isin(owner, down)
+            for member, (member_status, member_votes, member_words) in answers.items():
+                asked = plan_.reads[member]
+                mine = owner[asked] == member
+                at = asked[mine]
+                found[position, at] = member_status[mine] == FOUND
+                collided[at] |= member_status[mine] == COLLIDED
+                given[position, at] = member_votes[mine]
+                words[position, at] = member_words[mine]
+        if positions == 1:
+            best_score, best_words = given[0] * found[0], words[0]
+            tied = np.zeros(count, dtype=bool)
+        else:
+            same = words[:, None] == words[None, :]  # [i, j]: replica i's value is replica j's
+            score = np.einsum("ijk,jk->ik", same & found[None, :, :], given) * found  # votes for replica i's value
+            best = score.argmax(axis=0)
+            columns = np.arange(count)
+            best_score, best_words = score[best, columns], words[best, columns]
+            tied = ((score == best_score) & (words != best_words) & found).any(axis=0)
         hit = (best_score >= consensus) & ~tied & (best_score > 0) & ~decided
         status[hit], votes[hit], values[hit] = FOUND, best_score[hit], best_words[hit]
         collided |= tied | ((best_score > 0) & ~hit & ~decided)
@@ -747,7 +770,7 @@ def merge_key_write(plan_: Plan, reads: Reads, count: int, data_len: int, consen
     rest = ~decided
     status[rest & collided] = COLLIDED
     status[rest & missing] = MISSING
-    return status, votes, values
+    return status, votes, values.view(np.uint8).reshape(count, data_len)
 
 
 def key_write_json(name: str, rows: npt.NDArray[np.uint8], redundancy: int, consensus: int,

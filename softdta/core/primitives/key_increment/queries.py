@@ -37,7 +37,7 @@ class CountAnswer:
                 "results": [{"key": key, "count": count} for key, count in zip(keys, self.counts.tolist())]}
 
     def rows(self) -> bytes:
-        """The binary answer (the query service's application/octet-stream form): each key's count, u64
+        """The binary answer (the query service's key-rows form): each key's count, u64
         big-endian, in order."""
         return self.counts.astype(">u8").tobytes()
 

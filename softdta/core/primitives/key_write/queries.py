@@ -24,6 +24,7 @@ class KeyWriteAnswer:
     found: np.ndarray
     values: np.ndarray
     votes: np.ndarray
+    written: np.ndarray  # any of the key's slots ever written (not found: overwritten, else never reported)
 
 
 def _data_words(region: KeyWriteRegion) -> np.ndarray:
@@ -45,8 +46,10 @@ def key_write_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_RE
     key_rows = as_key_rows(keys)
     checksums, hashes = key_hashes_rows(key_rows, redundancy, key_hash)
     slots = hashes & np.uint32(region.slot_count - 1)
-    matches = region.checksums[slots] == checksums
+    stored = region.checksums[slots]
+    matches = stored == checksums
     words = _data_words(region)[slots]
+    data_written = words != 0 if words.dtype.kind == "u" else region.data[slots].any(axis=-1)
     votes = np.zeros(matches.shape, dtype=np.int8)
     for i in range(redundancy):
         for j in range(redundancy):
@@ -60,7 +63,7 @@ def key_write_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_RE
     for i in range(redundancy):
         tied |= (votes[i] == best_votes) & (words[i] != best_words)
     found = (best_votes >= max(consensus, 1)) & ~tied
-    return KeyWriteAnswer(found, best_words, np.where(found, best_votes, 0))
+    return KeyWriteAnswer(found, best_words, np.where(found, best_votes, 0), ((stored != 0) | data_written).any(axis=0))
 
 
 LOOKUP_STATUSES = ("empty", "found", "collided")  # a key's status, numbered as `KeyLookupAnswer.rows` sends it
@@ -91,7 +94,7 @@ class KeyLookupAnswer:
                 "results": results}
 
     def rows(self) -> bytes:
-        """The binary answer (the query service's application/octet-stream form): per key, in order, its status
+        """The binary answer (the query service's key-rows form): per key, in order, its status
         (u8, an index into LOOKUP_STATUSES), its votes (u8) and its value (data_len bytes, zero if not found)."""
         return lookup_rows(self.status, self.votes, self.values)
 
@@ -142,10 +145,7 @@ class KeyLookup(StructureQuery[KeyWriteRegion]):
     def answer(self, region: KeyWriteRegion) -> KeyLookupAnswer:
         structure = self.structure
         answer = key_write_query(region, self.keys, self.redundancy, self.consensus, structure.key_hash)
-        _, hashes = key_hashes_rows(self.keys, self.redundancy, structure.key_hash)
-        slots = hashes & np.uint32(region.slot_count - 1)
-        written = ((region.checksums[slots] != 0) | region.data[slots].any(axis=-1)).any(axis=0)
-        status = np.where(answer.found, 1, np.where(written, 2, 0)).astype(np.uint8)
+        status = np.where(answer.found, 1, np.where(answer.written, 2, 0)).astype(np.uint8)
         values = np.ascontiguousarray(answer.values.astype(answer.values.dtype.newbyteorder(">"))).view(np.uint8)
         values = values.reshape(len(self.keys), structure.data_len) * answer.found[:, None].astype(np.uint8)
         return KeyLookupAnswer(self.name, self.redundancy, self.consensus, self.keys, values,
