@@ -140,6 +140,11 @@ def _bench(args: argparse.Namespace) -> int:
               f"{fleet['max_over_mean']} (goal <= {fleet['balance_goal']}), moved on a join "
               f"{fleet['moved_on_join']:.4f} "
               f"(ideal {fleet['ideal_on_join']:.4f}, goal <= {fleet['join_goal']:.4f})")
+    routed = results["query_router"]
+    print(f"  Key-Write lookups, batches of {routed['keys_per_batch']:,}: one collector directly "
+          f"{routed['direct_keys_per_s']['median']:,.0f} keys/s, three through the fleet's router "
+          f"{routed['router_keys_per_s']['median']:,.0f} keys/s ({routed['router_over_direct']}x; goals >= "
+          f"{routed['goal_keys_per_s']:,} keys/s and >= {routed['goal_ratio']}x)")
     return 0
 
 

@@ -34,6 +34,7 @@ from softdta.lab.benchmarks.python_engine import (
     translator_python_engine,
 )
 from softdta.lab.benchmarks.queries import query_rate, query_success
+from softdta.lab.benchmarks.router import RouterRate, router_rate
 from softdta.lab.benchmarks.translator import (
     Scaling,
     translator_kernel,
@@ -81,6 +82,7 @@ class Comparison(TypedDict):
     query_rate_per_core: dict[str, Stats]
     query_success: list[dict[str, float]]
     fleet_slot_map: dict[str, FleetBalance]
+    query_router: RouterRate
     seconds: NotRequired[float]
 
 
@@ -116,6 +118,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
         "query_rate_per_core": query_rate(16 if quick else 22, 1 << (12 if quick else 18)),
         "query_success": query_success(1 << (14 if quick else 18), 2000 if quick else 20000),
         "fleet_slot_map": fleet_balance(),
+        "query_router": router_rate(10_000 if quick else 100_000, 16 if quick else 22),
     }
     results["seconds"] = round(time.time() - started, 1)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from softdta.core import registry
 from softdta.core.fleet import FleetError, Member, assign
 from softdta.core.offline import OfflineCollector
 from softdta.core.primitives.key_write.queries import parse_lookup_rows
+from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.core.tables import Tables
 from softdta.fleet.router import FOUND, FleetView, Router
 from softdta.lab.benchmarks.workloads import ROUNDS, Stats, stats
@@ -65,11 +66,11 @@ def _filled(number: int, slot_bits: int, rows: npt.NDArray[np.uint8], data: npt.
     tables = _tables(number, slot_bits)
     collector = OfflineCollector(tables)
     structure = tables.structures[0]
-    region = registry.by_opcode(structure.primitive).region(collector.region_of(structure.qp), structure)
+    region = KeyWriteRegion.for_structure(collector.region_of(structure.qp), structure)
     checksums, hashes = key_hashes_rows(rows, 1, KeyHash.INDEPENDENT)
     slots = hashes[0] & np.uint32((1 << slot_bits) - 1)
-    region.checksums[slots] = checksums  # type: ignore[attr-defined]  # a KeyWriteRegion
-    region.data.view(">u4").reshape(-1)[slots] = data  # type: ignore[attr-defined]
+    region.checksums[slots] = checksums
+    region.data.view(">u4").reshape(-1)[slots] = data  # data as reported: big-endian on the wire
     return collector
 
 
@@ -117,6 +118,7 @@ def router_rate(batch: int = 100_000, slot_bits: int = SLOT_BITS, rounds: int = 
         members = {name: Member(m.name, m.ip, m.mac, m.control, f"http://127.0.0.1:{ports[int(name[1:])]}")
                    for name, m in members.items()}
         view = FleetView(slot_map, None, members, etcd_up=True)
+        batch = min(batch, count)
         batches = [rows[rng.choice(count, size=batch, replace=False)] for _ in range(rounds)]
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             direct, routed, found = runner.run(_measure(f"http://127.0.0.1:{ports[0]}", view, batches))
