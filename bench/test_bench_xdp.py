@@ -16,7 +16,13 @@ from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator, build_object
 from softdta.kernel.bpf import BpfObject
 from softdta.lab.benchmarks.live import translator_live_direct
-from softdta.lab.benchmarks.translator import FLOOR, HARNESS, load_reports, translator_queue_scaling
+from softdta.lab.benchmarks.translator import (
+    FLOOR,
+    HARNESS,
+    load_reports,
+    translator_fleet_lookup,
+    translator_queue_scaling,
+)
 from softdta.lab.benchmarks.workloads import COLLECTOR_IP
 from softdta.spec import MAX_REDUNDANCY, DtaOpcode, TranslatorCounter
 from softdta.wire import dta
@@ -112,6 +118,19 @@ def test_xdp_translator_scales_over_rx_queues(benchmark, pytestconfig):
     for case, figures in results.items():
         print(f"\n{case}: {figures['one_queue_reports_per_s']:,} reports/s on one queue, "
               f"{figures['two_queues_reports_per_s']:,} on two ({figures['scaling']}x)")
+
+
+def test_xdp_translator_slot_lookup_cost(benchmark, pytestconfig):
+    """The same reports to the collector's IP and to a fleet address, side by side on one loaded program: the
+    ratio is what the slot lookup costs per report (issue goal: at most 1.1)."""
+    repeat = 1000 if benchmarks_disabled(pytestconfig) else 1_000_000
+    results: dict = {}
+    benchmark.pedantic(lambda: results.update(translator_fleet_lookup(repeat, rounds=ROUNDS)), rounds=1,
+                       iterations=1)
+    benchmark.extra_info.update(results)
+    for case, figures in results.items():
+        print(f"\n{case}: {figures['direct_ns_per_report']:.0f} ns/report to the collector, "
+              f"{figures['fleet_ns_per_report']:.0f} to the fleet address ({figures['ratio']}x)")
 
 
 @pytest.mark.parametrize("redundancy", [1, MAX_REDUNDANCY], ids=["frames from XDP", "frames through the tc stage"])

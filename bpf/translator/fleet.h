@@ -59,7 +59,7 @@ __noinline __u32 fleet_route(struct scratch *s, __u32 slot_bits, __u32 across)
 		return CNT_DROP_FLEET_UNMAPPED;
 	s->collector_ip = s->copy_ip[0];
 	s->across = across && (primitive == DTA_OP_KEY_WRITE || primitive == DTA_OP_KEY_INCREMENT);
-	for (__u32 copy = found; copy < MAX_REDUNDANCY; copy++)	/* then copy n goes where copy n - R went */
+	for (__u32 copy = found; s->across && copy < MAX_REDUNDANCY; copy++)	/* copy n goes where copy n - R went */
 		s->copy_ip[copy] = s->copy_ip[(copy - found) & (MAX_REDUNDANCY - 1)];
 	count(CNT_FLEET_RESOLVED);
 	return 0;

@@ -11,13 +11,16 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from softdta.core import workload
-from softdta.core.tables import with_queue_qps
+from softdta.core.tables import Fleet, with_queue_qps
 from softdta.core.translator import Translator
+from softdta.errors import SoftdtaError
 from softdta.lab.benchmarks.udp import WINDOW, Progress, Sink
 from softdta.lab.benchmarks.workloads import (
+    COLLECTOR_IP,
     ROOT,
     ROUNDS,
     Stats,
@@ -26,8 +29,9 @@ from softdta.lab.benchmarks.workloads import (
     primitive_workloads,
     stats,
 )
+from softdta.spec import DEFAULT_SLOT_BITS, TranslatorCounter
 from softdta.wire import dta
-from softdta.wire.frames import parse_udp_frame
+from softdta.wire.frames import ip_bytes, parse_udp_frame
 
 if TYPE_CHECKING:
     from softdta.engines.xdp import XdpTranslator
@@ -110,6 +114,61 @@ def translator_queue_scaling(repeat: int, rounds: int = ROUNDS, cases: dict[str,
                                                            repeat, rounds)
     finally:
         namespace.delete()
+    return results
+
+
+class FleetLookupCost(TypedDict):
+    """ns per report of the XDP program at a collector's IP and at the fleet address, and the median of the paired
+    rounds' ratios (fleet over direct)."""
+
+    direct_ns_per_report: float
+    fleet_ns_per_report: float
+    ratio: float
+
+
+FLEET_ADDRESS = ip_bytes("10.77.0.100")
+
+
+def translator_fleet_lookup(repeat: int, rounds: int = ROUNDS, cases: dict[str, list[dta.Report]] | None = None
+                            ) -> dict[str, FleetLookupCost]:
+    """The cost of the slot lookup: the same reports through the XDP program (BPF_PROG_TEST_RUN, restore
+    subtracted), once to the collector's IP and once to a fleet address whose 4096 slots name that collector, on
+    one loaded program, rounds alternating. Both go to the same structure, so the difference is the fleet
+    resolution alone: the partition hash, the slot's entry and the replica's structure."""
+    from softdta.engines.xdp import XdpTranslator
+    tables = example_tables()
+    tables.fleet = Fleet(address=FLEET_ADDRESS, epoch=1, slot_bits=DEFAULT_SLOT_BITS,
+                         slots=((COLLECTOR_IP,),) * (1 << DEFAULT_SLOT_BITS))
+    tables.validate()
+    direct = example_reporter(tables)
+    fleet = replace(direct, collector_ip=FLEET_ADDRESS)
+    cases = cases or {"key-write N=1": [dta.key_write(k, k, 1) for k in range(1, 17)],
+                      "key-increment N=1": [dta.key_increment(k, 1, 1) for k in range(1, 17)],
+                      "postcarding": [dta.postcard(0x0A000001 + k // 5, k % 5 + 1, k) for k in range(15)]}
+    results: dict[str, FleetLookupCost] = {}
+    for name, reports in cases.items():
+        frames = {"direct": [direct.frame(report) for report in reports],
+                  "fleet": [fleet.frame(report) for report in reports]}
+        with XdpTranslator(tables, source=HARNESS, flush_idle_ns=0) as kernel:
+            restore = kernel.object.programs["bench_restore"]
+            translate = kernel.object.programs["bench_translate"]
+            load_reports(kernel, frames["direct"])
+            restore_ns = statistics.median(restore.test_run(frames["direct"][0], repeat=repeat).duration_ns
+                                           for _ in range(rounds))
+            samples: dict[str, list[float]] = {"direct": [], "fleet": []}
+            for _ in range(rounds):
+                for way in samples:
+                    load_reports(kernel, frames[way])
+                    samples[way].append(translate.test_run(frames[way][0], repeat=repeat).duration_ns - restore_ns)
+            counters = kernel.counters()
+        if counters[TranslatorCounter.FLEET_RESOLVED] != rounds * repeat or \
+                [counter for counter in counters if counter.name.startswith("DROP_")]:
+            raise SoftdtaError(f"fleet lookup benchmark, {name}: the program did not translate every report "
+                               f"({dict(counters)})", hint="run tests/kernel/test_xdp_fleet.py")
+        results[name] = {"direct_ns_per_report": statistics.median(samples["direct"]),
+                         "fleet_ns_per_report": statistics.median(samples["fleet"]),
+                         "ratio": round(statistics.median(f / max(d, 1) for d, f in zip(samples["direct"],
+                                                                                        samples["fleet"])), 3)}
     return results
 
 
