@@ -36,7 +36,9 @@ from softdta.lab.benchmarks.python_engine import (
 from softdta.lab.benchmarks.queries import query_rate, query_success
 from softdta.lab.benchmarks.router import RouterRate, router_rate
 from softdta.lab.benchmarks.translator import (
+    FleetLookupCost,
     Scaling,
+    translator_fleet_lookup,
     translator_kernel,
     translator_queue_scaling,
     translator_reference,
@@ -72,6 +74,7 @@ class Comparison(TypedDict):
     machine: Machine
     translator_ns_per_report: TranslatorNsPerReport
     translator_rx_queue_scaling: dict[str, Scaling]
+    translator_fleet_slot_lookup: dict[str, FleetLookupCost]
     translator_python_engine: dict[str, EngineRate | TranslatorRate]
     translator_batch: dict[str, dict[str, TranslatorRate]]
     translator_live_lab: LiveLab
@@ -97,6 +100,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
                                      "reference_python": translator_reference(count),
                                      "userspace_udp_python": translator_userspace_udp(count)},
         "translator_rx_queue_scaling": translator_queue_scaling(repeat // 10 if quick else repeat),
+        "translator_fleet_slot_lookup": translator_fleet_lookup(repeat // 10 if quick else repeat),
         "translator_python_engine": translator_python_engine(1000 if quick else 16384),
         "translator_batch": translator_batch(2000 if quick else 20000),
         "translator_live_lab": translator_live(2000 if quick else 20000,
