@@ -478,12 +478,15 @@ def _fleet_from(document: dict[str, Any], collectors: dict[str, Settings]) -> Fl
     if not isinstance(slots, list) or not all(isinstance(names, list) for names in slots):
         raise TableError("[fleet]: slots must be an array of 2^slot_bits arrays of [[collectors]] names")
     replica_sets = []
+    ips: dict[str, bytes] = {}  # each collector's address, parsed once for its thousands of slots
     for slot, names in enumerate(slots):
         for name in names:
             if name not in collectors:
                 raise TableError(f"[fleet]: slot {slot} names collector {name!r}, which is not defined under "
                                  "[[collectors]]")
-        replica_sets.append(tuple(_address(collectors[name], "ip", ip_bytes) for name in names))
+            if name not in ips:
+                ips[name] = _address(collectors[name], "ip", ip_bytes)
+        replica_sets.append(tuple(ips[name] for name in names))
     return Fleet(address=_address(fleet, "address", ip_bytes), epoch=fleet.integer("epoch", 0, 0),
                  slot_bits=fleet.integer("slot_bits", DEFAULT_SLOT_BITS, 1, MAX_SLOT_BITS),
                  slots=tuple(replica_sets), across=fleet.boolean("across", False))
