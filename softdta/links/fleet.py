@@ -103,6 +103,7 @@ class FleetLinks:
             "fleet": fleet, "translator": name, "address": address, "etcd": etcd.endpoint, "etcd_reachable": True,
             "etcd_unreachable_since_ns": 0, "etcd_outages": 0, "running": True,
             "epoch": 0, "generation": 0, "applied_at_ns": 0, "published_generation": 0, "slot_map_epoch": 0,
+            "slot_map_seen_at_ns": 0, "built_at_ns": 0,
             "slot_maps_refused": 0, "last_refusal": "", "members_refused": 0, "tables_refused": 0,
             "replicas_unconnected": 0, "slots_unmapped": 0, "collectors": {}}
 
@@ -203,7 +204,7 @@ class FleetLinks:
             self._write_status()
             return False
         self._slot_map, self._slot_map_revision = slot_map, mod_revision
-        self.status["slot_map_epoch"] = slot_map.epoch
+        self.status.update(slot_map_epoch=slot_map.epoch, slot_map_seen_at_ns=time.time_ns())
         return True
 
     def _follow(self, revision: int) -> None:
@@ -403,6 +404,7 @@ class FleetLinks:
     def _emit(self, tables: Tables, epoch: int, queue_it: bool = True) -> None:
         self._generation += 1
         self._emitted.append((tables, self._generation, epoch))
+        self.status["built_at_ns"] = time.time_ns()
         if queue_it:
             self.updates.put(tables)
 

@@ -19,6 +19,7 @@ from softdta.lab.benchmarks.collector import (
     memory_writes_per_report,
 )
 from softdta.lab.benchmarks.fleet import FleetBalance, fleet_balance
+from softdta.lab.benchmarks.fleet_propagation import Propagation, fleet_propagation
 from softdta.lab.benchmarks.live import (
     LiveDirect,
     LiveKernelGenerator,
@@ -86,6 +87,7 @@ class Comparison(TypedDict):
     query_success: list[dict[str, float]]
     fleet_slot_map: dict[str, FleetBalance]
     query_router: RouterRate
+    fleet_propagation: Propagation
     seconds: NotRequired[float]
 
 
@@ -123,6 +125,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
         "query_success": query_success(1 << (14 if quick else 18), 2000 if quick else 20000),
         "fleet_slot_map": fleet_balance(),
         "query_router": router_rate(10_000 if quick else 100_000, 16 if quick else 22),
+        "fleet_propagation": fleet_propagation(3 if quick else 10),
     }
     results["seconds"] = round(time.time() - started, 1)
     out.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,7 @@ class Propagation(TypedDict):
     slots: int
     engine: str
     seconds: list[float]  # one per epoch committed: commit -> the last translator's applied generation
+    stages_median_s: dict[str, float]  # the first translator's: commit -> map seen, -> tables built, -> applied
     median_s: float
     max_s: float
     goal_s: float
@@ -326,10 +327,17 @@ def fleet_propagation(rounds: int = 10, translators: int = 2, engine: str = "xdp
             lab.start_translator(index)
         lab.wait_applied(current.epoch, START_S)
         seconds = []
+        stages: dict[str, list[float]] = {"seen": [], "built": [], "applied": []}
         for round_ in range(rounds):
             current = lab.slot_map((1, 2), previous=current, weights={1 + round_ % 2: 2.0})
             committed = lab.commit(current.to_json())
             seconds.append(round((lab.wait_applied(current.epoch) - committed) / 1e9, 4))
+            status = lab.fleet_status(1)
+            times = [committed, status["slot_map_seen_at_ns"], status["built_at_ns"], status["applied_at_ns"]]
+            for stage, before, after in zip(stages, times, times[1:]):
+                stages[stage].append((after - before) / 1e9)
     return Propagation(translators=translators, collectors=2, slots=current.slot_count, engine=engine,
-                       seconds=seconds, median_s=statistics.median(seconds), max_s=max(seconds), goal_s=GOAL_S,
+                       seconds=seconds, stages_median_s={stage: round(statistics.median(values), 4)
+                                                         for stage, values in stages.items()},
+                       median_s=statistics.median(seconds), max_s=max(seconds), goal_s=GOAL_S,
                        met=max(seconds) <= GOAL_S)
