@@ -171,7 +171,7 @@ def _status(args: argparse.Namespace) -> int:
 def _register_router(actions: Commands) -> None:
     router = add_command(actions, "router", "serve queries over the whole fleet with a collector's query API",
                          "Follows the slot map and the collectors in etcd; each query goes to the collectors that "
-                         "own its keys, in both the current and the previous epoch, and their answers are merged. "
+                         "own its keys, in the current epoch and the ones before it, and their answers are merged. "
                          "A collector that does not answer makes the answer partial (\"partial\": true, "
                          "\"missing_slots\"). Runs until SIGINT or SIGTERM (docs/fleet.md, \"Federated queries\").")
     router.add_argument("--etcd", required=True, metavar="URL", help="etcd's client URL, http://HOST:PORT")

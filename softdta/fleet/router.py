@@ -1,11 +1,12 @@
 """The fleet's query router: one query over every collector of a fleet, answered as one collector would
 (docs/fleet.md, "Federated queries").
 
-It reads the slot map and the members (their query URLs) from etcd and watches both; it keeps the epoch before the
-current one too. A keyed query (Key-Write, Key-Increment, Postcarding) hashes each key's partition key (asked of the
-primitive) to its slot, groups the keys by owning collector and sends each collector one batched request, all at
-once; Append lists, Sketch-Merge sketches and every key whose slot changed owners in the last epoch are read from
-the owners of both epochs, and the answers are merged:
+It reads the slot map and the members (their query URLs) from etcd and watches both; it keeps the HISTORY_EPOCHS
+epochs before the current one too (data stays where the epoch that wrote it put it). A keyed query (Key-Write,
+Key-Increment, Postcarding) hashes each key's partition key (asked of the primitive) to its slot, groups the keys
+by owning collector and sends each collector one batched request, all at once; Append lists, Sketch-Merge sketches
+and every key whose slot's owners differ in an older epoch are read from the owners of each epoch, and the answers
+are merged:
 
   Key-Write     the copies' votes summed over the replicas read (copy n lives on replica n % R when the fleet
                 writes copies across collectors), then plurality or consensus as one collector decides; across an
@@ -56,6 +57,8 @@ from softdta.spec import MAX_REDUNDANCY
 from softdta.wire.hashing import partition_slot, partition_slots_rows
 
 log = logging.getLogger("softdta.fleet.router")
+# epochs before the current one whose owners a query reads too: data stays where the epoch that wrote it put it
+HISTORY_EPOCHS = 8
 REQUEST_TIMEOUT_S = 5.0  # one collector's answer; a collector slower than this counts as down for the query
 RETRY_S = 1.0  # between attempts to reach etcd again
 FOUND, EMPTY, COLLIDED = (LOOKUP_STATUSES.index(state) for state in ("found", "empty", "collided"))
@@ -74,21 +77,26 @@ class RouterError(SoftdtaError, ValueError):
 @dataclass(frozen=True)
 class FleetView:
     current: SlotMap | None = None
-    previous: SlotMap | None = None  # the epoch before `current`: its owners are read too
+    history: tuple[SlotMap, ...] = ()  # the epochs before `current`, newest first: their owners are read too
     members: dict[str, Member] = field(default_factory=dict)
     etcd_up: bool = False
 
     def epochs(self) -> list[SlotMap]:
         """The maps to read, newest first."""
-        return [m for m in (self.current, self.previous) if m is not None]
+        return ([self.current] if self.current is not None else []) + list(self.history)
+
+    def behind(self, new: SlotMap, depth: int) -> tuple[SlotMap, ...]:
+        """The history once `new` replaces the current map: at most `depth` epochs."""
+        return ((self.current,) if self.current is not None else ()) + self.history[:max(0, depth - 1)]
 
 
 class FleetWatch:
     """Keeps a `FleetView` of fleet `fleet` from etcd: read once, then watched; when etcd goes away the last view
-    stays in force and the watch is set up again once etcd answers."""
+    stays in force and the watch is set up again once etcd answers. It keeps the `depth` epochs before the current
+    one (from etcd's history at start): data written in any of them may still be only where they put it."""
 
-    def __init__(self, etcd: Etcd, fleet: str):
-        self.etcd, self.fleet, self.prefix = etcd, fleet, fleet_prefix(fleet)
+    def __init__(self, etcd: Etcd, fleet: str, depth: int = HISTORY_EPOCHS):
+        self.etcd, self.fleet, self.prefix, self.depth = etcd, fleet, fleet_prefix(fleet), depth
         self.view = FleetView()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
@@ -98,38 +106,52 @@ class FleetWatch:
         """Read the map (and the one before it, from etcd's history) and the members; the revision read at."""
         kvs, revision = self.etcd.get_prefix(self.prefix)
         members: dict[str, Member] = {}
-        current = previous = None
+        current, history = None, []
         for kv in kvs:
             name = kv.key[len(self.prefix):]
             if name == SLOT_MAP:
                 current = self._map(kv.value)
-                previous = self._map_at(kv.key, kv.mod_revision - 1)
+                history = self._history(kv.key, kv.mod_revision, current)
             elif name.startswith(MEMBERS):
                 member = self._member(kv.value)
                 if member is not None:
                     members[member.name] = member
-        known = self.view
-        if current is not None and (previous is None or previous.epoch >= current.epoch):
-            previous = None  # none before it in etcd's history: the one this router saw before, if older
-            if known.current is not None and known.current.epoch < current.epoch:
-                previous = known.current
-            elif known.current is not None and known.current.epoch == current.epoch:
-                previous = known.previous
-        self._publish(FleetView(current, previous, members, etcd_up=True))
+        known = self.view  # epochs this router saw that etcd's history no longer has
+        if current is not None:
+            seen = {slot_map.epoch for slot_map in history}
+            history += [slot_map for slot_map in known.epochs()
+                        if slot_map.epoch < current.epoch and slot_map.epoch not in seen]
+            history.sort(key=lambda slot_map: -slot_map.epoch)
+        self._publish(FleetView(current, tuple(history[:self.depth]), members, etcd_up=True))
         return revision
 
-    def _map_at(self, key: str, revision: int) -> SlotMap | None:
-        """The map as it was at `revision` (None if etcd compacted it away, or there was none)."""
+    def _history(self, key: str, revision: int, current: SlotMap | None) -> list[SlotMap]:
+        """The maps before `current`, newest first, from etcd's history (as far as it was not compacted)."""
+        history: list[SlotMap] = []
+        newest = current
+        while newest is not None and len(history) < self.depth:
+            older, revision = self._map_at(key, revision - 1)
+            if older is None or older.epoch >= newest.epoch:
+                break
+            history.append(older)
+            newest = older
+        return history
+
+    def _map_at(self, key: str, revision: int) -> tuple[SlotMap | None, int]:
+        """The map as it was at `revision` and the revision it was written at (None if etcd compacted it away, or
+        there was none)."""
         if revision < 1:
-            return None
+            return None, 0
         try:
             answer = self.etcd.call("kv/range", {"key": base64.b64encode(key.encode()).decode(),
                                                  "revision": str(revision)})
         except EtcdUnavailable as error:
-            log.info("the slot map before the current one is not in etcd's history (%s); reading one epoch", error)
-            return None
+            log.info("older slot maps are not in etcd's history (%s); reading the epochs this router saw", error)
+            return None, 0
         kvs = answer.get("kvs", [])
-        return self._map(base64.b64decode(kvs[0]["value"])) if kvs else None
+        if not kvs:
+            return None, 0
+        return self._map(base64.b64decode(kvs[0]["value"])), int(kvs[0].get("mod_revision", 0))
 
     @staticmethod
     def _map(value: bytes) -> SlotMap | None:
@@ -164,14 +186,14 @@ class FleetWatch:
             except FleetError as error:
                 log.warning("%s", error)
                 return
-            self._publish(FleetView(new, view.current, view.members, view.etcd_up))
+            self._publish(FleetView(new, view.behind(new, self.depth), view.members, view.etcd_up))
         elif name.startswith(MEMBERS):
             members = dict(view.members)
             member = self._member(value) if kind == "put" else None
             members.pop(name[len(MEMBERS):], None)
             if member is not None:
                 members[member.name] = member
-            self._publish(FleetView(view.current, view.previous, members, view.etcd_up))
+            self._publish(FleetView(view.current, view.history, members, view.etcd_up))
 
     def start(self) -> FleetWatch:
         """Read the fleet now (raises EtcdUnavailable if etcd does not answer), then follow it on a thread."""
@@ -202,7 +224,7 @@ class FleetWatch:
                     log.warning("etcd is unavailable (%s); routing on epoch %s until it answers", error,
                                 self.view.current.epoch if self.view.current else None)
                     view = self.view
-                    self._publish(FleetView(view.current, view.previous, view.members, etcd_up=False))
+                    self._publish(FleetView(view.current, view.history, view.members, etcd_up=False))
                 revision = 0
                 self.stopping.wait(RETRY_S)
 
@@ -250,7 +272,7 @@ class Plan:
 
 def plan(view: FleetView, slots_of: Callable[[SlotMap], npt.NDArray[np.int64]], positions: int) -> Plan:
     """The reads of keys whose slots `slots_of(map)` gives: the first `positions` replicas of each key's slot in
-    the current map, and those of the previous map where the slot's replica set changed."""
+    the current map, and those of each older map where the slot's replica set differs from the current one."""
     epochs = view.epochs()
     names = sorted({name for slot_map in epochs for name in slot_map.assigned()})
     owners, slots = [], []
@@ -558,7 +580,7 @@ class Router:
     # whole-structure queries
 
     async def sketch(self, primitive: type[Primitive]) -> dict[str, Any]:
-        """The fleet's sketch: its owners' in both epochs, merged as the sketch merges."""
+        """The fleet's sketch: its owners' in every epoch kept, merged as the sketch merges."""
         view = self._current()
         key = primitive.partition_key(PluginReport(primitive.opcode, {}))
         plan_ = plan(view, lambda slot_map: np.array([slot_map.slot_of(key)], dtype=np.int64), 1)
@@ -585,7 +607,7 @@ class Router:
                 "epoch": view.current.epoch, **_partial(plan_, reads)}
 
     async def append(self, list_id: int, take: bool = False, authorization: str | None = None) -> dict[str, Any]:
-        """List `list_id` over the fleet: its entries at its holder in the previous epoch, then in the current one
+        """List `list_id` over the fleet: its entries at its holder in each epoch, oldest first
         (each holder read once); `take` takes them (POST with the collectors' token)."""
         view = self._current()
         key = Append.partition_key(_ListReport(list_id))
@@ -669,7 +691,7 @@ class Router:
             if collector.ranges:
                 served.setdefault(Append.name, []).append(name)
         assert view.current is not None
-        return {"epoch": view.current.epoch, "previous_epoch": view.previous.epoch if view.previous else None,
+        return {"epoch": view.current.epoch, "older_epochs": [slot_map.epoch for slot_map in view.history],
                 "structures": [{"name": f"{primitive}@{self.fleet}", "primitive": primitive, "collectors": names}
                                for primitive, names in sorted(served.items())]}
 
@@ -853,7 +875,7 @@ class RouterService:
         return web.json_response({
             "status": "ok" if view.current is not None else "no slot map", "fleet": self.router.fleet,
             "epoch": view.current.epoch if view.current else None,
-            "previous_epoch": view.previous.epoch if view.previous else None,
+            "older_epochs": [slot_map.epoch for slot_map in view.history],
             "members": sorted(view.members), "etcd": "up" if view.etcd_up else "down (routing on the last epoch)"})
 
 
