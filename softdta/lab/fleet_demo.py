@@ -414,7 +414,9 @@ def wait_quiet(fleet: Fleet, sent_total: int, alive: list[Node]) -> dict[str, di
 
 @contextmanager
 def fleet_up(token: str) -> Iterator[Fleet]:
+    """The fleet, removed afterwards but for its processes' logs in STATE_DIR (the next run removes those)."""
     cleanup()
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     ensure_bpffs()
     PIN_ROOT.mkdir(parents=True, exist_ok=True)
@@ -426,15 +428,15 @@ def fleet_up(token: str) -> Iterator[Fleet]:
         yield fleet
     finally:
         fleet.close()
+        cleanup()
 
 
 def cleanup() -> list[str]:
-    """Remove every namespace, pin and state file of a fleet demo; safe to run any number of times."""
+    """Remove every namespace and pin of a fleet demo; safe to run any number of times."""
     removed = cleanup_prefix(PREFIX)
     shutil.rmtree(PIN_ROOT, ignore_errors=True)
     for node in COLLECTORS:
         shutil.rmtree(collector_pins(node), ignore_errors=True)
-    shutil.rmtree(STATE_DIR, ignore_errors=True)
     return removed
 
 
