@@ -46,8 +46,9 @@ class EtcdServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         peer = f"http://{self.host}:{self.peer_port}"
         log = open(self.directory / "etcd.log", "ab")
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.process = subprocess.Popen(
-            (["ip", "netns", "exec", self.netns] if self.netns else []) + [self.binary, "--name", "softdta", "--data-dir", str(self.directory / "data"),
+            inside + [self.binary, "--name", "softdta", "--data-dir", str(self.directory / "data"),
              "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"softdta={peer}"],

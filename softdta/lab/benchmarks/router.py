@@ -117,7 +117,7 @@ def router_rate(batch: int = 100_000, slot_bits: int = SLOT_BITS, rounds: int = 
             _wait_until_up(f"http://127.0.0.1:{ports[n]}", process)
         members = {name: Member(m.name, m.ip, m.mac, m.control, f"http://127.0.0.1:{ports[int(name[1:])]}")
                    for name, m in members.items()}
-        view = FleetView(slot_map, None, members, etcd_up=True)
+        view = FleetView(slot_map, (), members, etcd_up=True)
         batch = min(batch, count)
         batches = [rows[rng.choice(count, size=batch, replace=False)] for _ in range(rounds)]
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
