@@ -30,7 +30,7 @@ class OneLineErrors(argparse.ArgumentParser):
 
 def register(commands: Commands) -> None:
     """Add the fleet command(s) to the `softdta` parser."""
-    fleet = add_command(commands, "fleet", "spread keys over many collectors: plan a fleet",
+    fleet = add_command(commands, "fleet", "spread keys over many collectors: plan, control and query a fleet",
                         "See docs/fleet.md.")
     actions = cast(Commands, fleet.add_subparsers(dest="action", required=True, title="actions",
                                                   parser_class=OneLineErrors))
