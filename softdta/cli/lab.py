@@ -155,9 +155,10 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     if args.fleet:
         from softdta.lab import fleet_demo
+        from softdta.lab.fleet_lab import FleetLabError
         try:
             return fleet_demo.run(seed=args.seed, as_json=args.json, **({"rate": args.rate} if args.rate else {}))
-        except fleet_demo.FleetDemoError as error:
+        except FleetLabError as error:
             raise CliError(str(error)) from None
     from softdta.lab import demo
     from softdta.lab import topology as lab

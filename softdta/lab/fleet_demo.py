@@ -10,49 +10,30 @@ waits until every report sent was taken and every frame executed, then changes t
 translators applied the new epoch. Then the federated router answers every key and list, and the verdict holds
 each answer to the prediction: every Key-Write key reads back its last value (each has a copy on a collector that
 survived), and each Append list reads back its entries in order, partial exactly where the killed collector held
-them, naming their slot.
+them, naming their slot. The fleet is softdta.lab.fleet_lab's; its logs stay in /run/softdta-fleet.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from softdta.collector.xdp_backend import pin_dir_for
-from softdta.core.fleet import APPLIED, MEMBERS, SLOT_MAP, SlotMap, fleet_prefix, moved_fraction
-from softdta.engines.python import engine_stats
-from softdta.errors import SoftdtaError
-from softdta.etcd.client import Etcd, EtcdUnavailable
-from softdta.kernel.bpf import BpfObject, Map, attach_xdp, ensure_bpffs
-from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+from softdta.core.fleet import SlotMap, moved_fraction
+from softdta.kernel.bpf import Map
+from softdta.kernel.netns import in_netns
 from softdta.kernel.tx_ring import RingReporter
-from softdta.lab.etcd_server import EtcdServer
+from softdta.lab.fleet_lab import FleetLab
 from softdta.spec import KeyHash, ResponderCounter
 from softdta.wire import dta
-from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
 from softdta.wire.hashing import key_slot
 
-PREFIX = "sdta-fleet-"
 STATE_DIR = Path("/run/softdta-fleet")
-PIN_ROOT = Path("/sys/fs/bpf/softdta-fleet")
 FLEET = "demo"
-FLEET_ADDRESS = "10.78.9.9"
-ETCD_IP, ETCD_PORT = "10.78.0.250", 2379
-CONTROL_PORT, QUERY_PORT = 40050, 8040
 LEASE_TTL_S = 3  # a killed collector leaves the fleet within this
 REPLICAS = 2  # and Key-Write's two copies go to both
 KEY_WRITE_COPIES = 2
@@ -60,50 +41,10 @@ KEY_WRITE_SLOTS = 65536
 APPEND_LISTS = 64  # 16 per reporter: a list is always sent through one translator
 APPEND_ENTRIES = 4096
 APPEND_BATCH = 4
+REPORTERS = 4
 PHASES = ("3 collectors", "c4 joined", "c2 killed")
-KILLED, JOINED = "c2", "c4"
-WAIT_S = 30.0
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    ip: str
-    mac: str
-
-    @property
-    def netns(self) -> str:
-        return PREFIX + self.name
-
-
-COLLECTORS = [Node(f"c{n}", f"10.78.1.{n}", f"02:5d:7b:00:01:{n:02x}") for n in range(1, 5)]
-TRANSLATORS = [Node(f"t{n}", f"10.78.0.{n}", f"02:5d:7b:00:00:{n:02x}") for n in range(1, 3)]
-REPORTERS = [Node(f"r{n}", f"10.78.2.{n}", f"02:5d:7b:00:02:{n:02x}") for n in range(1, 5)]
-ETCD = Node("e", ETCD_IP, "02:5d:7b:00:00:fa")
-
-
-class FleetDemoError(SoftdtaError, RuntimeError):
-    """The fleet demo could not run; the message names the step and where its log is."""
-
-
-def translator_of(reporter: int) -> Node:
-    """Reporters r1 and r2 send through t1, r3 and r4 through t2."""
-    return TRANSLATORS[reporter // 2]
-
-
-def collector_config(node: Node, token: str) -> str:
-    return f"""[collector]
-name = "{node.name}"
-ip = "{node.ip}"
-backend = "xdp"
-mac = "{node.mac}"
-interface = "{node.name}-0"
-data_dir = "{STATE_DIR / node.name / "regions"}"
-token = "{token}"
-control_port = {CONTROL_PORT}
-query_port = {QUERY_PORT}
-
+KILLED, JOINED = 2, 4  # collectors c2 and c4
+STRUCTURES = f"""
 [[structures]]
 primitive = "key-write"
 slots = {KEY_WRITE_SLOTS}
@@ -117,13 +58,12 @@ batch = {APPEND_BATCH}
 """
 
 
-def translator_settings(node: Node) -> str:
-    return f"""[translator]
-mac = "{node.mac}"
-ip = "{node.ip}"
-profile = "dta-v1"
-ack_request_interval = 8
-"""
+def demo_lab(token: str) -> FleetLab:
+    """Four collectors (named c1..c4), two translators with copies across collectors, four reporters."""
+    return FleetLab(STATE_DIR, collectors=4, translators=2, reporters=REPORTERS, across=True, fleet=FLEET,
+                    token=token, prefix="sdta-fleet-", network=78, names="", structures=STRUCTURES,
+                    translator_settings='profile = "dta-v1"\nack_request_interval = 8\n',
+                    translator_args=("--flush-idle-ms", "1"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -156,10 +96,10 @@ def build_workload(keys_per_phase: int, entries_per_list: int, seed: int) -> Wor
             if len(slots) == KEY_WRITE_COPIES and not slots & taken:
                 taken.update(slots)
                 return key
-    owned: list[list[bytes]] = [[] for _ in REPORTERS]
+    owned: list[list[bytes]] = [[] for _ in range(REPORTERS)]
     for phase in range(len(PHASES)):
         reports: list[list[dta.Report]] = []
-        for index, _ in enumerate(REPORTERS):
+        for index in range(REPORTERS):
             batch: list[tuple[dta.Report, int | None]] = []  # with the list id of an Append report
             rewrites = rng.sample(owned[index], min(len(owned[index]), keys_per_phase // 4))
             fresh = [new_key() for _ in range(keys_per_phase - len(rewrites))]
@@ -169,7 +109,7 @@ def build_workload(keys_per_phase: int, entries_per_list: int, seed: int) -> Wor
                 load.last_value[key] = value
                 load.key_writes += 1
             owned[index] += fresh
-            lists = range(index * APPEND_LISTS // len(REPORTERS), (index + 1) * APPEND_LISTS // len(REPORTERS))
+            lists = range(index * APPEND_LISTS // REPORTERS, (index + 1) * APPEND_LISTS // REPORTERS)
             for round_ in range(entries_per_list):
                 for list_id in lists:
                     value = phase << 28 | index << 24 | list_id << 16 | round_ + 1  # never 0: an empty entry
@@ -184,152 +124,6 @@ def build_workload(keys_per_phase: int, entries_per_list: int, seed: int) -> Wor
 
 
 # --------------------------------------------------------------------------------------------------
-# the fleet's processes
-
-
-def _softdta(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "softdta.cli", *argv]
-
-
-class Fleet:
-    """The namespaces, etcd, the controller, the collectors and the translators; `close` removes all of it."""
-
-    def __init__(self, token: str):
-        self.token = token
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.etcd_server: EtcdServer | None = None
-        self.etcd = Etcd(f"http://{ETCD_IP}:{ETCD_PORT}", timeout=2.0)
-
-    @property
-    def etcd_url(self) -> str:
-        return f"http://{ETCD_IP}:{ETCD_PORT}"
-
-    def build(self) -> None:
-        switch = Namespace.create(PREFIX + "sw")
-        switch.run("ip", "link", "add", "br0", "type", "bridge")
-        switch.run("ip", "link", "set", "br0", "up")
-        with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
-            for node in [ETCD, *COLLECTORS, *TRANSLATORS, *REPORTERS]:
-                namespace = Namespace.create(node.netns)
-                port = f"sw-{node.name}"
-                veth_pair(namespace, f"{node.name}-0", switch, port, mac_a=node.mac)
-                address(namespace, f"{node.name}-0", f"{node.ip}/16")
-                switch.run("ip", "link", "set", port, "master", "br0")
-                with in_netns(switch.name):  # XDP_TX'd frames enter a veth only if its peer runs XDP
-                    attach_xdp(socket.if_nametoindex(port), passer.programs["softdta_pass"].fd)
-
-    def start_etcd(self) -> None:
-        self.etcd_server = EtcdServer(STATE_DIR / "etcd", host=ETCD_IP, client_port=ETCD_PORT,
-                                      peer_port=ETCD_PORT + 1, netns=ETCD.netns).start()
-
-    def _spawn(self, name: str, argv: list[str], netns: str | None = None) -> subprocess.Popen[bytes]:
-        log = (STATE_DIR / f"{name}.log").open("ab")
-        command = (["ip", "netns", "exec", netns] if netns else []) + argv
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-        log.close()
-        self.processes[name] = process
-        return process
-
-    def start_controller(self) -> None:
-        self._spawn("controller", _softdta("fleet", "controller", "--etcd", self.etcd_url, "--fleet", FLEET,
-                                           "--replicas", str(REPLICAS)), ETCD.netns)
-
-    def start_collector(self, node: Node) -> None:
-        config = STATE_DIR / node.name / "collector.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(collector_config(node, self.token))
-        self._spawn(node.name, _softdta("collector", "up", "--config", str(config), "--netns", node.netns,
-                                        "--query-host", node.ip, "--etcd", self.etcd_url, "--fleet", FLEET,
-                                        "--lease-ttl", str(LEASE_TTL_S)))
-
-    def start_translator(self, node: Node) -> None:
-        settings = STATE_DIR / node.name / "translator.toml"
-        settings.parent.mkdir(parents=True, exist_ok=True)
-        settings.write_text(translator_settings(node))
-        self._spawn(node.name, _softdta(
-            "translator", "up", "--tables", str(settings), "-i", f"{node.name}-0", "--netns", node.netns,
-            "--pin", str(PIN_ROOT / node.name), "--flush-idle-ms", "1", "--token", self.token, "--engine", "xdp",
-            "--etcd", self.etcd_url, "--fleet", FLEET, "--fleet-address", FLEET_ADDRESS, "--across",
-            "--name", node.name))
-
-    def kill(self, name: str) -> None:
-        process = self.processes[name]
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-    def check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if name != KILLED and process.poll() is not None:
-                raise FleetDemoError(f"{name} exited with status {process.returncode}; see "
-                                     f"{STATE_DIR / (name + '.log')}")
-
-    def close(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                    process.wait(timeout=15)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    os.killpg(process.pid, signal.SIGKILL)
-        if self.etcd_server is not None:
-            self.etcd_server.kill()
-
-    # ----------------------------------------------------------------------------------------------
-    # what etcd says
-
-    def read(self, key: str) -> bytes | None:
-        with in_netns(ETCD.netns):
-            kv = self.etcd.get(fleet_prefix(FLEET) + key)
-        return kv.value if kv else None
-
-    def slot_map(self) -> SlotMap | None:
-        value = self.read(SLOT_MAP)
-        return SlotMap.from_json(value) if value else None
-
-    def applied(self) -> dict[str, int]:
-        with in_netns(ETCD.netns):
-            kvs, _ = self.etcd.get_prefix(fleet_prefix(FLEET) + APPLIED)
-        return {kv.key.rsplit("/", 1)[1]: int(json.loads(kv.value)["epoch"]) for kv in kvs}
-
-    def members(self) -> set[str]:
-        with in_netns(ETCD.netns):
-            kvs, _ = self.etcd.get_prefix(fleet_prefix(FLEET) + MEMBERS)
-        return {kv.key.rsplit("/", 1)[1] for kv in kvs}
-
-    def wait_for_map(self, members: set[str], after_epoch: int = 0) -> tuple[SlotMap, float]:
-        """The first slot map past `after_epoch` over exactly `members`, and when the demo saw it."""
-        def ready() -> tuple[SlotMap, float] | None:
-            current = self.slot_map()
-            if current and current.epoch > after_epoch and current.assigned() == members:
-                return current, time.monotonic()
-            return None
-        return wait_until(ready, f"a slot map over {sorted(members)}", self.check_alive)
-
-    def wait_applied(self, epoch: int) -> float:
-        """When both translators applied `epoch`."""
-        def ready() -> float | None:
-            applied = self.applied()
-            return time.monotonic() if all(applied.get(t.name, 0) >= epoch for t in TRANSLATORS) else None
-        return wait_until(ready, f"both translators on epoch {epoch}", self.check_alive)
-
-
-def wait_until(condition: Callable[[], T | None], what: str, check: Callable[[], None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = condition()
-        except EtcdUnavailable:
-            result = None
-        if result:
-            return result
-        check()
-        if time.monotonic() > deadline:
-            raise FleetDemoError(f"waited {timeout:.0f} s for {what}; see the logs in {STATE_DIR}")
-        time.sleep(0.01)
-
-
-# --------------------------------------------------------------------------------------------------
 # traffic and counters
 
 
@@ -339,47 +133,37 @@ def counter_total(pin: Path, name: str, counter: int) -> int:
                    for value in counters.lookup_percpu(counter.to_bytes(4, "little")) or [])
 
 
-def collector_pins(node: Node) -> Path:
-    return pin_dir_for(node.name, ip_bytes(node.ip))
+def executed_by(lab: FleetLab, collectors: list[int]) -> dict[str, int]:
+    """Requests each collector's responder executed (a killed collector's pinned counters stay readable)."""
+    return {lab.collector(index).name: counter_total(lab.collector_pins(index), "responder_counters",
+                                                     int(ResponderCounter.EXECUTED)) for index in collectors}
 
 
-def executed(nodes: list[Node]) -> int:
-    """Requests the collectors' responders executed (a killed collector's pinned counters stay readable)."""
-    return sum(counter_total(collector_pins(node), "responder_counters", int(ResponderCounter.EXECUTED))
-               for node in nodes)
-
-
-def frames_to(nodes: list[Node]) -> dict[str, int]:
-    """The frames both translators sent to each of `nodes`, from their queue pairs' counts."""
-    by_ip = {node.ip: node.name for node in nodes}
+def frames_to(lab: FleetLab, collectors: list[int]) -> dict[str, int]:
+    """The frames both translators sent to each of `collectors`, from their queue pairs' counts."""
+    by_ip = {lab.collector(index).ip: lab.collector(index).name for index in collectors}
     sent = dict.fromkeys(by_ip.values(), 0)
-    for translator in TRANSLATORS:
-        for qp in engine_stats(PIN_ROOT / translator.name)["qps"]:
+    for translator in range(1, lab.translators + 1):
+        for qp in lab.translator_stats(translator)["qps"]:
             if qp["collector"] in by_ip:
                 sent[by_ip[qp["collector"]]] += qp["frames_sent"]
     return sent
 
 
-def executed_by(nodes: list[Node]) -> dict[str, int]:
-    return {node.name: executed([node]) for node in nodes}
-
-
-def translator_counters() -> dict[str, int]:
+def translator_counters(lab: FleetLab) -> dict[str, int]:
     totals: dict[str, int] = {}
-    for node in TRANSLATORS:
-        for name, value in engine_stats(PIN_ROOT / node.name)["counters"].items():
+    for translator in range(1, lab.translators + 1):
+        for name, value in lab.translator_stats(translator)["counters"].items():
             totals[name] = totals.get(name, 0) + value
     return totals
 
 
-def send_phase(load: Workload, phase: int, rate: float) -> int:
+def send_phase(lab: FleetLab, load: Workload, phase: int, rate: float) -> int:
     """Every reporter's reports of `phase`, paced at `rate` reports/s over all reporters; the reports sent."""
-    frames = []
-    for index, node in enumerate(REPORTERS):
-        ends = UdpEndpoints(src_mac=mac_bytes(node.mac), dst_mac=mac_bytes(translator_of(index).mac),
-                            src_ip=ip_bytes(node.ip), dst_ip=ip_bytes(FLEET_ADDRESS), sport=40041, dport=40040)
-        frames.append([build_udp_frame(ends, dta.encode(report)) for report in load.per_phase[phase][index]])
-    senders = [RingReporter(f"{node.name}-0", node.netns, 256) for node in REPORTERS]
+    frames = [[lab.reporter_address(index + 1).frame(report) for report in load.per_phase[phase][index]]
+              for index in range(REPORTERS)]
+    nodes = [lab.reporter(index + 1) for index in range(REPORTERS)]
+    senders = [RingReporter(node.interface, node.netns, 256) for node in nodes]
     chunk, sent, started = 32, 0, time.perf_counter()
     try:
         for start in range(0, max(map(len, frames)), chunk):
@@ -397,50 +181,22 @@ def send_phase(load: Workload, phase: int, rate: float) -> int:
     return sent
 
 
-def wait_quiet(fleet: Fleet, sent_total: int, alive: list[Node]) -> dict[str, dict[str, int]]:
+def wait_quiet(lab: FleetLab, sent_total: int, alive: list[int]) -> dict[str, dict[str, int]]:
     """Until the translators took every report sent and each live collector executed every frame they sent it;
     then what each was sent and executed."""
     def quiet() -> dict[str, dict[str, int]] | None:
-        if translator_counters().get("rx_reports", 0) < sent_total:
+        if translator_counters(lab).get("rx_reports", 0) < sent_total:
             return None
-        sent, done = frames_to(alive), executed_by(alive)
+        sent, done = frames_to(lab, alive), executed_by(lab, alive)
         return {"sent": sent, "executed": done} if all(done[name] >= sent[name] for name in sent) else None
-    return wait_until(quiet, "every report taken and every frame executed", fleet.check_alive)
+    return lab.wait_until(quiet, "every report taken and every frame executed")
 
 
 # --------------------------------------------------------------------------------------------------
 # the run
 
 
-@contextmanager
-def fleet_up(token: str) -> Iterator[Fleet]:
-    """The fleet, removed afterwards but for its processes' logs in STATE_DIR (the next run removes those)."""
-    cleanup()
-    shutil.rmtree(STATE_DIR, ignore_errors=True)
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    ensure_bpffs()
-    PIN_ROOT.mkdir(parents=True, exist_ok=True)
-    fleet = Fleet(token)
-    try:
-        fleet.build()
-        fleet.start_etcd()
-        fleet.start_controller()
-        yield fleet
-    finally:
-        fleet.close()
-        cleanup()
-
-
-def cleanup() -> list[str]:
-    """Remove every namespace and pin of a fleet demo; safe to run any number of times."""
-    removed = cleanup_prefix(PREFIX)
-    shutil.rmtree(PIN_ROOT, ignore_errors=True)
-    for node in COLLECTORS:
-        shutil.rmtree(collector_pins(node), ignore_errors=True)
-    return removed
-
-
-def query_fleet(load: Workload) -> dict[str, Any]:
+def query_fleet(lab: FleetLab, load: Workload) -> dict[str, Any]:
     """Every key and every list through the federated router, as a user of the fleet asks (from the etcd
     namespace, which reaches etcd and every collector)."""
     import asyncio
@@ -462,15 +218,17 @@ def query_fleet(load: Workload) -> dict[str, Any]:
                          for key, status, row in zip(keys, result.status.tolist(), result.values)},
                 "lists": lists}
 
-    with in_netns(ETCD.netns):
-        watch = FleetWatch(Etcd(f"http://{ETCD_IP}:{ETCD_PORT}"), FLEET).start()
+    assert lab.etcd_server is not None
+    with in_netns(lab.etcd_node.netns):
+        watch = FleetWatch(lab.etcd_server.client(), FLEET).start()
         try:
             return asyncio.run(ask(watch))
         finally:
             watch.close()
 
 
-def predicted_lists(load: Workload, maps: list[SlotMap], known: list[SlotMap]) -> dict[int, dict[str, Any]]:
+def predicted_lists(load: Workload, maps: list[SlotMap], known: list[SlotMap],
+                    killed: str) -> dict[int, dict[str, Any]]:
     """Each list's answer: its holders in the order of the epochs the router knows (`known`, oldest first; a
     controller may have committed epochs before the demo's first, while collectors registered), each ring's entries
     in the order written during the phases (`maps`: the epoch of each phase), and the slot the killed collector
@@ -485,14 +243,14 @@ def predicted_lists(load: Workload, maps: list[SlotMap], known: list[SlotMap]) -
         rings = {holder: [value for phase, value in entries if owners[phase] == holder] for holder in holders}
         assert set(owners) <= set(holders), "the router knows every epoch of the demo's phases"
         predicted[list_id] = {
-            "entries": [value for holder in holders if holder != KILLED for value in rings[holder]],
-            "collectors": holders, "partial": KILLED in holders,
-            "missing_slots": [maps[-1].slot_of(key)] if KILLED in holders else []}
+            "entries": [value for holder in holders if holder != killed for value in rings[holder]],
+            "collectors": holders, "partial": killed in holders,
+            "missing_slots": [maps[-1].slot_of(key)] if killed in holders else []}
     return predicted
 
 
 def verdict(load: Workload, maps: list[SlotMap], answers: dict[str, Any], counters: dict[str, int], sent: int,
-            accounts: list[dict[str, dict[str, int]]]) -> tuple[dict[str, Any], list[str]]:
+            accounts: list[dict[str, dict[str, int]]], killed: str) -> tuple[dict[str, Any], list[str]]:
     """The summary and every problem: reports not taken, frames not executed, drops, keys not read back with
     their last value, lists whose entries differ from the prediction."""
     problems = []
@@ -514,7 +272,7 @@ def verdict(load: Workload, maps: list[SlotMap], answers: dict[str, Any], counte
     if wrong:
         problems.append(f"{len(wrong):,} of {len(load.last_value):,} keys read back wrong or not at all "
                         f"({lost:,} lost), e.g. {dict(list(wrong.items())[:3])}")
-    predicted = predicted_lists(load, maps, answers["epochs"])
+    predicted = predicted_lists(load, maps, answers["epochs"], killed)
     differing = []
     for list_id, expected in predicted.items():
         got = answers["lists"][list_id]
@@ -550,51 +308,58 @@ def run(keys_per_phase: int = 1000, entries_per_list: int = 16, rate: float = 20
     console = Console(stderr=as_json)
     load = build_workload(keys_per_phase, entries_per_list, seed)
     epochs: list[dict[str, Any]] = []
-    with fleet_up(secrets.token_hex(16)) as fleet:
+    with demo_lab(secrets.token_hex(16)) as lab:
+        killed = lab.collector(KILLED).name
         with console.status("etcd, a controller and three collectors in namespaces"):
-            for node in COLLECTORS[:3]:
-                fleet.start_collector(node)
-            first, _ = fleet.wait_for_map({node.name for node in COLLECTORS[:3]})
+            lab.start_etcd()
+            lab.start_controller(REPLICAS)
+            alive = [1, 2, 3]
+            lab.start_collectors(*alive, lease_ttl=LEASE_TTL_S)
+            first = lab.wait_for_map(names(lab, alive))
         with console.status("two translators following the slot map"):
-            for node in TRANSLATORS:
-                fleet.start_translator(node)
-            fleet.wait_applied(first.epoch)
-        maps, alive = [first], list(COLLECTORS[:3])
+            lab.start_translators(1, 2)
+            lab.wait_applied(first.epoch)
+        maps = [first]
         epochs.append({"epoch": first.epoch, "collectors": sorted(first.assigned()),
                        "max_over_mean": round(first.max_over_mean(), 4)})
         sent, accounts = 0, []
         for phase, title in enumerate(PHASES):
             if phase == 1:
-                with console.status(f"{JOINED} joins"):
-                    fleet.start_collector(COLLECTORS[3])
-                    alive.append(COLLECTORS[3])
-                    maps.append(transition(fleet, maps[-1], {node.name for node in alive}, epochs))
+                with console.status(f"{lab.collector(JOINED).name} joins"):
+                    lab.start_collectors(JOINED, lease_ttl=LEASE_TTL_S)
+                    alive.append(JOINED)
+                    maps.append(transition(lab, maps[-1], names(lab, alive), epochs))
             if phase == 2:
-                with console.status(f"kill -9 {KILLED}"):
-                    victim = next(node for node in alive if node.name == KILLED)
-                    fleet.kill(KILLED)
-                    alive.remove(victim)
-                    maps.append(transition(fleet, maps[-1], {node.name for node in alive}, epochs))
+                with console.status(f"kill -9 {killed}"):
+                    lab.kill(killed)
+                    alive.remove(KILLED)
+                    maps.append(transition(lab, maps[-1], names(lab, alive), epochs))
             with console.status(f"phase {phase + 1} ({title}): {sum(map(len, load.per_phase[phase])):,} reports"):
-                sent += send_phase(load, phase, rate)
-                accounts.append(wait_quiet(fleet, sent, alive))
+                sent += send_phase(lab, load, phase, rate)
+                accounts.append(wait_quiet(lab, sent, alive))
         with console.status("querying every key and list through the federated router"):
-            answers = query_fleet(load)
-        counters = translator_counters()
-    summary, problems = verdict(load, maps, answers, counters, sent, accounts)
+            answers = query_fleet(lab, load)
+        counters = translator_counters(lab)
+    summary, problems = verdict(load, maps, answers, counters, sent, accounts, killed)
     summary["epochs"] = epochs
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        show(console, summary)
+        show(console, summary, killed)
     return 1 if problems else 0
 
 
-def transition(fleet: Fleet, before: SlotMap, members: set[str], epochs: list[dict[str, Any]]) -> SlotMap:
+def names(lab: FleetLab, collectors: list[int]) -> set[str]:
+    return {lab.collector(index).name for index in collectors}
+
+
+def transition(lab: FleetLab, before: SlotMap, members: set[str], epochs: list[dict[str, Any]]) -> SlotMap:
     """Wait for the controller's map over `members` and for both translators to apply it; note what moved."""
     started = time.monotonic()
-    after, seen = fleet.wait_for_map(members, before.epoch)
-    applied = fleet.wait_applied(after.epoch)
+    after = lab.wait_for_map(members, before.epoch)
+    seen = time.monotonic()
+    lab.wait_applied(after.epoch)
+    applied = time.monotonic()
     epochs.append({"epoch": after.epoch, "collectors": sorted(after.assigned()),
                    "max_over_mean": round(after.max_over_mean(), 4),
                    "moved": round(moved_fraction(before, after), 4),
@@ -603,7 +368,7 @@ def transition(fleet: Fleet, before: SlotMap, members: set[str], epochs: list[di
     return after
 
 
-def show(console: Any, summary: dict[str, Any]) -> None:
+def show(console: Any, summary: dict[str, Any], killed: str) -> None:
     for epoch in summary["epochs"]:
         moved = (f"; moved {epoch['moved']:.2%} of the slot assignments (ideal {epoch['ideal_moved']:.2%}); in etcd "
                  f"{epoch['map_after_s']} s after the change, applied by both translators "
@@ -620,7 +385,7 @@ def show(console: Any, summary: dict[str, Any]) -> None:
                   f"{keys['keys']:,} keys read back with their last value; lost to the killed collector: "
                   f"{keys['lost_to_the_killed_collector']}")
     console.print(f"Append: {lists['as_predicted']} of {lists['lists']} lists as predicted; {lists['entries_read']:,}"
-                  f" of {lists['entries']:,} entries read, partial where {KILLED} held them "
+                  f" of {lists['entries']:,} entries read, partial where {killed} held them "
                   f"({len(lists['partial_lists'])} lists, their slots named)")
     if summary["problems"]:
         console.print("[bold red]problems:[/] " + "; ".join(summary["problems"]))

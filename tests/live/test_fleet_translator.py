@@ -1,5 +1,5 @@
 """Translators that follow a fleet in etcd (`softdta translator up --etcd`): a real etcd, collectors and a translator
-as processes in namespaces (softdta.lab.benchmarks.fleet_propagation.FleetLab); reports sent to the fleet address
+as processes in namespaces (softdta.lab.fleet_lab.FleetLab); reports sent to the fleet address
 land at the owners of their slot under the running epoch."""
 
 import json
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from softdta.core.fleet import SlotMap
-from softdta.lab.benchmarks.fleet_propagation import FleetLab, wait_until
+from softdta.lab.fleet_lab import FleetLab, wait_until
 from softdta.wire import dta
 
 pytestmark = pytest.mark.privileged
@@ -30,16 +30,16 @@ def lab(tmp_path, request):
 def owner_of(lab: FleetLab, slot_map: SlotMap, key: int) -> int:
     """The collector (index) owning a Key-Write key's slot."""
     owner = slot_map.owners(dta.key_write(key, 0).key)[0]
-    return next(index for index in range(1, lab.collectors + 1) if lab.collector_name(index) == owner)
+    return next(index for index in range(1, lab.collectors + 1) if lab.collector(index).name == owner)
 
 
 def write(lab: FleetLab, values: dict[int, int]) -> None:
-    lab.send(lab.reporter().frame(dta.key_write(key, value, 1)) for key, value in values.items())
+    lab.send(lab.reporter_address().frame(dta.key_write(key, value, 1)) for key, value in values.items())
 
 
 def stored(lab: FleetLab, collector: int, keys: list[int]) -> dict[int, int | None]:
     """What the collector's Key-Write structure holds for `keys`."""
-    rows = lab.http(collector, f"/key-write/key-write@{lab.collector_ip(collector)}",
+    rows = lab.http(collector, f"/key-write/key-write@{lab.collector(collector).ip}",
                     {"keys": keys, "redundancy": 1})["results"]
     return {key: int(row["value"], 16) if row["value"] is not None else None for key, row in zip(keys, rows)}
 
@@ -61,7 +61,7 @@ def swapped(slot_map: SlotMap, epoch: int) -> SlotMap:
 def connected_everywhere(lab: FleetLab, collectors: set[int]) -> bool:
     status = lab.fleet_status(1)
     states = {name for name, state in status["collectors"].items() if state == "connected"}
-    return states == {lab.collector_name(index) for index in collectors} and status["replicas_unconnected"] == 0
+    return states == {lab.collector(index).name for index in collectors} and status["replicas_unconnected"] == 0
 
 
 def counters(lab: FleetLab) -> dict[str, int]:
@@ -70,12 +70,11 @@ def counters(lab: FleetLab) -> dict[str, int]:
 
 def up(lab: FleetLab, slot_map: SlotMap, started: tuple[int, ...] = (1, 2)) -> None:
     lab.start_etcd()
-    for index in started:
-        lab.start_collector(index)
+    lab.start_collectors(*started)
     for index in range(1, lab.collectors + 1):
         lab.register(index)
     lab.commit(slot_map.to_json())
-    lab.start_translator(1)
+    lab.start_translators(1)
     lab.wait_applied(slot_map.epoch)
 
 
@@ -106,7 +105,7 @@ def test_a_new_epoch_moves_the_remapped_keys_reports_to_their_new_owner(lab):
         kept = {key: value for key, value in before.items() if owner_of(lab, first, key) == index}
         assert stored(lab, index, sorted(kept)) == kept
     wait_until(lambda: counters(lab).get("fleet_resolved", 0) == 2 * len(KEYS), "every report resolved", 5)
-    assert lab.applied(1)["epoch"] == 2 and lab.fleet_status(1)["epoch"] == 2
+    assert lab.applied()["t1"]["epoch"] == 2 and lab.fleet_status(1)["epoch"] == 2
 
 
 @pytest.mark.parametrize("lab", ["python"], indirect=True)
@@ -118,15 +117,15 @@ def test_a_collector_added_to_the_map_is_connected_and_its_slots_wait_for_it(lab
     lab.commit(second.to_json())
     lab.wait_applied(2)
     status = lab.fleet_status(1)
-    assert status["collectors"][lab.collector_name(2)] in ("connecting", "unreachable")
+    assert status["collectors"][lab.collector(2).name] in ("connecting", "unreachable")
     moved = [key for key in KEYS if owner_of(lab, second, key) == 2]
-    assert moved and status["slots_unmapped"] == sum(1 for owners in second.slots if owners[0] == lab.collector_name(2))
+    assert moved and status["slots_unmapped"] == sum(1 for owners in second.slots if owners[0] == lab.collector(2).name)
     dropped = counters(lab).get("drop_fleet_unmapped", 0)
     write(lab, {key: 3 << 24 | key for key in moved})  # their collector is not up: dropped, and counted
     wait_until(lambda: counters(lab).get("drop_fleet_unmapped", 0) - dropped == len(moved), "unmapped drops", 10)
-    assert "not connected and left out" in lab.output("translator1")
+    assert "not connected and left out" in lab.log("t1")
 
-    lab.start_collector(2)
+    lab.start_collectors(2)
     wait_until(lambda: connected_everywhere(lab, {1, 2}), "collector 2 connected", 15)
     values = {key: 4 << 24 | key for key in KEYS}
     write(lab, values)
@@ -174,8 +173,8 @@ def test_a_bad_slot_map_is_refused_and_the_running_one_stays(lab):
         wait_until(lambda: lab.fleet_status(1)["slot_maps_refused"] == refused, f"refusal {refused}", 10)
         assert any(reason in lab.fleet_status(1)["last_refusal"] for reason in reasons)
         assert any("slot map refused, epoch 2 stays" in line and any(reason in line for reason in reasons)
-                   for line in lab.output("translator1").splitlines())
-    assert lab.fleet_status(1)["epoch"] == 2 and lab.applied(1)["epoch"] == 2
+                   for line in lab.log("t1").splitlines())
+    assert lab.fleet_status(1)["epoch"] == 2 and lab.applied()["t1"]["epoch"] == 2
     values = {key: 7 << 24 | key for key in KEYS}
     write(lab, values)
     check_owners(lab, second, values, "after the refusals, epoch 2")
