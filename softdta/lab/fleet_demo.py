@@ -32,6 +32,7 @@ from softdta.spec import KeyHash, ResponderCounter
 from softdta.wire import dta
 from softdta.wire.hashing import key_slot
 
+PREFIX = "sdta-fleet-"  # of the namespaces
 STATE_DIR = Path("/run/softdta-fleet")
 FLEET = "demo"
 LEASE_TTL_S = 3  # a killed collector leaves the fleet within this
@@ -61,7 +62,7 @@ batch = {APPEND_BATCH}
 def demo_lab(token: str) -> FleetLab:
     """Four collectors (named c1..c4), two translators with copies across collectors, four reporters."""
     return FleetLab(STATE_DIR, collectors=4, translators=2, reporters=REPORTERS, across=True, fleet=FLEET,
-                    token=token, prefix="sdta-fleet-", network=78, names="", structures=STRUCTURES,
+                    token=token, prefix=PREFIX, network=78, names="", structures=STRUCTURES,
                     translator_settings='profile = "dta-v1"\nack_request_interval = 8\n',
                     translator_args=("--flush-idle-ms", "1"))
 

@@ -31,4 +31,4 @@ def test_the_fleet_demo_survives_a_join_and_a_kill_with_every_answer_predicted()
     for phase in summary["frames_by_phase"]:
         assert phase["sent"] == phase["executed"]
     assert not [name for name in os.listdir("/run/netns") if name.startswith(fleet_demo.PREFIX)]
-    assert not fleet_demo.PIN_ROOT.exists()
+    assert not fleet_demo.demo_lab("").pin_root.exists()
