@@ -12,6 +12,8 @@ data plane reads it (a __u32 in memory order for BPF, a big-endian bitstring for
 from __future__ import annotations
 
 import hashlib
+import io
+import pickle
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
@@ -318,8 +320,13 @@ def fleet_entries(tables: Tables) -> list[Entry]:
 
 
 def generation_of(entries: list[Entry]) -> Entry:
-    """A 64-bit digest of the entries, never 0 (a data plane's "no generation yet")."""
-    digest = hashlib.blake2b(repr(entries).encode(), digest_size=8).digest()
+    """A 64-bit digest of the entries, never 0 (a data plane's "no generation yet"). It hashes their pickle
+    without the memo, which spells out every value in full, so equal entries give equal digests."""
+    serialized = io.BytesIO()
+    pickler = pickle.Pickler(serialized, protocol=5)
+    pickler.fast = True
+    pickler.dump([(entry.table, entry.key, entry.value) for entry in entries])
+    digest = hashlib.blake2b(serialized.getbuffer(), digest_size=8).digest()
     return Entry("tables_generation", {"index": 0}, {"generation": int.from_bytes(digest, "little") or 1})
 
 

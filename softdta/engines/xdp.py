@@ -11,11 +11,13 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any, TypedDict
 
 from softdta.core import registry
 from softdta.core.control_plane import (
+    CONFIG_TABLES,
     DEFAULT_FLUSH_IDLE_NS,
     Entry,
     LiveQp,
@@ -42,7 +44,7 @@ from softdta.kernel.bpf import (
     program_run_stats,
     xdp_md,
 )
-from softdta.kernel.maps import map_layout, record
+from softdta.kernel.maps import MapLayout, map_layout, record
 from softdta.kernel.programs import (
     TRANSLATOR_SOURCE,
     XDP_ABORTED,
@@ -73,27 +75,55 @@ def _capacity(name: str) -> int:
     return next(t.max_entries for t in TRANSLATOR_MAPS if t.name == name)
 
 
-class MapTarget:
-    """The XDP maps as a control-plane target: entries packed as the BPF structs in bpf/include/softdta_spec.h."""
+# An entry of a config table as the target remembers it: (table, key fields in the spec's order), value items
+HeldKey = tuple[str, tuple[int | bytes, ...]]
+HeldValue = tuple[tuple[str, int | bytes], ...]
 
-    def __init__(self, maps: dict[str, Map]):
+
+class MapTarget:
+    """The XDP maps as a control-plane target: entries packed as the BPF structs in bpf/include/softdta_spec.h.
+
+    An entry of a config table (`CONFIG_TABLES`, which the data path only reads) is written only when its value
+    differs from the one `written` says the map holds: a new slot-map epoch rewrites the slots that moved, not all
+    of them. `written` outlives the target (the translator keeps it from plan to plan) and starts empty, so a map
+    the translator did not write itself (a pinned one) is written in full once."""
+
+    def __init__(self, maps: dict[str, Map], written: dict[HeldKey, HeldValue] | None = None):
         self.maps = maps
         self.tables = frozenset(maps)
+        self.written: dict[HeldKey, HeldValue] = {} if written is None else written
 
     def write(self, entry: Entry) -> None:
-        key, value = map_entry(entry)
-        self.maps[entry.table].update(key, value)
+        held = _held_key(entry) if entry.table in CONFIG_TABLES else None
+        value = tuple(entry.value.items())
+        if held is not None and self.written.get(held) == value:
+            return
+        self.maps[entry.table].update(*map_entry(entry))
+        if held is not None:
+            self.written[held] = value
 
     def delete(self, entry: Entry) -> None:
+        self.written.pop(_held_key(entry), None)
         self.maps[entry.table].delete(map_entry(entry)[0])
 
     def installed(self, name: str) -> list[Entry]:
         return [Entry(name, map_logical(name, map_layout(name).key.unpack(raw))) for raw in self.maps[name].keys()]
 
 
+def _held_key(entry: Entry) -> HeldKey:
+    return entry.table, tuple(entry.key[name] for name in _packing(entry.table)[2])
+
+
+@cache
+def _packing(name: str) -> tuple[MapLayout, frozenset[str], tuple[str, ...]]:
+    """A map's layout, its address fields and its key's field names."""
+    layout = map_layout(name)
+    return layout, address_fields(name), tuple(layout.key.names)
+
+
 def map_entry(entry: Entry) -> tuple[bytes, bytes]:
     """A control-plane entry as the (key, value) bytes of its BPF map."""
-    layout, addresses = map_layout(entry.table), address_fields(entry.table)
+    layout, addresses, _ = _packing(entry.table)
     return (layout.key.pack(**_in_memory(entry.key, addresses)),
             layout.value.pack(**_in_memory(entry.value, addresses)))
 
@@ -141,6 +171,7 @@ class XdpTranslator:
         self.reinjected = 0
         self._backlog: dict[int, list[tuple[int, int, bytes]]] = {}  # qp index -> (ifindex, RX queue, frame)
         self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
+        self._written: dict[HeldKey, HeldValue] = {}  # what the config maps hold, as this translator wrote it
         self.apply(tables)
 
     def close(self) -> None:
@@ -162,17 +193,18 @@ class XdpTranslator:
         stay keep their state (PSNs, heads, caches); new QPs, and failed ones (their collector re-created its
         end), start at their start_psn; removed entries are deleted last, so traffic for the rest never sees a
         gap. Tables that give some structure fewer QPs than the attached interfaces have RX queues are refused."""
+        egress = routes_once()
         check_queues(tables, self.interfaces)
-        check_across(tables, route_egress)
+        check_across(tables, egress)
         installed = {}
         for local_qpn, index in self.slots.qp.items():
             current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
             if current is not None and state is not None and state["state"] != QpState.FAILED:
                 installed[index] = LiveQp(current["remote_qpn"], current["start_psn"], state["next_psn"],
                                           state["unacked_psn"])
-        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=route_egress,
+        planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=egress,
                        installed_qps=installed)
-        apply_plan(MapTarget(self.maps), planned)
+        apply_plan(MapTarget(self.maps, self._written), planned)
         self.slots = planned.slots
         self.tables = tables
         self._add(TranslatorCounter.PSN_ADOPTED, report_adoptions(planned.restarts))
@@ -459,6 +491,19 @@ def route_egress(qp: QueuePair) -> int:
             return ipr.route("get", dst=socket.inet_ntoa(qp.collector_ip))[0].get_attr("RTA_OIF") or 0
     except NetlinkError:
         return 0
+
+
+def routes_once() -> Callable[[QueuePair], int]:
+    """`route_egress`, asking the kernel once per interface and collector: one apply routes many QPs to each."""
+    found: dict[tuple[str, bytes], int] = {}
+
+    def egress(qp: QueuePair) -> int:
+        towards = (qp.interface, qp.collector_ip)
+        if towards not in found:
+            found[towards] = route_egress(qp)
+        return found[towards]
+
+    return egress
 
 
 def check_queues(tables: Tables, interfaces: list[str]) -> None:
