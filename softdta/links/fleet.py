@@ -285,7 +285,7 @@ class FleetLinks:
         for name in [name for name, (member, _) in self._links.items()
                      if name not in wanted or self._moved(name, member)]:
             _, link = self._links.pop(name)
-            self.log(f"collector {name} left the slot map or moved; its link is closed")
+            self.log(f"collector {name} left the slot map, moved or came back with other regions; its link is closed")
             self._spawn(link.close, f"softdta-fleet-close {name}", joined=False)  # its thread may wait for our lock
             self.status["collectors"].pop(name, None)
         threads = []
@@ -308,8 +308,10 @@ class FleetLinks:
         return threads
 
     def _moved(self, name: str, connected: Member) -> bool:
+        """Whether the collector registered again at another control address or with other regions: the link's
+        queue pairs and advertisements describe what is no longer there."""
         member = self._members.get(name)
-        return member is not None and member.control != connected.control
+        return member is not None and (member.control, member.layout) != (connected.control, connected.layout)
 
     def _connect_missing(self) -> None:
         with self._lock:

@@ -2,12 +2,13 @@
 as processes in namespaces (softdta.lab.fleet_lab.FleetLab); reports sent to the fleet address
 land at the owners of their slot under the running epoch."""
 
+import dataclasses
 import json
 import os
 
 import pytest
 
-from softdta.core.fleet import SlotMap
+from softdta.core.fleet import MEMBERS, SlotMap, fleet_prefix
 from softdta.lab.fleet_lab import FleetLab, wait_until
 from softdta.wire import dta
 
@@ -178,3 +179,19 @@ def test_a_bad_slot_map_is_refused_and_the_running_one_stays(lab):
     values = {key: 7 << 24 | key for key in KEYS}
     write(lab, values)
     check_owners(lab, second, values, "after the refusals, epoch 2")
+
+
+@pytest.mark.parametrize("lab", ["python"], indirect=True)
+def test_a_collector_back_with_other_regions_is_connected_again(lab):
+    first = lab.slot_map((1, 2), slot_bits=SLOT_BITS)
+    up(lab, first)
+    wait_until(lambda: connected_everywhere(lab, {1, 2}), "both collectors connected", 10)
+    member = lab.member(1)
+    other = dataclasses.replace(member, layout="another")  # what a collector restarted with other regions writes
+    lab.etcd(lambda etcd: etcd.put(fleet_prefix(lab.fleet) + MEMBERS + member.name, other.to_json()))
+    lab.wait_for_line(lab.translator(1).name, f"collector {member.name} left the slot map, moved or came back with "
+                      "other regions")
+    wait_until(lambda: connected_everywhere(lab, {1, 2}), "collector 1 connected again", 10)
+    values = {key: 3 << 24 | key for key in KEYS}
+    write(lab, values)
+    check_owners(lab, first, values, "after the reconnect")
