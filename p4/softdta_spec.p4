@@ -611,6 +611,7 @@ struct fleet_slot_key_t {
 struct fleet_slot_value_t {
     bit<32> replicas; // collectors in the replica set, 0 = none
     bit<128> collector_ip; // the replica set's collector IPs in order, network order
+    bit<32> has_structure; // bit 4 x opcode + n: replica n holds a structure of that primitive
 }
 
 // fleet_config key: the fleet: where reports addressed to the fleet address go (docs/fleet.md)

@@ -139,9 +139,10 @@ table append_list {
 
 // the slot map: each slot's ordered replica set of collectors
 @id(0x01000007) @name(".set_fleet_slot")
-action set_fleet_slot(bit<32> replicas, bit<128> collector_ip) {
+action set_fleet_slot(bit<32> replicas, bit<128> collector_ip, bit<32> has_structure) {
     meta.tables.fleet_slot.replicas = replicas;
     meta.tables.fleet_slot.collector_ip = collector_ip;
+    meta.tables.fleet_slot.has_structure = has_structure;
 }
 @id(0x02000007) @name(".fleet_slot")
 table fleet_slot {

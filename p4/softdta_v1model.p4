@@ -326,9 +326,38 @@ control SoftdtaIngress(inout headers_t hdr, inout metadata_t meta, inout standar
                 }
                 meta.tables.qp_key.qp_index = meta.tables.append_list.qp_index;
             } else {
+                bit<8> kind = hdr.flush.isValid() ? DTA_OP_POSTCARDING
+                    : (hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode);
                 meta.tables.structure_key.collector_ip = hdr.ipv4.dst;
-                meta.tables.structure_key.primitive = hdr.flush.isValid() ? (bit<32>)DTA_OP_POSTCARDING
-                    : (bit<32>)(hdr.base_v1.isValid() ? hdr.base_v1.opcode : hdr.base_ext.opcode);
+                meta.tables.structure_key.primitive = (bit<32>)kind;
+                // At the fleet address: the first replica of the partition key's slot that holds a structure of
+                // this primitive. A flush request names an entry of the structure at its own destination.
+                meta.tables.fleet_config_key.index = 0;
+                if (fleet_config.apply().hit && meta.tables.fleet_config.address == hdr.ipv4.dst
+                    && !hdr.flush.isValid()) {
+                    bit<32> partition_key = hdr.key_write.isValid() ? hdr.key_write.key
+                        : (hdr.key_increment.isValid() ? hdr.key_increment.key : hdr.postcard.key);
+                    bit<32> partition_hash = 0; // Sketch-Merge's key is empty: its CRC is 0 (init and xorout cancel)
+                    if (!hdr.sketch.isValid()) {
+                        // PARTITION_POLYNOMIAL (bmv2: crc32_custom parameters, docs/p4.md)
+                        hash(partition_hash, HashAlgorithm.crc32_custom, 32w0, { partition_key }, 64w0x100000000);
+                    }
+                    meta.tables.fleet_slot_key.slot =
+                        partition_hash & ((32w1 << meta.tables.fleet_config.slot_bits) - 1);
+                    bit<4> holders = 0;
+                    if (fleet_slot.apply().hit) {
+                        holders = (bit<4>)(meta.tables.fleet_slot.has_structure >> (kind << 2));
+                    }
+                    if (holders == 0) {
+                        consume(CNT_DROP_FLEET_UNMAPPED);
+                        return;
+                    }
+                    count(CNT_FLEET_RESOLVED);
+                    bit<128> replicas = meta.tables.fleet_slot.collector_ip;
+                    meta.tables.structure_key.collector_ip = holders[0:0] == 1 ? replicas[127:96]
+                        : (holders[1:1] == 1 ? replicas[95:64]
+                        : (holders[2:2] == 1 ? replicas[63:32] : replicas[31:0]));
+                }
                 if (!structure.apply().hit) {
                     consume(CNT_DROP_UNKNOWN_COLLECTOR);
                     return;

@@ -25,6 +25,9 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
     CRCPolynomial<bit<32>>(POSTCARD_HOP_POLYNOMIALS_##i, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) hop_poly_##i; \
     Hash<bit<32>>(HashAlgorithm_t.CUSTOM, hop_poly_##i) hop_hash_##i;
     SOFTDTA_EACH_POSTCARD_WORD(HOP_HASH_UNIT)
+    // The fleet's partition hash: the slot of a report to the fleet address.
+    CRCPolynomial<bit<32>>(PARTITION_POLYNOMIAL, true, false, false, 32w0xFFFFFFFF, 32w0xFFFFFFFF) partition_poly;
+    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, partition_poly) partition_hash_unit;
 
     // Values the register actions read: set before the stage that executes them.
     bit<32> batch;
@@ -299,6 +302,19 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
         size = 32;
     }
 
+    // The slot mask of the fleet's slot map, 2^slot_bits - 1.
+    bit<32> fleet_slot_mask;
+    action set_fleet_slot_mask(bit<32> value) { fleet_slot_mask = value; }
+#define SET_FLEET_SLOT_MASK_ENTRY(key, value) key : set_fleet_slot_mask(value);
+    table fleet_slot_masks {
+        key = { meta.tables.fleet_config.slot_bits : exact; }
+        actions = { set_fleet_slot_mask; }
+        const entries = {
+            SOFTDTA_EACH_FLEET_SLOT_MASK(SET_FLEET_SLOT_MASK_ENTRY)
+        }
+        size = 16;
+    }
+
     // first_column * rows * 4 without a multiplier: one sum of shifts per row count.
 #define COLUMN_BYTES_ACTION(rows) action column_bytes_##rows() { offset = SOFTDTA_ROW_BYTES_##rows(offset); }
 #define COLUMN_BYTES_NAME(rows) column_bytes_##rows;
@@ -456,6 +472,45 @@ control SoftdtaIngress(inout tna_headers_t hdr, inout metadata_t meta,
             } else {
                 meta.tables.structure_key.collector_ip = hdr.dta.ipv4.dst;
                 meta.tables.structure_key.primitive = (bit<32>)opcode;
+                // At the fleet address: the first replica of the partition key's slot that holds a structure of
+                // this primitive.
+                meta.tables.fleet_config_key.index = 0;
+                if (fleet_config.apply().hit && meta.tables.fleet_config.address == hdr.dta.ipv4.dst) {
+                    bit<32> partition_hash = 0; // Sketch-Merge's key is empty: its CRC is 0 (init and xorout cancel)
+                    if (hdr.dta.key_write.isValid()) {
+                        partition_hash = partition_hash_unit.get({ hdr.dta.key_write.key });
+                    } else if (hdr.dta.key_increment.isValid()) {
+                        partition_hash = partition_hash_unit.get({ hdr.dta.key_increment.key });
+                    } else if (hdr.dta.postcard.isValid()) {
+                        partition_hash = partition_hash_unit.get({ hdr.dta.postcard.key });
+                    }
+                    fleet_slot_mask = 0;
+                    fleet_slot_masks.apply(); // slot_bits is 1..MAX_SLOT_BITS (tables.Fleet.validate)
+                    meta.tables.fleet_slot_key.slot = partition_hash & fleet_slot_mask;
+                    bit<4> holders = 0;
+                    if (fleet_slot.apply().hit) {
+                        // Tofino shifts by constants only: one slice of has_structure per primitive.
+                        bit<32> has_structure = meta.tables.fleet_slot.has_structure;
+                        if (opcode == DTA_OP_KEY_WRITE) {
+                            holders = has_structure[4 * DTA_OP_KEY_WRITE + 3:4 * DTA_OP_KEY_WRITE];
+                        } else if (opcode == DTA_OP_KEY_INCREMENT) {
+                            holders = has_structure[4 * DTA_OP_KEY_INCREMENT + 3:4 * DTA_OP_KEY_INCREMENT];
+                        } else if (opcode == DTA_OP_POSTCARDING) {
+                            holders = has_structure[4 * DTA_OP_POSTCARDING + 3:4 * DTA_OP_POSTCARDING];
+                        } else if (opcode == DTA_OP_SKETCH_MERGE) {
+                            holders = has_structure[4 * DTA_OP_SKETCH_MERGE + 3:4 * DTA_OP_SKETCH_MERGE];
+                        }
+                    }
+                    if (holders == 0) {
+                        consume(CNT_DROP_FLEET_UNMAPPED);
+                        return;
+                    }
+                    count(CNT_FLEET_RESOLVED);
+                    bit<128> replicas = meta.tables.fleet_slot.collector_ip;
+                    meta.tables.structure_key.collector_ip = holders[0:0] == 1 ? replicas[127:96]
+                        : (holders[1:1] == 1 ? replicas[95:64]
+                        : (holders[2:2] == 1 ? replicas[63:32] : replicas[31:0]));
+                }
                 if (!structure.apply().hit) {
                     consume(CNT_DROP_UNKNOWN_COLLECTOR);
                     return;

@@ -323,9 +323,10 @@ def render_p4() -> str:
 # CRC tables for BPF (the verifier cannot run a table generator at load time)
 
 
-def _slice_by_8_tables() -> list[list[int]]:
-    tables = [list(crc_table())]
-    for _ in range(7):
+def _slice_tables(slices: int, polynomial: int = spec.CRC32_POLYNOMIAL) -> list[list[int]]:
+    """Slice-by-`slices` tables: table n advances the CRC over a byte followed by n zero bytes."""
+    tables = [list(crc_table(polynomial))]
+    for _ in range(slices - 1):
         previous = tables[-1]
         tables.append([(previous[i] >> 8) ^ tables[0][previous[i] & 0xFF] for i in range(256)])
     return tables
@@ -343,14 +344,14 @@ def _c_table(name: str, rows: list[list[int]], doc: str, count: str = "") -> lis
 def render_crc_header() -> str:
     lines = [f"/* {BANNER} */", "#ifndef SOFTDTA_CRC_H", "#define SOFTDTA_CRC_H", "", "#include <linux/types.h>",
              '#include "softdta_spec.h"', ""]
-    lines += _c_table("crc32_slice8", _slice_by_8_tables(),
+    lines += _c_table("crc32_slice8", _slice_tables(8),
                       "slice-by-8 tables of the reflected CRC-32 (zlib, iCRC, dta-v1 key hashes)")
     lines += [""] + _c_table("crc32_key_hash", [list(crc_table(p)) for p in spec.KEY_HASH_POLYNOMIALS],
                              "byte tables of KEY_HASH_POLYNOMIALS (KeyHash.INDEPENDENT copy n)")
     lines += [""] + _c_table("crc32_postcard_hop", [list(crc_table(p)) for p in spec.POSTCARD_HOP_POLYNOMIALS],
                              "byte tables of POSTCARD_HOP_POLYNOMIALS (hop 1..8)", "POSTCARD_HOP_POLYNOMIALS_COUNT")
-    lines += [""] + _c_table("crc32_partition", [list(crc_table(spec.PARTITION_POLYNOMIAL))],
-                             "byte table of PARTITION_POLYNOMIAL (the fleet's partition hash)")
+    lines += [""] + _c_table("crc32_partition", _slice_tables(4, spec.PARTITION_POLYNOMIAL),
+                             "slice-by-4 tables of PARTITION_POLYNOMIAL (the fleet's partition hash)")
     return "\n".join(lines + ["", "#endif /* SOFTDTA_CRC_H */", ""])
 
 
@@ -444,6 +445,8 @@ def render_p4_tna_unrolled() -> str:
               each("SKETCH_EVERYONE_MASK", "the contributors of a column all n reporters sent",
                    [f"{n}, {(1 << n) - 1:#x}" for n in range(1, reporters + 1)]),
               each("SKETCH_ROWS", "the row counts of a sketch", [str(n) for n in rows]),
+              each("FLEET_SLOT_MASK", "the slot mask of a slot map of 2^n slots",
+                   [f"{n}, {(1 << n) - 1:#x}" for n in range(1, spec.MAX_SLOT_BITS + 1)]),
               "", "// x * rows * 4 (a column's bytes) as a sum of shifts, per row count"]
     lines += [f"#define SOFTDTA_ROW_BYTES_{n}(x) " + " + ".join(f"(x << {shift})" for shift in _shifts(4 * n))
               for n in rows]

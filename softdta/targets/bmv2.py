@@ -20,7 +20,7 @@ from typing import Any
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.tables import QueuePair
 from softdta.kernel.resources import P4_DIR
-from softdta.spec import KEY_HASH_POLYNOMIALS, POSTCARD_HOP_POLYNOMIALS
+from softdta.spec import KEY_HASH_POLYNOMIALS, PARTITION_POLYNOMIAL, POSTCARD_HOP_POLYNOMIALS
 
 # .p4runtime first: it picks the protobuf runtime the p4runtime wheel needs
 from softdta.targets.p4runtime import P4Names, P4RuntimeClient, P4RuntimeError, P4Translator, load_p4info
@@ -30,6 +30,7 @@ from p4.v1 import p4runtime_pb2  # noqa: E402
 
 KEY_COPY = re.compile(r"\{ reversed_key, 8w(\d) \}")  # COPY_HASH(n) in p4/softdta_v1model.p4
 HOP_HASH = "hash(hop_hash, HashAlgorithm.crc32_custom"  # HOP_HASH(n), in hop order
+PARTITION_HASH = "hash(partition_hash, HashAlgorithm.crc32_custom"  # the fleet's slot of a report
 
 
 def run_cli(cli: str | Path, thrift_port: int, commands: list[str]) -> None:
@@ -63,7 +64,8 @@ class ThriftRegisters:
 
 def crc32_custom_commands(program: dict[str, Any]) -> list[str]:
     """`set_crc32_parameters` for every crc32_custom call site of the compiled v1model program (its bmv2 JSON):
-    Key-Write/Key-Increment copy n takes KEY_HASH_POLYNOMIALS[n], hop hash n POSTCARD_HOP_POLYNOMIALS[n]."""
+    Key-Write/Key-Increment copy n takes KEY_HASH_POLYNOMIALS[n], hop hash n POSTCARD_HOP_POLYNOMIALS[n], the
+    fleet's partition hash PARTITION_POLYNOMIAL."""
     custom = {c["name"] for c in program["calculations"] if c["algo"] == "crc32_custom"}
     commands, hops = [], 0
     for action in program["actions"]:
@@ -77,10 +79,12 @@ def crc32_custom_commands(program: dict[str, Any]) -> list[str]:
                 polynomial = KEY_HASH_POLYNOMIALS[int(copy.group(1))]
             elif fragment.startswith(HOP_HASH):
                 polynomial, hops = POSTCARD_HOP_POLYNOMIALS[hops], hops + 1
+            elif fragment.startswith(PARTITION_HASH):
+                polynomial = PARTITION_POLYNOMIAL
             else:
                 raise P4RuntimeError(f"crc32_custom call site {calculation} ({fragment[:60]!r}) is neither a key "
-                                     "copy hash nor a hop hash: p4/softdta_v1model.p4 and softdta/targets/bmv2.py "
-                                     "disagree")
+                                     "copy hash, a hop hash nor the partition hash: p4/softdta_v1model.p4 and "
+                                     "softdta/targets/bmv2.py disagree")
             commands.append(f"set_crc32_parameters {calculation} {polynomial:#010x} 0xffffffff 0xffffffff true true")
     return commands
 

@@ -7,7 +7,7 @@ from p4/*.p4 has the names and IDs of the P4Info generated here, whatever the ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from softdta import spec
 from softdta.core.control_plane import CONFIG_TABLES
@@ -22,6 +22,11 @@ P4_WITHOUT = {"fanout": "XDP parks frames 2..N for the tc stage; P4 replicates a
                           "PSNs of queue 0's QPs itself"}
 # spec.P4_TABLES that P4Runtime writes as packet replication entries, not as P4 tables.
 P4_REPLICATION = ("multicast_group",)
+# Value fields only the P4 form of a shared table has. A switch looks one structure up per report, so the slot map
+# says which replicas hold a structure of each primitive: the first of them is the one to look up.
+FLEET_HOLDER_BITS = spec.MAX_REPLICAS  # bits per primitive in has_structure, one per replica
+P4_EXTRA_VALUES = {"fleet_slot": (Field("has_structure", 32, f"bit {FLEET_HOLDER_BITS} x opcode + n: replica n "
+                                                             "holds a structure of that primitive"),)}
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,8 @@ def p4_id(prefix: int, index: int) -> int:
 
 def p4_control_tables() -> list[spec.Map]:
     """The P4 tables the control plane writes: the shared configuration tables, then the P4-only ones."""
-    shared = [t for name in CONFIG_TABLES for t in spec.TRANSLATOR_MAPS if t.name == name and name not in P4_WITHOUT]
+    shared = [replace(t, value=t.value + P4_EXTRA_VALUES.get(name, ())) for name in CONFIG_TABLES
+              for t in spec.TRANSLATOR_MAPS if t.name == name and name not in P4_WITHOUT]
     return shared + [t for t in spec.P4_TABLES if t.name not in P4_REPLICATION]
 
 

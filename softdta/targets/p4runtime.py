@@ -11,6 +11,7 @@ counterpart of `XdpTranslator.apply`: the same plan, the same calls, another tar
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -37,7 +38,7 @@ from softdta.spec import (
     Raw,
 )
 from softdta.targets.p4info import parse_p4info
-from softdta.targets.p4names import P4_REPLICATION, p4_control_tables, p4_registers
+from softdta.targets.p4names import FLEET_HOLDER_BITS, P4_REPLICATION, p4_control_tables, p4_registers
 from softdta.wire.dta import Profile
 
 # isort: split
@@ -47,7 +48,8 @@ from p4.config.v1 import p4info_pb2  # noqa: E402
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc  # noqa: E402
 
 P4INFO_FILE = P4_DIR / "softdta.p4info.txtpb"
-P4_TABLE_NAMES = tuple(t.name for t in p4_control_tables())
+P4_TABLE_SPECS = {t.name: t for t in p4_control_tables()}
+P4_TABLE_NAMES = tuple(P4_TABLE_SPECS)
 HELD_TABLES = P4_TABLE_NAMES + P4_REPLICATION  # what a switch holds and the control plane reads back
 
 
@@ -77,7 +79,7 @@ def _number(values: Mapping[str, int | bytes], name: str) -> int:
 
 def _logical(table: str, name: str, data: bytes) -> int | bytes:
     """A bitstring as the control plane holds the field: bytes for addresses and byte fields, else an int."""
-    spec_field = next(f for f in map_spec(table).key + map_spec(table).value if f.name == name)
+    spec_field = next(f for f in P4_TABLE_SPECS[table].key + P4_TABLE_SPECS[table].value if f.name == name)
     number = int.from_bytes(data, "big")
     if isinstance(spec_field, Raw):
         return number.to_bytes(spec_field.size, "big")
@@ -319,6 +321,9 @@ def unsupported(tables: Tables, planned: Plan, architecture: str) -> list[str]:
         users[lists.qp.name].append(f"append lists from {lists.first_list}")
     if tables.profile is not Profile.DTA_V1:
         problems.append(f"profile {tables.profile.value!r}: the P4 programs parse the 3-byte dta-v1 base header")
+    if tables.fleet is not None and tables.fleet.across:
+        problems.append("[fleet] across = true: the P4 translators send copies to one collector; use the XDP or "
+                        "python engine for copies across collectors")
     for structure in tables.structures:
         sharing = [other for other in users[structure.qp.name] if other != structure.name]
         problems += registry.by_opcode(structure.primitive).p4_problems(structure, architecture, sharing)
@@ -341,6 +346,24 @@ def tna_build_problems(tables: Tables, planned: Plan) -> list[str]:
         problems.append(f"{len(planned.slots.append)} Append lists: the tna build holds TNA_APPEND_STATE_ENTRIES "
                         f"({TNA_APPEND_STATE_ENTRIES})")
     return problems
+
+
+def with_fleet_holders(tables: Tables, planned: Plan) -> Plan:
+    """The plan as a switch takes it: each slot of the fleet's slot map also says which of its replicas hold a
+    structure of each primitive (`has_structure`, bit FLEET_HOLDER_BITS x opcode + replica), since a switch
+    looks one structure up per report: the first replica holding one, as `Translator.replica_structures` finds."""
+    if tables.fleet is None:
+        return planned
+    held: dict[bytes, int] = {}
+    for structure in tables.structures:
+        if FLEET_HOLDER_BITS * (structure.primitive + 1) <= 32:  # others have no P4 program (p4_problems)
+            ip = structure.qp.collector_ip
+            held[ip] = held.get(ip, 0) | 1 << FLEET_HOLDER_BITS * structure.primitive
+    slots = tables.fleet.slots
+    entries = [Entry(entry.table, entry.key, {**entry.value, "has_structure": sum(
+                   held.get(ip, 0) << replica for replica, ip in enumerate(slots[_number(entry.key, "slot")]))})
+               if entry.table == "fleet_slot" else entry for entry in planned.entries]
+    return dataclasses.replace(planned, entries=entries)
 
 
 def require_supported(tables: Tables, planned: Plan, architecture: str) -> None:
@@ -384,7 +407,7 @@ class P4Translator:
         planned = plan(tables, self.slots, flush_idle_ns=self.flush_idle_ns, egress=self.egress,
                        installed_qps=installed)
         require_supported(tables, planned, self.architecture)
-        apply_plan(self.target, planned)
+        apply_plan(self.target, with_fleet_holders(tables, planned))
         if isinstance(self.send, RegisterRouter):
             self.send.flush()
         self.slots = planned.slots
@@ -412,7 +435,7 @@ def planned_updates(tables: Tables, *, egress: Callable[[QueuePair], int] = lamb
     """Every update a first push of `tables` to an empty switch sends, in order (pure)."""
     updates: list[p4runtime_pb2.Update] = []
     target = P4RuntimeTarget(P4Names(info or load_p4info()), updates.extend)
-    apply_plan(target, plan(tables, Slots(), flush_idle_ns=flush_idle_ns, egress=egress))
+    apply_plan(target, with_fleet_holders(tables, plan(tables, Slots(), flush_idle_ns=flush_idle_ns, egress=egress)))
     return updates
 
 

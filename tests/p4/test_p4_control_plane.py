@@ -20,7 +20,7 @@ from softdta.core.tables import Tables, with_queue_qps
 from softdta.engines.xdp import map_entry, map_logical
 from softdta.kernel.maps import map_layout
 from softdta.spec import MAX_WRITE_PAYLOAD, DtaOpcode, QpState, RoceOpcode
-from softdta.targets.p4names import P4_WITHOUT
+from softdta.targets.p4names import FLEET_HOLDER_BITS, P4_EXTRA_VALUES, P4_WITHOUT
 from softdta.targets.p4runtime import (
     P4Names,
     P4RuntimeClient,
@@ -33,7 +33,7 @@ from softdta.targets.p4runtime import (
     planned_updates,
     table_entry,
 )
-from tests.common import EXAMPLE_TABLES
+from tests.common import EXAMPLE_TABLES, fleet_document, fleet_tables
 
 NAMES = P4Names(load_p4info())
 
@@ -55,14 +55,36 @@ def as_map_reads_it(entry) -> tuple[dict, dict]:
 
 
 def test_p4_entries_equal_map_entries_for_the_example_tables():
-    planned = plan(with_queue_qps(Tables.from_toml(EXAMPLE_TABLES), 2), Slots(), flush_idle_ns=1_000_000,
-                   egress=egress)
+    """The example's collector three times over in a fleet: the P4 entries of every table are the map entries, but
+    for the P4 slot map's has_structure."""
+    planned = plan(with_queue_qps(fleet_tables(slot_bits=4)[0], 2), Slots(), flush_idle_ns=1_000_000, egress=egress)
     assert {entry.table for entry in planned.entries} == set(CONFIG_TABLES + P4_ONLY_TABLES)
     for entry in planned.entries:
         if entry.table in P4_ONLY_TABLES or entry.table in P4_WITHOUT:
             continue
         p4 = decode_table_entry(table_entry(entry, NAMES), NAMES)
-        assert (dict(p4.key), dict(p4.value)) == as_map_reads_it(entry), entry.table
+        value = {name: v for name, v in p4.value.items() if name not in {f.name for f in P4_EXTRA_VALUES.get(
+            entry.table, ())}}
+        assert (dict(p4.key), value) == as_map_reads_it(entry), entry.table
+
+
+def test_the_p4_slot_map_says_which_replicas_hold_each_primitive():
+    """A switch looks one structure up per report: each slot's has_structure marks, per primitive, the replicas
+    that hold one, so that the first of them is the reference translator's choice."""
+    document, _ = fleet_document(slot_bits=4)
+    document["structures"] = [s for s in document["structures"]
+                              if (s["primitive"], s["collector"]) not in {("key-write", "c1"), ("postcarding", "c2")}]
+    tables = Tables.from_dict(document)
+    written = [decode_table_entry(u.entity.table_entry, NAMES) for u in planned_updates(tables)
+               if u.entity.table_entry.table_id == NAMES.tables["fleet_slot"].preamble.id]
+    assert len(written) == 16
+    for entry in written:
+        replicas = tables.fleet.slots[entry.key["slot"]]
+        for primitive in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT, DtaOpcode.POSTCARDING, DtaOpcode.SKETCH_MERGE):
+            holders = entry.value["has_structure"] >> FLEET_HOLDER_BITS * primitive & (1 << FLEET_HOLDER_BITS) - 1
+            assert holders == sum(1 << n for n, ip in enumerate(replicas) if tables.structure(ip, primitive)), \
+                (entry.key, primitive)
+        assert entry.value["collector_ip"] == b"".join(replicas).ljust(16, b"\0")
 
 
 def test_canonical_bitstrings():
@@ -75,7 +97,8 @@ def test_canonical_bitstrings():
 
 
 def test_first_push_writes_state_then_entries_with_p4info_ids():
-    updates = planned_updates(Tables.from_toml(EXAMPLE_TABLES))
+    tables = fleet_tables(slot_bits=4)[0]  # a fleet: every table has entries
+    updates = planned_updates(tables)
     kinds = [u.entity.WhichOneof("entity") for u in updates]
     first_table = kinds.index("table_entry")
     assert set(kinds[:first_table]) == {"register_entry"}
@@ -91,7 +114,7 @@ def test_first_push_writes_state_then_entries_with_p4info_ids():
     next_psn = NAMES.registers["qp_state_next_psn"].preamble.id
     psns = {u.entity.register_entry.index.index: u.entity.register_entry.data.bitstring for u in updates
             if u.entity.register_entry.register_id == next_psn}
-    assert len(psns) == len(Tables.from_toml(EXAMPLE_TABLES).qps)
+    assert len(psns) == len(tables.qps)
 
 
 class RecordingP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
@@ -167,6 +190,15 @@ def switch():
     server.stop(None)
 
 
+def all_zero(values: dict) -> bool:
+    return not any(value if isinstance(value, int) else any(value) for value in values.values())
+
+
+def held_of(entries: list) -> list:
+    """What a switch holds of planned entries: a P4 table has no entry where a BPF array holds zeros (no fleet)."""
+    return [entry for entry in entries if entry.value]
+
+
 def test_push_over_grpc_installs_the_planned_entries(switch):
     servicer, address = switch
     tables = Tables.from_toml(EXAMPLE_TABLES)
@@ -176,7 +208,7 @@ def test_push_over_grpc_installs_the_planned_entries(switch):
     assert servicer.pipelines[0].config.p4info == NAMES.info
     assert servicer.pipelines[0].config.p4_device_config == b"compiled program"
     assert all(w.device_id == 3 and w.election_id.low == 5 for w in servicer.writes)
-    expected = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress).entries
+    expected = held_of(plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress).entries)
     assert sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in servicer.held()) == \
         sorted((e.table, e.key_tuple(), sorted(e.value.items())) for e in expected)
 
@@ -190,7 +222,7 @@ def test_tna_push_writes_the_xdp_plans_entries_for_every_primitive(switch):
     with P4RuntimeClient(address) as client:
         P4Translator(client, architecture="tna", egress=egress).apply(tables)
     assert [u for w in servicer.writes for u in w.updates] == planned_updates(tables, egress=egress)
-    expected = plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress).entries
+    expected = held_of(plan(tables, Slots(), flush_idle_ns=1_000_000, egress=egress).entries)
     for entry in servicer.held():
         if entry.table in CONFIG_TABLES:
             assert (dict(entry.key), dict(entry.value)) == as_map_reads_it(entry), entry.table
@@ -302,8 +334,8 @@ def test_p4_switch_holds_what_the_xdp_maps_hold(switch):
             layout = map_layout(name)
             for raw, value in xdp.maps[name].items():
                 entry = without_padding(map_logical(name, layout.value.unpack(value)))
-                if name == "qp" and not entry["remote_qpn"]:
-                    continue  # an unused slot of the qp array
+                if name == "qp" and not entry["remote_qpn"] or name.startswith("fleet_") and all_zero(entry):
+                    continue  # an unused slot of the qp array; no fleet
                 in_maps.append((name, map_logical(name, layout.key.unpack(raw)), entry))
         with P4RuntimeClient(address) as client:
             P4Translator(client, egress=route_egress, flush_idle_ns=xdp.flush_idle_ns).apply(tables)

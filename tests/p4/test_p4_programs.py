@@ -281,6 +281,8 @@ def test_tna_lookups_follow_the_spec():
     assert const_entries(program, "reporter_bits") == {r: f"set_reporter_bit({1 << r:#x})" for r in reporters}
     assert const_entries(program, "everyone_masks") == \
         {r + 1: f"set_everyone({(1 << r + 1) - 1:#x})" for r in reporters}
+    assert const_entries(program, "fleet_slot_masks") == \
+        {n: f"set_fleet_slot_mask({(1 << n) - 1:#x})" for n in range(1, spec.MAX_SLOT_BITS + 1)}
     # slot * size and column * rows * 4 as sums of shifts: each entry's action, evaluated for a value of 1. Slots
     # are powers of two: one entry each for a Postcarding path of 1..MAX_POSTCARD_HOPS hops and for a key's
     # checksum and 1..MAX_DATA_LEN data bytes.
@@ -423,3 +425,19 @@ def test_programs_pass_p4test():
                              "-D__TARGET_TOFINO__=1", str(PROGRAMS["tna"])], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert not unjustified_warnings(result.stderr, JUSTIFIED_TNA_WARNINGS)
+
+
+@pytest.mark.parametrize("architecture", sorted(PROGRAMS))
+def test_both_programs_resolve_the_fleet_address(architecture):
+    """At the fleet address each program hashes the partition key with the spec's partition polynomial, looks its
+    slot up and counts what it finds (tests/p4/test_bmv2_fleet.py runs the v1model one; p4test compiles both)."""
+    program = strip(preprocessed(PROGRAMS[architecture].read_text()))
+    for needed in ("fleet_config.apply()", "fleet_slot.apply()", "CNT_DROP_FLEET_UNMAPPED", "CNT_FLEET_RESOLVED",
+                   "meta.tables.fleet_slot.has_structure"):
+        assert needed in program, needed
+    if architecture == "tna":
+        assert re.search(r"CRCPolynomial<bit<32>>\(PARTITION_POLYNOMIAL, true, false, false, 32w0xFFFFFFFF, "
+                         r"32w0xFFFFFFFF\) partition_poly;", program)
+        assert len(re.findall(r"\bpartition_hash_unit\.get\(", program)) == 3  # Key-Write, Key-Increment, Postcarding
+    else:
+        assert program.count("hash(partition_hash, HashAlgorithm.crc32_custom") == 1  # softdta.targets.bmv2 sets it
