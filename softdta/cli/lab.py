@@ -145,6 +145,13 @@ def _bench(args: argparse.Namespace) -> int:
           f"{routed['direct_keys_per_s']['median']:,.0f} keys/s, three through the fleet's router "
           f"{routed['router_keys_per_s']['median']:,.0f} keys/s ({routed['router_over_direct']}x; goals >= "
           f"{routed['goal_keys_per_s']:,} keys/s and >= {routed['goal_ratio']}x)")
+    for name, cost in results["translator_fleet_slot_lookup"].items():
+        print(f"  XDP translator, {name}: {cost['direct_ns_per_report']:.0f} ns per report to a collector, "
+              f"{cost['fleet_ns_per_report']:.0f} ns to the fleet address ({cost['ratio']}x; goal <= 1.1x)")
+    propagation = results["fleet_propagation"]
+    print(f"  a new slot-map epoch, etcd commit to the last of {propagation['translators']} {propagation['engine']} "
+          f"translators applying it: median {propagation['median_s']} s, max {propagation['max_s']} s "
+          f"(goal <= {propagation['goal_s']} s)")
     return 0
 
 
