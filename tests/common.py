@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,39 @@ def assert_every_queue_wrote_in_psn_order(tables, seen: list[bytes], expected: l
     def writes(frames: list[bytes]) -> list[tuple]:
         return sorted((f.opcode, repr(sorted(f.headers.items())), f.payload) for f in map(parse_roce, frames))
     assert writes(seen) == writes(expected)
+
+
+@contextmanager
+def generator_wire(prefix: str, translator_mac: str):
+    """Namespaces g (the generator, g0) and t (t0) under `prefix`, one veth pair; both ends run XDP, so that frames
+    XDP sends enter them, and t0 captures everything it receives."""
+    from softdta.kernel.bpf import BpfObject, attach_xdp
+    from softdta.kernel.netns import Namespace, address, cleanup_prefix, veth_pair
+    from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+
+    cleanup_prefix(prefix)
+    generator, far = Namespace.create(prefix + "g"), Namespace.create(prefix + "t")
+    try:
+        veth_pair(generator, "g0", far, "t0", mac_b=translator_mac)
+        address(far, "t0", "10.77.0.1/16")
+        with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
+            for namespace, interface in ((generator, "g0"), (far, "t0")):
+                with in_netns(namespace.name):
+                    attach_xdp(socket.if_nametoindex(interface), passer.programs["softdta_pass"].fd)
+        yield generator, far
+    finally:
+        cleanup_prefix(prefix)
+
+
+def bitwise_crc32(polynomial: int, data: bytes) -> int:
+    """Reflected CRC-32 computed bit by bit (no tables), init and xorout 0xFFFFFFFF: the definition."""
+    reflected = int(f"{polynomial:032b}"[::-1], 2)
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (reflected if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
 
 
 def frames_of(reporter: ReporterAddress, reports: list[Report], profile: Profile = Profile.DTA_V1) -> list[bytes]:

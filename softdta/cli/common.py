@@ -30,6 +30,21 @@ def add_command(commands: Commands, name: str, summary: str, details: str = "") 
     return commands.add_parser(name, help=summary, description=f"{sentence} {details}" if details else sentence)
 
 
+def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
+    """The keys and lookup options that `softdta query` and `softdta fleet query` share."""
+    parser.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
+    parser.add_argument("--redundancy", "-n", type=int, default=2,
+                        help="Key-Write and Key-Increment: the copies of each key the reporters asked for "
+                             "(default %(default)s)")
+    parser.add_argument("--consensus", type=int,
+                        help="Key-Write: answer only when this many copies agree (consensus mode)")
+    parser.add_argument("--values", type=int, nargs="*", default=[],
+                        help="Postcarding: the values hops may report, for example every switch ID (the value set)")
+    parser.add_argument("--list", type=int, help="Append: read (or take) this list only")
+    parser.add_argument("--take", action="store_true",
+                        help="Append: take the entries (each is taken once) instead of reading them; needs --token")
+
+
 def print_summary(summary: Mapping[str, object], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
-from softdta.cli.common import Commands, add_command, print_summary
+from softdta.cli.common import Commands, add_command, add_lookup_arguments, print_summary
 from softdta.spec import DEFAULT_SLOT_BITS, MAX_REPLICAS, MAX_SLOT_BITS
 
 
@@ -206,17 +206,7 @@ def _register_query(actions: Commands) -> None:
     query.add_argument("what", choices=[p.name for p in registry.registered()
                                         if p.query is not None or not p.has_structure],
                        help="the primitive whose structures to ask (Append: its lists)")
-    query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
-    query.add_argument("--redundancy", "-n", type=int, default=2,
-                       help="Key-Write and Key-Increment: the copies of each key the reporters asked for "
-                            "(default %(default)s)")
-    query.add_argument("--consensus", type=int,
-                       help="Key-Write: answer only when this many copies agree (consensus mode)")
-    query.add_argument("--values", type=int, nargs="*", default=[],
-                       help="Postcarding: the values hops may report, for example every switch ID (the value set)")
-    query.add_argument("--list", type=int, help="Append: the list to read (or take)")
-    query.add_argument("--take", action="store_true",
-                       help="Append: take the entries instead of reading them; needs --token")
+    add_lookup_arguments(query)
     query.add_argument("--token", default=os.environ.get("SOFTDTA_TOKEN"),
                        help="the collectors' token, for --take (default: $SOFTDTA_TOKEN)")
     query.add_argument("--timeout", type=float, default=5.0, metavar="S",

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from softdta.cli.common import CliError, Commands, add_command
+from softdta.cli.common import CliError, Commands, add_command, add_lookup_arguments
 from softdta.core import registry
 
 
@@ -22,17 +22,7 @@ def register(commands: Commands) -> None:
                        help="what to ask: the structures, the collector's counters, its health, its Prometheus "
                             "metrics, or one structure (by its primitive)")
     query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
-    query.add_argument("keys", nargs="*", help="keys: hex in wire order (0a000001) or integers")
-    query.add_argument("--redundancy", "-n", type=int, default=2,
-                       help="Key-Write and Key-Increment: the copies of each key the reporters asked for "
-                            "(default %(default)s)")
-    query.add_argument("--consensus", type=int,
-                       help="Key-Write: answer only when this many copies agree (consensus mode)")
-    query.add_argument("--values", type=int, nargs="*", default=[],
-                       help="Postcarding: the values hops may report, for example every switch ID (the value set)")
-    query.add_argument("--list", type=int, help="Append: read (or take) this list only")
-    query.add_argument("--take", action="store_true",
-                       help="Append: take the entries (each is taken once) instead of reading them; needs --token")
+    add_lookup_arguments(query)
     query.add_argument("--follow", action="store_true",
                        help="Append: take new entries as they come, until interrupted; needs --token")
     query.add_argument("--token", default=os.environ.get("SOFTDTA_TOKEN"),

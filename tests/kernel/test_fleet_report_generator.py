@@ -2,7 +2,6 @@
 destination, with a correct IPv4 checksum, exactly as its plan predicts; `softdta report --fleet-map` drives it."""
 
 import os
-import socket
 import subprocess
 
 import pytest
@@ -10,15 +9,12 @@ import pytest
 from softdta.core import registry, workload
 from softdta.core.fleet import Member, assign
 from softdta.core.generator import plan
-from softdta.kernel.bpf import BpfObject, attach_xdp
 from softdta.kernel.generator import KernelReporter
-from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
-from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.spec import DTA_PORT
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, ipv4_checksum, mac_bytes, parse_udp_frame
-from tests.common import SOFTDTA, capture_on, udp_frames
+from tests.common import SOFTDTA, capture_on, generator_wire, udp_frames
 
 pytestmark = pytest.mark.privileged
 
@@ -30,17 +26,8 @@ SLOT_MAP = assign({f"c{n}": Member(f"c{n}", f"10.77.1.{n}", f"02:5d:7a:00:01:0{n
 
 @pytest.fixture
 def wire():
-    """Namespaces g (the generator, g0) and t (t0), one veth pair, XDP_PASS on both ends; t0 captures."""
-    cleanup_prefix(PREFIX)
-    generator, far = Namespace.create(PREFIX + "g"), Namespace.create(PREFIX + "t")
-    veth_pair(generator, "g0", far, "t0", mac_b=TRANSLATOR_MAC)
-    address(far, "t0", "10.77.0.1/16")
-    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
-        for namespace, interface in ((generator, "g0"), (far, "t0")):
-            with in_netns(namespace.name):
-                attach_xdp(socket.if_nametoindex(interface), passer.programs["softdta_pass"].fd)
-    yield generator, far
-    cleanup_prefix(PREFIX)
+    with generator_wire(PREFIX, TRANSLATOR_MAC) as ends:
+        yield ends
 
 
 def assert_each_report_went_to_its_slots_collector(frames: list[bytes]) -> set[str]:

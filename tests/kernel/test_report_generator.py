@@ -18,13 +18,13 @@ from softdta.core.translator import Translator
 from softdta.engines.xdp import XdpTranslator
 from softdta.kernel.bpf import BpfObject, attach_xdp
 from softdta.kernel.generator import KernelReporter
-from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.kernel.netns import Namespace, in_netns
 from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
 from softdta.spec import DTA_PORT, ROCE_PORT, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP, capture_on, udp_frames
+from tests.common import COLLECTOR_IP, capture_on, generator_wire, udp_frames
 
 pytestmark = pytest.mark.privileged
 
@@ -34,18 +34,8 @@ TRANSLATOR_MAC = "02:5d:7a:00:00:01"
 
 @pytest.fixture
 def wire():
-    """Namespaces g (the generator, g0) and t (t0), one veth pair; both ends run XDP, so that frames XDP sends
-    enter them, and t0 captures everything it receives."""
-    cleanup_prefix(PREFIX)
-    generator, far = Namespace.create(PREFIX + "g"), Namespace.create(PREFIX + "t")
-    veth_pair(generator, "g0", far, "t0", mac_b=TRANSLATOR_MAC)
-    address(far, "t0", "10.77.0.1/16")
-    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
-        for namespace, interface in ((generator, "g0"), (far, "t0")):
-            with in_netns(namespace.name):
-                attach_xdp(socket.if_nametoindex(interface), passer.programs["softdta_pass"].fd)
-    yield generator, far
-    cleanup_prefix(PREFIX)
+    with generator_wire(PREFIX, TRANSLATOR_MAC) as ends:
+        yield ends
 
 
 def loopback_has_xdp(namespace: Namespace) -> bool:

@@ -47,6 +47,7 @@ from softdta.wire.dta import (
     postcard,
     sketch_column,
 )
+from tests.common import bitwise_crc32
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEY1 = bytes.fromhex("00000001")
@@ -156,17 +157,6 @@ def test_postcard_hash_vectors():
            [0xFFFDD680, 0x119CA20C, 0x55F952F3, 0xF4B8DA4A, 0xFE06C36C]
     assert hashing.postcard_slot_hash(KEY1) & 0x7FFF == 28554  # 32768-entry cache index
     assert POSTCARD_HOP_POLYNOMIALS[:5] == (0x1E12A700, 0x65B96595, 0x49CF878B, 0x36518F0D, 0x7A40A908)
-
-
-def bitwise_crc32(polynomial: int, data: bytes) -> int:
-    """Reflected CRC-32 computed bit by bit (no tables), init and xorout 0xFFFFFFFF."""
-    reflected = int(f"{polynomial:032b}"[::-1], 2)
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (reflected if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
 
 
 def test_crc32_poly_against_bitwise_reference():

@@ -19,6 +19,7 @@ from softdta.wire.hashing import (
     partition_slots_rows,
     postcard_slot_hash,
 )
+from tests.common import bitwise_crc32
 
 SLOT_BITS = 12
 STRUCTURE_SLOT_BITS = 17  # a structure of 2^17 slots: 12 + 17 partition and slot bits from a 32-bit key
@@ -34,17 +35,6 @@ def members(count: int, start: int = 0) -> dict[str, Member]:
 
 
 # ---- the partition hash ------------------------------------------------------------------------------------
-
-
-def bitwise_crc32(polynomial: int, data: bytes) -> int:
-    """Reflected CRC-32, init and xorout 0xFFFFFFFF, one bit at a time: the definition, without byte tables."""
-    reflected = int(f"{polynomial:032b}"[::-1], 2)
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (reflected if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
 
 
 def test_partition_hash_is_crc32k2():
