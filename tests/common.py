@@ -88,6 +88,17 @@ def generator_wire(prefix: str, translator_mac: str):
         cleanup_prefix(prefix)
 
 
+def eventually(condition, within: float = 10.0, what: str = "the condition"):
+    """`condition()`'s first truthy value, polled until `within` seconds have passed (then the test fails)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.005)
+    raise AssertionError(f"{what} did not hold within {within} s")
+
+
 def bitwise_crc32(polynomial: int, data: bytes) -> int:
     """Reflected CRC-32 computed bit by bit (no tables), init and xorout 0xFFFFFFFF: the definition."""
     reflected = int(f"{polynomial:032b}"[::-1], 2)

@@ -17,6 +17,7 @@ from softdta.lab import rxe as rxe_lab
 from softdta.spec import ROCE_PORT, RoceOpcode
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes
 from softdta.wire.roce import build_roce_frame, transport_payload
+from tests.common import eventually
 
 pytestmark = [pytest.mark.interop, pytest.mark.privileged]
 
@@ -62,14 +63,6 @@ def checked(guest, command, timeout=60.0):
     return output
 
 
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-    return result
-
-
 def test_the_image_is_cached_under_a_hash_of_its_package_versions(guest):
     started = time.monotonic()
     image = rxe_lab.ensure_image()
@@ -106,7 +99,7 @@ def test_rxe_executes_a_host_made_write_and_drops_one_with_a_bad_icrc(guest):
     checked(guest, f"python3 /tmp/uc.py {host_gid} {HOST_QPN} {FIRST_PSN} >/tmp/uc.json 2>/tmp/uc.err & "
                    "echo $! >/tmp/uc.pid")
     try:
-        responder = wait_for(lambda: responder_info(guest))
+        responder = eventually(lambda: responder_info(guest))
         ends = UdpEndpoints(mac_bytes(guest.host_mac), mac_bytes(rxe_lab.GUEST_MAC), ip_bytes(guest.host_ip),
                             ip_bytes(guest.guest_ip), 49152, ROCE_PORT)
 
@@ -123,14 +116,14 @@ def test_rxe_executes_a_host_made_write_and_drops_one_with_a_bad_icrc(guest):
         first, corrupted, fence = (secrets.token_bytes(32) for _ in range(3))
         received_before = guest.hw_counters()["rcvd_pkts"]
         guest.send(write(FIRST_PSN, 0, first))
-        wait_for(lambda: memory(0, 32) == first)
+        eventually(lambda: memory(0, 32) == first)
 
         bad = write(FIRST_PSN + 1, 0, corrupted)
         guest.send(bad[:-4] + bytes(byte ^ 0xFF for byte in bad[-4:]))
         # rxe handles a QP's frames in order: once the next frame has landed, the bad one has been dropped. It
         # consumed no PSN, so the next frame carries the same one.
         guest.send(write(FIRST_PSN + 1, 512, fence))
-        wait_for(lambda: memory(512, 32) == fence)
+        eventually(lambda: memory(512, 32) == fence)
         assert memory(0, 32) == first
         assert guest.hw_counters()["rcvd_pkts"] == received_before + 2  # rxe counts the frames it accepted
     finally:

@@ -19,22 +19,12 @@ import pytest
 from softdta.core.fleet import FleetError, Member, SlotMap, check_successor, fleet_prefix, moved_fraction
 from softdta.etcd.lease import KeptKey
 from softdta.lab.etcd_server import EtcdServer, free_port
-from tests.common import ROOT, SOFTDTA, one_line_error
+from tests.common import ROOT, SOFTDTA, eventually, one_line_error
 
 FLEET = "lab"
 PREFIX = fleet_prefix(FLEET)
 TTL = 2  # etcd's shortest lease
 PLAIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def eventually(condition, within: float = 10.0, what: str = "the condition"):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not hold within {within} s")
 
 
 class Process:

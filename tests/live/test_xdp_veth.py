@@ -27,7 +27,7 @@ from softdta.spec import DTA_NACK_PORT, ROCE_PORT, DtaOpcode, QpState, RoceOpcod
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, assert_every_queue_wrote_in_psn_order
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, assert_every_queue_wrote_in_psn_order, eventually
 
 pytestmark = pytest.mark.privileged
 
@@ -87,16 +87,6 @@ def receive(sock: socket.socket, want: int, timeout: float = 2.0, keep=lambda fr
             if keep(frame):
                 frames.append(frame)
     return frames
-
-
-def wait_for(condition, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.005)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def is_roce(frame: bytes) -> bool:
@@ -188,7 +178,7 @@ def test_sequence_nak_from_the_collector_resyncs_and_starts_the_grace_period(lab
         assert len(receive(collector, 3, keep=is_roce)) == 3
         collector.send(nak(lab.tables, ki.qp, start + 1))  # the collector lost start+1
         with in_netns(lab.translator.name):
-            state = wait_for(lambda: (s := kernel.qp_state(ki.qp))["state"] == QpState.GRACE and s)
+            state = eventually(lambda: (s := kernel.qp_state(ki.qp))["state"] == QpState.GRACE and s)
             assert state["next_psn"] == start + 1
         sender.send(reporter.frame(dta.key_increment(1, 1)))
         assert not receive(collector, 1, timeout=0.2, keep=is_roce)
@@ -284,7 +274,7 @@ def test_translator_cli_up_stats_and_down(lab, tmp_path):
         tables_file.write_text(text.replace("remote_qpn = 0x101", "remote_qpn = 0x111"))
         process.send_signal(signal.SIGHUP)
         assert "tables reloaded" in process.stdout.readline()
-        wait_for(lambda: 0x111 in remote_qpns() and 0x101 not in remote_qpns())
+        eventually(lambda: 0x111 in remote_qpns() and 0x101 not in remote_qpns())
         tables_file.write_text(text.replace("remote_qpn = 0x101", "remote_qpn = 1"))
         process.send_signal(signal.SIGHUP)
         assert "reload refused, the running tables stay" in process.stderr.readline()
@@ -317,7 +307,7 @@ def test_essential_reports_wait_out_the_grace_period_and_are_reinjected(lab):
         assert len(receive(collector, 2, keep=is_roce)) == 2
         collector.send(nak(lab.tables, ki.qp, start))
         with in_netns(lab.translator.name):
-            wait_for(lambda: kernel.qp_state(ki.qp)["state"] == QpState.GRACE)
+            eventually(lambda: kernel.qp_state(ki.qp)["state"] == QpState.GRACE)
         sender.send(reporter.frame(dta.key_increment(7, 3, 2, essential=True, extended=True)))
         sender.send(reporter.frame(dta.key_increment(8, 1, 1)))  # not essential: dropped in grace
         assert not receive(collector, 1, timeout=0.05, keep=is_roce)

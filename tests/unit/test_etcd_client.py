@@ -4,28 +4,18 @@ leases that expire, watches that end cleanly, and endpoints that are not etcd.""
 import http.server
 import json
 import threading
-import time
 
 import pytest
 
 from softdta.etcd.client import Etcd, EtcdUnavailable, LeaseExpired, NotEtcd
 from softdta.lab.etcd_server import EtcdServer, free_port
+from tests.common import eventually
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with EtcdServer(tmp_path_factory.mktemp("etcd")) as running:
         yield running
-
-
-def eventually(condition, within: float = 10.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {within} s")
 
 
 def test_keys_and_prefixes_round_trip(server):
