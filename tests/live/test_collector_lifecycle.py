@@ -182,7 +182,7 @@ def test_sighup_is_logged_and_ignored(lab):
         writer = lab.writer()
         qp = writer.connect()
         collector.send_signal(signal.SIGHUP)
-        assert "SIGHUP ignored" in wait_for_line(collector, "SIGHUP", 10, stream="stderr")
+        assert "SIGHUP ignored" in wait_for_line(collector, "SIGHUP", 30, stream="stderr")
         assert lab.xdp_attached() and writer.write(qp, 5, wait_s=5) == 5
         stop(collector)
         assert not lab.pins.exists()

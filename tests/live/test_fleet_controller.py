@@ -18,6 +18,7 @@ import pytest
 
 from softdta.core.fleet import FleetError, Member, SlotMap, check_successor, fleet_prefix, moved_fraction
 from softdta.etcd.lease import KeptKey
+from softdta.fleet.controller import DEBOUNCE_S
 from softdta.lab.etcd_server import EtcdServer, free_port
 from tests.common import ROOT, SOFTDTA, eventually, one_line_error
 
@@ -166,17 +167,21 @@ def test_the_leader_commits_each_membership_change_as_one_new_epoch_moving_littl
     for slot, (before, after) in enumerate(zip(joined.slots, left.slots)):
         assert [name for name in before if name != "c2"] == [name for name in after if name in before], \
             f"slot {slot}: only c2's places moved"
-    assert len(leader.matching("committed epoch")) == 3
+    assert len(leader.wait_for("committed epoch", count=3)) == 3  # the log line may follow the map in etcd
 
 
 def test_a_burst_of_joins_becomes_one_epoch(etcd, run, members):
     leader = controller(run, etcd, "A")
     leader.wait_for("no collector is registered")
+    joined = []
     for i in range(1, 6):
         members.add(etcd, f"c{i}", f"10.77.1.{i}")
+        joined.append(time.monotonic())
         time.sleep(0.04)  # the burst's pace (not a wait): joins 40 ms apart, within the 200 ms debounce
     final = map_where(etcd, lambda m: len(m.members) == 5, what="the map of the five")
-    assert final.epoch <= 2, "joins 40 ms apart are debounced into (about) one epoch"
+    # a loaded machine may stretch a gap past the debounce: each such pause may end an epoch, nothing else may
+    pauses = sum(1 for before, after in zip(joined, joined[1:]) if after - before > DEBOUNCE_S)
+    assert final.epoch <= 2 + pauses, f"joins 40 ms apart are debounced into (about) one epoch ({pauses} pauses)"
 
 
 def test_an_unusable_or_foreign_slot_map_is_replaced_by_a_valid_next_epoch(etcd, run, members):
