@@ -228,8 +228,10 @@ class Controller:
             self.resign()
 
     def _unreachable(self, retry: float, stop: Stop) -> float:
+        """Wait `retry`, then the next wait: growing, but within a third of the lease's TTL, so that the leader
+        renews its lease (and keeps its lead) soon enough once etcd answers again."""
         stop.wait(retry)
-        return min(retry * 2, RETRY_MOST_S)
+        return min(retry * 2, RETRY_MOST_S, self.lease_ttl / 3)
 
     def _note_failure(self, error: EtcdUnavailable) -> None:
         self.counters["etcd_failures"] += 1
