@@ -23,6 +23,8 @@ Append ranges "append<first-list>@<collector-ip>" (append0@10.77.1.1). Keys are 
   GET  /stats                    structure stats, unread Append entries and the responder's counters
   GET  /health                   {"status": "ok", "backend": ..., ...}
   GET  /metrics                  Prometheus text format: fill and load-factor gauges, responder counters
+  POST /snapshot                 writes a snapshot of every structure as Parquet (the collector's token; needs a
+                                 snapshot directory, collector.snapshot): {"directory", "files", "rows"}
 
 Bad requests get a 4xx status and a JSON body {"error": "..."}. Requests are bounded (MAX_BODY_BYTES,
 core.query.MAX_KEYS, BODY_TIMEOUT_S, MAX_BUFFERED_BODY_BYTES, IDLE_TIMEOUT_S, MAX_CONNECTIONS). A query's body is
@@ -49,10 +51,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from softdta.collector.snapshot import SNAPSHOT_ROWS, Snapshot, SnapshotError, Snapshots, SnapshotTable
 from softdta.core import registry
 from softdta.core.offline import OfflineCollector
 from softdta.core.primitives import Append, Primitive
-from softdta.core.primitives.append.queries import AppendFeed, range_name
+from softdta.core.primitives.append.queries import AppendFeed, append_snapshot, range_name
 from softdta.core.primitives.append.region import AppendRegion
 from softdta.core.query import QueryError, RowsAnswer, StructureQuery, checked_fields
 from softdta.core.regions import Region
@@ -225,7 +228,17 @@ class _Metrics:
                            0 if qp.get("state") == "error" or qp.get("error") else 1)
         completions = CounterMetricFamily("softdta_completions", "WRITE with Immediate completions received")
         completions.add_metric([], self.service.source.completion_log.total)
-        return [fill, load, unread, responder, qps, completions, *self._fleet()]
+        return [fill, load, unread, responder, qps, completions, *self._fleet(), *self._snapshots()]
+
+    def _snapshots(self) -> list[Metric]:
+        snapshots = self.service.snapshots
+        if snapshots is None:
+            return []
+        total = CounterMetricFamily("softdta_snapshots", "Snapshots written as Parquet, and those that failed",
+                                    labels=["result"])
+        total.add_metric(["written"], snapshots.written)
+        total.add_metric(["failed"], snapshots.failed)
+        return [total]
 
     def _fleet(self) -> list[Metric]:
         """The collector's fleet registration (softdta collector up --fleet), if it has one."""
@@ -247,9 +260,12 @@ class _Metrics:
 
 
 class QueryService:
-    def __init__(self, source: QuerySource, token: str | None = None):
+    def __init__(self, source: QuerySource, token: str | None = None, snapshots: Snapshots | None = None):
         self.source = source
         self.token = token
+        self.snapshots = snapshots
+        self.one_snapshot = asyncio.Lock()
+        self.snapshot_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softdta-snapshot")
         self.queries = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softdta-query")
         # one query parsed and answered at a time: its memory, some 50 MB at MAX_KEYS, and the bodies read and
         # waiting for their turn (at most MAX_BUFFERED_BODY_BYTES) are the service's peak
@@ -418,6 +434,54 @@ class QueryService:
             pass  # the client left between the check and the write
         return response
 
+    async def take_snapshot(self) -> Snapshot:
+        """One snapshot of every structure and Append range (raises SnapshotError): the Append entries are read on
+        the loop, where their pollers run; the structures are decoded and every file written on the snapshot thread,
+        so /health and queries answer meanwhile."""
+        snapshots = self.snapshots
+        assert snapshots is not None  # the callers check
+        async with self.one_snapshot:
+            tables = []
+            for name, structure in self.structures.items():
+                primitive = registry.by_opcode(structure.primitive)
+                parts = primitive.snapshot(self.region(structure), structure, SNAPSHOT_ROWS)
+                if parts is None:
+                    snapshots.skip(name, primitive.name)
+                else:
+                    tables.append(SnapshotTable(primitive.snapshot_table(), parts))
+            if self.append_feeds:
+                tables.append(SnapshotTable(Append.snapshot_table(),
+                                            [append_snapshot(feed) for feed in self.append_feeds.values()]))
+            return await asyncio.get_running_loop().run_in_executor(self.snapshot_writer, snapshots.write, tables)
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        self._authorize(request, "a snapshot")
+        if self.snapshots is None:
+            raise _error(web.HTTPConflict, "this collector has no snapshot directory: set [snapshot] dir or "
+                                           "[collector] data_dir in its configuration")
+        try:
+            taken = await self.take_snapshot()
+        except SnapshotError as error:
+            raise _error(web.HTTPInsufficientStorage, error.line()) from None
+        return web.json_response({"directory": str(taken.directory), "files": [str(path) for path in taken.files],
+                                  "rows": taken.rows})
+
+    async def snapshot_periodically(self, app: web.Application) -> None:
+        """Every `snapshots.every` seconds, a snapshot (a failure is a line and a metric; the next one is tried)."""
+        snapshots = self.snapshots
+        if snapshots is None or not snapshots.every:
+            return
+        every = snapshots.every
+
+        async def periodically() -> None:
+            while not self.closing.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.closing.wait(), every)
+                    return
+                with contextlib.suppress(SnapshotError):  # said in a line and counted by Snapshots.write
+                    await self.take_snapshot()
+        self.periodic_snapshots = asyncio.get_running_loop().create_task(periodically())
+
     async def completions(self, request: web.Request) -> web.Response:
         try:
             since = int(request.query.get("since", "0"))
@@ -446,17 +510,21 @@ class QueryService:
 
     async def end_queries(self, app: web.Application) -> None:
         self.queries.shutdown(wait=False, cancel_futures=True)
+        self.snapshot_writer.shutdown(wait=True)  # a snapshot being written is finished (or fails) cleanly
 
 
-def make_app(source: QuerySource, token: str | None = None) -> web.Application:
-    """The service's application; without a token (an offline view) Append entries can be read, not taken."""
-    service = QueryService(source, token)
+def make_app(source: QuerySource, token: str | None = None, snapshots: Snapshots | None = None) -> web.Application:
+    """The service's application; without a token (an offline view) Append entries can be read, not taken; with
+    `snapshots`, POST /snapshot (and their period) writes them."""
+    service = QueryService(source, token, snapshots)
     app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/structures", service.list_structures), *service.routes(),
                     web.get("/completions", service.completions),
                     web.get("/stats", service.stats),
                     web.get("/health", service.health),
-                    web.get("/metrics", service.metrics)])
+                    web.get("/metrics", service.metrics),
+                    web.post("/snapshot", service.snapshot)])
+    app.on_startup.append(service.snapshot_periodically)
     app.on_shutdown.append(service.end_streams)
     app.on_cleanup.append(service.end_queries)
     return app
@@ -513,9 +581,10 @@ class _Refused(asyncio.Protocol):
 
 
 async def serve(source: QuerySource, host: str = "127.0.0.1", port: int = 0,
-                token: str | None = None) -> web.AppRunner:
+                token: str | None = None, snapshots: Snapshots | None = None) -> web.AppRunner:
     """Start serving on the running loop; `runner.addresses[0][1]` is the bound port, `runner.cleanup()` stops."""
-    runner = web.AppRunner(make_app(source, token), keepalive_timeout=IDLE_TIMEOUT_S, lingering_time=LINGER_S)
+    runner = web.AppRunner(make_app(source, token, snapshots), keepalive_timeout=IDLE_TIMEOUT_S,
+                           lingering_time=LINGER_S)
     await runner.setup()
     await _LimitedSite(runner, host, port).start()
     return runner

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -114,6 +114,7 @@ class TranslatorContext(Protocol):
 
 
 Target = Structure | AppendLists  # where a report goes: what its QP writes into
+SnapshotColumns = dict[str, npt.NDArray[Any]]  # one part of a snapshot: column name -> values, all of one length
 
 
 @dataclass
@@ -183,9 +184,11 @@ class Primitive(abc.ABC):
     - `query`: a `core.query.StructureQuery` subclass, served at `/<name>/<structure name>` (a POST of a JSON
       object of its `required_fields`, or a GET if it declares no fields). Its `parse` turns the fields into the
       typed query, its `answer(region)` returns an answer whose `json()` the service sends; `None`: no route.
-    A plug-in whose slots hold checksum ‖ data, as Key-Write's, reuses Key-Write's view and lookup:
-    `region` returns `key_write.region.KeyWriteRegion.for_structure(buffer, structure)` and
-    `query = key_write.queries.KeyLookup`.
+    - `snapshot(region, structure, rows)`: its content as columns, part by part, which `softdta collector snapshot`
+      writes as Parquet under the table `snapshot_table()` (docs/export.md); None: snapshots skip it.
+    A plug-in whose slots hold checksum ‖ data, as Key-Write's, reuses Key-Write's view, lookup and snapshot:
+    `region` returns `key_write.region.KeyWriteRegion.for_structure(buffer, structure)`,
+    `query = key_write.queries.KeyLookup` and `snapshot` returns `key_write.queries.key_write_snapshot(region, rows)`.
     """
 
     opcode: ClassVar[int]
@@ -268,6 +271,19 @@ class Primitive(abc.ABC):
         """What the query service lists of `structure` beside its sizes and fill (`/structures`, `/stats`); by
         default its keys."""
         return {"key_len": structure.key_len, "key_hash": structure.key_hash.name.lower()}
+
+    @classmethod
+    def snapshot(cls, region: Region, structure: Structure, rows: int) -> Iterator[SnapshotColumns] | None:
+        """Its structure's content (`region`, as `region` makes it) as columns, in parts of at most about `rows`
+        slots each, so that memory stays bounded (each part is a Parquet row group); at least one part, which may
+        be empty. Each column is a 1-D array, or a 2-D uint8 array of fixed-size binary values. None: it declares
+        no snapshot, and snapshots skip its structure."""
+        return None
+
+    @classmethod
+    def snapshot_table(cls) -> str:
+        """The table its snapshots make (their file name, and the view `softdta query sql` reads them as)."""
+        return cls.name.replace("-", "_")
 
     @classmethod
     def workload(cls, params: WorkloadParams) -> list[Report]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from softdta.core.primitives.append import Append
 from softdta.core.primitives.append.region import AppendRegion
@@ -176,3 +177,15 @@ class AppendFeed:
                 "fill": np.count_nonzero(occupied) / occupied.size, "load_factor": None,
                 "first_list": lists.first_list, "lists": lists.lists, "entries": lists.entries,
                 "data_len": lists.data_len, "batch": lists.batch}
+
+def append_snapshot(feed: AppendFeed) -> dict[str, npt.NDArray[Any]]:
+    """Every entry the range holds for requests to take (drained and not taken yet, then still in the rings), list
+    by list, oldest first, taking none: list_id (u32), position (u32, 0 the oldest) and entry (u32 or u64, the
+    reported big-endian value, for 4- and 8-byte entries; else the entry's bytes as rows)."""
+    waiting = feed.peek(None)
+    entries = [entries for entries, _ in waiting.values()]
+    counts = np.array([len(listed) for listed in entries], dtype=np.int64)
+    list_ids = np.repeat(np.array(list(waiting), dtype=np.uint32), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return {"list_id": list_ids, "position": (np.arange(int(counts.sum())) - starts).astype(np.uint32),
+            "entry": np.concatenate(entries) if entries else feed.poller.region.rings[0, :0].copy()}

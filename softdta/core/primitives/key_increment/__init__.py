@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Iterator
+from typing import ClassVar, cast
 
 from softdta.core import workload as generators
-from softdta.core.primitives.base import Output, Primitive, Target, built_in
+from softdta.core.primitives.base import Output, Primitive, SnapshotColumns, Target, built_in
 from softdta.core.primitives.key_increment.batch import KeyIncrementPath
 from softdta.core.primitives.key_increment.demo import KeyIncrementDemo
-from softdta.core.primitives.key_increment.queries import CountLookup
+from softdta.core.primitives.key_increment.queries import CountLookup, key_increment_snapshot
 from softdta.core.primitives.key_increment.region import KeyIncrementRegion
-from softdta.core.regions import Buffer
+from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
 from softdta.spec import DtaOpcode, RoceOpcode, TranslatorCounter, Transport
@@ -54,6 +55,10 @@ class KeyIncrement(Primitive):
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> KeyIncrementRegion:
         return KeyIncrementRegion(buffer)
+
+    @classmethod
+    def snapshot(cls, region: Region, structure: Structure, rows: int) -> Iterator[SnapshotColumns]:
+        return key_increment_snapshot(cast(KeyIncrementRegion, region), rows)
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Target | Output:
         structure = self.translator.structure(udp, self.opcode, report)

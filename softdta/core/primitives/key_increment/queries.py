@@ -3,6 +3,7 @@ service answers at `POST /key-increment/<structure>`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,15 @@ from softdta.core.query import Keys, StructureQuery, as_key_rows, hex_rows, inte
 from softdta.core.tables import Structure
 from softdta.spec import MAX_REDUNDANCY, KeyHash
 from softdta.wire.hashing import key_hashes_rows
+
+
+def key_increment_snapshot(region: KeyIncrementRegion, rows: int) -> Iterator[dict[str, npt.NDArray[Any]]]:
+    """The nonzero counters, `rows` slots at a time: slot (u32) and counter (u64)."""
+    for first in range(0, max(region.slot_count, 1), rows):
+        counters = region.counters[first:first + rows]
+        written = counters != 0
+        yield {"slot": np.flatnonzero(written).astype(np.uint32) + np.uint32(first),
+               "counter": counters[written].astype(np.uint64)}
 
 
 def keyincrement_query(region: KeyIncrementRegion, keys: Keys, redundancy: int,

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from typing import Any, ClassVar, cast
 
 from softdta.core import workload as generators
-from softdta.core.primitives.base import Output, PluginReport, Primitive, Target, TranslatorContext, built_in
+from softdta.core.primitives.base import (
+    Output,
+    PluginReport,
+    Primitive,
+    SnapshotColumns,
+    Target,
+    TranslatorContext,
+    built_in,
+)
 from softdta.core.primitives.key_write.batch import KeyWritePath
 from softdta.core.primitives.key_write.demo import KeyWriteDemo
-from softdta.core.primitives.key_write.queries import KeyLookup
+from softdta.core.primitives.key_write.queries import KeyLookup, key_write_snapshot
 from softdta.core.primitives.key_write.region import KeyWriteRegion
-from softdta.core.regions import Buffer
+from softdta.core.regions import Buffer, Region
 from softdta.core.tables import Structure
 from softdta.spec import DtaOpcode, TranslatorCounter
 from softdta.wire.dta import Report
@@ -39,6 +48,10 @@ class KeyWrite(Primitive):
     @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:
         return {**super().describe(structure), "data_len": structure.data_len}
+
+    @classmethod
+    def snapshot(cls, region: Region, structure: Structure, rows: int) -> Iterator[SnapshotColumns]:
+        return key_write_snapshot(cast(KeyWriteRegion, region), rows)
 
     @classmethod
     def p4_problems(cls, structure: Structure, architecture: str, sharing: list[str]) -> list[str]:

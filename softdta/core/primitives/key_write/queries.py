@@ -4,6 +4,7 @@ what the query service answers at `POST /key-write/<structure>`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,20 @@ def _data_words(region: KeyWriteRegion) -> np.ndarray:
     """Data as one comparable scalar per slot: integers for 4/8 bytes, void records otherwise."""
     dtype = {4: ">u4", 8: ">u8"}.get(region.data_len, f"V{region.data_len}")
     return region.data.view(dtype).reshape(region.slot_count)
+
+
+def key_write_snapshot(region: KeyWriteRegion, rows: int) -> Iterator[dict[str, npt.NDArray[Any]]]:
+    """The occupied slots, `rows` slots at a time: slot (u32), checksum (u32) and value (u32 or u64, the reported
+    big-endian value, for 4- and 8-byte data; else the data's bytes as rows)."""
+    words = _data_words(region)
+    for first in range(0, max(region.slot_count, 1), rows):
+        stop = min(first + rows, region.slot_count)
+        checksums, data = region.checksums[first:stop], words[first:stop]
+        written = (checksums != 0) | (data != 0 if data.dtype.kind == "u" else region.data[first:stop].any(axis=1))
+        slots = np.flatnonzero(written).astype(np.uint32) + np.uint32(first)
+        values = data[written].astype(data.dtype.newbyteorder("=")) if data.dtype.kind == "u" else \
+            region.data[first:stop][written]
+        yield {"slot": slots, "checksum": checksums[written], "value": values}
 
 
 def key_write_query(region: KeyWriteRegion, keys: Keys, redundancy: int = MAX_REDUNDANCY, consensus: int = 1,

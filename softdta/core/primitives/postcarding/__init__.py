@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, cast
 
 from softdta.core import workload as generators
-from softdta.core.primitives.base import Output, Primitive, Target, built_in, is_power_of_two, power_of_two_at_least
+from softdta.core.primitives.base import (
+    Output,
+    Primitive,
+    SnapshotColumns,
+    Target,
+    built_in,
+    is_power_of_two,
+    power_of_two_at_least,
+)
 from softdta.core.primitives.postcarding.batch import PostcardingPath
 from softdta.core.primitives.postcarding.demo import PostcardingDemo
-from softdta.core.primitives.postcarding.queries import PathLookup
+from softdta.core.primitives.postcarding.queries import PathLookup, postcard_snapshot
 from softdta.core.primitives.postcarding.region import PostcardRegion
 from softdta.core.primitives.postcarding.state import PostcardEntry as PostcardEntry  # its state, re-exported
-from softdta.core.regions import Buffer
+from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
 from softdta.spec import MAX_POSTCARD_HOPS, TNA_POSTCARD_CACHE_ENTRIES, DtaOpcode, TranslatorCounter
@@ -64,6 +72,10 @@ class Postcarding(Primitive):
     @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:
         return {**super().describe(structure), "hops": structure.hops}
+
+    @classmethod
+    def snapshot(cls, region: Region, structure: Structure, rows: int) -> Iterator[SnapshotColumns]:
+        return postcard_snapshot(cast(PostcardRegion, region), rows)
 
     @classmethod
     def p4_state_problems(cls, state: Mapping[tuple[bytes, int], int], architecture: str) -> list[str]:

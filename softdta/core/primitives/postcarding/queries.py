@@ -3,6 +3,7 @@ answers at `POST /postcarding/<structure>`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,17 @@ class PostcardAnswer:
 
     values: np.ndarray
     complete: np.ndarray
+
+
+def postcard_snapshot(region: PostcardRegion, rows: int) -> Iterator[dict[str, npt.NDArray[Any]]]:
+    """The occupied slots, `rows` slots at a time: slot (u32) and each hop's word as written, hop_0 .. hop_<n-1>
+    (u32: the hop's value XOR its per-hop checksum; decoding needs the flow's key, which `postcard_query` takes)."""
+    for first in range(0, max(region.slot_count, 1), rows):
+        words = region.values[first:first + rows]
+        written = words.any(axis=1)
+        hops = words[written].astype(np.uint32)
+        yield {"slot": np.flatnonzero(written).astype(np.uint32) + np.uint32(first),
+               **{f"hop_{hop}": np.ascontiguousarray(hops[:, hop]) for hop in range(region.hops)}}
 
 
 def postcard_query(region: PostcardRegion, keys: Keys, value_set: npt.ArrayLike) -> PostcardAnswer:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 from softdta.core import workload as generators
 from softdta.core.control_plane import map_spec
-from softdta.core.primitives.base import Output, Primitive, built_in, is_power_of_two
+from softdta.core.primitives.base import Output, Primitive, SnapshotColumns, built_in, is_power_of_two
 from softdta.core.primitives.sketch_merge.batch import SketchMergePath
 from softdta.core.primitives.sketch_merge.demo import SketchMergeDemo
-from softdta.core.primitives.sketch_merge.queries import MergedSketch
+from softdta.core.primitives.sketch_merge.queries import MergedSketch, sketch_snapshot
 from softdta.core.primitives.sketch_merge.region import SketchRegion
-from softdta.core.regions import Buffer
+from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
 from softdta.spec import (
@@ -88,6 +88,10 @@ class SketchMerge(Primitive):
     @classmethod
     def region(cls, buffer: Buffer, structure: Structure) -> SketchRegion:
         return SketchRegion.for_structure(buffer, structure)
+
+    @classmethod
+    def snapshot(cls, region: Region, structure: Structure, rows: int) -> Iterator[SnapshotColumns]:
+        return sketch_snapshot(cast(SketchRegion, region), rows)
 
     @classmethod
     def describe(cls, structure: Structure) -> dict[str, Any]:

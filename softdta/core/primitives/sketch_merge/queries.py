@@ -3,12 +3,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from softdta.core.primitives.sketch_merge.region import SketchRegion
 from softdta.core.query import StructureQuery
 from softdta.core.tables import Structure
+
+
+def sketch_snapshot(region: SketchRegion, rows: int) -> Iterator[dict[str, npt.NDArray[Any]]]:
+    """Every cell of the merged sketch, column by column, about `rows` cells at a time: column (u32), row (u32)
+    and value (u32)."""
+    columns, sketch_rows = region.by_column.shape
+    step = max(1, rows // max(sketch_rows, 1))
+    for first in range(0, max(columns, 1), step):
+        cells = region.by_column[first:first + step]
+        yield {"column": np.repeat(np.arange(first, first + cells.shape[0], dtype=np.uint32), sketch_rows),
+               "row": np.tile(np.arange(sketch_rows, dtype=np.uint32), cells.shape[0]),
+               "value": cells.reshape(-1).astype(np.uint32)}
 
 
 @dataclass

@@ -1,0 +1,215 @@
+"""Snapshots as Parquet: a collector's structures and Append ranges, decoded by their primitives
+(`Primitive.snapshot`, `append.queries.append_snapshot`), written with pyarrow (docs/export.md, "Snapshots as
+Parquet").
+
+One snapshot is a directory `<dir>/<collector>/<UTC time>/` with one file per table, `<table>.parquet`. Every
+file also has the columns collector (string), epoch (int64: the fleet's slot-map epoch, 0 outside a fleet) and
+time (timestamp, UTC: when the snapshot was taken). Each file is written to a hidden temporary file in the same
+directory, fsynced and renamed, so a reader never sees part of one; a snapshot that fails removes what it wrote.
+Each part a primitive decodes becomes one row group, so memory stays bounded whatever the region's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from softdta.core.fleet import MEMBERS, SLOT_MAP, FleetError, SlotMap
+from softdta.core.primitives.base import SnapshotColumns
+from softdta.errors import SoftdtaError
+from softdta.etcd.client import EtcdUnavailable
+from softdta.etcd.lease import KeptKey
+
+SNAPSHOT_ROWS = 1 << 21  # slots a primitive decodes per part: one row group, a bounded share of memory
+SNAPSHOTS_DIR = "snapshots"  # under the collector's data_dir, unless [snapshot] dir names another
+COMPRESSION = "snappy"
+
+
+class SnapshotError(SoftdtaError, OSError):
+    """A snapshot could not be written; the collector keeps running and the message names the fix."""
+
+
+@dataclass(frozen=True)
+class SnapshotTable:
+    """One table of a snapshot: its name (the file's) and its content, part by part (`Primitive.snapshot`)."""
+
+    name: str
+    parts: Iterable[SnapshotColumns]
+
+
+@dataclass
+class Snapshot:
+    """A snapshot written: its files, and the rows of each table."""
+
+    directory: Path
+    files: list[Path] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def fleet_epoch(registration: KeptKey | None) -> int:
+    """The epoch of the slot map of the fleet the collector is registered in (0 outside a fleet, or before the
+    fleet's first map). Raises EtcdUnavailable if etcd does not answer."""
+    if registration is None:
+        return 0
+    prefix = registration.key.rsplit(MEMBERS, 1)[0]  # /softdta/<fleet>/
+    stored = registration.etcd.get(prefix + SLOT_MAP)
+    return 0 if stored is None else SlotMap.from_json(stored.value).epoch
+
+
+def log_to_stderr(line: str) -> None:
+    print(f"softdta: {line}", file=sys.stderr, flush=True)
+
+
+class Snapshots:
+    """Writes a collector's snapshots under `directory`, one at a time (the caller serializes them), and counts
+    them: `written`, `failed`. `every` is the period of the collector's own snapshots (None: on request only)."""
+
+    def __init__(self, directory: Path, collector: str, *, every: float | None = None,
+                 epoch: Callable[[], int] = lambda: 0, log: Callable[[str], None] = log_to_stderr):
+        self.directory = directory
+        self.collector = collector
+        self.every = every
+        self.epoch = epoch
+        self.log = log
+        self.written = self.failed = 0
+        self.last_epoch = 0
+        self.skipped: set[str] = set()
+
+    def skip(self, structure: str, primitive: str) -> None:
+        """A structure whose primitive declares no snapshot: said once."""
+        if structure not in self.skipped:
+            self.skipped.add(structure)
+            self.log(f"snapshots skip {structure}: primitive {primitive} declares no snapshot (Primitive.snapshot)")
+
+    def write(self, tables: list[SnapshotTable], now: datetime | None = None) -> Snapshot:
+        """Write one snapshot of `tables`; raises SnapshotError (and counts a failure) if it cannot, leaving no
+        file of it behind."""
+        taken = now or datetime.now(timezone.utc)
+        snapshot = Snapshot(self.directory / self.collector / taken.strftime("%Y%m%dT%H%M%S.%fZ"))
+        try:
+            epoch = self._epoch()
+            snapshot.directory.mkdir(parents=True, exist_ok=True)
+            for table in tables:
+                path = snapshot.directory / f"{table.name}.parquet"
+                snapshot.rows[table.name] = _write_atomically(path, table.parts, self.collector, epoch, taken)
+                snapshot.files.append(path)
+            _fsync_directory(snapshot.directory)
+            _fsync_directory(snapshot.directory.parent)
+        except (OSError, pa.ArrowException) as error:
+            self.failed += 1
+            _remove(snapshot)
+            problem = SnapshotError(f"snapshot into {self.directory} failed: {_reason(error)}",
+                                    hint=_fix(error, self.directory))
+            self.log(problem.line())
+            raise problem from None
+        self.written += 1
+        return snapshot
+
+    def _epoch(self) -> int:
+        """The fleet epoch now; the last one known, said in a line, while etcd does not answer."""
+        try:
+            self.last_epoch = self.epoch()
+        except (EtcdUnavailable, FleetError) as error:
+            self.log(f"snapshot: the fleet's epoch is unknown ({error}); the snapshot carries the last one known, "
+                     f"{self.last_epoch}")
+        return self.last_epoch
+
+
+def _write_atomically(path: Path, parts: Iterable[SnapshotColumns], collector: str, epoch: int,
+                      taken: datetime) -> int:
+    """Write `parts` as row groups of a Parquet file at `path`, through a hidden temporary file in the same directory
+    (fsynced, then renamed); the rows written."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    rows = 0
+    try:
+        writer: pq.ParquetWriter | None = None
+        try:
+            for part in parts:
+                batch = _record_batch(part, collector, epoch, taken)
+                if writer is None:
+                    writer = pq.ParquetWriter(temporary, batch.schema, compression=COMPRESSION, store_schema=False)
+                if batch.num_rows:
+                    writer.write_batch(batch, row_group_size=batch.num_rows)
+                    rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError(f"{path.name}: the primitive's snapshot gave no part")  # a primitive's bug
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.rename(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise
+    return rows
+
+
+def _record_batch(part: SnapshotColumns, collector: str, epoch: int, taken: datetime) -> pa.RecordBatch:
+    """One part with the columns every file has: collector, epoch, time."""
+    count = len(next(iter(part.values()))) if part else 0
+    when = np.datetime64(taken.astimezone(timezone.utc).replace(tzinfo=None), "us")
+    columns: dict[str, pa.Array] = {
+        "collector": pa.DictionaryArray.from_arrays(pa.array(np.zeros(count, dtype=np.int32)), pa.array([collector])),
+        "epoch": pa.array(np.full(count, epoch, dtype=np.int64)),
+        "time": pa.array(np.full(count, when), type=pa.timestamp("us", tz="UTC"))}
+    for name, values in part.items():
+        columns[name] = _arrow(values)
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def _arrow(values: npt.NDArray[Any]) -> pa.Array:
+    """A column: a 1-D array as it is, rows of bytes (a 2-D uint8 array) as fixed-size binary values."""
+    if values.ndim == 1:
+        return pa.array(values)
+    rows = np.ascontiguousarray(values, dtype=np.uint8)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(rows.shape[1]), rows.shape[0],
+                                                [None, pa.py_buffer(rows.tobytes())])
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove(snapshot: Snapshot) -> None:
+    """What a failed snapshot wrote: its files, then its directory if nothing else is in it."""
+    for path in snapshot.files:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        snapshot.directory.rmdir()
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno is not None and error.errno in errno.errorcode:
+        return f"{error.strerror} ({errno.errorcode[error.errno]})"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _fix(error: BaseException, directory: Path) -> str:
+    code = error.errno if isinstance(error, OSError) else None
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on the filesystem of {directory}, or set [snapshot] dir to another one"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"make {directory} writable by the collector, or set [snapshot] dir to a writable directory"
+    return f"check {directory}, or set [snapshot] dir to another directory"
