@@ -14,23 +14,30 @@ from softdta.core import registry
 def register(commands: Commands) -> None:
     """Add the query command(s) to the `softdta` parser."""
     query = add_command(commands, "query", "read what a collector holds: look keys up, take Append entries, see "
-                        "its structures, counters and health", "See docs/query.md.")
+                        "its structures, counters and health; or run SQL over snapshots",
+                        "See docs/query.md; `softdta query sql \"SELECT ...\" --dir DIR` runs DuckDB over the Parquet "
+                        "snapshots of any number of collectors under DIR (docs/export.md).")
     query.add_argument("--url", default="http://127.0.0.1:8040",
                        help="the collector's query service (default %(default)s)")
     query.add_argument("what", choices=["structures", "stats", "health", "metrics",
-                                        *(p.name for p in registry.registered())],
+                                        *(p.name for p in registry.registered()), "sql"],
                        help="what to ask: the structures, the collector's counters, its health, its Prometheus "
-                            "metrics, or one structure (by its primitive)")
-    query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them")
+                            "metrics, one structure (by its primitive), or snapshots (sql)")
+    query.add_argument("name", nargs="?", help="structure name, as `softdta query structures` lists them; for sql, "
+                                               "the SQL statement")
     add_lookup_arguments(query)
     query.add_argument("--follow", action="store_true",
                        help="Append: take new entries as they come, until interrupted; needs --token")
     query.add_argument("--token", default=os.environ.get("SOFTDTA_TOKEN"),
                        help="the collector's token, for --take and --follow (default: $SOFTDTA_TOKEN)")
+    query.add_argument("--dir", help="sql: the directory of the snapshots (searched to any depth)")
+    query.add_argument("--json", action="store_true", help="sql: the rows as JSON objects, one per line")
     query.set_defaults(run=_query)
 
 
 def _query(args: argparse.Namespace) -> int:
+    if args.what == "sql":
+        return _sql(args)
     import urllib.error
     import urllib.request
 
@@ -74,4 +81,25 @@ def _query(args: argparse.Namespace) -> int:
         raise CliError(f"{args.url}: {error.reason}; is `softdta collector up` running, and is --url right?") from None
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from softdta.collector.warehouse import query
+    if not args.name or args.keys:
+        raise CliError('query sql takes one statement, quoted: softdta query sql "SELECT ..." --dir DIR')
+    if not args.dir:
+        raise CliError("query sql needs --dir: the directory the snapshots are in ([snapshot] dir, by default "
+                       "<data_dir>/snapshots)")
+    answer = query(Path(args.dir), args.name)
+    if args.json:
+        for row in answer.rows:
+            print(json.dumps(dict(zip(answer.columns, row)), default=str))
+        return 0
+    shown = [answer.columns] + [["NULL" if value is None else str(value) for value in row] for row in answer.rows]
+    widths = [max(len(line[column]) for line in shown) for column in range(len(answer.columns))]
+    for line in shown:
+        print("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip())
     return 0

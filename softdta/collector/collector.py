@@ -80,6 +80,7 @@ class Collector:
         self.tables = tables_for(config, self.regions)
         self.completion_log = CompletionLog()
         self.registration: KeptKey | None = None  # its fleet membership (softdta collector up --fleet)
+        self.fleet_epoch = 0  # the fleet's slot-map epoch, while it is in one (stamped on exported telemetry)
 
     def poll_completions(self) -> None:
         self.completion_log.add(self.backend.completions())

@@ -37,6 +37,8 @@ COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "data_dir", "toke
 STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
                   "reporters", "merge", "batch", "transport", "redundancy")
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
+SNAPSHOT_KEYS = ("dir", "every")
+SNAPSHOTS_DIR = "snapshots"  # under data_dir, where [snapshot] dir names no other directory
 NAME_LIMIT = 64  # the name is part of the pin directory's and of every queue pair's name
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -180,6 +182,8 @@ class CollectorConfig:
     tls_client_ca: Path | None = None  # translators must then present a certificate this CA signed
     structures: list[StructureSpec] = field(default_factory=list)
     append: list[AppendSpec] = field(default_factory=list)
+    snapshot_dir: Path | None = None  # [snapshot] dir: Parquet snapshots (docs/export.md); default data_dir/snapshots
+    snapshot_every: float = 0.0  # [snapshot] every: seconds between the collector's own snapshots; 0: on request only
 
     def validate(self) -> None:
         if len(self.name) > NAME_LIMIT or not NAME_PATTERN.fullmatch(self.name):
@@ -219,6 +223,10 @@ class CollectorConfig:
                                  f"({lower.lists} lists) and from first_list {upper.first_list} overlap; give each "
                                  f"range its own list ids (first_list {lower.first_list + lower.lists} or more)")
 
+    def snapshots_dir(self) -> Path | None:
+        """Where snapshots go: [snapshot] dir, else data_dir/snapshots; None if neither is set."""
+        return self.snapshot_dir or (self.data_dir / SNAPSHOTS_DIR if self.data_dir else None)
+
     def regions(self) -> list[StructureSpec | AppendSpec]:
         return [*self.structures, *self.append]
 
@@ -239,7 +247,7 @@ class CollectorConfig:
 
     @classmethod
     def from_dict(cls, document: dict[str, Any], relative_to: Path = Path(".")) -> CollectorConfig:
-        Settings("the configuration", document, ("collector", "structures", "append"))
+        Settings("the configuration", document, ("collector", "structures", "append", "snapshot"))
         collector = Settings("[collector]", document.get("collector"), COLLECTOR_KEYS)
         structures = []
         for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
@@ -284,6 +292,14 @@ class CollectorConfig:
         if bool(config.tls_cert) != bool(config.tls_key) or (config.tls_client_ca and not config.tls_cert):
             raise TableError("[collector]: TLS needs both tls_cert and tls_key (and tls_client_ca only with them); "
                              "set both, or none for plain TCP")
+        if "snapshot" in document:
+            snapshot = Settings("[snapshot]", document["snapshot"], SNAPSHOT_KEYS)
+            directory = snapshot.text("dir", "")
+            config.snapshot_dir = relative_to / directory if directory else None
+            config.snapshot_every = snapshot.number("every", 0.0)
+            if config.snapshots_dir() is None:
+                raise TableError("[snapshot]: no directory for the snapshots; set [snapshot] dir, or [collector] "
+                                 "data_dir (they then go to data_dir/snapshots)")
         if config.control_port == config.query_port:
             raise TableError(f"[collector]: control_port and query_port are both {config.query_port}; give them "
                              "different ports")

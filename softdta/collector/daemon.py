@@ -16,6 +16,7 @@ from softdta.collector.collector import Collector
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
 from softdta.collector.registration import FleetSettings, register
+from softdta.collector.snapshot import Snapshots
 from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
 from softdta.errors import SoftdtaError
 from softdta.wire.frames import ip_str
@@ -75,7 +76,10 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
         raise StartError(f"cannot listen for translators on {control_host}:{config.control_port} ({error.strerror}); "
                          "set another [collector] control_port, or stop what uses it") from None
     try:
-        query = await service.serve(collector, query_host, config.query_port, config.token)
+        snapshots_dir = config.snapshots_dir()
+        snapshots = Snapshots(snapshots_dir, config.name, every=config.snapshot_every or None,
+                              epoch=lambda: collector.fleet_epoch) if snapshots_dir is not None else None
+        query = await service.serve(collector, query_host, config.query_port, config.token, snapshots)
     except OSError as error:
         control.close()
         raise StartError(f"cannot serve queries on {query_host}:{config.query_port} ({error.strerror}); set another "

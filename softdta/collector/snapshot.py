@@ -26,14 +26,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from softdta.core.fleet import MEMBERS, SLOT_MAP, FleetError, SlotMap
 from softdta.core.primitives.base import SnapshotColumns
 from softdta.errors import SoftdtaError
-from softdta.etcd.client import EtcdUnavailable
-from softdta.etcd.lease import KeptKey
 
 SNAPSHOT_ROWS = 1 << 21  # slots a primitive decodes per part: one row group, a bounded share of memory
-SNAPSHOTS_DIR = "snapshots"  # under the collector's data_dir, unless [snapshot] dir names another
 COMPRESSION = "snappy"
 
 
@@ -58,23 +54,14 @@ class Snapshot:
     rows: dict[str, int] = field(default_factory=dict)
 
 
-def fleet_epoch(registration: KeptKey | None) -> int:
-    """The epoch of the slot map of the fleet the collector is registered in (0 outside a fleet, or before the
-    fleet's first map). Raises EtcdUnavailable if etcd does not answer."""
-    if registration is None:
-        return 0
-    prefix = registration.key.rsplit(MEMBERS, 1)[0]  # /softdta/<fleet>/
-    stored = registration.etcd.get(prefix + SLOT_MAP)
-    return 0 if stored is None else SlotMap.from_json(stored.value).epoch
-
-
 def log_to_stderr(line: str) -> None:
     print(f"softdta: {line}", file=sys.stderr, flush=True)
 
 
 class Snapshots:
     """Writes a collector's snapshots under `directory`, one at a time (the caller serializes them), and counts
-    them: `written`, `failed`. `every` is the period of the collector's own snapshots (None: on request only)."""
+    them: `written`, `failed`. `every` is the period of the collector's own snapshots (None: on request only);
+    `epoch` gives the fleet's epoch now (0 outside a fleet)."""
 
     def __init__(self, directory: Path, collector: str, *, every: float | None = None,
                  epoch: Callable[[], int] = lambda: 0, log: Callable[[str], None] = log_to_stderr):
@@ -84,7 +71,6 @@ class Snapshots:
         self.epoch = epoch
         self.log = log
         self.written = self.failed = 0
-        self.last_epoch = 0
         self.skipped: set[str] = set()
 
     def skip(self, structure: str, primitive: str) -> None:
@@ -99,7 +85,7 @@ class Snapshots:
         taken = now or datetime.now(timezone.utc)
         snapshot = Snapshot(self.directory / self.collector / taken.strftime("%Y%m%dT%H%M%S.%fZ"))
         try:
-            epoch = self._epoch()
+            epoch = self.epoch()
             snapshot.directory.mkdir(parents=True, exist_ok=True)
             for table in tables:
                 path = snapshot.directory / f"{table.name}.parquet"
@@ -116,15 +102,6 @@ class Snapshots:
             raise problem from None
         self.written += 1
         return snapshot
-
-    def _epoch(self) -> int:
-        """The fleet epoch now; the last one known, said in a line, while etcd does not answer."""
-        try:
-            self.last_epoch = self.epoch()
-        except (EtcdUnavailable, FleetError) as error:
-            self.log(f"snapshot: the fleet's epoch is unknown ({error}); the snapshot carries the last one known, "
-                     f"{self.last_epoch}")
-        return self.last_epoch
 
 
 def _write_atomically(path: Path, parts: Iterable[SnapshotColumns], collector: str, epoch: int,
