@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from softdta.cli.common import CliError, Commands, add_command
 
@@ -29,6 +30,8 @@ def register(commands: Commands) -> None:
                               help="its share of the fleet's slots relative to the others' (default %(default)s)")
     collector_up.add_argument("--lease-ttl", type=int, metavar="S",
                               help="seconds until a crashed collector leaves the fleet (default 5, at least 2)")
+    collector_up.add_argument("--export", metavar="URL", help="publish every Append entry to NATS JetStream at "
+                              "nats://HOST:PORT (the [export] section's url; docs/export.md)")
     collector_up.add_argument("--snapshot-every", type=float, metavar="S",
                               help="write a Parquet snapshot of every structure each S seconds (the [snapshot] "
                                    "section's every; docs/export.md)")
@@ -49,8 +52,13 @@ def _collector_up(args: argparse.Namespace) -> int:
     from softdta.collector.config import CollectorConfig
     from softdta.collector.control import ControlError
     from softdta.collector.daemon import StartError, run
+    from softdta.collector.export import ExportSettings
     from softdta.collector.registration import DEFAULT_LEASE_TTL_S, FleetSettings
     config = CollectorConfig.from_toml(args.config)
+    if args.export:
+        config.export = dataclasses.replace(config.export, url=args.export) if config.export else \
+            ExportSettings(args.export)
+        config.validate()
     if not config.token:
         raise CliError(f"{args.config}: [collector] token is missing or empty; set one, translators must "
                        "authenticate with it")

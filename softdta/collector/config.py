@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+from softdta.collector.export import ExportSettings
 from softdta.core import registry
+from softdta.core.export import DEFAULT_BACKLOG_ENTRIES, DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX, DUPLICATE_WINDOW_S
 from softdta.core.primitives.base import is_power_of_two
 from softdta.core.settings import Settings, TableError, tables_of
 from softdta.core.tables import KEY_HASH_NAMES
@@ -39,6 +41,7 @@ STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash"
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
 SNAPSHOT_KEYS = ("dir", "every")
 SNAPSHOTS_DIR = "snapshots"  # under data_dir, where [snapshot] dir names no other directory
+EXPORT_KEYS = ("url", "stream", "subject_prefix", "backlog_entries", "duplicate_window")
 NAME_LIMIT = 64  # the name is part of the pin directory's and of every queue pair's name
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -184,6 +187,7 @@ class CollectorConfig:
     append: list[AppendSpec] = field(default_factory=list)
     snapshot_dir: Path | None = None  # [snapshot] dir: Parquet snapshots (docs/export.md); default data_dir/snapshots
     snapshot_every: float = 0.0  # [snapshot] every: seconds between the collector's own snapshots; 0: on request only
+    export: ExportSettings | None = None  # [export]: Append entries to NATS JetStream (docs/export.md)
 
     def validate(self) -> None:
         if len(self.name) > NAME_LIMIT or not NAME_PATTERN.fullmatch(self.name):
@@ -216,6 +220,11 @@ class CollectorConfig:
         if not self.structures and not self.append:
             raise TableError("collector: it hosts no structure; add a [[structures]] or an [[append]] table "
                              "(see examples/collector.toml)")
+        if self.export is not None:
+            self.export.naming(self.name)
+            if self.data_dir is None:
+                raise TableError("[export] needs [collector] data_dir: the export journal, which keeps entries until "
+                                 "the broker acknowledges them, lives there; set data_dir")
         ranges = sorted(self.append, key=lambda lists: lists.first_list)
         for lower, upper in zip(ranges, ranges[1:]):
             if upper.first_list < lower.first_list + lower.lists:
@@ -247,7 +256,7 @@ class CollectorConfig:
 
     @classmethod
     def from_dict(cls, document: dict[str, Any], relative_to: Path = Path(".")) -> CollectorConfig:
-        Settings("the configuration", document, ("collector", "structures", "append", "snapshot"))
+        Settings("the configuration", document, ("collector", "structures", "append", "export", "snapshot"))
         collector = Settings("[collector]", document.get("collector"), COLLECTOR_KEYS)
         structures = []
         for entry in tables_of(document, "structures", STRUCTURE_KEYS, "[[structures]]"):
@@ -292,6 +301,8 @@ class CollectorConfig:
         if bool(config.tls_cert) != bool(config.tls_key) or (config.tls_client_ca and not config.tls_cert):
             raise TableError("[collector]: TLS needs both tls_cert and tls_key (and tls_client_ca only with them); "
                              "set both, or none for plain TCP")
+        if "export" in document:
+            config.export = _export(Settings("[export]", document["export"], EXPORT_KEYS))
         if "snapshot" in document:
             snapshot = Settings("[snapshot]", document["snapshot"], SNAPSHOT_KEYS)
             directory = snapshot.text("dir", "")
@@ -313,6 +324,13 @@ def _address(settings: Settings, key: str, parse: Callable[[str], bytes]) -> byt
         return parse(value)
     except (OSError, ValueError):
         raise TableError(f"{settings.where}: {key} = {value!r} is not a valid address") from None
+
+
+def _export(section: Settings) -> ExportSettings:
+    return ExportSettings(url=section.text("url"), stream=section.text("stream", DEFAULT_STREAM),
+                          subject_prefix=section.text("subject_prefix", DEFAULT_SUBJECT_PREFIX),
+                          backlog_entries=section.integer("backlog_entries", DEFAULT_BACKLOG_ENTRIES, 1),
+                          duplicate_window_s=section.integer("duplicate_window", DUPLICATE_WINDOW_S, 1))
 
 
 def _transport(name: str) -> Transport:

@@ -15,13 +15,16 @@ from softdta.collector.backend import Backend
 from softdta.collector.collector import Collector
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
-from softdta.collector.registration import FleetSettings, register
+from softdta.collector.export import Exporter
+from softdta.collector.registration import FleetSettings, current_epoch, register
 from softdta.collector.snapshot import Snapshots
 from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
+from softdta.core.export import ExportError
 from softdta.errors import SoftdtaError
 from softdta.wire.frames import ip_str
 
 CHECKPOINT_S = 60.0
+FLEET_EPOCH_S = 1.0  # how often a collector in a fleet reads the slot map's epoch (stamped on what it exports)
 COMPLETION_POLL_S = 0.002  # 1024 receives per verbs QP run out within 2 ms only above 500k immediates/s
 
 
@@ -75,11 +78,22 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
     except OSError as error:
         raise StartError(f"cannot listen for translators on {control_host}:{config.control_port} ({error.strerror}); "
                          "set another [collector] control_port, or stop what uses it") from None
+    feeds = service.append_feeds(collector)
+    exporter = None
+    if config.export is not None:
+        assert config.data_dir is not None  # config.validate requires it with [export]
+        try:
+            exporter = Exporter(config.export, config.name, ip_str(config.ip), feeds, config.data_dir,
+                                epoch=lambda: collector.fleet_epoch)
+        except (OSError, ExportError) as error:
+            control.close()
+            raise StartError(f"[export] {error}") from None
     try:
         snapshots_dir = config.snapshots_dir()
         snapshots = Snapshots(snapshots_dir, config.name, every=config.snapshot_every or None,
                               epoch=lambda: collector.fleet_epoch) if snapshots_dir is not None else None
-        query = await service.serve(collector, query_host, config.query_port, config.token, snapshots)
+        query = await service.serve(collector, query_host, config.query_port, config.token, snapshots, feeds=feeds,
+                                    exporter=exporter)
     except OSError as error:
         control.close()
         raise StartError(f"cannot serve queries on {query_host}:{config.query_port} ({error.strerror}); set another "
@@ -91,6 +105,8 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
     if fleet is not None:
         collector.registration = register(config, fleet, control_host=control_host, query_host=query_host)
     completions = loop.create_task(poll_completions(collector, stop))
+    epochs = loop.create_task(follow_fleet_epoch(collector, fleet, stop)) if fleet is not None else None
+    export = loop.create_task(exporter.run(stop)) if exporter is not None else None
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
@@ -103,10 +119,24 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
                 print(f"softdta: saving the regions failed ({error}); trying again in {CHECKPOINT_S:.0f} s",
                       file=sys.stderr, flush=True)
     await completions
+    if epochs is not None:
+        await epochs
+    if export is not None:
+        await export
     if collector.registration is not None:
         await loop.run_in_executor(None, collector.registration.close)
     control.close()
     await query.cleanup()
+
+
+async def follow_fleet_epoch(collector: Collector, fleet: FleetSettings, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        collector.fleet_epoch = await asyncio.get_running_loop().run_in_executor(
+            None, current_epoch, fleet, collector.fleet_epoch)
+        try:
+            await asyncio.wait_for(stop.wait(), FLEET_EPOCH_S)
+        except asyncio.TimeoutError:
+            pass
 
 
 async def poll_completions(collector: Collector, stop: asyncio.Event) -> None:

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 
 from softdta.collector.config import CollectorConfig
-from softdta.core.fleet import MEMBERS, FleetError, Member, fleet_prefix
-from softdta.etcd.client import Etcd
+from softdta.core.fleet import MEMBERS, SLOT_MAP, FleetError, Member, SlotMap, fleet_prefix
+from softdta.etcd.client import Etcd, EtcdUnavailable
 from softdta.etcd.lease import KeptKey
 from softdta.wire.frames import ip_str, mac_str
 
@@ -60,3 +60,13 @@ def register(config: CollectorConfig, settings: FleetSettings, *, control_host: 
     key = fleet_prefix(settings.fleet) + MEMBERS + member.name
     return KeptKey(Etcd(settings.etcd), key, member.to_json(), settings.lease_ttl,
                    what=f"collector {member.name} in fleet {settings.fleet}").start()
+
+
+def current_epoch(settings: FleetSettings, known: int) -> int:
+    """The epoch of the fleet's slot map in etcd (what the collector stamps on exported telemetry); `known` while
+    etcd does not answer or holds no valid map."""
+    try:
+        value = Etcd(settings.etcd, timeout=1.0).get(fleet_prefix(settings.fleet) + SLOT_MAP)
+        return SlotMap.from_json(value.value).epoch if value is not None else known
+    except (EtcdUnavailable, FleetError):
+        return known

@@ -18,9 +18,9 @@ Append ranges "append<first-list>@<collector-ip>" (append0@10.77.1.1). Keys are 
                                  left where they are
   POST /append/<name>?list=<id>  takes them (Authorization: Bearer <the collector's token>): each entry is
                                  taken once; &follow=1 streams them as newline-delimited JSON until the client
-                                 leaves
+                                 leaves (409 when the collector exports them to NATS: docs/export.md)
   GET  /completions?since=<n>    WRITE with Immediate completions numbered after n (the newest 4096 are kept)
-  GET  /stats                    structure stats, unread Append entries and the responder's counters
+  GET  /stats                    structure stats, unread Append entries, the responder's counters and the export's
   GET  /health                   {"status": "ok", "backend": ..., ...}
   GET  /metrics                  Prometheus text format: fill and load-factor gauges, responder counters
   POST /snapshot                 writes a snapshot of every structure as Parquet (the collector's token; needs a
@@ -51,6 +51,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from softdta.collector.export import Exporter
 from softdta.collector.snapshot import SNAPSHOT_ROWS, Snapshot, SnapshotError, Snapshots, SnapshotTable
 from softdta.core import registry
 from softdta.core.offline import OfflineCollector
@@ -228,7 +229,30 @@ class _Metrics:
                            0 if qp.get("state") == "error" or qp.get("error") else 1)
         completions = CounterMetricFamily("softdta_completions", "WRITE with Immediate completions received")
         completions.add_metric([], self.service.source.completion_log.total)
-        return [fill, load, unread, responder, qps, completions, *self._fleet(), *self._snapshots()]
+        return [fill, load, unread, responder, qps, completions, *self._fleet(), *self._snapshots(),
+                *self._export()]
+
+    def _export(self) -> list[Metric]:
+        """The export to NATS JetStream (softdta collector up --export), if it runs."""
+        exporter = self.service.exporter
+        if exporter is None:
+            return []
+        status = exporter.status()
+        entries = CounterMetricFamily("softdta_export_entries", "Append entries by what became of them: taken from "
+                                      "the rings, acknowledged by JetStream, lost to ring overflow or dropped by the "
+                                      "backlog bound (both published as gaps)", labels=["result"])
+        for result, key in (("taken", "taken"), ("acknowledged", "acknowledged"), ("lost_overflow", "lost_to_overflow"),
+                            ("dropped_backlog", "dropped_from_backlog")):
+            entries.add_metric([result], status[key])
+        backlog = GaugeMetricFamily("softdta_export_backlog_entries", "Entries taken and not yet acknowledged")
+        backlog.add_metric([], status["backlog_entries"])
+        connected = GaugeMetricFamily("softdta_export_connected", "1 while the collector is connected to the broker")
+        connected.add_metric([], int(status["connected"]))
+        events = CounterMetricFamily("softdta_export_events", "Export events", labels=["event"])
+        for event in ("connects", "disconnects", "stream_recreated", "duplicates", "publish_failures",
+                      "journal_failures"):
+            events.add_metric([event], status[event])
+        return [entries, backlog, connected, events]
 
     def _snapshots(self) -> list[Metric]:
         snapshots = self.service.snapshots
@@ -259,10 +283,21 @@ class _Metrics:
 # The service
 
 
+def append_feeds(source: QuerySource) -> dict[str, AppendFeed]:
+    """Each Append range's feed, by the name the service gives the range."""
+    return {range_name(lists): AppendFeed(lists, source.append_region(lists), source.append_ring_writes(lists))
+            for lists in source.tables.append_lists}
+
+
 class QueryService:
-    def __init__(self, source: QuerySource, token: str | None = None, snapshots: Snapshots | None = None):
+    """With an `exporter`, the exporter takes the Append entries (from the same `feeds`); requests may read them
+    while they wait, and take none."""
+
+    def __init__(self, source: QuerySource, token: str | None = None, snapshots: Snapshots | None = None, *,
+                 feeds: dict[str, AppendFeed] | None = None, exporter: Exporter | None = None):
         self.source = source
         self.token = token
+        self.exporter = exporter
         self.snapshots = snapshots
         self.one_snapshot = asyncio.Lock()
         self.snapshot_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softdta-snapshot")
@@ -273,9 +308,7 @@ class QueryService:
         self.buffered_body_bytes = 0
         self.structures = {structure_name(s): s for s in source.tables.structures}
         self.hashed = {name for name, s in self.structures.items() if registry.by_opcode(s.primitive).hashed}
-        self.append_feeds = {range_name(lists): AppendFeed(lists, source.append_region(lists),
-                                                           source.append_ring_writes(lists))
-                             for lists in source.tables.append_lists}
+        self.append_feeds = append_feeds(source) if feeds is None else feeds
         self.prometheus = CollectorRegistry(auto_describe=False)  # names depend on the tables: no check at register
         self.prometheus.register(_Metrics(self))
         self.closing = asyncio.Event()  # set at shutdown, so that follow streams end
@@ -405,6 +438,10 @@ class QueryService:
     async def append_take(self, request: web.Request) -> web.StreamResponse:
         self._authorize(request, "taking Append entries")
         name, feed, list_id = self._append_request(request)
+        if self.exporter is not None:
+            raise _error(web.HTTPConflict, f"this collector exports its Append entries to {self.exporter.settings.url} "
+                                           f"(stream {self.exporter.settings.stream}); consume them there "
+                                           "(docs/export.md), or read them with GET while they wait")
         follow = request.query.get("follow", "0")
         if follow not in ("0", "1"):
             raise _bad_request(f"follow must be 0 or 1, got {follow[:20]!r}")
@@ -496,8 +533,10 @@ class QueryService:
         unread = {name: {str(list_id): entries.shape[0] for list_id, entries in feed.unread.items()}
                   for name, feed in self.append_feeds.items()}
         fleet = self.source.health().get("fleet")
+        export = {"export": self.exporter.status()} if self.exporter is not None else {}
         return web.json_response({"structures": self.structure_stats(), "append_unread": unread,
-                                  "responder": self.source.counters(), **({"fleet": fleet} if fleet else {})})
+                                  "responder": self.source.counters(), **({"fleet": fleet} if fleet else {}),
+                                  **export})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", **self.source.health()})
@@ -513,10 +552,11 @@ class QueryService:
         self.snapshot_writer.shutdown(wait=True)  # a snapshot being written is finished (or fails) cleanly
 
 
-def make_app(source: QuerySource, token: str | None = None, snapshots: Snapshots | None = None) -> web.Application:
+def make_app(source: QuerySource, token: str | None = None, snapshots: Snapshots | None = None, *,
+             feeds: dict[str, AppendFeed] | None = None, exporter: Exporter | None = None) -> web.Application:
     """The service's application; without a token (an offline view) Append entries can be read, not taken; with
     `snapshots`, POST /snapshot (and their period) writes them."""
-    service = QueryService(source, token, snapshots)
+    service = QueryService(source, token, snapshots, feeds=feeds, exporter=exporter)
     app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/structures", service.list_structures), *service.routes(),
                     web.get("/completions", service.completions),
@@ -581,10 +621,11 @@ class _Refused(asyncio.Protocol):
 
 
 async def serve(source: QuerySource, host: str = "127.0.0.1", port: int = 0,
-                token: str | None = None, snapshots: Snapshots | None = None) -> web.AppRunner:
+                token: str | None = None, snapshots: Snapshots | None = None, *,
+                feeds: dict[str, AppendFeed] | None = None, exporter: Exporter | None = None) -> web.AppRunner:
     """Start serving on the running loop; `runner.addresses[0][1]` is the bound port, `runner.cleanup()` stops."""
-    runner = web.AppRunner(make_app(source, token, snapshots), keepalive_timeout=IDLE_TIMEOUT_S,
-                           lingering_time=LINGER_S)
+    runner = web.AppRunner(make_app(source, token, snapshots, feeds=feeds, exporter=exporter),
+                           keepalive_timeout=IDLE_TIMEOUT_S, lingering_time=LINGER_S)
     await runner.setup()
     await _LimitedSite(runner, host, port).start()
     return runner

@@ -3,6 +3,7 @@ request has taken yet and shapes the query service's answers (`GET` and `POST /a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -18,6 +19,9 @@ from softdta.wire.frames import ip_str
 def range_name(lists: AppendLists) -> str:
     """How the query service names a range: append<first list>@<collector ip>."""
     return f"{Append.name}{lists.first_list}@{ip_str(lists.qp.collector_ip)}"
+
+
+Keep = Callable[[dict[int, np.ndarray], dict[int, int]], None]
 
 
 class AppendPoller:
@@ -38,8 +42,8 @@ class AppendPoller:
         self.batches_per_ring = region.lists.entries // self.batch
         shape = (region.lists.lists, self.batches_per_ring, self.batch) + region.rings.shape[2:]
         self._batches = region.rings.reshape(shape)
-        self.tails = np.zeros(region.lists.lists, dtype=np.int64)
         self.writes = writes
+        self.tails = self._oldest_unread()
         # WRITEs accounted for per ring: taken, or counted as overwritten; the batches in the rings now are not
         self.accounted: np.ndarray | None = None if writes is None else \
             writes.astype(np.int64) - self._runs(self.tails)[1]
@@ -49,15 +53,16 @@ class AppendPoller:
         They are taken: zeroed in the ring, and the list's tail moves past them."""
         return self.poll_counting_laps()[0]
 
-    def poll_counting_laps(self) -> tuple[dict[int, np.ndarray], dict[int, int]]:
-        """`poll`, and the entries that laps overwrote before they were read, by list id (lists with a loss)."""
-        return self._new(take=True)
+    def poll_counting_laps(self, keep: Keep | None = None) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+        """`poll`, and the entries that laps overwrote before they were read, by list id (lists with a loss).
+        `keep`, if given, gets both before the rings are zeroed (a journal writes them there)."""
+        return self._new(take=True, keep=keep)
 
     def peek(self) -> tuple[dict[int, np.ndarray], dict[int, int]]:
         """What `poll_counting_laps` would return, leaving the rings and tails as they are."""
         return self._new(take=False)
 
-    def _new(self, take: bool) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+    def _new(self, take: bool, keep: Keep | None = None) -> tuple[dict[int, np.ndarray], dict[int, int]]:
         ring = self.batches_per_ring
         tails, overwritten = self.tails.copy(), np.zeros_like(self.tails)
         if self.writes is not None:
@@ -69,18 +74,36 @@ class AppendPoller:
         first = self.region.lists.first_list
         new: dict[int, np.ndarray] = {}
         for index in np.nonzero(run)[0]:
-            taken = order[index, :run[index]]
-            entries = self._batches[index, taken].reshape((-1,) + self._batches.shape[3:])
+            entries = self._batches[index, order[index, :run[index]]].reshape((-1,) + self._batches.shape[3:])
             nonzero = entries.reshape(entries.shape[0], -1).any(axis=1)
-            new[first + int(index)] = entries[nonzero].copy()
-            if take:
-                self._batches[index, taken] = 0
+            new[first + int(index)] = entries[nonzero]  # fancy indexing: a copy
+        lost = {first + int(index): int(overwritten[index]) * self.batch for index in np.nonzero(overwritten)[0]}
         if take:
+            if keep is not None:
+                keep(new, lost)
+            for index in np.nonzero(run)[0]:
+                self._batches[index, order[index, :run[index]]] = 0
             self.tails = (tails + run) % ring
             if self.accounted is not None:
                 self.accounted += overwritten + run
-        lost = {first + int(index): int(overwritten[index]) * self.batch for index in np.nonzero(overwritten)[0]}
         return new, lost
+
+    def _oldest_unread(self) -> np.ndarray:
+        """Per list, where its unread batches start: a new poller (a restarted collector's) reads on from there.
+        The poller zeroes what it takes and the writer writes batches in ring order, so the unread batches are a
+        circular run of written ones; an empty or full ring starts at 0. With `writes`, a ring with several runs
+        (a lost WRITE leaves a hole) starts at the run that ends where the writer last wrote."""
+        ring = self.batches_per_ring
+        written = self._batches.reshape(self._batches.shape[0], ring, -1).any(axis=2)
+        starts = written & ~np.roll(written, 1, axis=1)
+        tails = np.zeros(written.shape[0], dtype=np.int64)
+        for index in np.nonzero(starts.any(axis=1))[0]:
+            candidates = np.nonzero(starts[index])[0]
+            tails[index] = candidates[0]
+            if self.writes is not None and candidates.size > 1:
+                last = (int(self.writes[index]) - 1) % ring
+                tails[index] = candidates[candidates <= last][-1] if (candidates <= last).any() else candidates[-1]
+        return tails
 
     def _runs(self, tails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per list, the ring's batch positions from its tail on, and how many of them in a row are written."""
@@ -177,6 +200,7 @@ class AppendFeed:
                 "fill": np.count_nonzero(occupied) / occupied.size, "load_factor": None,
                 "first_list": lists.first_list, "lists": lists.lists, "entries": lists.entries,
                 "data_len": lists.data_len, "batch": lists.batch}
+
 
 def append_snapshot(feed: AppendFeed) -> dict[str, npt.NDArray[Any]]:
     """Every entry the range holds for requests to take (drained and not taken yet, then still in the rings), list

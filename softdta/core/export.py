@@ -1,0 +1,292 @@
+"""Telemetry export, sans-IO: what a collector publishes to NATS JetStream and how it keeps an exact account
+(docs/export.md).
+
+Every Append entry the collector takes gets a sequence number in its list (from 0, counting entries taken and
+entries lost to ring overflow), and goes out in a `Message`: up to MAX_MESSAGE_ENTRIES entries of one list in
+order, or a gap marker for entries lost. A message's de-duplication ID names the collector, its journal's
+incarnation, the list and the first sequence number, so a message published again after a reconnect or a restart
+is the same message, and JetStream keeps one.
+
+The `Ledger` is the account: messages taken and not yet acknowledged (the backlog, bounded), the next sequence
+number of each list, and what the bound dropped. The journal (`encode_record`, `read_journal`) makes it survive a
+restart: the collector appends each message before the entries leave the ring, and each acknowledgement after
+JetStream gives it; replaying the journal gives back the same ledger.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from softdta.errors import SoftdtaError
+
+MAX_MESSAGE_ENTRIES = 4096
+MAX_MESSAGE_BYTES = 256 << 10  # under nats-server's default max_payload (1 MiB)
+DEFAULT_BACKLOG_ENTRIES = 4 << 20
+DEFAULT_STREAM = "SOFTDTA"
+DEFAULT_SUBJECT_PREFIX = "softdta"
+DUPLICATE_WINDOW_S = 600  # JetStream's de-duplication window: a restart within it never publishes a message twice
+
+# Message headers (besides JetStream's Nats-Msg-Id)
+COLLECTOR_HEADER = "Softdta-Collector"
+EPOCH_HEADER = "Softdta-Epoch"
+KIND_HEADER = "Softdta-Kind"  # "entries", "gap" or "path"
+RANGE_HEADER = "Softdta-Range"
+LIST_HEADER = "Softdta-List"
+SEQUENCE_HEADER = "Softdta-Seq"  # the first entry's sequence number in its list
+COUNT_HEADER = "Softdta-Count"  # entries in the message, or entries the gap stands for
+ENTRY_BYTES_HEADER = "Softdta-Entry-Bytes"
+TIME_HEADER = "Softdta-Time-Ns"  # when the collector took the entries (UNIX ns)
+MESSAGE_ID_HEADER = "Nats-Msg-Id"
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")  # a NATS subject token, and a JetStream stream name, that needs no escaping
+_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+class ExportError(SoftdtaError, ValueError):
+    """An export setting that cannot work; the message names it and the fix."""
+
+
+class Kind(IntEnum):
+    ENTRIES = 1
+    GAP = 2
+    ACK = 3  # journal only: the list's messages below `sequence` are acknowledged
+
+
+@dataclass(frozen=True)
+class Naming:
+    """Where messages go: subjects `<prefix>.append.<collector>.<list>` in stream `stream`."""
+
+    collector: str
+    prefix: str = DEFAULT_SUBJECT_PREFIX
+    stream: str = DEFAULT_STREAM
+
+    def __post_init__(self) -> None:
+        if not _TOKEN.fullmatch(self.collector):
+            raise ExportError(f"collector name {self.collector!r} cannot be a NATS subject token (letters, digits, "
+                              "'_' and '-' only); rename the collector to export its telemetry")
+        if not _PREFIX.fullmatch(self.prefix):
+            raise ExportError(f"[export] subject_prefix {self.prefix!r} is not a NATS subject: give dot-separated "
+                              "tokens of letters, digits, '_' and '-' (no wildcards), e.g. \"softdta\"")
+        if not _TOKEN.fullmatch(self.stream):
+            raise ExportError(f"[export] stream {self.stream!r} is not a JetStream stream name: give letters, "
+                              "digits, '_' and '-', e.g. \"SOFTDTA\"")
+
+    @property
+    def subjects(self) -> str:
+        """The stream's subject filter: everything this collector publishes."""
+        return f"{self.prefix}.*.{self.collector}.>"
+
+    def append_subject(self, list_id: int) -> str:
+        return f"{self.prefix}.append.{self.collector}.{list_id}"
+
+
+@dataclass
+class Message:
+    """One message of a list: `count` entries from `sequence` on (`payload`, `entry_bytes` each), or a gap of
+    `count` entries lost. `epoch` is the fleet's epoch when they were taken (0 outside a fleet)."""
+
+    kind: Kind
+    list_id: int
+    first_list: int  # of the list's Append range
+    sequence: int
+    count: int
+    entry_bytes: int
+    epoch: int
+    time_ns: int
+    payload: bytes = b""
+
+    def message_id(self, collector: str, incarnation: str) -> str:
+        return f"{collector}:{incarnation}:{self.list_id}:{self.sequence}"
+
+    def headers(self, collector: str, incarnation: str, collector_ip: str) -> dict[str, str]:
+        return {MESSAGE_ID_HEADER: self.message_id(collector, incarnation), COLLECTOR_HEADER: collector,
+                EPOCH_HEADER: str(self.epoch), KIND_HEADER: "gap" if self.kind is Kind.GAP else "entries",
+                RANGE_HEADER: f"append{self.first_list}@{collector_ip}", LIST_HEADER: str(self.list_id),
+                SEQUENCE_HEADER: str(self.sequence), COUNT_HEADER: str(self.count),
+                ENTRY_BYTES_HEADER: str(self.entry_bytes), TIME_HEADER: str(self.time_ns)}
+
+    @property
+    def end(self) -> int:
+        return self.sequence + self.count
+
+
+# --------------------------------------------------------------------------------------------------
+# The journal: a header, then records; a torn last record (a crash mid-write) is ignored
+
+JOURNAL_MAGIC = b"SDTAEXP1"
+_JOURNAL_HEADER = struct.Struct("<8s16s")  # magic, incarnation (hex text of 8 random bytes)
+_RECORD = struct.Struct("<IIBxHIIQIqQ")  # length, crc32, kind, entry_bytes, list, first_list, seq, count, time, epoch
+
+
+def journal_header(incarnation: str) -> bytes:
+    return _JOURNAL_HEADER.pack(JOURNAL_MAGIC, incarnation.encode())
+
+
+def encode_record(message: Message) -> bytes:
+    body = _RECORD.pack(0, 0, message.kind, message.entry_bytes, message.list_id, message.first_list,
+                        message.sequence, message.count, message.time_ns, message.epoch)[8:] + message.payload
+    return struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+
+def ack_record(list_id: int, sequence: int) -> bytes:
+    return encode_record(Message(Kind.ACK, list_id, 0, sequence, 0, 0, 0, 0))
+
+
+@dataclass
+class Journal:
+    """What a journal file holds: its incarnation, every message in order, and the bytes that made sense."""
+
+    incarnation: str
+    messages: list[Message]
+    valid_bytes: int
+
+
+def read_journal(data: bytes) -> Journal:
+    """Parse a journal; raises ExportError if it is not one. Records after a damaged one are ignored (only the
+    last record can be damaged: the file is only ever appended to)."""
+    if len(data) < _JOURNAL_HEADER.size or data[:8] != JOURNAL_MAGIC:
+        raise ExportError("not a softdta export journal")
+    incarnation = _JOURNAL_HEADER.unpack_from(data)[1].decode("ascii", "replace")
+    offset, messages = _JOURNAL_HEADER.size, []
+    while offset + 8 <= len(data):
+        length, crc = struct.unpack_from("<II", data, offset)
+        body = data[offset + 8:offset + 8 + length]
+        if length < _RECORD.size - 8 or len(body) < length or zlib.crc32(body) != crc:
+            break
+        kind, entry_bytes, list_id, first_list, sequence, count, time_ns, epoch = \
+            _RECORD.unpack(bytes(8) + body[:_RECORD.size - 8])[2:]
+        messages.append(Message(Kind(kind), list_id, first_list, sequence, count, entry_bytes, epoch, time_ns,
+                                bytes(body[_RECORD.size - 8:])))
+        offset += 8 + length
+    return Journal(incarnation, messages, offset)
+
+
+# --------------------------------------------------------------------------------------------------
+# The ledger
+
+
+@dataclass
+class Ledger:
+    """The exact account of one collector's export.
+
+    Per list, `next_sequence` is the sequence number of the next entry taken. `backlog` holds the messages taken
+    and not yet acknowledged, oldest first, keyed by (list, sequence). Beyond `limit` entries in the backlog, the
+    oldest messages not in flight give up their entries and become gap markers (`dropped` counts the entries).
+    """
+
+    limit: int = DEFAULT_BACKLOG_ENTRIES
+    next_sequence: dict[int, int] = field(default_factory=dict)
+    backlog: OrderedDict[tuple[int, int], Message] = field(default_factory=OrderedDict)
+    in_flight: set[tuple[int, int]] = field(default_factory=set)
+    backlog_entries: int = 0
+    taken: int = 0  # entries taken from the rings
+    lost: int = 0  # entries lost to ring overflow (published as gaps)
+    dropped: int = 0  # entries the backlog bound dropped (published as gaps)
+    acknowledged: int = 0  # entries JetStream acknowledged
+
+    def take(self, list_id: int, first_list: int, entries: np.ndarray, lost: int, *, epoch: int,
+             now_ns: int) -> list[Message]:
+        """Account for what a poll took from a list: `lost` entries overwritten before it, then `entries` (rows of
+        one entry's bytes each, or a 1-D array of integer entries), oldest first. Returns the new messages, in
+        order, for the journal and the broker."""
+        sequence = self.next_sequence.get(list_id, 0)
+        messages = []
+        if lost:
+            messages.append(Message(Kind.GAP, list_id, first_list, sequence, lost, 0, epoch, now_ns))
+            sequence += lost
+            self.lost += lost
+        if entries.ndim == 1:  # 4- and 8-byte entries, as integers: sent in the report's (network) byte order
+            entries = entries.astype(entries.dtype.newbyteorder(">")).reshape(-1, 1).view(np.uint8)
+        rows = entries.reshape(entries.shape[0], -1)
+        entry_bytes = rows.shape[1] if rows.shape[0] else 0
+        step = max(1, min(MAX_MESSAGE_ENTRIES, MAX_MESSAGE_BYTES // max(1, entry_bytes)))
+        for start in range(0, rows.shape[0], step):
+            chunk = rows[start:start + step]
+            messages.append(Message(Kind.ENTRIES, list_id, first_list, sequence, chunk.shape[0], entry_bytes,
+                                    epoch, now_ns, chunk.tobytes()))
+            sequence += chunk.shape[0]
+            self.taken += chunk.shape[0]
+        self.next_sequence[list_id] = sequence
+        for message in messages:
+            self._keep(message)
+        return messages
+
+    def _keep(self, message: Message) -> None:
+        self.backlog[message.list_id, message.sequence] = message
+        if message.kind is Kind.ENTRIES:
+            self.backlog_entries += message.count
+
+    def bounded(self) -> list[Message]:
+        """Turn the oldest waiting messages into gaps until the backlog is within its limit; returns the gaps made
+        (for the journal, where they supersede the messages they replace)."""
+        gaps = []
+        for key, message in list(self.backlog.items()):
+            if self.backlog_entries <= self.limit:
+                break
+            if message.kind is not Kind.ENTRIES or key in self.in_flight:
+                continue
+            gap = Message(Kind.GAP, message.list_id, message.first_list, message.sequence, message.count, 0,
+                          message.epoch, message.time_ns)
+            self.backlog[key] = gap
+            self.backlog_entries -= message.count
+            self.dropped += message.count
+            gaps.append(gap)
+        return gaps
+
+    def ready(self, most: int) -> list[Message]:
+        """Up to `most` waiting messages that are not in flight, oldest first; they are in flight from now on."""
+        chosen: list[Message] = []
+        for key, message in self.backlog.items():
+            if len(chosen) >= most:
+                break
+            if key not in self.in_flight:
+                self.in_flight.add(key)
+                chosen.append(message)
+        return chosen
+
+    def acknowledged_message(self, message: Message) -> None:
+        key = (message.list_id, message.sequence)
+        self.in_flight.discard(key)
+        kept = self.backlog.pop(key, None)
+        if kept is not None and kept.kind is Kind.ENTRIES:
+            self.backlog_entries -= kept.count
+            self.acknowledged += kept.count
+
+    def failed(self, message: Message) -> None:
+        """A message the broker did not acknowledge: it waits to be sent again."""
+        self.in_flight.discard((message.list_id, message.sequence))
+
+    def acknowledged_below(self) -> dict[int, int]:
+        """Per list, the sequence number below which every message is acknowledged (for the journal's ACKs)."""
+        lowest: dict[int, int] = {}
+        for list_id, sequence in self.backlog:
+            lowest.setdefault(list_id, sequence)
+        return {list_id: lowest.get(list_id, sequence) for list_id, sequence in self.next_sequence.items()}
+
+    @classmethod
+    def replayed(cls, messages: list[Message], limit: int = DEFAULT_BACKLOG_ENTRIES) -> Ledger:
+        """The ledger a journal's messages leave: every list's next sequence number, and its messages not yet
+        acknowledged as the backlog (a later record of the same list and sequence supersedes an earlier one)."""
+        ledger = cls(limit)
+        acked: dict[int, int] = {}
+        for message in messages:
+            if message.kind is Kind.ACK:
+                acked[message.list_id] = max(acked.get(message.list_id, 0), message.sequence)
+            else:
+                ledger.next_sequence[message.list_id] = max(ledger.next_sequence.get(message.list_id, 0), message.end)
+        for list_id, sequence in acked.items():
+            ledger.next_sequence[list_id] = max(ledger.next_sequence.get(list_id, 0), sequence)
+        for message in messages:
+            if message.kind is not Kind.ACK and message.sequence >= acked.get(message.list_id, 0):
+                previous = ledger.backlog.get((message.list_id, message.sequence))
+                if previous is not None and previous.kind is Kind.ENTRIES:
+                    ledger.backlog_entries -= previous.count
+                ledger._keep(message)  # in the place of the one it supersedes: a list's messages stay in order
+        return ledger

@@ -1,0 +1,330 @@
+"""The export to NATS JetStream against a real nats-server: every Append entry arrives exactly once (by its
+de-duplication ID) or is counted as lost, through broker kills, a broker down at start, a stream deleted under
+the collector, a full backlog and a collector that stops (cleanly or not) and starts again.
+
+The collector's memory is the offline collector's (the reference responder), filled by the reference translator,
+so each test knows every entry it sent; the exporter and the broker are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import pytest
+
+from softdta.collector.export import Exporter, ExportSettings
+from softdta.collector.service import OfflineSource, append_feeds
+from softdta.core import workload
+from softdta.core.export import COUNT_HEADER, KIND_HEADER, LIST_HEADER, MESSAGE_ID_HEADER, SEQUENCE_HEADER
+from softdta.core.offline import OfflineCollector
+from softdta.core.tables import Tables
+from softdta.core.translator import Translator
+from softdta.core.workload import ReporterAddress
+from softdta.lab.nats_server import NatsServer
+from softdta.wire.frames import ip_bytes, mac_bytes
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
+
+STREAM = "SOFTDTA"
+LISTS = 64
+
+
+@pytest.fixture
+def broker(tmp_path):
+    server = NatsServer(tmp_path / "nats").start()
+    yield server
+    server.kill()
+
+
+class Pipeline:
+    """The reference translator writing Append entries into an offline collector, and what it sent per list."""
+
+    def __init__(self) -> None:
+        self.tables = Tables.from_toml(EXAMPLE_TABLES)
+        self.translator = Translator(self.tables)
+        self.collector = OfflineCollector(self.tables)
+        self.reporter = ReporterAddress(mac=mac_bytes("02:5d:7a:00:09:01"), ip=ip_bytes("10.77.9.1"),
+                                        translator_mac=self.tables.mac, collector_ip=COLLECTOR_IP)
+        self.feeds = append_feeds(OfflineSource(self.collector))
+        self.sent: dict[int, list[int]] = defaultdict(list)
+
+    def send(self, reports) -> None:
+        for report in reports:
+            self.sent[report.list_id].append(int.from_bytes(report.data, "big"))
+            for frame in self.translator.process(self.reporter.frame(report)).frames:
+                self.collector.deliver(frame)
+
+    def flush(self) -> None:
+        for frame in self.translator.flush_idle(now_ns=0):
+            self.collector.deliver(frame)
+
+    def exporter(self, url: str, data_dir: Path, **settings) -> Exporter:
+        return Exporter(ExportSettings(url, **settings), "c1", "10.77.1.1", self.feeds, data_dir)
+
+    @property
+    def total(self) -> int:
+        return sum(len(values) for values in self.sent.values())
+
+
+@dataclass
+class Stream:
+    """What a consumer read: per de-duplication ID, its copies; per list, its messages by sequence number."""
+
+    copies: dict[str, list[tuple[dict, bytes]]] = field(default_factory=lambda: defaultdict(list))
+
+    def by_list(self) -> dict[int, list[tuple[int, str, int, bytes]]]:
+        lists: dict[int, list[tuple[int, str, int, bytes]]] = defaultdict(list)
+        for copies in self.copies.values():
+            headers, data = copies[0]
+            lists[int(headers[LIST_HEADER])].append((int(headers[SEQUENCE_HEADER]), headers[KIND_HEADER],
+                                                     int(headers[COUNT_HEADER]), data))
+        return {list_id: sorted(messages) for list_id, messages in lists.items()}
+
+    @property
+    def stored(self) -> int:
+        return sum(len(copies) for copies in self.copies.values())
+
+
+async def read_stream(url: str, subjects: str = "softdta.>") -> Stream:
+    """Every message of the stream, from the first, through an ordered consumer (a consumer that replays)."""
+    client = await nats.connect(url)
+    try:
+        context = client.jetstream()
+        expected = (await context.stream_info(STREAM)).state.messages
+        stream = Stream()
+        subscription = await context.subscribe(subjects, ordered_consumer=True)
+        for _ in range(expected):
+            message = await subscription.next_msg(timeout=10)
+            stream.copies[message.headers[MESSAGE_ID_HEADER]].append((message.headers, message.data))
+        await subscription.unsubscribe()
+        return stream
+    finally:
+        await client.close()
+
+
+def check_exactly_once(stream: Stream, pipeline: Pipeline, exporter: Exporter) -> dict[str, int]:
+    """The strict verdict: copies of one ID are identical; per list the messages tile the sequence space from 0
+    with no overlap and no hole; the entries, in order, are what was sent, except where a gap stands for entries
+    lost, which the exporter counted. Returns the figures."""
+    for message_id, copies in stream.copies.items():
+        assert all(copy == copies[0] for copy in copies), f"{message_id}: copies differ"
+    gaps = 0
+    for list_id, sent in pipeline.sent.items():
+        messages = stream.by_list().get(list_id, [])
+        received: list[int] = []
+        sequence, lost_here = 0, 0
+        for first, kind, count, data in messages:
+            assert first == sequence, f"list {list_id}: message at {first}, expected {sequence} (a hole or overlap)"
+            if kind == "gap":
+                lost_here += count
+            else:
+                assert len(data) == 4 * count
+                received += [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data), 4)]
+            sequence += count
+        if lost_here == 0:
+            assert received == sent, f"list {list_id}: entries differ from what was sent"
+        else:
+            assert len(received) + lost_here >= len(sent) and _is_subsequence(received, sent)
+        gaps += lost_here
+    ledger = exporter.ledger
+    assert gaps == ledger.lost + ledger.dropped
+    assert ledger.acknowledged + ledger.dropped == ledger.taken and not ledger.backlog
+    return {"ids": len(stream.copies), "stored": stream.stored, "gaps": gaps, "taken": ledger.taken}
+
+
+def _is_subsequence(part: list[int], whole: list[int]) -> bool:
+    values = iter(whole)
+    return all(any(value == candidate for candidate in values) for value in part)
+
+
+async def until(condition, within: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+def exported_all(pipeline: Pipeline, exporter: Exporter):
+    ledger = exporter.ledger
+    return lambda: ledger.taken + ledger.lost >= pipeline.total and not ledger.backlog
+
+
+async def run_exporter(exporter: Exporter):
+    stop = asyncio.Event()
+    return stop, asyncio.create_task(exporter.run(stop))
+
+
+def test_a_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates_nothing(broker, tmp_path):
+    """100k Append entries; nats-server is killed with SIGKILL after 30k and started again after 70k."""
+    pipeline = Pipeline()
+    exporter = pipeline.exporter(broker.url, tmp_path)
+    reports = workload.append(100_000, seed=7, lists=LISTS)
+
+    async def scenario():
+        stop, task = await run_exporter(exporter)
+        for start in range(0, len(reports), 500):
+            pipeline.send(reports[start:start + 500])
+            if start == 30_000:
+                await until(lambda: exporter.ledger.acknowledged > 20_000, 30, "acknowledgements before the kill")
+                broker.kill()
+            if start == 70_000:
+                await until(lambda: not exporter.connected, 30, "the exporter noticing the broker is gone")
+                assert exporter.ledger.backlog_entries > 0
+                broker.start()
+            await asyncio.sleep(0)  # the exporter polls between chunks (a lap is counted, not lost)
+        pipeline.flush()
+        await until(exported_all(pipeline, exporter), 60, "every entry acknowledged")
+        stop.set()
+        await task
+        return await read_stream(broker.url)
+
+    stream = asyncio.run(scenario())
+    figures = check_exactly_once(stream, pipeline, exporter)
+    assert figures["taken"] + exporter.ledger.lost == 100_000
+    assert exporter.events["disconnects"] >= 1 and exporter.events["connects"] == 2
+    assert stream.stored == len(stream.copies), "JetStream kept two copies of a message ID"
+
+
+def test_a_broker_down_at_start_gets_everything_once_it_is_up(tmp_path):
+    broker = NatsServer(tmp_path / "nats")  # its port chosen, the server not started
+    pipeline = Pipeline()
+    exporter = pipeline.exporter(broker.url, tmp_path)
+
+    async def scenario():
+        stop, task = await run_exporter(exporter)
+        pipeline.send(workload.append(5000, seed=1, lists=LISTS))
+        pipeline.flush()
+        await until(lambda: exporter.ledger.taken == pipeline.total and broker.url in exporter.last_error, 30,
+                    "entries taken while the broker is down, which the exporter says")
+        assert not exporter.connected and exporter.status()["backlog_entries"] == pipeline.total
+        broker.start()
+        try:
+            await until(exported_all(pipeline, exporter), 30, "every entry acknowledged")
+            stop.set()
+            await task
+            return await read_stream(broker.url)
+        finally:
+            broker.kill()
+
+    stream = asyncio.run(scenario())
+    check_exactly_once(stream, pipeline, exporter)
+
+
+def test_a_stream_deleted_under_the_collector_is_made_again(broker, tmp_path):
+    pipeline = Pipeline()
+    exporter = pipeline.exporter(broker.url, tmp_path)
+
+    async def delete_stream() -> None:
+        client = await nats.connect(broker.url)
+        await client.jetstream().delete_stream(STREAM)
+        await client.close()
+
+    async def scenario():
+        stop, task = await run_exporter(exporter)
+        pipeline.send(workload.append(2000, seed=2, lists=LISTS))
+        pipeline.flush()
+        await until(exported_all(pipeline, exporter), 30, "the first entries acknowledged")
+        await delete_stream()
+        before = dict(pipeline.sent)
+        pipeline.sent.clear()
+        pipeline.send(workload.append(3000, seed=3, lists=LISTS))
+        pipeline.flush()
+        await until(lambda: exporter.ledger.taken == 5000 and not exporter.ledger.backlog, 30,
+                    "the entries after the deletion acknowledged")
+        stop.set()
+        await task
+        return before, await read_stream(broker.url)
+
+    _, stream = asyncio.run(scenario())
+    assert exporter.events["stream_recreated"] == 1
+    # the new stream holds exactly the entries taken after the deletion, each once
+    entries = sum(count for copies in stream.copies.values() for headers, _ in copies[:1]
+                  for count in [int(headers[COUNT_HEADER])])
+    assert entries == 3000 and stream.stored == len(stream.copies)
+
+
+def test_a_full_backlog_drops_the_oldest_entries_as_counted_gaps(tmp_path):
+    broker = NatsServer(tmp_path / "nats")
+    pipeline = Pipeline()
+    exporter = pipeline.exporter(broker.url, tmp_path, backlog_entries=1000)
+
+    async def scenario():
+        stop, task = await run_exporter(exporter)
+        for seed in range(10):  # 10 x 500 entries into 64 rings of 256: never a lap
+            pipeline.send(workload.append(500, seed=seed, lists=LISTS))
+            await until(lambda: exporter.ledger.taken + exporter.ledger.lost >= pipeline.total - 3 * LISTS, 10,
+                        "the exporter taking what was sent")
+        pipeline.flush()
+        await until(lambda: exporter.ledger.taken == pipeline.total, 10, "everything taken")
+        assert exporter.ledger.backlog_entries <= 1000 and exporter.ledger.dropped >= 4000
+        broker.start()
+        try:
+            await until(exported_all(pipeline, exporter), 30, "entries and gaps acknowledged")
+            stop.set()
+            await task
+            return await read_stream(broker.url)
+        finally:
+            broker.kill()
+
+    stream = asyncio.run(scenario())
+    figures = check_exactly_once(stream, pipeline, exporter)
+    assert figures["gaps"] == exporter.ledger.dropped and exporter.ledger.lost == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the abandoned loop's tasks
+@pytest.mark.parametrize("stop", ["clean", "abandoned"])
+def test_a_collector_restart_publishes_no_entry_twice(broker, tmp_path, stop):
+    """A first exporter takes entries while the broker is down, then stops cleanly, or is abandoned mid-run as a
+    kill -9 leaves it (its journal as written, its tasks never finished); a second one over the same memory and
+    data_dir sends them, and the later entries, under the same IDs."""
+    pipeline = Pipeline()
+    first = pipeline.exporter(broker.url, tmp_path)
+    pipeline.send(workload.append(3000, seed=4, lists=LISTS))
+    pipeline.flush()
+
+    async def publish_some():
+        halt, task = await run_exporter(first)
+        await until(lambda: first.ledger.acknowledged > 0 and first.ledger.taken == 3000, 30,
+                    "the first exporter publishing")
+        broker.kill()  # what it has not had acknowledged yet stays in its journal
+        pipeline.send(workload.append(1000, seed=5, lists=LISTS))
+        pipeline.flush()
+        await until(lambda: first.ledger.taken == 4000 and not first.connected, 30,
+                    "the first exporter taking more, and noticing the broker is gone")
+        if stop == "clean":
+            halt.set()
+            await task
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(publish_some())
+    loop.close()  # "abandoned": the tasks never run again, nothing more is journaled
+    acknowledged = first.ledger.acknowledged
+    assert 0 < acknowledged < 4000
+    broker.start()
+    second = pipeline.exporter(broker.url, tmp_path)
+    assert second.incarnation == first.incarnation
+    assert second.ledger.backlog_entries == 4000 - acknowledged
+
+    async def the_rest():
+        halt, task = await run_exporter(second)
+        pipeline.send(workload.append(1000, seed=6, lists=LISTS))
+        pipeline.flush()
+        await until(lambda: second.ledger.taken == 1000 and not second.ledger.backlog, 30, "the rest acknowledged")
+        halt.set()
+        await task
+        return await read_stream(broker.url)
+
+    stream = asyncio.run(the_rest())
+    assert stream.stored == len(stream.copies)
+    total = sum(int(copies[0][0][COUNT_HEADER]) for copies in stream.copies.values())
+    assert total == pipeline.total == 5000
+    for list_id, messages in stream.by_list().items():
+        sequence = 0
+        for first_sequence, _, count, _ in messages:
+            assert first_sequence == sequence
+            sequence += count
