@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from softdta.collector.export import ExportSettings
+from softdta.collector.export import ExportSettings, Watch
 from softdta.core import registry
 from softdta.core.export import DEFAULT_BACKLOG_ENTRIES, DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX, DUPLICATE_WINDOW_S
 from softdta.core.primitives.base import is_power_of_two
@@ -41,7 +41,8 @@ STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash"
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
 SNAPSHOT_KEYS = ("dir", "every")
 SNAPSHOTS_DIR = "snapshots"  # under data_dir, where [snapshot] dir names no other directory
-EXPORT_KEYS = ("url", "stream", "subject_prefix", "backlog_entries", "duplicate_window")
+EXPORT_KEYS = ("url", "stream", "subject_prefix", "backlog_entries", "duplicate_window", "watch")
+WATCH_KEYS = ("primitive", "keys", "every", "fields")
 NAME_LIMIT = 64  # the name is part of the pin directory's and of every queue pair's name
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -302,7 +303,8 @@ class CollectorConfig:
             raise TableError("[collector]: TLS needs both tls_cert and tls_key (and tls_client_ca only with them); "
                              "set both, or none for plain TCP")
         if "export" in document:
-            config.export = _export(Settings("[export]", document["export"], EXPORT_KEYS))
+            config.export = _export(Settings("[export]", document["export"], EXPORT_KEYS), document["export"],
+                                    relative_to)
         if "snapshot" in document:
             snapshot = Settings("[snapshot]", document["snapshot"], SNAPSHOT_KEYS)
             directory = snapshot.text("dir", "")
@@ -326,11 +328,36 @@ def _address(settings: Settings, key: str, parse: Callable[[str], bytes]) -> byt
         raise TableError(f"{settings.where}: {key} = {value!r} is not a valid address") from None
 
 
-def _export(section: Settings) -> ExportSettings:
+def _export(section: Settings, document: dict[str, Any], relative_to: Path) -> ExportSettings:
+    watches = tuple(_watch(entry, relative_to) for entry in tables_of(document, "watch", WATCH_KEYS,
+                                                                       "[[export.watch]]"))
     return ExportSettings(url=section.text("url"), stream=section.text("stream", DEFAULT_STREAM),
                           subject_prefix=section.text("subject_prefix", DEFAULT_SUBJECT_PREFIX),
                           backlog_entries=section.integer("backlog_entries", DEFAULT_BACKLOG_ENTRIES, 1),
-                          duplicate_window_s=section.integer("duplicate_window", DUPLICATE_WINDOW_S, 1))
+                          duplicate_window_s=section.integer("duplicate_window", DUPLICATE_WINDOW_S, 1),
+                          watches=watches)
+
+
+def _watch(entry: Settings, relative_to: Path) -> Watch:
+    """A watch's keys are hex strings, inline or in a file (one per line, '#' comments), relative to the
+    configuration."""
+    keys = entry.value.get("keys")
+    if isinstance(keys, str):
+        path = relative_to / keys
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as error:
+            raise TableError(f"{entry.where}: keys file {str(path)!r} cannot be read ({error.strerror}); give a "
+                             "file of hex keys, one per line") from None
+        keys = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    if not isinstance(keys, list) or not keys or not all(isinstance(key, str) for key in keys):
+        raise TableError(f"{entry.where}: keys must be a non-empty list of hex keys, or the name of a file of them")
+    fields = entry.value.get("fields", {})
+    if not isinstance(fields, dict) or "keys" in fields:
+        raise TableError(f"{entry.where}: fields must be a table of the query's other fields (keys has its own "
+                         "setting), e.g. fields = { value_set = [1, 2, 3] }")
+    return Watch(entry.text("primitive"), tuple(keys), tuple(sorted(fields.items())),
+                 entry.number("every", 1.0, 0.01))
 
 
 def _transport(name: str) -> Transport:

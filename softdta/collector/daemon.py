@@ -84,7 +84,7 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
         assert config.data_dir is not None  # config.validate requires it with [export]
         try:
             exporter = Exporter(config.export, config.name, ip_str(config.ip), feeds, config.data_dir,
-                                epoch=lambda: collector.fleet_epoch)
+                                epoch=lambda: collector.fleet_epoch, structures=collector)
         except (OSError, ExportError) as error:
             control.close()
             raise StartError(f"[export] {error}") from None

@@ -1,14 +1,17 @@
 """The collector's export to NATS JetStream (`softdta collector up --export nats://HOST:PORT`, docs/export.md).
 
 The exporter takes every Append entry from the rings (the query service's pollers), journals it in
-data_dir/export.journal before the ring is zeroed, and publishes it; the ledger (core.export) keeps the exact
-account. Publishing runs on the collector's event loop and never waits on the rings or the queries: a slow or
-absent broker only grows the backlog, whose bound turns the oldest entries into gap markers, counted.
+data_dir/export.journal before the ring is zeroed, and publishes it; it answers each watched structure's query
+for its keys every `every` seconds and publishes each answer that changed (`[[export.watch]]`: e.g. the decoded
+postcard paths of a set of flows). The ledger (core.export) keeps the exact account. Publishing runs on the
+collector's event loop and never waits on the rings or the queries: a slow or absent broker only grows the
+backlog, whose bound turns the oldest entries into gap markers, counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -16,11 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from softdta.broker.jetstream import BrokerUnavailable, JetStream, StreamMissing, checked_url
+from softdta.core import registry
 from softdta.core.export import (
     DEFAULT_BACKLOG_ENTRIES,
     DEFAULT_STREAM,
@@ -36,6 +40,9 @@ from softdta.core.export import (
     read_journal,
 )
 from softdta.core.primitives.append.queries import AppendFeed
+from softdta.core.query import QueryError, StructureQuery, checked_fields
+from softdta.core.regions import Region
+from softdta.core.tables import Structure, Tables
 
 JOURNAL_FILE = "export.journal"
 POLL_S = 0.005
@@ -44,6 +51,33 @@ RETRY_S = (0.05, 1.0)  # reconnect backoff, first and longest
 ACK_JOURNAL_S = 0.05  # acknowledgements are journaled at most this often
 COMPACT_BYTES = 64 << 20  # the journal is rewritten once it is this big and four times its backlog
 log = logging.getLogger("softdta.collector.export")
+
+
+class StructureSource(Protocol):
+    """What watches read: the collector's structures."""
+
+    tables: Tables
+
+    def structure_region(self, primitive: int, collector_ip: bytes) -> Region: ...
+
+
+@dataclass(frozen=True)
+class Watch:
+    """`[[export.watch]]`: the keys of the collector's structure of `primitive` whose query answers (the query
+    service's, with `fields` besides the keys) are published each time they change, checked every `every_s`."""
+
+    primitive: str
+    keys: tuple[str, ...]  # hex, wire order
+    fields: tuple[tuple[str, Any], ...] = ()
+    every_s: float = 1.0
+
+
+@dataclass
+class _Watching:
+    watch: Watch
+    structure: Structure
+    query: StructureQuery[Any]
+    due: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +89,7 @@ class ExportSettings:
     subject_prefix: str = DEFAULT_SUBJECT_PREFIX
     backlog_entries: int = DEFAULT_BACKLOG_ENTRIES
     duplicate_window_s: int = DUPLICATE_WINDOW_S
+    watches: tuple[Watch, ...] = ()
 
     def naming(self, collector: str) -> Naming:
         checked_url(self.url)
@@ -67,9 +102,12 @@ class Exporter:
     """Drains `feeds` into JetStream. `epoch()` gives the fleet epoch to stamp on what is taken now."""
 
     def __init__(self, settings: ExportSettings, collector: str, collector_ip: str, feeds: dict[str, AppendFeed],
-                 data_dir: Path, epoch: Callable[[], int] = lambda: 0, now_ns: Callable[[], int] = time.time_ns):
+                 data_dir: Path, epoch: Callable[[], int] = lambda: 0, now_ns: Callable[[], int] = time.time_ns,
+                 structures: StructureSource | None = None):
         self.settings, self.naming = settings, settings.naming(collector)
         self.collector_ip, self.feeds, self.epoch, self.now_ns = collector_ip, feeds, epoch, now_ns
+        self.structures = structures
+        self.watching = [self._watching(watch) for watch in settings.watches]
         self.broker = JetStream(settings.url, settings.stream, [f"{settings.subject_prefix}.>"],
                                 settings.duplicate_window_s)
         self.journal_path = Path(data_dir) / JOURNAL_FILE
@@ -82,6 +120,25 @@ class Exporter:
                        "publish_failures": 0, "journal_failures": 0}
         self.last_error = ""
         self._dropping_logged = 0
+
+    def _watching(self, watch: Watch) -> _Watching:
+        """A watch checked against the collector's structures and its primitive's query (an ExportError names
+        what is wrong)."""
+        where = f"[[export.watch]] {watch.primitive}"
+        found = [structure for structure in (self.structures.tables.structures if self.structures else [])
+                 if registry.by_opcode(structure.primitive).name == watch.primitive]
+        if not found:
+            raise ExportError(f"{where}: the collector hosts no {watch.primitive} structure; watch one it hosts")
+        query = registry.by_opcode(found[0].primitive).query
+        if query is None or "keys" not in query.required_fields:
+            raise ExportError(f"{where}: its structure answers no query by keys; it cannot be watched")
+        try:
+            parsed = query.parse(checked_fields({"keys": list(watch.keys), **dict(watch.fields)},
+                                                query.required_fields, query.optional_fields),
+                                 found[0], f"{watch.primitive}@{self.collector_ip}")
+        except QueryError as error:
+            raise ExportError(f"{where}: {error}") from None
+        return _Watching(watch, found[0], parsed)
 
     # ---- the journal
 
@@ -108,8 +165,8 @@ class Exporter:
     def _rewrite(self, incarnation: str, ledger: Ledger) -> None:
         """The journal as `ledger` needs it: its waiting messages and each list's acknowledged mark (atomically)."""
         records = [journal_header(incarnation)]
-        records += [ack_record(list_id, sequence) for list_id, sequence in ledger.acknowledged_below().items()]
-        records += [encode_record(message) for message in ledger.backlog.values()]
+        records += [ack_record(channel, sequence) for channel, sequence in ledger.acknowledged_below().items()]
+        records += [encode_record(message) for message in ledger.last_states() + list(ledger.backlog.values())]
         temporary = self.journal_path.with_suffix(".rewrite")
         with open(temporary, "wb") as file:
             file.write(b"".join(records))
@@ -172,6 +229,26 @@ class Exporter:
             self.new_messages.set()
         return made
 
+    def poll_watches(self, now: float) -> int:
+        """Answer each watch that is due; returns the states that changed."""
+        changed: list[Message] = []
+        epoch, now_ns = self.epoch(), self.now_ns()
+        for watching in self.watching:
+            if now < watching.due or self.structures is None:
+                continue
+            watching.due = now + watching.watch.every_s
+            region = self.structures.structure_region(watching.structure.primitive, watching.structure.qp.collector_ip)
+            for result in watching.query.answer(region).json()["results"]:
+                payload = json.dumps(result, sort_keys=True, separators=(",", ":")).encode()
+                message = self.ledger.state(watching.watch.primitive, bytes.fromhex(result["key"]), payload,
+                                            epoch=epoch, now_ns=now_ns)
+                if message is not None:
+                    changed.append(message)
+        self._journal([encode_record(message) for message in changed])
+        if changed:
+            self.new_messages.set()
+        return len(changed)
+
     # ---- publishing
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -189,6 +266,7 @@ class Exporter:
     async def _poll_until(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.poll()
+            self.poll_watches(time.monotonic())
             self._compact()
             try:
                 await asyncio.wait_for(stop.wait(), POLL_S)
@@ -245,8 +323,7 @@ class Exporter:
             self.ledger.failed(message)
 
     async def _publish(self, message: Message) -> bool:
-        subject = self.naming.append_subject(message.list_id)
-        return await self.broker.publish(subject, message.payload,
+        return await self.broker.publish(self.naming.subject(message), message.payload,
                                          message.headers(self.naming.collector, self.incarnation, self.collector_ip))
 
     async def _connect(self) -> bool:
@@ -292,10 +369,10 @@ class Exporter:
 
     def _journal_acks(self, force: bool = False) -> None:
         marks = self.ledger.acknowledged_below()
-        changed = {list_id: sequence for list_id, sequence in marks.items()
-                   if self.journaled_acks.get(list_id) != sequence}
+        changed = {channel: sequence for channel, sequence in marks.items()
+                   if self.journaled_acks.get(channel) != sequence}
         if changed or force:
-            self._journal([ack_record(list_id, sequence) for list_id, sequence in changed.items()])
+            self._journal([ack_record(channel, sequence) for channel, sequence in changed.items()])
             self.journaled_acks = marks
 
     # ---- what it reports
@@ -306,4 +383,5 @@ class Exporter:
                 "incarnation": self.incarnation, "taken": ledger.taken, "acknowledged": ledger.acknowledged,
                 "lost_to_overflow": ledger.lost, "dropped_from_backlog": ledger.dropped,
                 "backlog_entries": ledger.backlog_entries, "backlog_limit": self.settings.backlog_entries,
-                "backlog_messages": len(ledger.backlog), **self.events, "last_error": self.last_error}
+                "backlog_messages": len(ledger.backlog), "states": ledger.states,
+                "states_acknowledged": ledger.states_acknowledged, **self.events, "last_error": self.last_error}

@@ -7,6 +7,9 @@ order, or a gap marker for entries lost. A message's de-duplication ID names the
 incarnation, the list and the first sequence number, so a message published again after a reconnect or a restart
 is the same message, and JetStream keeps one.
 
+A structure's watched keys (`[[export.watch]]`: e.g. flows whose postcard paths are decoded) go out as `state`
+messages: a key's query answer each time it changes, numbered per key the same way.
+
 The `Ledger` is the account: messages taken and not yet acknowledged (the backlog, bounded), the next sequence
 number of each list, and what the bound dropped. The journal (`encode_record`, `read_journal`) makes it survive a
 restart: the collector appends each message before the entries leave the ring, and each acknowledgement after
@@ -36,10 +39,12 @@ DUPLICATE_WINDOW_S = 600  # JetStream's de-duplication window: a restart within 
 # Message headers (besides JetStream's Nats-Msg-Id)
 COLLECTOR_HEADER = "Softdta-Collector"
 EPOCH_HEADER = "Softdta-Epoch"
-KIND_HEADER = "Softdta-Kind"  # "entries", "gap" or "path"
+KIND_HEADER = "Softdta-Kind"  # "entries", "gap" or "state"
 RANGE_HEADER = "Softdta-Range"
 LIST_HEADER = "Softdta-List"
-SEQUENCE_HEADER = "Softdta-Seq"  # the first entry's sequence number in its list
+STRUCTURE_HEADER = "Softdta-Structure"  # a state's structure, <primitive>@<collector ip>
+KEY_HEADER = "Softdta-Key"  # a state's key, hex in wire order
+SEQUENCE_HEADER = "Softdta-Seq"  # the first entry's sequence number in its list (a state's, in its key's)
 COUNT_HEADER = "Softdta-Count"  # entries in the message, or entries the gap stands for
 ENTRY_BYTES_HEADER = "Softdta-Entry-Bytes"
 TIME_HEADER = "Softdta-Time-Ns"  # when the collector took the entries (UNIX ns)
@@ -56,12 +61,17 @@ class ExportError(SoftdtaError, ValueError):
 class Kind(IntEnum):
     ENTRIES = 1
     GAP = 2
-    ACK = 3  # journal only: the list's messages below `sequence` are acknowledged
+    ACK = 3  # journal only: the channel's messages below `sequence` are acknowledged
+    STATE = 4
+
+
+Channel = tuple[int, str, bytes]  # what messages are numbered in: an Append list (id, "", b""), or (0, structure, key)
 
 
 @dataclass(frozen=True)
 class Naming:
-    """Where messages go: subjects `<prefix>.append.<collector>.<list>` in stream `stream`."""
+    """Where messages go: subjects `<prefix>.append.<collector>.<list>` and `<prefix>.<primitive>.<collector>.<key
+    hex>` in stream `stream`, which takes `<prefix>.>`."""
 
     collector: str
     prefix: str = DEFAULT_SUBJECT_PREFIX
@@ -78,19 +88,17 @@ class Naming:
             raise ExportError(f"[export] stream {self.stream!r} is not a JetStream stream name: give letters, "
                               "digits, '_' and '-', e.g. \"SOFTDTA\"")
 
-    @property
-    def subjects(self) -> str:
-        """The stream's subject filter: everything this collector publishes."""
-        return f"{self.prefix}.*.{self.collector}.>"
-
-    def append_subject(self, list_id: int) -> str:
-        return f"{self.prefix}.append.{self.collector}.{list_id}"
+    def subject(self, message: Message) -> str:
+        if message.kind is Kind.STATE or message.structure:
+            return f"{self.prefix}.{message.structure}.{self.collector}.{message.key.hex()}"
+        return f"{self.prefix}.append.{self.collector}.{message.list_id}"
 
 
 @dataclass
 class Message:
     """One message of a list: `count` entries from `sequence` on (`payload`, `entry_bytes` each), or a gap of
-    `count` entries lost. `epoch` is the fleet's epoch when they were taken (0 outside a fleet)."""
+    `count` entries lost; or a watched key's state (`payload`: its query answer in JSON; `count` 1), or a gap of
+    states dropped. `epoch` is the fleet's epoch when they were taken (0 outside a fleet)."""
 
     kind: Kind
     list_id: int
@@ -101,16 +109,32 @@ class Message:
     epoch: int
     time_ns: int
     payload: bytes = b""
+    structure: str = ""  # a state's primitive (its structure at the collector's IP)
+    key: bytes = b""
+
+    @property
+    def channel(self) -> Channel:
+        return self.list_id, self.structure, self.key
+
+    @property
+    def carries(self) -> bool:
+        """It holds data (entries or a state), which the backlog bound may drop."""
+        return self.kind is Kind.ENTRIES or self.kind is Kind.STATE
 
     def message_id(self, collector: str, incarnation: str) -> str:
+        if self.structure:
+            return f"{collector}:{incarnation}:{self.structure}/{self.key.hex()}:{self.sequence}"
         return f"{collector}:{incarnation}:{self.list_id}:{self.sequence}"
 
     def headers(self, collector: str, incarnation: str, collector_ip: str) -> dict[str, str]:
-        return {MESSAGE_ID_HEADER: self.message_id(collector, incarnation), COLLECTOR_HEADER: collector,
-                EPOCH_HEADER: str(self.epoch), KIND_HEADER: "gap" if self.kind is Kind.GAP else "entries",
-                RANGE_HEADER: f"append{self.first_list}@{collector_ip}", LIST_HEADER: str(self.list_id),
-                SEQUENCE_HEADER: str(self.sequence), COUNT_HEADER: str(self.count),
-                ENTRY_BYTES_HEADER: str(self.entry_bytes), TIME_HEADER: str(self.time_ns)}
+        kind = {Kind.GAP: "gap", Kind.STATE: "state"}.get(self.kind, "entries")
+        common = {MESSAGE_ID_HEADER: self.message_id(collector, incarnation), COLLECTOR_HEADER: collector,
+                  EPOCH_HEADER: str(self.epoch), KIND_HEADER: kind, SEQUENCE_HEADER: str(self.sequence),
+                  COUNT_HEADER: str(self.count), TIME_HEADER: str(self.time_ns)}
+        if self.structure:
+            return {**common, STRUCTURE_HEADER: f"{self.structure}@{collector_ip}", KEY_HEADER: self.key.hex()}
+        return {**common, RANGE_HEADER: f"append{self.first_list}@{collector_ip}", LIST_HEADER: str(self.list_id),
+                ENTRY_BYTES_HEADER: str(self.entry_bytes)}
 
     @property
     def end(self) -> int:
@@ -122,7 +146,9 @@ class Message:
 
 JOURNAL_MAGIC = b"SDTAEXP1"
 _JOURNAL_HEADER = struct.Struct("<8s16s")  # magic, incarnation (hex text of 8 random bytes)
-_RECORD = struct.Struct("<IIBxHIIQIqQ")  # length, crc32, kind, entry_bytes, list, first_list, seq, count, time, epoch
+# length, crc32, kind, structure and key lengths, entry_bytes, list, first_list, seq, count, time, epoch; then the
+# structure's name, the key and the payload
+_RECORD = struct.Struct("<IIBBHHIIQIqQ")
 
 
 def journal_header(incarnation: str) -> bytes:
@@ -130,13 +156,16 @@ def journal_header(incarnation: str) -> bytes:
 
 
 def encode_record(message: Message) -> bytes:
-    body = _RECORD.pack(0, 0, message.kind, message.entry_bytes, message.list_id, message.first_list,
-                        message.sequence, message.count, message.time_ns, message.epoch)[8:] + message.payload
+    structure = message.structure.encode()
+    body = _RECORD.pack(0, 0, message.kind, len(structure), len(message.key), message.entry_bytes, message.list_id,
+                        message.first_list, message.sequence, message.count, message.time_ns, message.epoch
+                        )[8:] + structure + message.key + message.payload
     return struct.pack("<II", len(body), zlib.crc32(body)) + body
 
 
-def ack_record(list_id: int, sequence: int) -> bytes:
-    return encode_record(Message(Kind.ACK, list_id, 0, sequence, 0, 0, 0, 0))
+def ack_record(channel: Channel, sequence: int) -> bytes:
+    list_id, structure, key = channel
+    return encode_record(Message(Kind.ACK, list_id, 0, sequence, 0, 0, 0, 0, structure=structure, key=key))
 
 
 @dataclass
@@ -160,10 +189,12 @@ def read_journal(data: bytes) -> Journal:
         body = data[offset + 8:offset + 8 + length]
         if length < _RECORD.size - 8 or len(body) < length or zlib.crc32(body) != crc:
             break
-        kind, entry_bytes, list_id, first_list, sequence, count, time_ns, epoch = \
+        kind, structure_len, key_len, entry_bytes, list_id, first_list, sequence, count, time_ns, epoch = \
             _RECORD.unpack(bytes(8) + body[:_RECORD.size - 8])[2:]
+        rest = bytes(body[_RECORD.size - 8:])
         messages.append(Message(Kind(kind), list_id, first_list, sequence, count, entry_bytes, epoch, time_ns,
-                                bytes(body[_RECORD.size - 8:])))
+                                rest[structure_len + key_len:], rest[:structure_len].decode(),
+                                rest[structure_len:structure_len + key_len]))
         offset += 8 + length
     return Journal(incarnation, messages, offset)
 
@@ -176,27 +207,33 @@ def read_journal(data: bytes) -> Journal:
 class Ledger:
     """The exact account of one collector's export.
 
-    Per list, `next_sequence` is the sequence number of the next entry taken. `backlog` holds the messages taken
-    and not yet acknowledged, oldest first, keyed by (list, sequence). Beyond `limit` entries in the backlog, the
-    oldest messages not in flight give up their entries and become gap markers (`dropped` counts the entries).
+    Per channel (an Append list, or a watched key), `next_sequence` is the sequence number of the next entry or
+    state. `backlog` holds the messages made and not yet acknowledged, oldest first, keyed by (channel,
+    sequence). Beyond `limit` entries and states in the backlog, the oldest messages not in flight give up their
+    data and become gap markers (`dropped` counts what they held). `last_state` is each watched key's last state
+    made, so that a state is sent only when it changes.
     """
 
     limit: int = DEFAULT_BACKLOG_ENTRIES
-    next_sequence: dict[int, int] = field(default_factory=dict)
-    backlog: OrderedDict[tuple[int, int], Message] = field(default_factory=OrderedDict)
-    in_flight: set[tuple[int, int]] = field(default_factory=set)
-    backlog_entries: int = 0
+    next_sequence: dict[Channel, int] = field(default_factory=dict)
+    backlog: OrderedDict[tuple[Channel, int], Message] = field(default_factory=OrderedDict)
+    in_flight: set[tuple[Channel, int]] = field(default_factory=set)
+    last_state: dict[Channel, bytes] = field(default_factory=dict)
+    backlog_entries: int = 0  # entries and states
     taken: int = 0  # entries taken from the rings
     lost: int = 0  # entries lost to ring overflow (published as gaps)
-    dropped: int = 0  # entries the backlog bound dropped (published as gaps)
+    dropped: int = 0  # entries and states the backlog bound dropped (published as gaps)
     acknowledged: int = 0  # entries JetStream acknowledged
+    states: int = 0  # states made
+    states_acknowledged: int = 0
 
     def take(self, list_id: int, first_list: int, entries: np.ndarray, lost: int, *, epoch: int,
              now_ns: int) -> list[Message]:
         """Account for what a poll took from a list: `lost` entries overwritten before it, then `entries` (rows of
         one entry's bytes each, or a 1-D array of integer entries), oldest first. Returns the new messages, in
         order, for the journal and the broker."""
-        sequence = self.next_sequence.get(list_id, 0)
+        channel: Channel = (list_id, "", b"")
+        sequence = self.next_sequence.get(channel, 0)
         messages = []
         if lost:
             messages.append(Message(Kind.GAP, list_id, first_list, sequence, lost, 0, epoch, now_ns))
@@ -213,30 +250,46 @@ class Ledger:
                                     epoch, now_ns, chunk.tobytes()))
             sequence += chunk.shape[0]
             self.taken += chunk.shape[0]
-        self.next_sequence[list_id] = sequence
+        self.next_sequence[channel] = sequence
         for message in messages:
             self._keep(message)
         return messages
 
+    def state(self, structure: str, key: bytes, payload: bytes, *, epoch: int, now_ns: int) -> Message | None:
+        """A watched key's state now: a new message if it differs from the last one made, else None."""
+        channel: Channel = (0, structure, key)
+        if self.last_state.get(channel) == payload:
+            return None
+        sequence = self.next_sequence.get(channel, 0)
+        message = Message(Kind.STATE, 0, 0, sequence, 1, 0, epoch, now_ns, payload, structure, key)
+        self.next_sequence[channel] = sequence + 1
+        self.last_state[channel] = payload
+        self.states += 1
+        self._keep(message)
+        return message
+
     def _keep(self, message: Message) -> None:
-        self.backlog[message.list_id, message.sequence] = message
-        if message.kind is Kind.ENTRIES:
+        self.backlog[message.channel, message.sequence] = message
+        if message.carries:
             self.backlog_entries += message.count
 
     def bounded(self) -> list[Message]:
         """Turn the oldest waiting messages into gaps until the backlog is within its limit; returns the gaps made
-        (for the journal, where they supersede the messages they replace)."""
+        (for the journal, where they supersede the messages they replace). A watched key whose state is dropped
+        is sent again at its next poll."""
         gaps = []
         for key, message in list(self.backlog.items()):
             if self.backlog_entries <= self.limit:
                 break
-            if message.kind is not Kind.ENTRIES or key in self.in_flight:
+            if not message.carries or key in self.in_flight:
                 continue
             gap = Message(Kind.GAP, message.list_id, message.first_list, message.sequence, message.count, 0,
-                          message.epoch, message.time_ns)
+                          message.epoch, message.time_ns, structure=message.structure, key=message.key)
             self.backlog[key] = gap
             self.backlog_entries -= message.count
             self.dropped += message.count
+            if message.kind is Kind.STATE and self.last_state.get(message.channel) == message.payload:
+                del self.last_state[message.channel]
             gaps.append(gap)
         return gaps
 
@@ -252,41 +305,58 @@ class Ledger:
         return chosen
 
     def acknowledged_message(self, message: Message) -> None:
-        key = (message.list_id, message.sequence)
+        key = (message.channel, message.sequence)
         self.in_flight.discard(key)
         kept = self.backlog.pop(key, None)
-        if kept is not None and kept.kind is Kind.ENTRIES:
+        if kept is not None and kept.carries:
             self.backlog_entries -= kept.count
-            self.acknowledged += kept.count
+            if kept.kind is Kind.STATE:
+                self.states_acknowledged += 1
+            else:
+                self.acknowledged += kept.count
 
     def failed(self, message: Message) -> None:
         """A message the broker did not acknowledge: it waits to be sent again."""
-        self.in_flight.discard((message.list_id, message.sequence))
+        self.in_flight.discard((message.channel, message.sequence))
 
-    def acknowledged_below(self) -> dict[int, int]:
-        """Per list, the sequence number below which every message is acknowledged (for the journal's ACKs)."""
-        lowest: dict[int, int] = {}
-        for list_id, sequence in self.backlog:
-            lowest.setdefault(list_id, sequence)
-        return {list_id: lowest.get(list_id, sequence) for list_id, sequence in self.next_sequence.items()}
+    def acknowledged_below(self) -> dict[Channel, int]:
+        """Per channel, the sequence number below which every message is acknowledged (for the journal's ACKs)."""
+        lowest: dict[Channel, int] = {}
+        for channel, sequence in self.backlog:
+            lowest.setdefault(channel, sequence)
+        return {channel: lowest.get(channel, sequence) for channel, sequence in self.next_sequence.items()}
+
+    def last_states(self) -> list[Message]:
+        """Each watched key's last state made that no longer waits in the backlog (the journal keeps them across
+        a rewrite, so that a restart sends a state only if it changed)."""
+        waiting = {message.channel for message in self.backlog.values() if message.kind is Kind.STATE}
+        return [Message(Kind.STATE, 0, 0, self.next_sequence[channel] - 1, 1, 0, 0, 0, payload, channel[1],
+                        channel[2])
+                for channel, payload in self.last_state.items() if channel not in waiting]
 
     @classmethod
     def replayed(cls, messages: list[Message], limit: int = DEFAULT_BACKLOG_ENTRIES) -> Ledger:
-        """The ledger a journal's messages leave: every list's next sequence number, and its messages not yet
-        acknowledged as the backlog (a later record of the same list and sequence supersedes an earlier one)."""
+        """The ledger a journal's messages leave: every channel's next sequence number, its messages not yet
+        acknowledged as the backlog (a later record of the same channel and sequence supersedes an earlier one),
+        and every watched key's last state."""
         ledger = cls(limit)
-        acked: dict[int, int] = {}
+        acked: dict[Channel, int] = {}
         for message in messages:
+            channel = message.channel
             if message.kind is Kind.ACK:
-                acked[message.list_id] = max(acked.get(message.list_id, 0), message.sequence)
+                acked[channel] = max(acked.get(channel, 0), message.sequence)
             else:
-                ledger.next_sequence[message.list_id] = max(ledger.next_sequence.get(message.list_id, 0), message.end)
-        for list_id, sequence in acked.items():
-            ledger.next_sequence[list_id] = max(ledger.next_sequence.get(list_id, 0), sequence)
+                ledger.next_sequence[channel] = max(ledger.next_sequence.get(channel, 0), message.end)
+            if message.kind is Kind.STATE:
+                ledger.last_state[channel] = message.payload
+            elif message.kind is Kind.GAP and message.structure:
+                ledger.last_state.pop(channel, None)  # its state was dropped: send the state again
+        for channel, sequence in acked.items():
+            ledger.next_sequence[channel] = max(ledger.next_sequence.get(channel, 0), sequence)
         for message in messages:
-            if message.kind is not Kind.ACK and message.sequence >= acked.get(message.list_id, 0):
-                previous = ledger.backlog.get((message.list_id, message.sequence))
-                if previous is not None and previous.kind is Kind.ENTRIES:
+            if message.kind is not Kind.ACK and message.sequence >= acked.get(message.channel, 0):
+                previous = ledger.backlog.get((message.channel, message.sequence))
+                if previous is not None and previous.carries:
                     ledger.backlog_entries -= previous.count
-                ledger._keep(message)  # in the place of the one it supersedes: a list's messages stay in order
+                ledger._keep(message)  # in the place of the one it supersedes: a channel's messages stay in order
         return ledger

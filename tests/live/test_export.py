@@ -1,6 +1,7 @@
 """The export to NATS JetStream against a real nats-server: every Append entry arrives exactly once (by its
 de-duplication ID) or is counted as lost, through broker kills, a broker down at start, a stream deleted under
-the collector, a full backlog and a collector that stops (cleanly or not) and starts again.
+the collector, a full backlog and a collector that stops (cleanly or not) and starts again; a watched key's
+state (a flow's decoded postcard path) is published each time it changes.
 
 The collector's memory is the offline collector's (the reference responder), filled by the reference translator,
 so each test knows every entry it sent; the exporter and the broker are the real ones.
@@ -9,6 +10,7 @@ so each test knows every entry it sent; the exporter and the broker are the real
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +18,18 @@ from pathlib import Path
 import nats
 import pytest
 
-from softdta.collector.export import Exporter, ExportSettings
+from softdta.collector.export import Exporter, ExportSettings, Watch
 from softdta.collector.service import OfflineSource, append_feeds
 from softdta.core import workload
-from softdta.core.export import COUNT_HEADER, KIND_HEADER, LIST_HEADER, MESSAGE_ID_HEADER, SEQUENCE_HEADER
+from softdta.core.export import (
+    COUNT_HEADER,
+    KEY_HEADER,
+    KIND_HEADER,
+    LIST_HEADER,
+    MESSAGE_ID_HEADER,
+    SEQUENCE_HEADER,
+    STRUCTURE_HEADER,
+)
 from softdta.core.offline import OfflineCollector
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
@@ -328,3 +338,46 @@ def test_a_collector_restart_publishes_no_entry_twice(broker, tmp_path, stop):
         for first_sequence, _, count, _ in messages:
             assert first_sequence == sequence
             sequence += count
+
+
+def test_watched_postcard_paths_are_published_each_time_they_change_and_not_again_after_a_restart(broker, tmp_path):
+    pipeline = Pipeline()
+    switch_ids = list(range(1, 1025))
+    reports = workload.postcards(40, seed=5, switch_ids=switch_ids)
+    flows = sorted({report.key for report in reports})
+    hops = sorted(reports, key=lambda report: report.hop)
+    paths = {key: [int.from_bytes(report.data, "big") for report in hops if report.key == key] for key in flows}
+    watch = Watch("postcarding", tuple(key.hex() for key in flows), (("value_set", switch_ids),), every_s=0.02)
+    source = OfflineSource(pipeline.collector)
+
+    def exporter() -> Exporter:
+        return Exporter(ExportSettings(broker.url, watches=(watch,)), "c1", "10.77.1.1", pipeline.feeds, tmp_path,
+                        structures=source)
+
+    first = exporter()
+
+    async def scenario():
+        stop, task = await run_exporter(first)
+        await until(lambda: first.ledger.states_acknowledged == len(flows), 30, "the empty paths published")
+        pipeline.send(reports)
+        pipeline.flush()
+        await until(lambda: first.ledger.states_acknowledged == 2 * len(flows), 30, "the decoded paths published")
+        stop.set()
+        await task
+        return await read_stream(broker.url)
+
+    stream = asyncio.run(scenario())
+    states = defaultdict(list)
+    for copies in stream.copies.values():
+        headers, data = copies[0]
+        assert headers[KIND_HEADER] == "state" and headers[STRUCTURE_HEADER] == "postcarding@10.77.1.1"
+        states[headers[KEY_HEADER]].append((int(headers[SEQUENCE_HEADER]), json.loads(data)))
+    assert stream.stored == len(stream.copies) == 2 * len(flows)
+    for key in flows:
+        (first_version, empty), (second_version, decoded) = sorted(states[key.hex()], key=lambda state: state[0])
+        assert (first_version, second_version) == (0, 1)
+        assert empty["path"] == [None] * len(paths[key]) and not empty["complete"]
+        assert decoded["path"] == paths[key] and decoded["complete"]
+
+    second = exporter()  # the journal gives it every key's last state: nothing changed, nothing is sent
+    assert second.poll_watches(now=0.0) == 0 and not second.ledger.backlog
