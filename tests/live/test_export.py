@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.lab.nats_server import NatsServer
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, ROOT
 
 STREAM = "SOFTDTA"
 LISTS = 64
@@ -381,3 +383,31 @@ def test_watched_postcard_paths_are_published_each_time_they_change_and_not_agai
 
     second = exporter()  # the journal gives it every key's last state: nothing changed, nothing is sent
     assert second.poll_watches(now=0.0) == 0 and not second.ledger.backlog
+
+
+def test_the_documented_consumer_reads_every_entry_once_from_a_plain_shell(broker, tmp_path):
+    """examples/export_consumer.py, as docs/export.md shows it, in an environment holding only PATH and HOME."""
+    pipeline = Pipeline()
+    exporter = pipeline.exporter(broker.url, tmp_path)
+    pipeline.send(workload.append(3000, seed=8, lists=LISTS))
+    pipeline.flush()
+
+    async def scenario():
+        stop, task = await run_exporter(exporter)
+        await until(exported_all(pipeline, exporter), 30, "every entry acknowledged")
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    messages = len(asyncio.run(read_stream(broker.url)).copies)
+    home = tmp_path / "home"
+    home.mkdir()
+    result = subprocess.run([sys.executable, "examples/export_consumer.py", broker.url, "--messages", str(messages)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    printed: dict[int, list[int]] = defaultdict(list)
+    for line in result.stdout.splitlines():
+        where, value = line.split(": ")
+        printed[int(where.split()[2])].append(int(value))
+    assert printed == pipeline.sent
