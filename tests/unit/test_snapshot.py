@@ -214,7 +214,7 @@ def test_sql_joins_snapshots_of_two_collectors(filled, snapshot_service, tmp_pat
 
 
 @pytest.mark.privileged
-@pytest.mark.parametrize("mount_options,words", [("size=64k", "No space left on device (ENOSPC)"),
+@pytest.mark.parametrize("mount_options,words", [("size=4k", "No space left on device (ENOSPC)"),
                                                  ("ro", "Read-only file system (EROFS)")])
 def test_a_full_or_read_only_disk_keeps_the_service_running(filled, snapshot_service, tmp_path, mount_options,
                                                              words, capfd):

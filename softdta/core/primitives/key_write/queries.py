@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.core.query import Keys, QueryError, StructureQuery, as_key_rows, hex_rows, integer, key_rows
+from softdta.core.regions import byte_view
 from softdta.core.tables import Structure
 from softdta.spec import MAX_REDUNDANCY, KeyHash
 from softdta.wire.hashing import key_hashes_rows
@@ -38,10 +39,15 @@ def key_write_snapshot(region: KeyWriteRegion, rows: int) -> Iterator[dict[str, 
     """The occupied slots, `rows` slots at a time: slot (u32), checksum (u32) and value (u32 or u64, the reported
     big-endian value, for 4- and 8-byte data; else the data's bytes as rows)."""
     words = _data_words(region)
+    # 8-byte slots (4-byte data) are one u64 each: one comparison finds the written ones
+    whole = byte_view(region.buffer)[:region.slot_count * 8].view("<u8") if region.slot_size == 8 else None
     for first in range(0, max(region.slot_count, 1), rows):
         stop = min(first + rows, region.slot_count)
         checksums, data = region.checksums[first:stop], words[first:stop]
-        written = (checksums != 0) | (data != 0 if data.dtype.kind == "u" else region.data[first:stop].any(axis=1))
+        if whole is not None:
+            written = whole[first:stop] != 0
+        else:
+            written = (checksums != 0) | (data != 0 if data.dtype.kind == "u" else region.data[first:stop].any(axis=1))
         slots = np.flatnonzero(written).astype(np.uint32) + np.uint32(first)
         values = data[written].astype(data.dtype.newbyteorder("=")) if data.dtype.kind == "u" else \
             region.data[first:stop][written]
