@@ -152,6 +152,16 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"  a new slot-map epoch, etcd commit to the last of {propagation['translators']} {propagation['engine']} "
           f"translators applying it: median {propagation['median_s']} s, max {propagation['max_s']} s "
           f"(goal <= {propagation['goal_s']} s)")
+    for name, exported in results["export_throughput"].items():
+        saturated = exported["steps"][-1]
+        print(f"  export to a local nats-server, {name.replace('_', ' ')}: {exported['max_lossless_per_s']:,} "
+              f"entries/s acknowledged at the highest offered rate kept up with, {saturated['acknowledged_per_s']:,} "
+              f"as fast as the exporter takes them (goal >= {exported['goal_per_s']:,})")
+    for name, impact in results["export_responder_impact"].items():
+        print(f"  XDP responder ({impact['case']}) with an exporter at {impact['export_rate']:,} entries/s beside it "
+              f"({name}): {impact['on_ns']['median']:.0f} ns against {impact['off_ns']['median']:.0f} ns without, "
+              f"{impact['ratios']['median']:.3f}x ({impact['ratios']['min']:.3f}-{impact['ratios']['max']:.3f}; "
+              f"goal <= {impact['goal_ratio']}x)")
     return 0
 
 

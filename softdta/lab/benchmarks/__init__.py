@@ -8,5 +8,6 @@ One module per thing measured: `translator` (the XDP program, the reference tran
 translator), `python_engine` (the python engine live, the batch translator), `live` (the XDP translator live in
 the lab and on the direct path), `collector` (the XDP responder against userspace collectors), `queries`
 (Key-Write query rate and success), `fleet` (the slot map's balance and moves on a join), `router` (the
-fleet's query router against one collector); `workloads` holds what they share and `comparison` runs them all.
+fleet's query router against one collector), `export` (Append entries exported to NATS JetStream, and the XDP
+responder beside the exporter); `workloads` holds what they share and `comparison` runs them all.
 """

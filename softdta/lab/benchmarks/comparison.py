@@ -18,6 +18,12 @@ from softdta.lab.benchmarks.collector import (
     collector_xdp_responder,
     memory_writes_per_report,
 )
+from softdta.lab.benchmarks.export import (
+    ExportThroughput,
+    ResponderBesideExport,
+    export_responder_impact,
+    export_throughput,
+)
 from softdta.lab.benchmarks.fleet import FleetBalance, fleet_balance
 from softdta.lab.benchmarks.fleet_propagation import Propagation, fleet_propagation
 from softdta.lab.benchmarks.live import (
@@ -88,6 +94,8 @@ class Comparison(TypedDict):
     fleet_slot_map: dict[str, FleetBalance]
     query_router: RouterRate
     fleet_propagation: Propagation
+    export_throughput: dict[str, ExportThroughput]
+    export_responder_impact: dict[str, ResponderBesideExport]
     seconds: NotRequired[float]
 
 
@@ -126,6 +134,13 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
         "fleet_slot_map": fleet_balance(),
         "query_router": router_rate(10_000 if quick else 100_000, 16 if quick else 22),
         "fleet_propagation": fleet_propagation(3 if quick else 10),
+        "export_throughput": {
+            f"{entry_bytes}_byte_entries": export_throughput(
+                [1_000_000, 0] if quick else [500_000, 1_000_000, 2_000_000, 0], 0.5 if quick else 2.0, entry_bytes)
+            for entry_bytes in (4, 8)},
+        "export_responder_impact": {
+            "pinned" if pinned else "unpinned": export_responder_impact(repeat, 2 if quick else 10, pinned=pinned)
+            for pinned in (True, False)},
     }
     results["seconds"] = round(time.time() - started, 1)
     out.mkdir(parents=True, exist_ok=True)
