@@ -234,3 +234,23 @@ def test_a_full_or_read_only_disk_keeps_the_service_running(filled, snapshot_ser
         assert len(said) == 1 and words in said[0]
     finally:
         subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+def test_a_plug_in_without_a_snapshot_is_skipped_in_one_line(snapshot_service, tmp_path):
+    from softdta.core import registry
+    from softdta.core.offline import OfflineCollector
+    from softdta.core.tables import Tables
+    from tests.primitives.key_max import KeyMax
+    from tests.unit.test_adding_a_primitive import COLLECTOR, TABLES
+
+    registry.register(KeyMax)
+    try:
+        lines = []
+        service, snapshots = snapshot_service(OfflineCollector(Tables.from_dict(TABLES)), log=lines.append)
+        for _ in range(2):
+            assert service.call("POST", "/snapshot", headers=TAKE)["files"] == []
+        assert lines == [f"snapshots skip key-max@{COLLECTOR}: primitive key-max declares no snapshot "
+                         "(Primitive.snapshot)"]
+        assert snapshots.written == 2
+    finally:
+        registry.unregister(KeyMax)
