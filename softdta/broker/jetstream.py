@@ -41,7 +41,7 @@ def checked_url(url: str) -> str:
         port = None
         parts = None
     if parts is None or parts.scheme != "nats" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise BadBrokerUrl(f"--export {url!r} is not a NATS server URL; give nats://HOST:PORT, e.g. "
+        raise BadBrokerUrl(f"{url!r} ([export] url, --export) is not a NATS server URL; give nats://HOST:PORT, e.g. "
                            "nats://127.0.0.1:4222")
     return url
 

@@ -344,7 +344,9 @@ class Exporter:
 
     async def _recover(self, failure: BrokerUnavailable, pending: dict[asyncio.Task[bool], Message]) -> None:
         """After a failed publish: a missing stream is made again; a lost connection is dropped, its messages in
-        flight wait to be sent again."""
+        flight wait to be sent again. What was acknowledged is journaled first: a collector killed while the broker
+        is away then sends none of it again."""
+        self._journal_acks()
         if isinstance(failure, StreamMissing):
             try:
                 if await self.broker.ensure_stream():

@@ -48,3 +48,36 @@ def test_taking_append_entries_without_the_token(flag):
 def test_every_error_softdta_raises_on_purpose_is_one_line(command, words):
     """One error hierarchy (softdta.errors.SoftdtaError), caught once by the command line."""
     assert words in one_line_error(subprocess.run(SOFTDTA + command, capture_output=True, text=True, timeout=60))
+
+
+EXPORT = '\n[export]\nurl = "nats://127.0.0.1:4222"\n'
+
+
+@pytest.mark.parametrize("edits, words", [
+    ([(r"\Z", EXPORT + 'stream = "bad.name"\n')], "[export] stream 'bad.name' is not a JetStream stream name"),
+    ([(r"\Z", EXPORT + 'subject_prefix = "a..b"\n')], "[export] subject_prefix 'a..b' is not a NATS subject"),
+    ([(r"\Z", EXPORT + 'subject_prefix = "x.*"\n')], "[export] subject_prefix 'x.*' is not a NATS subject"),
+    ([(r"\Z", EXPORT.replace("nats://", "http://"))], "give nats://HOST:PORT"),
+    ([(r"\Z", EXPORT.replace(":4222", ""))], "give nats://HOST:PORT"),
+    ([(r"^data_dir = .*\n", ""), (r"\Z", EXPORT)], "[export] needs [collector] data_dir"),
+    ([(r'^name = "c1"', 'name = "c.1"'), (r"\Z", EXPORT)], "collector name 'c.1' cannot be a NATS subject token"),
+    ([(r"\Z", EXPORT + "backlog = 5\n")], "[export]: unknown setting 'backlog'; did you mean 'backlog_entries'?"),
+], ids=["stream", "prefix-empty-token", "prefix-wildcard", "url-scheme", "url-port", "no-data-dir", "collector-name",
+        "unknown-key"])
+def test_a_bad_export_section_is_one_line_naming_it(tmp_path, edits, words):
+    """`softdta collector up` from a plain shell's environment refuses it before it touches anything."""
+    config = COLLECTOR
+    for pattern, replacement in edits:
+        config = edited(config, pattern, replacement)
+    (tmp_path / "collector.toml").write_text(config)
+    result = subprocess.run(SOFTDTA + ["collector", "up", "--config", str(tmp_path / "collector.toml")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60,
+                            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert words in one_line_error(result)
+
+
+def test_an_export_url_given_on_the_command_line_is_checked():
+    result = subprocess.run(SOFTDTA + ["collector", "up", "--config", str(ROOT / "examples" / "collector.toml"),
+                                       "--export", "nats://broker"], capture_output=True, text=True, timeout=60)
+    assert "'nats://broker' ([export] url, --export) is not a NATS server URL; give nats://HOST:PORT" in \
+        one_line_error(result)

@@ -91,12 +91,15 @@ class AppendPoller:
     def _oldest_unread(self) -> np.ndarray:
         """Per list, where its unread batches start: a new poller (a restarted collector's) reads on from there.
         The poller zeroes what it takes and the writer writes batches in ring order, so the unread batches are a
-        circular run of written ones; an empty or full ring starts at 0. With `writes`, a ring with several runs
+        circular run of written ones; an empty or full ring starts at 0. With `writes`, an empty ring starts where
+        the writer writes next (a killed collector's successor reads on from there), and a ring with several runs
         (a lost WRITE leaves a hole) starts at the run that ends where the writer last wrote."""
         ring = self.batches_per_ring
         written = self._batches.reshape(self._batches.shape[0], ring, -1).any(axis=2)
         starts = written & ~np.roll(written, 1, axis=1)
         tails = np.zeros(written.shape[0], dtype=np.int64)
+        if self.writes is not None:
+            tails[:] = self.writes.astype(np.int64) % ring
         for index in np.nonzero(starts.any(axis=1))[0]:
             candidates = np.nonzero(starts[index])[0]
             tails[index] = candidates[0]
