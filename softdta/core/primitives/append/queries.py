@@ -70,7 +70,8 @@ class AppendPoller:
             lapped = unread > ring
             overwritten[lapped] = unread[lapped] - ring
             tails[lapped] = (tails[lapped] + unread[lapped]) % ring  # the writer's position: the oldest batch
-        order, run = self._runs(tails)
+        # with the WRITEs counted, only the batches written since the last poll need looking at
+        order, run = self._runs(tails, None if self.writes is None else int(unread.clip(0, ring).max(initial=0)))
         first = self.region.lists.first_list
         new: dict[int, np.ndarray] = {}
         for index in np.nonzero(run)[0]:
@@ -108,13 +109,15 @@ class AppendPoller:
                 tails[index] = candidates[candidates <= last][-1] if (candidates <= last).any() else candidates[-1]
         return tails
 
-    def _runs(self, tails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per list, the ring's batch positions from its tail on, and how many of them in a row are written."""
+    def _runs(self, tails: np.ndarray, most: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per list, the ring's batch positions from its tail on (`most` of them, all if None), and how many of
+        them in a row are written."""
         ring = self.batches_per_ring
+        order = (tails[:, None] + np.arange(ring if most is None else min(most, ring))) % ring
+        batches = self._batches[np.arange(order.shape[0])[:, None], order]
         # any() over an axis is an array (numpy's stubs also allow a scalar)
-        written = cast(np.ndarray, self._batches.reshape(self._batches.shape[0], ring, -1).any(axis=2))
-        order = (tails[:, None] + np.arange(ring)) % ring
-        run = np.cumprod(written[np.arange(written.shape[0])[:, None], order], axis=1).sum(axis=1)
+        written = cast(np.ndarray, batches.reshape(order.shape + (int(np.prod(self._batches.shape[2:])),)).any(axis=2))
+        run = np.cumprod(written, axis=1).sum(axis=1)
         return order, run
 
 
