@@ -11,6 +11,8 @@ backlog, whose bound turns the oldest entries into gap markers, counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -98,6 +100,10 @@ class ExportSettings:
         return Naming(collector, self.subject_prefix, self.stream)
 
 
+class _Unjournaled(Exception):
+    """Entries the journal could not take: the poll leaves them in their ring."""
+
+
 class Exporter:
     """Drains `feeds` into JetStream. `epoch()` gives the fleet epoch to stamp on what is taken now."""
 
@@ -119,6 +125,7 @@ class Exporter:
         self.events = {"connects": 0, "disconnects": 0, "stream_recreated": 0, "duplicates": 0,
                        "publish_failures": 0, "journal_failures": 0}
         self.last_error = ""
+        self.journal_failing = False
         self._dropping_logged = 0
 
     def _watching(self, watch: Watch) -> _Watching:
@@ -174,17 +181,28 @@ class Exporter:
             os.fsync(file.fileno())
         os.replace(temporary, self.journal_path)
 
-    def _journal(self, records: list[bytes]) -> None:
-        if records:
-            try:
-                os.write(self.journal_fd, b"".join(records))
-            except OSError as error:
-                # the entries stay in the backlog and are published; only a restart before they are acknowledged
-                # could lose them, which the count and the line say
-                self.events["journal_failures"] += 1
-                self.last_error = f"cannot write the export journal {self.journal_path} ({error.strerror})"
-                log.error("export: %s; entries taken now are lost if the collector stops before the broker "
-                          "acknowledges them", self.last_error)
+    def _journal(self, records: list[bytes]) -> bool:
+        """Append `records`; False if the journal cannot take them (a full disk), said once per outage."""
+        if not records:
+            return True
+        size = os.fstat(self.journal_fd).st_size
+        try:
+            data = b"".join(records)
+            if os.write(self.journal_fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.journal_fd, size)  # a torn record would hide every record after it
+            self.events["journal_failures"] += 1
+            if not self.journal_failing:
+                log.error("export: cannot write the export journal %s (%s); Append entries stay in their rings "
+                          "(which overflow, counted as gaps) until it can", self.journal_path, error.strerror)
+            self.journal_failing = True
+            return False
+        if self.journal_failing:
+            log.warning("export: the export journal %s takes writes again", self.journal_path)
+            self.journal_failing = False
+        return True
 
     def _compact(self) -> None:
         size = os.fstat(self.journal_fd).st_size
@@ -211,10 +229,15 @@ class Exporter:
                     empty = np.empty((0, feed.lists.data_len), dtype=np.uint8)
                     messages += self.ledger.take(list_id, first_list, new.get(list_id, empty), lost.get(list_id, 0),
                                                  epoch=epoch, now_ns=now_ns)
-                self._journal([encode_record(message) for message in messages])
+                if not self._journal([encode_record(message) for message in messages]):
+                    self.ledger.forget(messages)
+                    raise _Unjournaled  # the entries stay in the ring until the journal takes them
                 made += len(messages)
 
-            feed.poller.poll_counting_laps(keep)
+            try:
+                feed.poller.poll_counting_laps(keep)
+            except _Unjournaled:
+                break
         dropped_before = self.ledger.dropped
         gaps = self.ledger.bounded()
         if gaps:
@@ -244,7 +267,9 @@ class Exporter:
                                             epoch=epoch, now_ns=now_ns)
                 if message is not None:
                     changed.append(message)
-        self._journal([encode_record(message) for message in changed])
+        if not self._journal([encode_record(message) for message in changed]):
+            self.ledger.forget(changed)  # made again at the next check
+            return 0
         if changed:
             self.new_messages.set()
         return len(changed)
@@ -373,8 +398,8 @@ class Exporter:
         marks = self.ledger.acknowledged_below()
         changed = {channel: sequence for channel, sequence in marks.items()
                    if self.journaled_acks.get(channel) != sequence}
-        if changed or force:
-            self._journal([ack_record(channel, sequence) for channel, sequence in changed.items()])
+        if (changed or force) and self._journal([ack_record(channel, sequence)
+                                                 for channel, sequence in changed.items()]):
             self.journaled_acks = marks
 
     # ---- what it reports

@@ -268,6 +268,22 @@ class Ledger:
         self._keep(message)
         return message
 
+    def forget(self, messages: list[Message]) -> None:
+        """Undo `take` or `state` for `messages` (the latest of their channels), which the journal could not
+        keep: their entries are taken again later, a state made again."""
+        for message in reversed(messages):
+            self.backlog.pop((message.channel, message.sequence), None)
+            self.next_sequence[message.channel] = message.sequence
+            if message.carries:
+                self.backlog_entries -= message.count
+            if message.kind is Kind.ENTRIES:
+                self.taken -= message.count
+            elif message.kind is Kind.GAP:
+                self.lost -= message.count
+            else:
+                self.states -= 1
+                self.last_state.pop(message.channel, None)
+
     def _keep(self, message: Message) -> None:
         self.backlog[message.channel, message.sequence] = message
         if message.carries:

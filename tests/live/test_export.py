@@ -10,6 +10,7 @@ so each test knows every entry it sent; the exporter and the broker are the real
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from softdta.collector.export import Exporter, ExportSettings, Watch
+from softdta.collector.export import JOURNAL_FILE, Exporter, ExportSettings, Watch
 from softdta.collector.service import OfflineSource, append_feeds
 from softdta.core import workload
 from softdta.core.export import (
@@ -31,6 +32,8 @@ from softdta.core.export import (
     MESSAGE_ID_HEADER,
     SEQUENCE_HEADER,
     STRUCTURE_HEADER,
+    Ledger,
+    read_journal,
 )
 from softdta.core.offline import OfflineCollector
 from softdta.core.tables import Tables
@@ -411,3 +414,39 @@ def test_the_documented_consumer_reads_every_entry_once_from_a_plain_shell(broke
         where, value = line.split(": ")
         printed[int(where.split()[2])].append(int(value))
     assert printed == pipeline.sent
+
+
+@pytest.mark.privileged
+def test_a_full_disk_under_the_journal_leaves_the_entries_in_their_rings_until_it_has_room(broker, tmp_path, caplog):
+    data_dir = tmp_path / "disk"
+    data_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(data_dir)], check=True)
+    try:
+        pipeline = Pipeline()
+        exporter = pipeline.exporter(broker.url, data_dir)
+        filler = data_dir / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as file:
+            while True:
+                file.write(bytes(4096))
+                file.flush()
+
+        async def scenario():
+            stop, task = await run_exporter(exporter)
+            pipeline.send(workload.append(2000, seed=9, lists=LISTS))
+            pipeline.flush()
+            await until(lambda: exporter.events["journal_failures"] >= 3, 30, "the journal refusing writes")
+            assert exporter.ledger.taken == 0 and not exporter.ledger.backlog  # nothing taken it could not keep
+            filler.unlink()
+            await until(exported_all(pipeline, exporter), 30, "every entry acknowledged once the disk has room")
+            stop.set()
+            await task
+            return await read_stream(broker.url)
+
+        stream = asyncio.run(scenario())
+        check_exactly_once(stream, pipeline, exporter)
+        said = [record.getMessage() for record in caplog.records if "journal" in record.getMessage()]
+        assert len(said) == 2 and "No space left on device" in said[0] and "takes writes again" in said[1]
+        journal = read_journal((data_dir / JOURNAL_FILE).read_bytes())
+        assert Ledger.replayed(journal.messages).next_sequence == exporter.ledger.next_sequence  # it holds them all
+    finally:
+        subprocess.run(["umount", "--lazy", str(data_dir)], check=True)
