@@ -76,6 +76,9 @@ def register(commands: Commands) -> None:
     lab_up.add_argument("--engine", choices=["xdp", "python"], default="xdp",
                         help="the translator: xdp (default), the kernel fast path; python, the batch translator "
                              "in Python on AF_XDP")
+    lab_up.add_argument("--export", action="store_true",
+                        help="start nats-server with JetStream in the collector's namespace and have the collector "
+                             "export its Append entries to it (xdp collector; docs/export.md)")
     lab_up.set_defaults(run=_lab)
     add_command(lab_actions, "down", "stop everything and remove it (safe to repeat)").set_defaults(run=_lab)
     lab_status = add_command(lab_actions, "status", "show what is up, with the translator's counters")
@@ -197,12 +200,15 @@ def _lab(args: argparse.Namespace) -> int:
     from softdta.lab import topology as lab
     try:
         if args.action == "up":
-            state = lab.up(args.reporters, args.collector, args.engine)
+            state = lab.up(args.reporters, args.collector, args.engine, args.export)
             namespaces = ", ".join(state.reporter(i)["netns"] for i in range(1, state.reporters + 1))
             collector = "soft-RoCE guest" if state.collector == "rxe" else "XDP responder"
+            exported = f"Append entries exported to {state.export_url} (in {lab.PREFIX}c); " if state.export_url \
+                else ""
             print(f"lab up: {state.reporters} reporters ({namespaces}) -> {lab.PREFIX}t -> {lab.PREFIX}c "
                   f"({collector}); "
                   f"queries at {state.query_url} (inside the lab namespaces); "
+                  f"{exported}"
                   f"logs in {lab.STATE_DIR}")
         elif args.action == "down":
             removed = lab.down()

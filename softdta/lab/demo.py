@@ -40,6 +40,7 @@ from softdta.kernel.bpf import Map, enable_run_stats
 from softdta.kernel.netns import in_netns
 from softdta.kernel.tx_ring import RingReporter
 from softdta.lab import topology as lab
+from softdta.lab.export_consumer import ExportConsumer
 from softdta.spec import ResponderCounter, TranslatorCounter
 from softdta.wire.dta import Report
 from softdta.wire.frames import ip_bytes, mac_bytes
@@ -72,6 +73,7 @@ DRAIN_POLL_S = 0.2  # how often the demo takes what primitives it drains hold (A
 # The burst after the mixed workload: Key-Write N=1 from kernel generators over the direct path (softdta.lab.direct)
 BURST_RATE = 1_000_000.0  # reports/s over all generators
 BURST_SECONDS = 3.0
+EXPORTED_WITHIN_S = 30.0  # for the collector to take and publish the last Append entries, and the consumer to read them
 
 
 @dataclass
@@ -195,7 +197,8 @@ class _Backlog:
 
 
 def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] | None = None,
-           seconds: float = 60.0, rate: float = DEFAULT_RATE) -> dict[str, Any]:
+           seconds: float = 60.0, rate: float = DEFAULT_RATE, exported: ExportConsumer | None = None
+           ) -> dict[str, Any]:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
     within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it, and with
@@ -233,7 +236,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
                 if progress:
                     progress(len(part))
                 if time.perf_counter() - last_poll > DRAIN_POLL_S:
-                    _drain(load.parts, state.token)
+                    _drain(load.parts, state.token, exported)
                     last_poll = time.perf_counter()
                 ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
                 if ahead > 0:
@@ -251,12 +254,30 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
             "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
 
 
-def _drain(parts: list[PrimitiveDemo], token: str) -> None:
-    """Take what the drained primitives hold through the query service, as a consumer does while reports keep
-    coming: an Append ring that is not drained wraps and overwrites (DTA's Append has no backpressure)."""
+def _drain(parts: list[PrimitiveDemo], token: str, exported: ExportConsumer | None = None) -> None:
+    """Take what the drained primitives hold, as a consumer does while reports keep coming: an Append ring that is
+    not drained wraps and overwrites (DTA's Append has no backpressure). With `exported`, the collector drains
+    its rings into JetStream and the demo takes what the stream brought; else through the query service."""
     for part in parts:
         if part.drained:
-            part.take(collector_http(part.path(), token=token))
+            part.take(exported.answer() if exported else collector_http(part.path(), token=token))
+
+
+def _exported_rest(exported: ExportConsumer, entries_sent: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Once the collector has taken as many entries as were sent (or EXPORTED_WITHIN_S passed) and JetStream has
+    acknowledged them all: the rest of the stream as the query service's answer, and the export's figures."""
+    deadline = time.monotonic() + EXPORTED_WITHIN_S
+    while True:
+        status = collector_http("/stats")["export"]
+        taken = status["taken"] + status["lost_to_overflow"]
+        if (taken >= entries_sent and not status["backlog_messages"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    answer = exported.finish(EXPORTED_WITHIN_S)
+    figures = {**exported.figures(), "collector_taken": status["taken"], "acknowledged": status["acknowledged"],
+               "lost_to_overflow": status["lost_to_overflow"], "dropped_from_backlog": status["dropped_from_backlog"],
+               "backlog_entries": status["backlog_entries"], "url": status["url"], "stream": status["stream"]}
+    return answer, figures
 
 
 def lab_tables(state: lab.LabState) -> Tables:
@@ -293,8 +314,8 @@ def predicted_collector(state: lab.LabState, load: Workload, sent_per_reporter: 
     return offline
 
 
-def summarize(state: lab.LabState, load: Workload, sent: Counter[int],
-              streamed: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def summarize(state: lab.LabState, load: Workload, sent: Counter[int], streamed: dict[str, Any],
+              exported: ExportConsumer | None = None) -> tuple[dict[str, Any], list[str]]:
     """Query the collector and compare with the truth; returns the summary and the problems found."""
     stats = engine_stats(lab.PIN_DIR)
     counters = stats["counters"]
@@ -330,7 +351,10 @@ def summarize(state: lab.LabState, load: Workload, sent: Counter[int],
         fields = part.request(count)
         if fields is None:
             continue
-        answer = collector_http(part.path(), fields or None, state.token if part.drained else None)
+        if part.drained and exported is not None:
+            answer, summary["export"] = _exported_rest(exported, count)
+        else:
+            answer = collector_http(part.path(), fields or None, state.token if part.drained else None)
         queries[summary_key(part.primitive)] = part.check(answer, part.answer_from(prediction, fields), count)
     summary["complete"] = streamed["complete"]
     problems = summary["problems"] = verdict(summary)
@@ -345,6 +369,13 @@ def verdict(summary: dict[str, Any]) -> list[str]:
     runs below the rate where anything should be lost)."""
     problems: list[str] = []
     translator, collector = summary["translator"], summary["collector"]
+    export = summary.get("export")
+    if export and (export["duplicates_stored"] or export["gaps"] or export["backlog_entries"]
+                   or export["entries"] != export["acknowledged"]):
+        problems.append(f"export: the collector took {export['collector_taken']:,} Append entries, JetStream "
+                        f"acknowledged {export['acknowledged']:,} ({export['backlog_entries']:,} still waiting), the "
+                        f"stream brought {export['entries']:,}, with {export['gaps']:,} in gaps and "
+                        f"{export['duplicates_stored']:,} messages stored twice")
     sent, received = sum(summary["reports_sent"].values()), sum(translator["received"].values())
     if sent != received:
         problems.append(f"reports: {sent:,} sent, {received:,} reached the translator"
@@ -419,7 +450,9 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
     kind = "XDP responder" if collector == "xdp" else "soft-RoCE in a QEMU guest"
     translator = "XDP translator" if engine == "xdp" else "python translator on AF_XDP"
     with console.status(f"bringing the lab up (namespaces, {translator}, {kind} collector)"):
-        state = lab.up(reporters, collector, engine)
+        state = lab.up(reporters, collector, engine, export=collector == "xdp")
+    exported = ExportConsumer(state.export_url, lab.COLLECTOR_NAME, lab.PREFIX + "c").start() \
+        if state.export_url else None
     try:
         load = build_workload(lab_tables(state), reporters, seed, scale)
         total = sum(len(r) for r in load.per_reporter)
@@ -427,12 +460,12 @@ def run(reporters: int = 2, seed: int = 0, scale: float = 1.0, seconds: float = 
         try:
             with Progress(console=console, transient=as_json) as progress:
                 task = progress.add_task(f"streaming {total:,} reports from {reporters} reporters", total=total)
-                streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate)
+                streamed = stream(state, load, lambda n: progress.advance(task, n), seconds, rate, exported)
             # the idle flush writes out partial batches and paths
             time.sleep(1.0 + lab.flush_idle_ms(collector, engine) / 1e3)
         finally:
             os.close(stats_fd)
-        summary, problems = summarize(state, load, streamed["sent"], streamed)
+        summary, problems = summarize(state, load, streamed["sent"], streamed, exported)
     finally:
         if not keep:
             lab.down()
@@ -468,6 +501,12 @@ def _print(console: Console, summary: dict[str, Any], Table: type[Table]) -> Non
     received = (f"executed {collector['executed']:,} requests" if "executed" in collector else
                 f"(rxe) received {collector['rxe_rcvd_pkts']:,} packets")
     console.print(f"collector {received}; fill {collector['fill']}")
+    if summary.get("export"):
+        export = summary["export"]
+        console.print(f"export: {export['messages']:,} messages with {export['entries']:,} Append entries read back "
+                      f"from JetStream stream {export['stream']} ({export['url']}), {export['duplicates_stored']} "
+                      f"stored twice, {export['gaps']:,} entries in gaps; the collector took "
+                      f"{export['collector_taken']:,}, JetStream acknowledged {export['acknowledged']:,}")
     queries = Table(title="queries against the truth", show_edge=False)
     queries.add_column("structure")
     queries.add_column("result")

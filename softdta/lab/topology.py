@@ -40,6 +40,7 @@ from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, realtime_napi, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
 from softdta.lab import rxe as rxe_lab
+from softdta.lab.nats_server import NatsServer
 from softdta.wire.frames import ip_bytes
 
 PREFIX = "sdta-lab-"
@@ -102,6 +103,8 @@ class LabState:
     engine: str = "xdp"  # the translator's: the kernel fast path, or the reference translator on AF_XDP
     translator_pid: int = 0
     collector_pid: int = 0  # xdp only: the rxe collector runs inside the guest
+    export_url: str = ""  # the nats-server (in the collector's namespace) the collector exports Append entries to
+    nats_pid: int = 0
 
     @property
     def query_url(self) -> str:
@@ -118,6 +121,8 @@ def collector_config(state: LabState) -> str:
     backend = (f'backend = "xdp"\nmac = "{COLLECTOR_MAC}"\ninterface = "c0"\ndata_dir = "{STATE_DIR / "regions"}"'
                if state.collector == "xdp" else
                f'backend = "verbs"\nmac = "{rxe_lab.GUEST_MAC}"\ndata_dir = "/dev/shm/softdta"')
+    export = f'\n[export]                      # Append entries to NATS JetStream\nurl = "{state.export_url}"\n' \
+        if state.export_url else ""
     return f"""[collector]
 name = "{COLLECTOR_NAME}"
 ip = "{COLLECTOR_IP}"
@@ -156,7 +161,7 @@ first_list = 0
 lists = 256
 entries = 1024
 batch = 16
-"""
+{export}"""
 
 
 def translator_settings(collector: str) -> str:
@@ -194,14 +199,18 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], what: str,
     raise LabError(f"{what} did not come up within {timeout:.0f} s; see {log}")
 
 
-def up(reporters: int = 2, collector: str = "xdp", engine: str = "xdp") -> LabState:
-    """Build the topology and start the collector and the translator; returns the state `status` shows."""
+def up(reporters: int = 2, collector: str = "xdp", engine: str = "xdp", export: bool = False) -> LabState:
+    """Build the topology and start the collector and the translator; returns the state `status` shows. With
+    `export` (the xdp collector only), a nats-server with JetStream in the collector's namespace, and the
+    collector exporting its Append entries to it."""
     if collector not in COLLECTORS:
         raise LabError(f"--collector {collector}: choose one of {', '.join(COLLECTORS)}")
     if engine not in ENGINES:
         raise LabError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
     if not 1 <= reporters <= 16:
         raise LabError(f"--reporters {reporters}: give 1..16 reporter namespaces")
+    if export and collector != "xdp":
+        raise LabError("--export: the lab exports from the xdp collector only (the rxe collector runs in a guest)")
     if read_state() is not None:
         raise LabError("a lab is already up; `softdta lab down` removes it first")
     down()
@@ -209,6 +218,8 @@ def up(reporters: int = 2, collector: str = "xdp", engine: str = "xdp") -> LabSt
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
         _build(state)
+        if export:
+            _start_nats(state)
         _start(state)
     except (LabError, NetnsError, OSError, rxe_lab.RxeLabError) as error:
         down()
@@ -272,6 +283,16 @@ def _realtime_data_path(state: LabState) -> None:
     for namespace, interfaces in ((PREFIX + "sw", switch_ports), (PREFIX + "t", ["t0"]), (PREFIX + "c", ["c0"])):
         for interface in interfaces:
             realtime_napi(Namespace(namespace), interface)
+
+
+def _start_nats(state: LabState) -> None:
+    """nats-server with JetStream on the collector namespace's loopback, its store under the lab's directory."""
+    server = NatsServer(STATE_DIR / "nats")
+    with in_netns(PREFIX + "c"):
+        server.start()
+    assert server.process is not None
+    state.export_url, state.nats_pid = server.url, server.process.pid
+    write_state(state)
 
 
 def _start_xdp_collector(state: LabState) -> None:
@@ -354,6 +375,7 @@ def down() -> list[str]:
     if state is not None:
         _stop(state.translator_pid)
         _stop(state.collector_pid)
+        _stop(state.nats_pid)  # after the collector: its exporter's last acknowledgements
     rxe_lab.stop_qemu(GUEST_RUN_DIR)
     removed = cleanup_prefix(PREFIX)
     shutil.rmtree(PIN_DIR, ignore_errors=True)

@@ -109,6 +109,10 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
     queries = summary["queries"]
     assert queries["append"]["entries_recovered"] == queries["append"]["entries_sent"]
     assert queries["append"]["lists_in_exact_order"] == queries["append"]["lists"]
+    if collector == "xdp":  # the Append entries came back through the JetStream stream the collector exports to
+        export = summary["export"]
+        assert export["entries"] == export["acknowledged"] == queries["append"]["entries_sent"]
+        assert export["duplicates_stored"] == 0 and export["gaps"] == 0 and export["messages"] > 0
     assert queries["key_increment"]["under_counted"] == 0
     assert queries["sketch_merge"]["matches_sum_of_reporters"]
     assert queries["key_write"]["success"] >= queries["key_write"]["expected"] - 0.01
