@@ -22,6 +22,7 @@ import nats
 import pytest
 
 from softdta.collector.export import JOURNAL_FILE, Exporter, ExportSettings, Watch
+from softdta.collector.registration import FleetSettings, current_epoch
 from softdta.collector.service import OfflineSource, append_feeds
 from softdta.core import workload
 from softdta.core.export import (
@@ -35,13 +36,15 @@ from softdta.core.export import (
     Ledger,
     read_journal,
 )
+from softdta.core.fleet import SLOT_MAP, fleet_prefix
 from softdta.core.offline import OfflineCollector
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
+from softdta.lab.etcd_server import EtcdServer
 from softdta.lab.nats_server import NatsServer
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, ROOT
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, ROOT, fleet_tables
 
 STREAM = "SOFTDTA"
 LISTS = 64
@@ -451,3 +454,17 @@ def test_a_full_disk_under_the_journal_leaves_the_entries_in_their_rings_until_i
         assert Ledger.replayed(journal.messages).next_sequence == exporter.ledger.next_sequence  # it holds them all
     finally:
         subprocess.run(["umount", "--lazy", str(data_dir)], check=True)
+
+
+def test_the_epoch_stamped_on_exports_is_the_fleets_slot_map_epoch(tmp_path):
+    """What `collector up --fleet` stamps (daemon.follow_fleet_epoch reads it every second): the slot map's epoch in
+    a real etcd, and the last one known while etcd is away or holds no map."""
+    _, slot_map = fleet_tables()
+    with EtcdServer(tmp_path / "etcd") as etcd:
+        settings = FleetSettings(etcd.endpoint, "f1")
+        assert current_epoch(settings, known=0) == 0  # no map yet
+        etcd.client().put(fleet_prefix("f1") + SLOT_MAP, slot_map.to_json())
+        assert current_epoch(settings, known=0) == slot_map.epoch
+        etcd.client().put(fleet_prefix("f1") + SLOT_MAP, "not a slot map")
+        assert current_epoch(settings, known=slot_map.epoch) == slot_map.epoch
+    assert current_epoch(settings, known=slot_map.epoch) == slot_map.epoch  # etcd stopped
