@@ -274,6 +274,23 @@ class Exporter:
             self.new_messages.set()
         return len(changed)
 
+    def _publisher_behind(self) -> bool:
+        """Connected, with a window's worth of messages waiting besides those in flight: what is taken now would
+        only wait too. (Without a broker, entries are taken as they come: the journal keeps them, a ring may not.)"""
+        return self.connected and len(self.ledger.backlog) - len(self.ledger.in_flight) >= IN_FLIGHT
+
+    def _rings_filling(self) -> bool:
+        """Some ring holds a quarter of a ring unread (or its WRITEs are not counted, so nobody can tell). While
+        the publisher is behind, entries wait in the rings until then, and go out in fewer, larger messages."""
+        for feed in self.feeds.values():
+            poller = feed.poller
+            if poller.writes is None or poller.accounted is None:
+                return True
+            if int((poller.writes.astype(np.int64) - poller.accounted).max(initial=0)) >= \
+                    poller.batches_per_ring // 4:
+                return True
+        return False
+
     # ---- publishing
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -290,7 +307,8 @@ class Exporter:
 
     async def _poll_until(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            self.poll()
+            if not self._publisher_behind() or self._rings_filling():
+                self.poll()
             self.poll_watches(time.monotonic())
             self._compact()
             try:
