@@ -36,6 +36,8 @@ GOAL_RESPONDER_RATIO = 1.05
 LISTS, ENTRIES, BATCH = 64, 4096, 4  # a ring holds 64 k entries in all: 65 ms at 1 M/s
 TICK_S = 0.001
 SATURATED_BACKLOG = 256 << 10
+WARM_S = 0.5  # the exporter beside the responder runs this long before a round is measured
+TEST_RUNS_PER_ROUND = 3  # a round's figure is the median of this many calls of `repeat` test runs
 
 
 class ExportRate(TypedDict):
@@ -61,6 +63,7 @@ class ExportThroughput(TypedDict):
     steps: list[ExportRate]
     max_acknowledged_per_s: int
     max_lossless_per_s: int
+    idle_cores: float  # the exporter's CPU time per second with nothing to take (it polls every ring every 5 ms)
     goal_per_s: int
     met: bool
 
@@ -178,6 +181,21 @@ async def export_step(url: str, data_dir: Path, entry_bytes: int, rate: float, s
                              and ledger.acknowledged + ledger.dropped == ledger.taken))
 
 
+async def exporter_idle_cores(url: str, data_dir: Path, entry_bytes: int, seconds: float) -> float:
+    """The exporter's CPU time per second over `seconds` with empty rings."""
+    collector = Collector.made(entry_bytes)
+    exporter = Exporter(ExportSettings(url), "bench", "10.77.1.1", collector.feeds, data_dir)
+    halt = asyncio.Event()
+    running = asyncio.create_task(exporter.run(halt))
+    await _until(lambda: exporter.connected, 20, "the exporter connecting to nats-server")
+    cpu, started = time.process_time(), time.monotonic()
+    await asyncio.sleep(seconds)
+    cores = (time.process_time() - cpu) / (time.monotonic() - started)
+    halt.set()
+    await running
+    return round(cores, 3)
+
+
 async def _stored(exporter: Exporter) -> int:
     """The messages the stream holds (every step publishes into the same stream)."""
     context = exporter.broker.context
@@ -194,6 +212,9 @@ def export_throughput(rates: list[int], seconds: float = 2.0, entry_bytes: int =
                 data_dir = Path(scratch) / f"collector-{index}"
                 data_dir.mkdir()
                 steps.append(asyncio.run(export_step(server.url, data_dir, entry_bytes, rate, seconds)))
+            idle_dir = Path(scratch) / "collector-idle"
+            idle_dir.mkdir()
+            idle = asyncio.run(exporter_idle_cores(server.url, idle_dir, entry_bytes, seconds))
         finally:
             server.kill()
     lossless = [step["acknowledged_per_s"] for step in steps
@@ -202,7 +223,7 @@ def export_throughput(rates: list[int], seconds: float = 2.0, entry_bytes: int =
     best = max(step["acknowledged_per_s"] for step in steps)
     return ExportThroughput(lists=LISTS, ring_entries=ENTRIES, batch=BATCH, seconds_per_step=seconds, steps=steps,
                             max_acknowledged_per_s=best, max_lossless_per_s=max(lossless, default=0),
-                            goal_per_s=GOAL_ENTRIES_PER_S, met=best >= GOAL_ENTRIES_PER_S)
+                            idle_cores=idle, goal_per_s=GOAL_ENTRIES_PER_S, met=best >= GOAL_ENTRIES_PER_S)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -218,6 +239,7 @@ class ResponderBesideExport(TypedDict):
     pinned: bool  # the test runs on CPU 0, the exporter process and nats-server on CPU 1
     export_rate: int
     exported_per_s: list[int]  # what the exporter had acknowledged per second, per "on" round
+    exporter_cores: list[float]  # the exporter process's CPU time per second, per "on" round (nats-server's not in)
     off_ns: Stats
     on_ns: Stats
     ratios: Stats  # on / off, per pair of rounds
@@ -226,7 +248,7 @@ class ResponderBesideExport(TypedDict):
 
 
 def _export_process(scratch: str, rate: float, cpus: set[int] | None, active: EventType, running: EventType,
-                    quit_: EventType, acknowledged: Synchronized[int]) -> None:
+                    quit_: EventType, acknowledged: Synchronized[int], cores: Synchronized[float]) -> None:
     """The exporter beside the responder: its own nats-server, and an exporter over rings written at `rate` while
     `active` is set (`running` says it is)."""
     if cpus is not None:
@@ -239,13 +261,13 @@ def _export_process(scratch: str, rate: float, cpus: set[int] | None, active: Ev
                 round_ += 1
                 data_dir = Path(scratch) / f"collector-{round_}"
                 data_dir.mkdir()
-                asyncio.run(_export_while(server.url, data_dir, rate, active, running, acknowledged))
+                asyncio.run(_export_while(server.url, data_dir, rate, active, running, acknowledged, cores))
     finally:
         server.kill()
 
 
 async def _export_while(url: str, data_dir: Path, rate: float, active: EventType, running: EventType,
-                        acknowledged: Synchronized[int]) -> None:
+                        acknowledged: Synchronized[int], cores: Synchronized[float]) -> None:
     collector = Collector.made(4)
     exporter = Exporter(ExportSettings(url), "bench", "10.77.1.1", collector.feeds, data_dir)
     halt, stop_writing = asyncio.Event(), asyncio.Event()
@@ -253,11 +275,14 @@ async def _export_while(url: str, data_dir: Path, rate: float, active: EventType
     await _until(lambda: exporter.connected, 20, "the exporter connecting to nats-server")
     writing = asyncio.create_task(_write_at(collector.writer, rate, stop_writing, exporter))
     await _until(lambda: exporter.ledger.acknowledged > 0, 20, "the first entries acknowledged")
-    acknowledged.value, started = exporter.ledger.acknowledged, time.monotonic()
+    await asyncio.sleep(WARM_S)
+    acknowledged.value, started, cpu = exporter.ledger.acknowledged, time.monotonic(), time.process_time()
     running.set()
     while active.is_set():
         await asyncio.sleep(0.01)
-    acknowledged.value = int((exporter.ledger.acknowledged - acknowledged.value) / (time.monotonic() - started))
+    elapsed = time.monotonic() - started
+    acknowledged.value = int((exporter.ledger.acknowledged - acknowledged.value) / elapsed)
+    cores.value = (time.process_time() - cpu) / elapsed
     stop_writing.set()
     await writing
     halt.set()
@@ -271,25 +296,28 @@ def export_responder_impact(repeat: int, pairs: int = 10, case: str = "uc-write-
     from softdta.lab.benchmarks.collector import responder_harness
     context = multiprocessing.get_context("spawn")
     active, running, quit_ = context.Event(), context.Event(), context.Event()
-    acknowledged = context.Value("q", 0)
+    acknowledged, cores = context.Value("q", 0), context.Value("d", 0.0)
     cpus = os.sched_getaffinity(0)
     pin = pinned and len(cpus) >= 2
     with tempfile.TemporaryDirectory(prefix="softdta-export-bench-") as scratch:
         child = context.Process(target=_export_process, daemon=True,
                                 args=(scratch, rate, {sorted(cpus)[1]} if pin else None, active, running, quit_,
-                                      acknowledged))
+                                      acknowledged, cores))
         child.start()
         try:
             if pin:
                 os.sched_setaffinity(0, {sorted(cpus)[0]})
-            off, on, exported = [], [], []
+            off, on, exported, exporter_cores = [], [], [], []
             with responder_harness(case) as (responder, _, frame):
                 restore = responder.object.programs["bench_restore"]
                 respond = responder.object.programs["bench_respond"]
 
                 def measured() -> float:
-                    restore_ns = restore.test_run(frame, repeat=repeat).duration_ns
-                    return float(respond.test_run(frame, repeat=repeat).duration_ns - restore_ns)
+                    samples = []
+                    for _ in range(TEST_RUNS_PER_ROUND):
+                        restore_ns = restore.test_run(frame, repeat=repeat).duration_ns
+                        samples.append(float(respond.test_run(frame, repeat=repeat).duration_ns - restore_ns))
+                    return statistics.median(samples)
 
                 measured()  # warm
                 for _ in range(pairs):
@@ -302,6 +330,7 @@ def export_responder_impact(repeat: int, pairs: int = 10, case: str = "uc-write-
                     active.clear()
                     _wait_cleared(running, child)
                     exported.append(int(acknowledged.value))
+                    exporter_cores.append(round(cores.value, 2))
         finally:
             os.sched_setaffinity(0, cpus)
             quit_.set()
@@ -311,8 +340,8 @@ def export_responder_impact(repeat: int, pairs: int = 10, case: str = "uc-write-
                 child.kill()
     ratios = [after / before for before, after in zip(off, on)]
     return ResponderBesideExport(case=case, pinned=pin, export_rate=int(rate), exported_per_s=exported,
-                                 off_ns=stats(off), on_ns=stats(on), ratios=stats(ratios),
-                                 goal_ratio=GOAL_RESPONDER_RATIO,
+                                 exporter_cores=exporter_cores, off_ns=stats(off), on_ns=stats(on),
+                                 ratios=stats(ratios), goal_ratio=GOAL_RESPONDER_RATIO,
                                  met=statistics.median(ratios) <= GOAL_RESPONDER_RATIO)
 
 
