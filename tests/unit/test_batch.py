@@ -245,7 +245,17 @@ def run_oracle(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start: 
             if result.deferred:
                 out["deferred"].append(position)
         start = cut
+    settle(oracle, now_of(start))
     return oracle, out
+
+
+def settle(translator, now_ns):
+    """Every QP as the next report at `now_ns` finds it: one whose grace period is over is active. The batch
+    translator asks a vector piece's QP at the start of its segment, the oracle at the piece's first report that
+    reaches the gate (a Sketch-Merge report out of order is dropped before it): a grace period that ended in
+    between ends for one of them and not yet for the other, which no frame, drop or later report can tell apart."""
+    for qp in translator.tables.qps:
+        translator.qp_ready(qp, now_ns)
 
 
 def frame_rows(frames, seed):
@@ -269,6 +279,7 @@ def run_batches(tables, frames, cuts, now_of, plugins=(), queue_of=lambda start:
         out["to_reporter"] += result.to_reporter
         out["deferred"] += [start + position for position in result.deferred]
         start = cut
+    settle(batch.oracle, now_of(start))
     return batch.oracle, out
 
 
