@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from contextlib import nullcontext
@@ -13,15 +11,10 @@ from pathlib import Path
 from softdta.errors import SoftdtaError
 from softdta.etcd.client import Etcd, EtcdUnavailable
 from softdta.kernel.netns import in_netns
+from softdta.lab.local_server import LocalServer, free_port
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
-class EtcdServer:
+class EtcdServer(LocalServer):
     """One etcd member on `host` (in network namespace `netns`, if given), its data in `directory`. `stop`/`kill`
     and `start` again keep data and ports, as an operator's restart does."""
 
@@ -33,7 +26,6 @@ class EtcdServer:
         self.binary, self.directory, self.host, self.netns = binary, Path(directory), host, netns
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -70,21 +62,3 @@ class EtcdServer:
                     raise SoftdtaError(f"etcd did not answer within {ready_within} s; see "
                                        f"{self.directory / 'etcd.log'}") from None
                 time.sleep(0.05)
-
-    def _end(self, how: signal.Signals) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(how)
-            self.process.wait(timeout=30)
-        self.process = None
-
-    def stop(self) -> None:
-        self._end(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._end(signal.SIGKILL)
-
-    def __enter__(self) -> EtcdServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill()

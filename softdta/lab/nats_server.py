@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 from softdta.errors import SoftdtaError
-from softdta.lab.etcd_server import free_port
+from softdta.lab.local_server import LocalServer, free_port
 
 
-class NatsServer:
+class NatsServer(LocalServer):
     """One nats-server on `host` with JetStream, its store in `directory`. `stop`/`kill` and `start` again keep
     the store and the port, as an operator's restart does."""
 
@@ -25,7 +24,6 @@ class NatsServer:
             raise SoftdtaError("nats-server is not installed; run scripts/setup.sh (it installs Debian's nats-server)")
         self.binary, self.directory, self.host = binary, Path(directory), host
         self.port = port or free_port(host)
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -61,22 +59,3 @@ class NatsServer:
         if not line.startswith(b"INFO "):
             return False
         return bool(json.loads(line[5:]).get("jetstream"))
-
-    def _end(self, how: signal.Signals) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(how)
-            self.process.wait(timeout=30)
-        self.process = None
-
-    def stop(self) -> None:
-        self._end(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """kill -9: what JetStream had not written to its store is gone with it."""
-        self._end(signal.SIGKILL)
-
-    def __enter__(self) -> NatsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill()

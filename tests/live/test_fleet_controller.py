@@ -19,7 +19,8 @@ import pytest
 from softdta.core.fleet import FleetError, Member, SlotMap, check_successor, fleet_prefix, moved_fraction
 from softdta.etcd.lease import KeptKey
 from softdta.fleet.controller import DEBOUNCE_S
-from softdta.lab.etcd_server import EtcdServer, free_port
+from softdta.lab.etcd_server import EtcdServer
+from softdta.lab.local_server import free_port
 from tests.common import ROOT, SOFTDTA, eventually, one_line_error
 
 FLEET = "lab"

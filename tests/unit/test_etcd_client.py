@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from softdta.etcd.client import Etcd, EtcdUnavailable, LeaseExpired, NotEtcd
-from softdta.lab.etcd_server import EtcdServer, free_port
+from softdta.lab.etcd_server import EtcdServer
+from softdta.lab.local_server import free_port
 from tests.common import eventually
 
 

@@ -30,7 +30,7 @@ from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.core.tables import Tables
 from softdta.fleet.router import FOUND, FleetView, Router
 from softdta.lab.benchmarks.workloads import ROUNDS, Stats, stats
-from softdta.lab.etcd_server import free_port
+from softdta.lab.local_server import free_port
 from softdta.spec import KeyHash
 from softdta.wire.hashing import key_hashes_rows, partition_slots_rows
 
