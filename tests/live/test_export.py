@@ -172,6 +172,20 @@ def exported_all(pipeline: Pipeline, exporter: Exporter):
     return lambda: ledger.taken + ledger.lost >= pipeline.total and not ledger.backlog
 
 
+async def broker_up_at_last(broker: NatsServer, pipeline: Pipeline, exporter: Exporter, stop: asyncio.Event,
+                            task: asyncio.Task) -> Stream:
+    """Start the broker that was down, wait until every entry and gap is acknowledged, stop the exporter, and read
+    the stream."""
+    broker.start()
+    try:
+        await until(exported_all(pipeline, exporter), 30, "every entry and gap acknowledged once the broker is up")
+        stop.set()
+        await task
+        return await read_stream(broker.url)
+    finally:
+        broker.kill()
+
+
 async def run_exporter(exporter: Exporter):
     stop = asyncio.Event()
     return stop, asyncio.create_task(exporter.run(stop))
@@ -221,14 +235,7 @@ def test_a_broker_down_at_start_gets_everything_once_it_is_up(tmp_path):
         await until(lambda: exporter.ledger.taken == pipeline.total and broker.url in exporter.last_error, 30,
                     "entries taken while the broker is down, which the exporter says")
         assert not exporter.connected and exporter.status()["backlog_entries"] == pipeline.total
-        broker.start()
-        try:
-            await until(exported_all(pipeline, exporter), 30, "every entry acknowledged")
-            stop.set()
-            await task
-            return await read_stream(broker.url)
-        finally:
-            broker.kill()
+        return await broker_up_at_last(broker, pipeline, exporter, stop, task)
 
     stream = asyncio.run(scenario())
     check_exactly_once(stream, pipeline, exporter)
@@ -281,14 +288,7 @@ def test_a_full_backlog_drops_the_oldest_entries_as_counted_gaps(tmp_path):
         pipeline.flush()
         await until(lambda: exporter.ledger.taken == pipeline.total, 10, "everything taken")
         assert exporter.ledger.backlog_entries <= 1000 and exporter.ledger.dropped >= 4000
-        broker.start()
-        try:
-            await until(exported_all(pipeline, exporter), 30, "entries and gaps acknowledged")
-            stop.set()
-            await task
-            return await read_stream(broker.url)
-        finally:
-            broker.kill()
+        return await broker_up_at_last(broker, pipeline, exporter, stop, task)
 
     stream = asyncio.run(scenario())
     figures = check_exactly_once(stream, pipeline, exporter)
