@@ -6,7 +6,6 @@ where the caller cannot count it)."""
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -14,6 +13,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from softdta.core.export import checked_url
 from softdta.errors import SoftdtaError
 
 STREAM_NOT_FOUND = 10059  # JetStream's API error code
@@ -26,24 +26,6 @@ class BrokerUnavailable(SoftdtaError, ConnectionError):
 
 class StreamMissing(BrokerUnavailable):
     """No stream takes the subject: the stream was deleted (or never made)."""
-
-
-class BadBrokerUrl(SoftdtaError, ValueError):
-    pass
-
-
-def checked_url(url: str) -> str:
-    """`url` if it is nats://HOST:PORT, else a BadBrokerUrl naming the form to give."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        port = None
-        parts = None
-    if parts is None or parts.scheme != "nats" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise BadBrokerUrl(f"{url!r} ([export] url, --export) is not a NATS server URL; give nats://HOST:PORT, e.g. "
-                           "nats://127.0.0.1:4222")
-    return url
 
 
 class JetStream:

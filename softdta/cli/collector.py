@@ -52,8 +52,8 @@ def _collector_up(args: argparse.Namespace) -> int:
     from softdta.collector.config import CollectorConfig
     from softdta.collector.control import ControlError
     from softdta.collector.daemon import StartError, run
-    from softdta.collector.export import ExportSettings
     from softdta.collector.registration import DEFAULT_LEASE_TTL_S, FleetSettings
+    from softdta.core.export import ExportSettings
     config = CollectorConfig.from_toml(args.config)
     if args.export:
         config.export = dataclasses.replace(config.export, url=args.export) if config.export else \

@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from softdta.collector.export import ExportSettings, Watch
 from softdta.core import registry
-from softdta.core.export import DEFAULT_BACKLOG_ENTRIES, DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX, DUPLICATE_WINDOW_S
+from softdta.core.export import (
+    DEFAULT_BACKLOG_ENTRIES,
+    DEFAULT_STREAM,
+    DEFAULT_SUBJECT_PREFIX,
+    DUPLICATE_WINDOW_S,
+    ExportSettings,
+    Watch,
+)
 from softdta.core.primitives.base import is_power_of_two
 from softdta.core.settings import Settings, TableError, tables_of
 from softdta.core.tables import KEY_HASH_NAMES

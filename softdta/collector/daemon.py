@@ -15,7 +15,6 @@ from softdta.collector.backend import Backend
 from softdta.collector.collector import Collector
 from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
-from softdta.collector.export import Exporter
 from softdta.collector.registration import FleetSettings, current_epoch, register
 from softdta.collector.snapshot import Snapshots
 from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
@@ -81,6 +80,7 @@ async def serve_collector(collector: Collector, *, control_host: str = "0.0.0.0"
     feeds = service.append_feeds(collector)
     exporter = None
     if config.export is not None:
+        from softdta.collector.export import Exporter  # nats-py: only where the collector exports
         assert config.data_dir is not None  # config.validate requires it with [export]
         try:
             exporter = Exporter(config.export, config.name, ip_str(config.ip), feeds, config.data_dir,

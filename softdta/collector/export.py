@@ -25,17 +25,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from softdta.broker.jetstream import BrokerUnavailable, JetStream, StreamMissing, checked_url
+from softdta.broker.jetstream import BrokerUnavailable, JetStream, StreamMissing
 from softdta.core import registry
 from softdta.core.export import (
-    DEFAULT_BACKLOG_ENTRIES,
-    DEFAULT_STREAM,
-    DEFAULT_SUBJECT_PREFIX,
-    DUPLICATE_WINDOW_S,
     ExportError,
+    ExportSettings,
     Ledger,
     Message,
-    Naming,
+    Watch,
     ack_record,
     encode_record,
     journal_header,
@@ -63,41 +60,12 @@ class StructureSource(Protocol):
     def structure_region(self, primitive: int, collector_ip: bytes) -> Region: ...
 
 
-@dataclass(frozen=True)
-class Watch:
-    """`[[export.watch]]`: the keys of the collector's structure of `primitive` whose query answers (the query
-    service's, with `fields` besides the keys) are published each time they change, checked every `every_s`."""
-
-    primitive: str
-    keys: tuple[str, ...]  # hex, wire order
-    fields: tuple[tuple[str, Any], ...] = ()
-    every_s: float = 1.0
-
-
 @dataclass
 class _Watching:
     watch: Watch
     structure: Structure
     query: StructureQuery[Any]
     due: float = 0.0
-
-
-@dataclass(frozen=True)
-class ExportSettings:
-    """The `[export]` section (and `--export URL`)."""
-
-    url: str
-    stream: str = DEFAULT_STREAM
-    subject_prefix: str = DEFAULT_SUBJECT_PREFIX
-    backlog_entries: int = DEFAULT_BACKLOG_ENTRIES
-    duplicate_window_s: int = DUPLICATE_WINDOW_S
-    watches: tuple[Watch, ...] = ()
-
-    def naming(self, collector: str) -> Naming:
-        checked_url(self.url)
-        if self.backlog_entries < 1:
-            raise ExportError(f"[export] backlog_entries {self.backlog_entries} must be at least 1")
-        return Naming(collector, self.subject_prefix, self.stream)
 
 
 class _Unjournaled(Exception):

@@ -43,7 +43,7 @@ import math
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 import uvloop
@@ -51,7 +51,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from softdta.collector.export import Exporter
 from softdta.collector.snapshot import SNAPSHOT_ROWS, Snapshot, SnapshotError, Snapshots, SnapshotTable
 from softdta.core import registry
 from softdta.core.offline import OfflineCollector
@@ -63,6 +62,9 @@ from softdta.core.regions import Region
 from softdta.core.responder import CompletionLog
 from softdta.core.tables import AppendLists, Structure, Tables
 from softdta.wire.frames import ip_str
+
+if TYPE_CHECKING:  # nats-py is loaded only by a collector that exports (the rxe guest has none)
+    from softdta.collector.export import Exporter
 
 FOLLOW_POLL_S = 0.005
 MAX_BODY_BYTES = 4 << 20  # core.query.MAX_KEYS keys of 16 bytes in hex

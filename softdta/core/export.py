@@ -24,6 +24,8 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -92,6 +94,48 @@ class Naming:
         if message.kind is Kind.STATE or message.structure:
             return f"{self.prefix}.{message.structure}.{self.collector}.{message.key.hex()}"
         return f"{self.prefix}.append.{self.collector}.{message.list_id}"
+
+
+def checked_url(url: str) -> str:
+    """`url` if it is nats://HOST:PORT, else an ExportError naming the form to give."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme != "nats" or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ExportError(f"{url!r} ([export] url, --export) is not a NATS server URL; give nats://HOST:PORT, e.g. "
+                          "nats://127.0.0.1:4222")
+    return url
+
+
+@dataclass(frozen=True)
+class Watch:
+    """`[[export.watch]]`: the keys of the collector's structure of `primitive` whose query answers (the query
+    service's, with `fields` besides the keys) are published each time they change, checked every `every_s`."""
+
+    primitive: str
+    keys: tuple[str, ...]  # hex, wire order
+    fields: tuple[tuple[str, Any], ...] = ()
+    every_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """The `[export]` section (and `--export URL`)."""
+
+    url: str
+    stream: str = DEFAULT_STREAM
+    subject_prefix: str = DEFAULT_SUBJECT_PREFIX
+    backlog_entries: int = DEFAULT_BACKLOG_ENTRIES
+    duplicate_window_s: int = DUPLICATE_WINDOW_S
+    watches: tuple[Watch, ...] = ()
+
+    def naming(self, collector: str) -> Naming:
+        checked_url(self.url)
+        if self.backlog_entries < 1:
+            raise ExportError(f"[export] backlog_entries {self.backlog_entries} must be at least 1")
+        return Naming(collector, self.subject_prefix, self.stream)
 
 
 @dataclass

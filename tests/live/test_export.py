@@ -21,7 +21,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from softdta.collector.export import JOURNAL_FILE, Exporter, ExportSettings, Watch
+from softdta.collector.export import JOURNAL_FILE, Exporter
 from softdta.collector.registration import FleetSettings, current_epoch
 from softdta.collector.service import OfflineSource, append_feeds
 from softdta.core import workload
@@ -33,7 +33,9 @@ from softdta.core.export import (
     MESSAGE_ID_HEADER,
     SEQUENCE_HEADER,
     STRUCTURE_HEADER,
+    ExportSettings,
     Ledger,
+    Watch,
     read_journal,
 )
 from softdta.core.fleet import SLOT_MAP, fleet_prefix

@@ -23,7 +23,8 @@ from typing import TypedDict
 
 import numpy as np
 
-from softdta.collector.export import Exporter, ExportSettings
+from softdta.collector.export import Exporter
+from softdta.core.export import ExportSettings
 from softdta.core.primitives.append.queries import AppendFeed
 from softdta.core.primitives.append.region import AppendRegion
 from softdta.core.tables import AppendLists, Tables
