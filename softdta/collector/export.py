@@ -304,6 +304,7 @@ class Exporter:
                 if not self.broker.connected:
                     await self._recover(BrokerUnavailable(f"lost the NATS server at {self.settings.url}"), pending)
                     continue
+                self._journal_acks()  # nothing in flight: the journal holds every acknowledgement while idle
                 self.new_messages.clear()
                 try:
                     await asyncio.wait_for(self.new_messages.wait(), 0.1)
