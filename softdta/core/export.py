@@ -317,7 +317,10 @@ class Ledger:
         keep: their entries are taken again later, a state made again."""
         for message in reversed(messages):
             self.backlog.pop((message.channel, message.sequence), None)
-            self.next_sequence[message.channel] = message.sequence
+            if message.sequence:
+                self.next_sequence[message.channel] = message.sequence
+            else:  # the channel's first: as if it had never been seen (nothing to journal an acknowledgement of)
+                self.next_sequence.pop(message.channel, None)
             if message.carries:
                 self.backlog_entries -= message.count
             if message.kind is Kind.ENTRIES:

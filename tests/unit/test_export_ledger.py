@@ -121,3 +121,16 @@ def test_a_new_poller_starts_where_the_unread_batches_start():
     ring[8 * batch:9 * batch] = 99
     writes[0] = 9
     assert poller.poll()[lists.first_list].tolist() == [99] * batch
+
+
+def test_forgetting_what_the_journal_could_not_keep_leaves_the_ledger_as_it_was():
+    ledger = Ledger()
+    ledger.take(1, 0, entries(3), 0, epoch=0, now_ns=0)
+    before = (dict(ledger.next_sequence), ledger.acknowledged_below(), ledger.taken, ledger.backlog_entries)
+    ledger.forget(ledger.take(1, 0, entries(2), 4, epoch=0, now_ns=0) + ledger.take(2, 0, entries(5), 0, epoch=0,
+                                                                                    now_ns=0))
+    state = ledger.state("postcarding", b"\x01", b"{}", epoch=0, now_ns=0)
+    ledger.forget([state])
+    assert (dict(ledger.next_sequence), ledger.acknowledged_below(), ledger.taken, ledger.backlog_entries) == before
+    assert ledger.lost == 0 and ledger.states == 0
+    assert ledger.state("postcarding", b"\x01", b"{}", epoch=0, now_ns=0) is not None  # made again
