@@ -9,11 +9,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from softdta.core.export import (
+    COUNT_HEADER,
+    DEFAULT_STREAM,
+    DEFAULT_SUBJECT_PREFIX,
+    KIND_HEADER,
+    LIST_HEADER,
+    MESSAGE_ID_HEADER,
+    SEQUENCE_HEADER,
+)
 from softdta.core.workload import ReporterAddress
 from softdta.kernel.netns import in_netns
 from softdta.lab import rxe as rxe_lab
@@ -284,3 +295,58 @@ def fleet_document(collectors: int = 3, replicas: int = 2, slot_bits: int = 12, 
     document["fleet"] = {"address": FLEET_ADDRESS, "epoch": slot_map.epoch, "slot_bits": slot_bits, "across": across,
                          "slots": [list(owners) for owners in slot_map.slots]}
     return document, slot_map
+
+
+@dataclass
+class ExportedStream:
+    """What a consumer read of a collector's export (docs/export.md): per de-duplication ID, its copies."""
+
+    copies: dict[str, list[tuple[dict, bytes]]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def stored(self) -> int:
+        return sum(len(copies) for copies in self.copies.values())
+
+    def lists(self) -> dict[int, tuple[list[int], int]]:
+        """Per Append list, its 4-byte entries in sequence order and the entries its gaps stand for; checks that
+        the copies of an ID are identical and that a list's messages tile its sequence numbers from 0."""
+        messages: dict[int, list[tuple[int, str, int, bytes]]] = defaultdict(list)
+        for message_id, copies in self.copies.items():
+            assert all(copy == copies[0] for copy in copies), f"{message_id}: copies differ"
+            headers, data = copies[0]
+            if headers[KIND_HEADER] != "state":
+                messages[int(headers[LIST_HEADER])].append((int(headers[SEQUENCE_HEADER]), headers[KIND_HEADER],
+                                                               int(headers[COUNT_HEADER]), data))
+        lists = {}
+        for list_id, in_list in messages.items():
+            entries, gaps, sequence = [], 0, 0
+            for first, kind, count, data in sorted(in_list):
+                assert first == sequence, f"list {list_id}: a message at {first}, expected {sequence} (hole or overlap)"
+                if kind == "gap":
+                    gaps += count
+                else:
+                    assert len(data) == 4 * count
+                    entries += [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data), 4)]
+                sequence += count
+            lists[list_id] = (entries, gaps)
+        return lists
+
+
+async def read_exported(url: str, subjects: str = f"{DEFAULT_SUBJECT_PREFIX}.>",
+                        stream: str = DEFAULT_STREAM) -> ExportedStream:
+    """Every message of `stream`, from the first, through an ordered consumer (a consumer that replays)."""
+    import nats
+
+    client = await nats.connect(url)
+    try:
+        context = client.jetstream()
+        expected = (await context.stream_info(stream)).state.messages
+        exported = ExportedStream()
+        subscription = await context.subscribe(subjects, ordered_consumer=True)
+        for _ in range(expected):
+            message = await subscription.next_msg(timeout=10)
+            exported.copies[message.headers[MESSAGE_ID_HEADER]].append((message.headers, message.data))
+        await subscription.unsubscribe()
+        return exported
+    finally:
+        await client.close()

@@ -328,11 +328,16 @@ class Exporter:
                 acks_journaled = time.monotonic()
             if failure is not None:
                 await self._recover(failure, pending)
+        await self._abandon(pending)
+
+    async def _abandon(self, pending: dict[asyncio.Task[bool], Message]) -> None:
+        """Stop waiting for the messages in flight: they wait to be sent again."""
         for task in pending:
             task.cancel()
         for task, message in pending.items():
             await asyncio.gather(task, return_exceptions=True)
             self.ledger.failed(message)
+        pending.clear()
 
     async def _publish(self, message: Message) -> bool:
         return await self.broker.publish(self.naming.subject(message), message.payload,
@@ -369,12 +374,7 @@ class Exporter:
                 return
             except BrokerUnavailable as error:
                 failure = error
-        for task in pending:
-            task.cancel()
-        for task, message in pending.items():
-            await asyncio.gather(task, return_exceptions=True)
-            self.ledger.failed(message)
-        pending.clear()
+        await self._abandon(pending)
         self.connected = False
         self.events["disconnects"] += 1
         self.last_error = str(failure)

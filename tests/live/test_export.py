@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
@@ -29,8 +28,6 @@ from softdta.core.export import (
     COUNT_HEADER,
     KEY_HEADER,
     KIND_HEADER,
-    LIST_HEADER,
-    MESSAGE_ID_HEADER,
     SEQUENCE_HEADER,
     STRUCTURE_HEADER,
     ExportSettings,
@@ -46,7 +43,7 @@ from softdta.core.workload import ReporterAddress
 from softdta.lab.etcd_server import EtcdServer
 from softdta.lab.nats_server import NatsServer
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, ROOT, fleet_tables
+from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, ROOT, ExportedStream, fleet_tables, read_exported
 
 STREAM = "SOFTDTA"
 LISTS = 64
@@ -89,61 +86,14 @@ class Pipeline:
         return sum(len(values) for values in self.sent.values())
 
 
-@dataclass
-class Stream:
-    """What a consumer read: per de-duplication ID, its copies; per list, its messages by sequence number."""
-
-    copies: dict[str, list[tuple[dict, bytes]]] = field(default_factory=lambda: defaultdict(list))
-
-    def by_list(self) -> dict[int, list[tuple[int, str, int, bytes]]]:
-        lists: dict[int, list[tuple[int, str, int, bytes]]] = defaultdict(list)
-        for copies in self.copies.values():
-            headers, data = copies[0]
-            lists[int(headers[LIST_HEADER])].append((int(headers[SEQUENCE_HEADER]), headers[KIND_HEADER],
-                                                     int(headers[COUNT_HEADER]), data))
-        return {list_id: sorted(messages) for list_id, messages in lists.items()}
-
-    @property
-    def stored(self) -> int:
-        return sum(len(copies) for copies in self.copies.values())
-
-
-async def read_stream(url: str, subjects: str = "softdta.>") -> Stream:
-    """Every message of the stream, from the first, through an ordered consumer (a consumer that replays)."""
-    client = await nats.connect(url)
-    try:
-        context = client.jetstream()
-        expected = (await context.stream_info(STREAM)).state.messages
-        stream = Stream()
-        subscription = await context.subscribe(subjects, ordered_consumer=True)
-        for _ in range(expected):
-            message = await subscription.next_msg(timeout=10)
-            stream.copies[message.headers[MESSAGE_ID_HEADER]].append((message.headers, message.data))
-        await subscription.unsubscribe()
-        return stream
-    finally:
-        await client.close()
-
-
-def check_exactly_once(stream: Stream, pipeline: Pipeline, exporter: Exporter) -> dict[str, int]:
+def check_exactly_once(stream: ExportedStream, pipeline: Pipeline, exporter: Exporter) -> dict[str, int]:
     """The strict verdict: copies of one ID are identical; per list the messages tile the sequence space from 0
     with no overlap and no hole; the entries, in order, are what was sent, except where a gap stands for entries
     lost, which the exporter counted. Returns the figures."""
-    for message_id, copies in stream.copies.items():
-        assert all(copy == copies[0] for copy in copies), f"{message_id}: copies differ"
+    lists = stream.lists()
     gaps = 0
     for list_id, sent in pipeline.sent.items():
-        messages = stream.by_list().get(list_id, [])
-        received: list[int] = []
-        sequence, lost_here = 0, 0
-        for first, kind, count, data in messages:
-            assert first == sequence, f"list {list_id}: message at {first}, expected {sequence} (a hole or overlap)"
-            if kind == "gap":
-                lost_here += count
-            else:
-                assert len(data) == 4 * count
-                received += [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data), 4)]
-            sequence += count
+        received, lost_here = lists.get(list_id, ([], 0))
         if lost_here == 0:
             assert received == sent, f"list {list_id}: entries differ from what was sent"
         else:
@@ -175,7 +125,7 @@ def exported_all(pipeline: Pipeline, exporter: Exporter):
 
 
 async def broker_up_at_last(broker: NatsServer, pipeline: Pipeline, exporter: Exporter, stop: asyncio.Event,
-                            task: asyncio.Task) -> Stream:
+                            task: asyncio.Task) -> ExportedStream:
     """Start the broker that was down, wait until every entry and gap is acknowledged, stop the exporter, and read
     the stream."""
     broker.start()
@@ -183,7 +133,7 @@ async def broker_up_at_last(broker: NatsServer, pipeline: Pipeline, exporter: Ex
         await until(exported_all(pipeline, exporter), 30, "every entry and gap acknowledged once the broker is up")
         stop.set()
         await task
-        return await read_stream(broker.url)
+        return await read_exported(broker.url)
     finally:
         broker.kill()
 
@@ -215,7 +165,7 @@ def test_a_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates_n
         await until(exported_all(pipeline, exporter), 60, "every entry acknowledged")
         stop.set()
         await task
-        return await read_stream(broker.url), await read_stream(broker.url)
+        return await read_exported(broker.url), await read_exported(broker.url)
 
     stream, replayed = asyncio.run(scenario())
     assert replayed.copies == stream.copies  # a consumer that replays reads the same messages
@@ -266,7 +216,7 @@ def test_a_stream_deleted_under_the_collector_is_made_again(broker, tmp_path):
                     "the entries after the deletion acknowledged")
         stop.set()
         await task
-        return before, await read_stream(broker.url)
+        return before, await read_exported(broker.url)
 
     _, stream = asyncio.run(scenario())
     assert exporter.events["stream_recreated"] == 1
@@ -338,17 +288,13 @@ def test_a_collector_restart_publishes_no_entry_twice(broker, tmp_path, stop):
         await until(lambda: second.ledger.taken == 1000 and not second.ledger.backlog, 30, "the rest acknowledged")
         halt.set()
         await task
-        return await read_stream(broker.url)
+        return await read_exported(broker.url)
 
     stream = asyncio.run(the_rest())
     assert stream.stored == len(stream.copies)
     total = sum(int(copies[0][0][COUNT_HEADER]) for copies in stream.copies.values())
     assert total == pipeline.total == 5000
-    for list_id, messages in stream.by_list().items():
-        sequence = 0
-        for first_sequence, _, count, _ in messages:
-            assert first_sequence == sequence
-            sequence += count
+    stream.lists()  # each list's messages tile its sequence numbers from 0
 
 
 def test_watched_postcard_paths_are_published_each_time_they_change_and_not_again_after_a_restart(broker, tmp_path):
@@ -375,7 +321,7 @@ def test_watched_postcard_paths_are_published_each_time_they_change_and_not_agai
         await until(lambda: first.ledger.states_acknowledged == 2 * len(flows), 30, "the decoded paths published")
         stop.set()
         await task
-        return await read_stream(broker.url)
+        return await read_exported(broker.url)
 
     stream = asyncio.run(scenario())
     states = defaultdict(list)
@@ -408,7 +354,7 @@ def test_the_documented_consumer_reads_every_entry_once_from_a_plain_shell(broke
         await task
 
     asyncio.run(scenario())
-    messages = len(asyncio.run(read_stream(broker.url)).copies)
+    messages = len(asyncio.run(read_exported(broker.url)).copies)
     home = tmp_path / "home"
     home.mkdir()
     result = subprocess.run([sys.executable, "examples/export_consumer.py", broker.url, "--messages", str(messages)],
@@ -446,7 +392,7 @@ def test_a_full_disk_under_the_journal_leaves_the_entries_in_their_rings_until_i
             await until(exported_all(pipeline, exporter), 30, "every entry acknowledged once the disk has room")
             stop.set()
             await task
-            return await read_stream(broker.url)
+            return await read_exported(broker.url)
 
         stream = asyncio.run(scenario())
         check_exactly_once(stream, pipeline, exporter)

@@ -21,11 +21,10 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
-import nats
 import pytest
 
 from softdta.collector.xdp_backend import pin_dir_for
-from softdta.core.export import COUNT_HEADER, KIND_HEADER, LIST_HEADER, MESSAGE_ID_HEADER, SEQUENCE_HEADER
+from softdta.core.export import COUNT_HEADER, MESSAGE_ID_HEADER
 from softdta.core.workload import ReporterAddress
 from softdta.engines.python import engine_stats
 from softdta.kernel.bpf import ensure_bpffs
@@ -33,7 +32,7 @@ from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, v
 from softdta.lab.nats_server import NatsServer
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import ROOT, eventually
+from tests.common import ROOT, ExportedStream, eventually, read_exported
 
 pytestmark = pytest.mark.privileged
 
@@ -200,52 +199,23 @@ class Rig:
         return sum(map(len, self.sent.values()))
 
 
-async def _read(url: str) -> dict[str, list[tuple[dict, bytes]]]:
-    client = await nats.connect(url)
-    try:
-        context = client.jetstream()
-        expected = (await context.stream_info(STREAM)).state.messages
-        copies: dict[str, list[tuple[dict, bytes]]] = defaultdict(list)
-        subscription = await context.subscribe(f"{SUBJECT_PREFIX}.>", ordered_consumer=True)
-        for _ in range(expected):
-            message = await subscription.next_msg(timeout=10)
-            copies[message.headers[MESSAGE_ID_HEADER]].append((message.headers, message.data))
-        await subscription.unsubscribe()
-        return copies
-    finally:
-        await client.close()
-
-
-def read_stream(rig: Rig) -> dict[str, list[tuple[dict, bytes]]]:
-    """Every message the stream holds, by de-duplication ID, read by an ordered consumer from the first."""
+def read_stream(rig: Rig) -> ExportedStream:
+    """Every message the stream holds, read by an ordered consumer from the first."""
     with in_netns(rig.collector_ns.name):
-        return asyncio.run(_read(rig.broker.url))
+        return asyncio.run(read_exported(rig.broker.url, f"{SUBJECT_PREFIX}.>", STREAM))
 
 
-def check_exactly_once(copies: dict[str, list[tuple[dict, bytes]]], sent: dict[int, list[int]], gaps: int) -> None:
+def check_exactly_once(stream: ExportedStream, sent: dict[int, list[int]], gaps: int) -> None:
     """No ID stored twice; per list, the messages tile the sequence space from 0, and their entries are those
     sent, in order, but for the entries gap messages stand for (as many as the collector counted lost)."""
-    assert all(len(stored) == 1 for stored in copies.values()), \
-        f"{sum(len(stored) - 1 for stored in copies.values())} messages stored twice"
-    by_list: dict[int, list[tuple[int, str, int, bytes]]] = defaultdict(list)
-    for (headers, data), in copies.values():
-        by_list[int(headers[LIST_HEADER])].append((int(headers[SEQUENCE_HEADER]), headers[KIND_HEADER],
-                                                   int(headers[COUNT_HEADER]), data))
-    assert set(by_list) <= set(sent)
-    gap_entries = 0
+    assert stream.stored == len(stream.copies), f"{stream.stored - len(stream.copies)} messages stored twice"
+    lists = stream.lists()
+    assert set(lists) <= set(sent)
     for list_id, values in sent.items():
-        received: list[int] = []
-        sequence = 0
-        for first, kind, count, data in sorted(by_list.get(list_id, [])):
-            assert first == sequence, f"list {list_id}: a message at {first}, expected {sequence} (hole or overlap)"
-            if kind == "gap":
-                gap_entries += count
-            else:
-                received += [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data), 4)]
-            sequence += count
-        if gap_entries == 0:
+        received, lost = lists.get(list_id, ([], 0))
+        if lost == 0:
             assert received == values, f"list {list_id}: {len(received)} entries received, {len(values)} sent"
-    assert gap_entries == gaps
+    assert sum(lost for _, lost in lists.values()) == gaps
 
 
 @pytest.fixture
@@ -303,8 +273,9 @@ def test_a_collector_restart_publishes_every_entry_exactly_once(rig, stop):
     last = rig.export_when(lambda s: s["taken"] == 1000 and not s["backlog_entries"], "1000 more acknowledged")
     assert last["acknowledged"] == waiting + 1000 and last["lost_to_overflow"] == 0
 
-    copies = read_stream(rig)
-    check_exactly_once(copies, rig.sent, gaps=0)
+    stream = read_stream(rig)
+    check_exactly_once(stream, rig.sent, gaps=0)
+    copies = stream.copies
     assert sum(int(headers[COUNT_HEADER]) for (headers, _), in copies.values()) == rig.total == 6000
     assert {headers[MESSAGE_ID_HEADER].split(":")[0] for (headers, _), in copies.values()} == {COLLECTOR}
     rig.collector.send_signal(signal.SIGTERM)
