@@ -1,7 +1,10 @@
-# The image docker-compose.yml runs: Debian bookworm with softdta and everything `make setup` installs.
-FROM debian:bookworm
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip python3-venv make sudo \
-    && rm -rf /var/lib/apt/lists/*
-COPY . /opt/softdta
-WORKDIR /opt/softdta
-RUN PIP_BREAK_SYSTEM_PACKAGES=1 make setup
+# The image of docker-compose.yml's services: softdta's wheel (its BPF objects prebuilt) and the servers the lab
+# runs, on the base `make images` makes with debootstrap, since no registry is needed (docs/lab.md).
+FROM softdta-base:bookworm
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-pip libbpf1 libxdp1 iproute2 etcd-server \
+        nats-server \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+COPY build/wheels /tmp/wheels
+RUN python3 -m pip install -q --no-cache-dir --break-system-packages --no-index --find-links /tmp/wheels softdta \
+    && rm -rf /tmp/wheels

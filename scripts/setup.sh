@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(tshark etcd-server etcd-client nats-server clang clang-format llvm libbpf-dev libxdp1 libxdp-dev linux-libc-dev gcc make iproute2 python3-pyverbs qemu-system-x86 debootstrap cpio openssl cpp libgc1 libboost-iostreams1.74.0
+APT_PACKAGES=(tshark docker.io docker-compose iptables etcd-server etcd-client nats-server clang clang-format llvm libbpf-dev libxdp1 libxdp-dev linux-libc-dev gcc make iproute2 python3-pyverbs qemu-system-x86 debootstrap cpio openssl cpp libgc1 libboost-iostreams1.74.0
               libjsoncpp25 libthrift-0.17.0 libboost-program-options1.74.0 libxxhash0 libpcap0.8 libgmp10 libnanomsg5
               python3-thrift libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623)
 missing=()

@@ -52,7 +52,7 @@
 #define AETH_KIND_SHIFT 5
 #define AETH_VALUE_MASK 31
 #define ACK_SYNDROME 31
-#define COUNTER_SLOTS 48
+#define COUNTER_SLOTS 49
 #define RESPONDER_COUNTER_SLOTS 32
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
 #define FANOUT_FRAME_MAX 256
@@ -205,6 +205,7 @@
 #define CNT_NAK_LOST_WRITES 45
 #define CNT_PSN_ADOPTED 46
 #define CNT_FLEET_RESOLVED 47
+#define CNT_DROP_CONTROL_SEND 48
 
 /* Access: Access rights of a registered memory region (ibv_access_flags). */
 #define ACCESS_LOCAL_WRITE 1

@@ -1,5 +1,6 @@
 """The `softdta` command line: one module per command group (offline, translator, collector, query, fleet,
-p4, codegen, lab); this one parses and dispatches, and turns every SoftdtaError into one line and exit status 2."""
+lab, compose, p4, codegen); this one parses and dispatches, and turns every SoftdtaError into one line and exit
+status 2."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from softdta.cli import codegen, collector, fleet, lab, offline, p4, query, translator
+from softdta.cli import codegen, collector, compose, fleet, lab, offline, p4, query, translator
 from softdta.errors import SoftdtaError
 
 DESCRIPTION = """\
@@ -44,6 +45,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="softdta", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, title="commands")
-    for group in (offline, translator, collector, query, fleet, lab, p4, codegen):
+    for group in (offline, translator, collector, query, fleet, lab, compose, p4, codegen):
         group.register(commands)
     return parser

@@ -40,8 +40,9 @@ DEFAULT_QUERY_PORT = 8040
 DEFAULT_MAX_QPS = 1024
 MAX_QPS_LIMIT = 1 << 20  # QPNs are 24-bit, and the xdp backend's queue-pair tables are kernel memory
 BACKENDS = ("xdp", "verbs")
-COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "data_dir", "token", "control_port", "query_port",
-                  "max_qps", "tls_cert", "tls_key", "tls_client_ca")
+XDP_MODES = ("native", "generic")
+COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "xdp_mode", "data_dir", "token", "control_port",
+                  "query_port", "max_qps", "tls_cert", "tls_key", "tls_client_ca")
 STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
                   "reporters", "merge", "batch", "transport", "redundancy")
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
@@ -182,6 +183,7 @@ class CollectorConfig:
     mac: bytes
     backend: str = "xdp"
     interface: str = ""
+    xdp_mode: str = "native"  # generic where the peer of a veth runs no XDP (docker's bridge ports)
     data_dir: Path | None = None
     token: str = ""
     control_port: int = DEFAULT_CONTROL_PORT
@@ -293,6 +295,7 @@ class CollectorConfig:
         config = cls(name=collector.text("name", "collector", empty=False),
                      ip=_address(collector, "ip", ip_bytes), mac=_address(collector, "mac", mac_bytes),
                      backend=collector.text("backend", "xdp", BACKENDS), interface=collector.text("interface", ""),
+                     xdp_mode=collector.text("xdp_mode", "native", XDP_MODES),
                      data_dir=(relative_to / data_dir) if data_dir else None,
                      token=collector.text("token", ""),
                      control_port=collector.integer("control_port", DEFAULT_CONTROL_PORT, 1, 65535),

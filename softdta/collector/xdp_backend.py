@@ -46,7 +46,7 @@ class XdpBackend:
     name = "xdp"
 
     def __init__(self, mac: bytes, ip: bytes, *, regions: list[tuple[str, int]], data_dir: Path | None = None,
-                 interface: str | None = None, qp_capacity: int = RESPONDER_QP_CAPACITY,
+                 interface: str | None = None, xdp_mode: str = "native", qp_capacity: int = RESPONDER_QP_CAPACITY,
                  pin_dir: Path | None = None) -> None:
         """`regions` are (name, length) in the order `register` will be called, so the arena's layout is known
         before it is loaded (and can be checked against a pinned one)."""
@@ -66,7 +66,7 @@ class XdpBackend:
             raise BackendError(str(error)) from None
         try:
             if interface:
-                self.responder.attach(interface)
+                self.responder.attach(interface, xdp_mode)
         except (EngineError, BpfError) as error:
             self.discard()
             raise BackendError(str(error)) from None
@@ -83,7 +83,8 @@ class XdpBackend:
     @classmethod
     def for_config(cls, config: CollectorConfig, pin_dir: Path | None = None) -> XdpBackend:
         return cls(config.mac, config.ip, regions=[(spec.name, spec.length) for spec in config.regions()],
-                   data_dir=config.data_dir, interface=config.interface or None, qp_capacity=config.max_qps,
+                   data_dir=config.data_dir, interface=config.interface or None, xdp_mode=config.xdp_mode,
+                   qp_capacity=config.max_qps,
                    pin_dir=pin_dir)
 
     @property

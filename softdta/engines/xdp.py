@@ -34,6 +34,7 @@ from softdta.kernel.bpf import (
     BpfError,
     BpfObject,
     Map,
+    Program,
     RingBuffer,
     attach_tc_ingress,
     attach_xdp,
@@ -168,6 +169,8 @@ class XdpTranslator:
         self.tables = tables
         self.attached: list[int] = []
         self.interfaces: list[str] = []
+        self.mode = "native"
+        self._senders: dict[int, socket.socket] = {}  # ifindex -> AF_PACKET socket, in generic mode
         self.reinjected = 0
         self._backlog: dict[int, list[tuple[int, int, bytes]]] = {}  # qp index -> (ifindex, RX queue, frame)
         self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
@@ -347,6 +350,7 @@ class XdpTranslator:
             attach_tc_ingress(ifindex, self.fanout.fd)
             self.attached.append(ifindex)
             self.interfaces.append(name)
+        self.mode = mode
 
     def detach(self) -> None:
         while self.attached:
@@ -354,24 +358,45 @@ class XdpTranslator:
             detach_tc(ifindex)
             detach_xdp(ifindex)
         self.interfaces = []
+        while self._senders:
+            self._senders.popitem()[1].close()
 
     def tick(self) -> None:
         """One control-plane step: flush what is idle, re-inject parked essential reports whose QP is back."""
         if not self.attached:
             return
-        self._flush_live()
+        self._flush()
         for qp_index, ifindex, rx_queue, frame in self.take_deferred():
             self._backlog.setdefault(qp_index, []).append((ifindex, rx_queue, frame))
         now = time.monotonic_ns()
         for qp_index, frames in list(self._backlog.items()):
             if self._idle(qp_index, now):
                 for ifindex, rx_queue, frame in frames:  # on its queue again: its queue's QP writes it
-                    self.xdp.test_run_live(frame, ifindex=ifindex or self.attached[0], rx_queue=rx_queue)
+                    self._emit(self.xdp, frame, ifindex or self.attached[0], rx_queue)
                 self.reinjected += len(frames)
                 del self._backlog[qp_index]
                 self._quiet_since.pop(qp_index, None)
 
-    def _flush_live(self) -> None:
+    def _emit(self, program: Program, frame: bytes, ifindex: int, rx_queue: int = 0) -> None:
+        """Run `program` as if `frame` arrived on `ifindex`, sending what it transmits. In native mode the run sends
+        (live frames). A generic-mode translator's interface may be a veth whose peer runs no XDP (docker's
+        bridge ports), where such frames would be dropped unseen, so its run's frame leaves through an AF_PACKET
+        socket instead, like any frame of the stack."""
+        if self.mode == "native":
+            program.test_run_live(frame, ifindex=ifindex, rx_queue=rx_queue)
+            return
+        run = program.test_run(frame, ctx=xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue))
+        if run.retval != XDP_TX:
+            return
+        if ifindex not in self._senders:
+            self._senders[ifindex] = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            self._senders[ifindex].bind((socket.if_indextoname(ifindex), 0))
+        try:
+            self._senders[ifindex].send(run.data)
+        except OSError:
+            self._add(TranslatorCounter.DROP_CONTROL_SEND, 1)
+
+    def _flush(self) -> None:
         """Run the flusher once per queue entry it can make progress on, transmitting what it writes out.
 
         One run per call: live mode costs far more per repetition when a run transmits nothing, and most runs
@@ -385,7 +410,7 @@ class XdpTranslator:
             if head is None or visits[head] >= 2:
                 return
             visits[head] += 1
-            self.flusher.test_run_live(_FLUSH_TEMPLATE, ifindex=self.attached[0])
+            self._emit(self.flusher, _FLUSH_TEMPLATE, self.attached[0])
 
     def _idle(self, qp_index: int, now: int) -> bool:
         """Whether a QP can send and the data path has not used it for the idle time (as the flusher judges)."""

@@ -6,6 +6,7 @@ of its sequence numbers; a gap message, or a hole in the sequence, counts as dro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import defaultdict
@@ -30,13 +31,15 @@ from softdta.kernel.netns import in_netns
 
 
 class ExportConsumer:
-    """Reads the Append entries `collector` exports to the NATS server at `url` (reached from `netns`)."""
+    """Reads the Append entries `collector` exports to the NATS server at `url` (reached from `netns`, if given).
+    With `collector` None it reads every collector's, which holds while each list is exported by one collector."""
 
-    def __init__(self, url: str, collector: str, netns: str, stream: str = DEFAULT_STREAM,
+    def __init__(self, url: str, collector: str | None, netns: str | None = None, stream: str = DEFAULT_STREAM,
                  prefix: str = DEFAULT_SUBJECT_PREFIX):
         self.url, self.netns, self.stream = url, netns, stream
-        naming = Naming(collector, prefix, stream)
-        self.subjects = f"{naming.prefix}.append.{naming.collector}.>"  # its Append lists (docs/export.md)
+        naming = Naming(collector or "any", prefix, stream)
+        # their Append lists (docs/export.md)
+        self.subjects = f"{naming.prefix}.append.{naming.collector if collector else '*'}.>"
         self.lock = threading.Lock()
         self.waiting: dict[int, dict[int, tuple[str, int, list[Any]]]] = defaultdict(dict)  # list -> seq -> message
         self.next_sequence: dict[int, int] = defaultdict(int)
@@ -50,12 +53,15 @@ class ExportConsumer:
         self.thread.start()
         return self
 
+    def _namespace(self) -> contextlib.AbstractContextManager[None]:
+        return in_netns(self.netns) if self.netns else contextlib.nullcontext()
+
     def _run(self) -> None:
-        with in_netns(self.netns):
+        with self._namespace():
             try:
                 asyncio.run(self._consume())
             except (OSError, nats.errors.Error, TimeoutError) as error:
-                self.error = f"the demo's consumer of {self.url}: {type(error).__name__}: {error}"
+                self.error = f"the export consumer of {self.url}: {type(error).__name__}: {error}"
 
     async def _consume(self) -> None:
         client = await nats.connect(self.url, connect_timeout=5, max_reconnect_attempts=0)
@@ -130,12 +136,12 @@ class ExportConsumer:
         if self.error:
             raise SoftdtaError(self.error)
         if not self.caught_up(last):
-            raise SoftdtaError(f"the demo's consumer read the stream {self.stream} up to message "
+            raise SoftdtaError(f"the export consumer read the stream {self.stream} up to message "
                                f"{self.last_stream_sequence} of {last} within {within:.0f} s")
         return self.answer(final=True)
 
     async def _stream_last_sequence(self) -> int:
-        with in_netns(self.netns):
+        with self._namespace():
             client = await nats.connect(self.url, connect_timeout=5, max_reconnect_attempts=0)
         try:
             return int((await client.jetstream().stream_info(self.stream)).state.last_seq or 0)

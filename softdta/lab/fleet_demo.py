@@ -81,7 +81,8 @@ class Workload:
     entries: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # list -> [(phase, entry value)]
 
 
-def build_workload(keys_per_phase: int, entries_per_list: int, seed: int) -> Workload:
+def build_workload(keys_per_phase: int, entries_per_list: int, seed: int, reporters: int = REPORTERS,
+                   phases: int = len(PHASES)) -> Workload:
     """Disjoint keys and lists per reporter (so one translator orders each); a quarter of each phase's keys are
     earlier phases' keys written again (the newer value must win). No two keys share a slot in any copy's hash:
     what the demo shows is the fleet, not a hash table's collisions (docs/hashing.md has those), so every key
@@ -97,10 +98,10 @@ def build_workload(keys_per_phase: int, entries_per_list: int, seed: int) -> Wor
             if len(slots) == KEY_WRITE_COPIES and not slots & taken:
                 taken.update(slots)
                 return key
-    owned: list[list[bytes]] = [[] for _ in range(REPORTERS)]
-    for phase in range(len(PHASES)):
+    owned: list[list[bytes]] = [[] for _ in range(reporters)]
+    for phase in range(phases):
         reports: list[list[dta.Report]] = []
-        for index in range(REPORTERS):
+        for index in range(reporters):
             batch: list[tuple[dta.Report, int | None]] = []  # with the list id of an Append report
             rewrites = rng.sample(owned[index], min(len(owned[index]), keys_per_phase // 4))
             fresh = [new_key() for _ in range(keys_per_phase - len(rewrites))]
@@ -110,7 +111,7 @@ def build_workload(keys_per_phase: int, entries_per_list: int, seed: int) -> Wor
                 load.last_value[key] = value
                 load.key_writes += 1
             owned[index] += fresh
-            lists = range(index * APPEND_LISTS // REPORTERS, (index + 1) * APPEND_LISTS // REPORTERS)
+            lists = range(index * APPEND_LISTS // reporters, (index + 1) * APPEND_LISTS // reporters)
             for round_ in range(entries_per_list):
                 for list_id in lists:
                     value = phase << 28 | index << 24 | list_id << 16 | round_ + 1  # never 0: an empty entry

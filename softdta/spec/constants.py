@@ -214,9 +214,10 @@ class TranslatorCounter(IntEnum):
     NAK_LOST_WRITES = 45  # frames sent at or after the PSN of a NAK: the collector did not execute them
     PSN_ADOPTED = 46  # advertisements whose PSN the translator took over from the collector (control plane)
     FLEET_RESOLVED = 47  # reports to the fleet address that the slot map sent to a collector
+    DROP_CONTROL_SEND = 48  # a frame a control-plane run wrote out that the interface refused (generic XDP)
 
 
-COUNTER_SLOTS = 48
+COUNTER_SLOTS = 49
 
 
 class Access(IntFlag):
