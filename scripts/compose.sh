@@ -47,7 +47,12 @@ stop_daemon() {
 if ((own)) || ! docker info >/dev/null 2>&1; then
     daemon_dir=$(mktemp -d /tmp/softdta-dockerd.XXXXXX)
     trap stop_daemon EXIT
-    echo '{}' >"$daemon_dir/daemon.json"
+    # overlay2 by default; SOFTDTA_DOCKER_STORAGE_DRIVER=vfs where overlayfs is missing (slow, but it runs)
+    if [[ -n ${SOFTDTA_DOCKER_STORAGE_DRIVER:-} ]]; then
+        printf '{"storage-driver": "%s"}\n' "$SOFTDTA_DOCKER_STORAGE_DRIVER" >"$daemon_dir/daemon.json"
+    else
+        echo '{}' >"$daemon_dir/daemon.json"
+    fi
     setsid dockerd --config-file "$daemon_dir/daemon.json" --iptables=false --ip6tables=false --ip-masq=false \
         --ip-forward=false --bridge=none --data-root "$daemon_dir/data" --exec-root "$daemon_dir/exec" \
         -H "unix://$daemon_dir/docker.sock" --pidfile "$daemon_dir/docker.pid" \
@@ -57,8 +62,8 @@ if ((own)) || ! docker info >/dev/null 2>&1; then
     deadline=$((SECONDS + 60))
     until docker info >/dev/null 2>&1; do
         if ! kill -0 "$daemon" 2>/dev/null; then
-            cause=$(grep -m 1 -E 'level=(fatal|error)' "$daemon_dir/dockerd.log" | sed -E 's/.*msg="?([^"]*)"?.*/\1/')
-            fail "dockerd did not start: ${cause:-$(tail -n 1 "$daemon_dir/dockerd.log")}"
+            # its last line says why ("failed to start daemon: error initializing graphdriver: ...")
+            fail "dockerd did not start: $(tail -n 1 "$daemon_dir/dockerd.log")"
         fi
         ((SECONDS < deadline)) || fail "dockerd did not answer within 60 s: $(tail -n 1 "$daemon_dir/dockerd.log")"
         sleep 0.2
