@@ -36,6 +36,7 @@ from softdta.kernel.bpf import (
     Map,
     Program,
     RingBuffer,
+    TestRun,
     attach_tc_ingress,
     attach_xdp,
     detach_tc,
@@ -63,7 +64,8 @@ from softdta.spec import (
     QpState,
     TranslatorCounter,
 )
-from softdta.wire.frames import parse_udp_frame
+from softdta.wire.frames import ip_str, parse_udp_frame
+from softdta.wire.roce import parse_roce
 
 DEFAULT_PIN_DIR = Path("/sys/fs/bpf/softdta")
 _FANOUT_META = record("fanout_meta")
@@ -291,12 +293,20 @@ class XdpTranslator:
         kernel's clock, not `now_ns`). A `queue` other than 0 needs the `ifindex` of an interface that has it."""
         run = self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ifindex, rx_queue_index=queue))
         out = _output(run.retval, run.data)
-        fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
-        if run.retval == XDP_PASS and fanout and fanout["magic"] == FANOUT_META_MAGIC:
-            parked = self._parked_frames(fanout["cpu"], fanout["sequence"]) if fanout["count"] > 1 else []
-            out = Output(frames=[run.data] + parked)
+        fanned = self._fanned_out(run)
+        if fanned is not None:
+            out = Output(frames=fanned[1])
         out.deferred = bool(self.ring.consume())
         return out
+
+    def _fanned_out(self, run: TestRun) -> tuple[int, list[bytes]] | None:
+        """A frame the program passed up to the tc stage: its egress ifindex (0: the ingress one) and every frame
+        the tc stage sends for it, the parked ones after it."""
+        fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
+        if run.retval != XDP_PASS or not fanout or fanout["magic"] != FANOUT_META_MAGIC:
+            return None
+        parked = self._parked_frames(fanout["cpu"], fanout["sequence"]) if fanout["count"] > 1 else []
+        return fanout["ifindex"], [run.data] + parked
 
     def _parked_frames(self, cpu: int, sequence: int) -> list[bytes]:
         """Frames 2..N of a redundant report, which the tc stage would send after the packet itself."""
@@ -380,21 +390,40 @@ class XdpTranslator:
     def _emit(self, program: Program, frame: bytes, ifindex: int, rx_queue: int = 0) -> None:
         """Run `program` as if `frame` arrived on `ifindex`, sending what it transmits. In native mode the run sends
         (live frames). A generic-mode translator's interface may be a veth whose peer runs no XDP (docker's
-        bridge ports), where such frames would be dropped unseen, so its run's frame leaves through an AF_PACKET
-        socket instead, like any frame of the stack."""
+        bridge ports), where such frames would be dropped unseen, so the frames of its run (XDP_TX, or passed to
+        the tc stage for its egress and fan-out) leave through an AF_PACKET socket instead, like any of the
+        stack's."""
         if self.mode == "native":
             program.test_run_live(frame, ifindex=ifindex, rx_queue=rx_queue)
             return
         run = program.test_run(frame, ctx=xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue))
-        if run.retval != XDP_TX:
+        fanned = self._fanned_out(run)
+        if run.retval == XDP_TX:
+            egress, frames = ifindex, [run.data]
+        elif run.retval == XDP_REDIRECT:
+            egress, frames = self._egress_of(run.data), [run.data]
+        elif fanned is not None:
+            egress, frames = fanned[0] or ifindex, fanned[1]
+        else:
             return
-        if ifindex not in self._senders:
-            self._senders[ifindex] = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-            self._senders[ifindex].bind((socket.if_indextoname(ifindex), 0))
-        try:
-            self._senders[ifindex].send(run.data)
-        except OSError:
-            self._add(TranslatorCounter.DROP_CONTROL_SEND, 1)
+        if egress not in self._senders:
+            self._senders[egress] = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            self._senders[egress].bind((socket.if_indextoname(egress), 0))
+        for sent in frames:
+            try:
+                self._senders[egress].send(sent)
+            except OSError:
+                self._add(TranslatorCounter.DROP_CONTROL_SEND, 1)
+
+    def _egress_of(self, frame: bytes) -> int:
+        """The egress ifindex of a RoCEv2 frame the program redirected: its queue pair's interface."""
+        udp = parse_udp_frame(frame)
+        roce, collector_ip = parse_roce(frame, udp), udp.dst_ip
+        for qp in self.tables.qps:
+            if qp.remote_qpn == roce.bth["dest_qp"] and qp.collector_ip == collector_ip:
+                return interface_index(qp.interface) if qp.interface else self.attached[0]
+        raise EngineError(f"a control-plane run redirected a frame to QPN {roce.bth['dest_qp']:#x} at "
+                          f"{ip_str(collector_ip)}, which no queue pair of the tables has")
 
     def _flush(self) -> None:
         """Run the flusher once per queue entry it can make progress on, transmitting what it writes out.
