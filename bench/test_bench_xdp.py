@@ -133,15 +133,17 @@ def test_xdp_translator_slot_lookup_cost(benchmark, pytestconfig):
               f"{figures['fleet_ns_per_report']:.0f} to the fleet address ({figures['ratio']}x)")
 
 
-@pytest.mark.parametrize("redundancy", [1, MAX_REDUNDANCY], ids=["frames from XDP", "frames through the tc stage"])
-def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig, redundancy):
-    """Key-Write N=1 from kernel generators on two RX queues through the XDP translator to the XDP responder,
-    over veth without the bridge: every report sent is executed, or counted where it was lost."""
+@pytest.mark.parametrize("redundancy, bare", [(1, False), (MAX_REDUNDANCY, False), (1, True)],
+                         ids=["frames from XDP", "frames through the tc stage", "the bare floor"])
+def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig, redundancy, bare):
+    """Key-Write N=1 from kernel generators on two RX queues through the XDP translator to the XDP responder (or
+    the bare forwarder to the sink), over veth without the bridge: every report sent is executed, or counted where
+    it was lost."""
     quick = benchmarks_disabled(pytestconfig)
     results: dict = {}
     benchmark.pedantic(lambda: results.update(translator_live_direct(
         [50_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000, 2_000_000, 0],
-        seconds=0.2 if quick else 1.0, queues=2, redundancy=redundancy)), rounds=1, iterations=1)
+        seconds=0.2 if quick else 1.0, queues=2, redundancy=redundancy, bare=bare)), rounds=1, iterations=1)
     for step in results["steps"]:
         lost = step["lost"]
         # Key-Write N=1: each report translated is one frame emitted or one counted drop

@@ -49,6 +49,7 @@ const bit<8> AETH_VALUE_MASK = 31;
 const bit<8> ACK_SYNDROME = 31;
 const bit<8> COUNTER_SLOTS = 49;
 const bit<8> RESPONDER_COUNTER_SLOTS = 32;
+const bit<8> FLOOR_COUNTER_SLOTS = 4;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
 const bit<16> FANOUT_FRAME_MAX = 256;
 const bit<8> ICRC_LEN = 4;
@@ -223,6 +224,11 @@ const bit<8> RCNT_REPLIES_SENT = 14;
 const bit<8> RCNT_COMPLETIONS = 15;
 const bit<8> RCNT_COMPLETIONS_LOST = 16;
 
+// FloorCounter: Per-CPU counters of the benchmarks' bare forwarder and sink (map `floor_counters`).
+const bit<8> FLOOR_CNT_FORWARDED = 0;
+const bit<8> FLOOR_CNT_SUNK = 1;
+const bit<8> FLOOR_CNT_SUNK_BYTES = 2;
+
 // fixed header sizes in bytes
 const bit<8> ETHERNET_SIZE = 14;
 const bit<8> IPV4_SIZE = 20;
@@ -286,6 +292,7 @@ const bit<16> RESPONDER_QP_MAX_ENTRIES = 1024;
 const bit<16> RESPONDER_QP_STATE_MAX_ENTRIES = 1024;
 const bit<32> ARENA_MAX_ENTRIES = 262144;
 const bit<32> RING_WRITES_MAX_ENTRIES = 65536;
+const bit<8> FLOOR_CONFIG_MAX_ENTRIES = 1;
 
 // Ethernet II
 header ethernet_h {

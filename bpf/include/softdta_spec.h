@@ -54,6 +54,7 @@
 #define ACK_SYNDROME 31
 #define COUNTER_SLOTS 49
 #define RESPONDER_COUNTER_SLOTS 32
+#define FLOOR_COUNTER_SLOTS 4
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
 #define FANOUT_FRAME_MAX 256
 #define ICRC_LEN 4
@@ -232,6 +233,11 @@
 #define RCNT_COMPLETIONS 15
 #define RCNT_COMPLETIONS_LOST 16
 
+/* FloorCounter: Per-CPU counters of the benchmarks' bare forwarder and sink (map `floor_counters`). */
+#define FLOOR_CNT_FORWARDED 0
+#define FLOOR_CNT_SUNK 1
+#define FLOOR_CNT_SUNK_BYTES 2
+
 /* fixed header sizes in bytes */
 #define ETHERNET_SIZE 14
 #define IPV4_SIZE 20
@@ -295,6 +301,7 @@
 #define RESPONDER_QP_STATE_MAX_ENTRIES 1024
 #define ARENA_MAX_ENTRIES 262144 /* 0x40000 */
 #define RING_WRITES_MAX_ENTRIES 65536 /* 0x10000 */
+#define FLOOR_CONFIG_MAX_ENTRIES 1
 
 #define ETHERNET_DST_OFF 0
 #define ETHERNET_DST_LEN 6
@@ -1531,6 +1538,21 @@ struct ring_writes_value {
 	__u64 writes;
 };
 _Static_assert(sizeof(struct ring_writes_value) == 8, "struct ring_writes_value does not match softdta/spec/");
+
+/* floor_config key: the bare forwarder's frame */
+struct floor_config_key {
+	__u32 index;
+};
+_Static_assert(sizeof(struct floor_config_key) == 4, "struct floor_config_key does not match softdta/spec/");
+
+/* floor_config value: the bare forwarder's frame */
+struct floor_config_value {
+	__u8 src_mac[6];
+	__u8 dst_mac[6];
+	__u32 frame_len; /* each forwarded frame's length: a WRITE's */
+	__u32 ifindex; /* where the forwarder redirects */
+};
+_Static_assert(sizeof(struct floor_config_value) == 20, "struct floor_config_value does not match softdta/spec/");
 
 /* an essential report parked while its QP cannot send (ring buffer `deferred`); userspace re-injects it */
 struct deferred_report {

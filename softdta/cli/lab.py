@@ -95,10 +95,11 @@ def _bench(args: argparse.Namespace) -> int:
         raise CliError(f"{error}; `softdta bench` loads BPF programs, which needs root") from None
     translator, collector = results["translator_ns_per_report"], results["collector_cpu_ns_per_report"]
     print(f"wrote {args.out}/comparison.json and plots in {results['seconds']} s")
+    empty = translator["empty_xdp_program"]["median"]
     for name, kernel in translator["xdp"].items():
         reference = translator["reference_python"][name]["median"]
-        print(f"  translator {name:14} XDP {kernel['median']:8.0f} ns   Python reference {reference:9.0f} ns   "
-              f"{reference / max(kernel['median'], 1):6.0f}x")
+        print(f"  translator {name:14} XDP {kernel['median']:8.0f} ns (empty program {empty:.0f} ns)   Python "
+              f"reference {reference:9.0f} ns   {reference / max(kernel['median'], 1):6.0f}x")
     udp = translator["userspace_udp_python"]["key-write"]["median"]
     print(f"  userspace UDP translator (Python, uvloop), key-write: {udp:.0f} ns per report "
           f"({udp / max(translator['xdp']['key-write']['median'], 1):.0f}x the XDP path)")
@@ -131,6 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"  direct path ({direct['path'].replace('generator', 'generators')}), {direct['rx_queues']} RX "
               "queue(s): "
               f"{direct['max_lossless_reports_per_s']:,} reports/s without loss"
+              + (f" ({direct['fraction_of_floor']:.2f} of the floor)" if "fraction_of_floor" in direct else "")
               + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, lost {first_loss['lost']}"
                  if first_loss else ""))
     c = collector["c_epoll"]

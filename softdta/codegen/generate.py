@@ -40,6 +40,7 @@ ENUM_PREFIXES: dict[type[IntEnum | IntFlag], str] = {
     spec.MergeFunction: "SKETCH_MERGE",
     spec.QpState: "QP_STATE",
     spec.TranslatorCounter: "CNT",
+    spec.FloorCounter: "FLOOR_CNT",
 }
 
 # <linux/if_ether.h> and <linux/in.h> define these (IPPROTO_UDP as an enum member too), so defining them again

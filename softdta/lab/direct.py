@@ -3,6 +3,11 @@ XDP responder, in namespaces of its own and without the lab's bridge. It is the 
 has: `softdta bench` climbs a ladder of rates on it, and `softdta demo` runs a few seconds at a high rate on it
 and reads the collector's memory back.
 
+`bare=True` is the floor the same generators, veth pairs and CPUs reach: a forwarder in the translator's place that
+only rewrites the MACs, sizes the frame as the translator's WRITE for the report and redirects it, and a sink in the
+responder's place that counts and drops (bpf/floor.bpf.c). `softdta bench` gives every live figure as a fraction
+of it.
+
 Generator q runs in a thread pinned to CPU q: veth hands a frame to the RX queue of the CPU that sends it, so
 queue q takes generator q's reports. Its keys are its own (`keys` of them from q x `keys` on, in the last four
 key bytes), and report i of it writes data i, so the collector's memory is predictable key by key.
@@ -11,6 +16,7 @@ key bytes), and report i of it writes data i, so the collector's memory is predi
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from typing import NotRequired, TypedDict
@@ -27,13 +33,16 @@ from softdta.core.generator import plan
 from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.primitives.key_write.region import KeyWriteRegion
 from softdta.core.tables import Tables
+from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import XdpTranslator
-from softdta.kernel.bpf import enable_run_stats, run_stats
+from softdta.kernel.bpf import BpfObject, attach_xdp, enable_run_stats, run_stats
 from softdta.kernel.generator import KernelReporter
+from softdta.kernel.maps import map_layout
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, link_drops, veth_pair
+from softdta.kernel.programs import FLOOR_SOURCE, build_object
 from softdta.lab import topology as lab
-from softdta.spec import DtaOpcode, TranslatorCounter
+from softdta.spec import DtaOpcode, FloorCounter, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
 
@@ -87,14 +96,16 @@ def losses(before: HopCounts, after: HopCounts, sent: int) -> dict[str, int]:
 
 class DirectPath:
     """Key-Write N=1 reports (13-byte keys, 20-byte data) over the direct path. The Key-Write structure takes
-    `redundancy` copies at most: at 1 its frames leave from XDP, above that through the tc stage."""
+    `redundancy` copies at most: at 1 its frames leave from XDP, above that through the tc stage. `bare`: the
+    floor, with the forwarder and the sink in the translator's and the responder's places."""
 
-    def __init__(self, queues: int = 2, keys: int = 4096, redundancy: int = 1):
-        self.queues, self.keys, self.redundancy = queues, keys, redundancy
+    def __init__(self, queues: int = 2, keys: int = 4096, redundancy: int = 1, bare: bool = False):
+        self.queues, self.keys, self.redundancy, self.bare = queues, keys, redundancy, bare
         self.prefix = f"sdta-direct{os.getpid()}-"
         cleanup_prefix(self.prefix)
         self.collector: Collector | None = None
         self.kernel: XdpTranslator | None = None
+        self.floor: BpfObject | None = None
         self.generators: list[KernelReporter] = []
         try:
             self._up()
@@ -120,7 +131,8 @@ class DirectPath:
         address(translator_ns, "t1", f"{lab.TRANSLATOR_IP}/16")
         address(collector_ns, "c0", f"{lab.COLLECTOR_IP}/16")
         config = CollectorConfig.from_dict({
-            "collector": {"name": "direct", "ip": lab.COLLECTOR_IP, "mac": lab.COLLECTOR_MAC, "interface": "c0"},
+            "collector": {"name": "direct", "ip": lab.COLLECTOR_IP, "mac": lab.COLLECTOR_MAC,
+                          "interface": "" if self.bare else "c0"},
             "structures": [{"primitive": "key-write", "slots": SLOTS, "key_len": KEY_LEN, "data_len": DATA_LEN,
                             "redundancy": self.redundancy}]})
         with in_netns(collector_ns.name):
@@ -132,11 +144,14 @@ class DirectPath:
         adverts = [{**self.collector.connect("key-write", peer), "queue": queue} for queue, peer in enumerate(peer_of)]
         self.tables = Tables.from_dict(tables_document(translator, {"name": "direct", "ip": lab.COLLECTOR_IP,
                                                                     "mac": lab.COLLECTOR_MAC}, adverts))
-        with in_netns(translator_ns.name):
-            self.kernel = XdpTranslator(self.tables)
-            self.kernel.attach(["t0", "t1"])
         sender = ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), mac_bytes(lab.TRANSLATOR_MAC),
                                  ip_bytes(lab.COLLECTOR_IP))
+        if self.bare:
+            self._floor(sender)
+        else:
+            with in_netns(translator_ns.name):
+                self.kernel = XdpTranslator(self.tables)
+                self.kernel.attach(["t0", "t1"])
         for queue in range(1, queues):  # where the generators after the first stay dispatched (lo holds one)
             reporter_ns.run("ip", "link", "add", f"hold{queue}", "type", "veth", "peer", f"hold{queue}p")
         for queue in range(queues):
@@ -145,11 +160,44 @@ class DirectPath:
             self.generators.append(KernelReporter(plan(template, sender.frame(template), key_span=self.keys), "r0",
                                                   reporter_ns.name, holder=f"hold{queue}" if queue else "lo"))
         # where the CPU goes, per report: the translator's XDP and tc stages, and the responder
-        self.stages = {"translator_xdp": self.kernel.xdp.fd, "translator_tc": self.kernel.fanout.fd,
-                       "responder_xdp": backend.responder.program.fd}
+        if self.floor is not None:
+            self.stages = {"floor_forward": self.floor.programs["softdta_floor_forward"].fd,
+                           "floor_sink": self.floor.programs["softdta_floor_sink"].fd}
+        else:
+            assert self.kernel is not None
+            self.stages = {"translator_xdp": self.kernel.xdp.fd, "translator_tc": self.kernel.fanout.fd,
+                           "responder_xdp": backend.responder.program.fd}
+
+    def _floor(self, sender: ReporterAddress) -> None:
+        """The forwarder on t0, giving each report the length of the WRITE the translator makes of it, and the sink
+        on c0."""
+        template = dta.key_write(bytes(KEY_LEN), bytes(DATA_LEN), 1, extended=True)
+        write = Translator(self.tables).process(sender.frame(template)).frames[0]
+        self.floor = BpfObject(build_object(FLOOR_SOURCE))
+        _, translator_ns, collector_ns = self.namespaces
+        with in_netns(translator_ns):
+            self.floor.maps["floor_config"].update(bytes(4), map_layout("floor_config").value.pack(
+                src_mac=mac_bytes(lab.TRANSLATOR_MAC), dst_mac=mac_bytes(lab.COLLECTOR_MAC), frame_len=len(write),
+                ifindex=socket.if_nametoindex("t1")))
+            attach_xdp(socket.if_nametoindex("t0"), self.floor.programs["softdta_floor_forward"].fd)
+        with in_netns(collector_ns):
+            attach_xdp(socket.if_nametoindex("c0"), self.floor.programs["softdta_floor_sink"].fd)
+        self.write_len = len(write)
+
+    def floor_counts(self) -> dict[FloorCounter, int]:
+        assert self.floor is not None
+        return {counter: sum(int.from_bytes(value[:8], "little") for value in self.floor.maps["floor_counters"]
+                             .lookup_percpu(int(counter).to_bytes(4, "little")) or [])
+                for counter in FloorCounter}
 
     def counts(self) -> PathCounts:
-        assert self.kernel is not None and self.collector is not None
+        assert self.collector is not None
+        if self.floor is not None:
+            floor = self.floor_counts()
+            return {"translated": floor[FloorCounter.FORWARDED], "emitted": floor[FloorCounter.FORWARDED],
+                    "translator_drops": 0, "executed": floor[FloorCounter.SUNK], "links": link_drops(self.namespaces),
+                    "run_ns": {stage: run_stats(fd)[0] for stage, fd in self.stages.items()}}
+        assert self.kernel is not None
         with in_netns(self.namespaces[1]):
             counters = self.kernel.counters()
         return {"translated": counters[TranslatorCounter.RX_REPORTS], "emitted": counters[TranslatorCounter.TX_FRAMES],
@@ -228,6 +276,9 @@ class DirectPath:
             with in_netns(self.namespaces[1]):
                 self.kernel.close()
             self.kernel = None
+        if self.floor is not None:  # its programs leave with the namespaces
+            self.floor.close()
+            self.floor = None
         if self.collector is not None:
             self.collector.close()
             self.collector = None

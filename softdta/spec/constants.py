@@ -252,3 +252,14 @@ class ResponderCounter(IntEnum):
 
 
 RESPONDER_COUNTER_SLOTS = 32
+
+
+class FloorCounter(IntEnum):
+    """Per-CPU counters of the benchmarks' bare forwarder and sink (map `floor_counters`)."""
+
+    FORWARDED = 0
+    SUNK = 1
+    SUNK_BYTES = 2
+
+
+FLOOR_COUNTER_SLOTS = 4

@@ -141,7 +141,16 @@ RESPONDER_MAPS = (
           "WRITEs executed into each Append ring: how a reader learns a lap overwrote entries (BPF_F_MMAPABLE)"),
 )
 
-MAPS = TRANSLATOR_MAPS + RESPONDER_MAPS  # every BPF map layout the control planes share with the kernel
+# The benchmarks' floor (softdta.lab.direct, `bare`): the same wire with a forwarder in the translator's place and a
+# sink in the responder's, which do nothing else (bpf/floor.bpf.c).
+FLOOR_MAPS = (
+    Map("floor_config", (Field("index", 32),), (
+        Raw("src_mac", 6), Raw("dst_mac", 6), Field("frame_len", 32, "each forwarded frame's length: a WRITE's"),
+        Field("ifindex", 32, "where the forwarder redirects"),
+    ), 1, "the bare forwarder's frame"),
+)
+
+MAPS = TRANSLATOR_MAPS + RESPONDER_MAPS + FLOOR_MAPS  # every BPF map layout userspace shares with the kernel
 
 
 # --------------------------------------------------------------------------------------------------

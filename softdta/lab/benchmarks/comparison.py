@@ -33,6 +33,7 @@ from softdta.lab.benchmarks.live import (
     translator_live,
     translator_live_direct,
     translator_live_kernel,
+    with_floor_fractions,
 )
 from softdta.lab.benchmarks.python_engine import (
     EngineRate,
@@ -45,6 +46,7 @@ from softdta.lab.benchmarks.router import RouterRate, router_rate
 from softdta.lab.benchmarks.translator import (
     FleetLookupCost,
     Scaling,
+    empty_program,
     translator_fleet_lookup,
     translator_kernel,
     translator_queue_scaling,
@@ -67,6 +69,7 @@ class Machine(TypedDict):
 
 class TranslatorNsPerReport(TypedDict):
     xdp: dict[str, Stats]
+    empty_xdp_program: Stats
     reference_python: dict[str, Stats]
     userspace_udp_python: dict[str, Stats]
 
@@ -106,7 +109,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
     results: Comparison = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count() or 1,
                     "kernel": platform.release(), "python": platform.python_version(), "quick": quick},
-        "translator_ns_per_report": {"xdp": translator_kernel(repeat),
+        "translator_ns_per_report": {"xdp": translator_kernel(repeat), "empty_xdp_program": empty_program(repeat),
                                      "reference_python": translator_reference(count),
                                      "userspace_udp_python": translator_userspace_udp(count)},
         "translator_rx_queue_scaling": translator_queue_scaling(repeat // 10 if quick else repeat),
@@ -119,12 +122,14 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
         "translator_live_lab_kernel_generator": translator_live_kernel(
             [50_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 0],
             seconds=0.3 if quick else 1.0),
-        "translator_live_direct": {
-            f"{queues}_rx_queues" + ("_tc_stage" if redundancy > 1 else ""): translator_live_direct(
-                [100_000, 400_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000,
-                                                  2_000_000, 0],
-                seconds=0.3 if quick else 1.0, queues=queues, redundancy=redundancy)
-            for queues, redundancy in ((1, 1), (2, 1), (1, MAX_REDUNDANCY), (2, MAX_REDUNDANCY))},
+        "translator_live_direct": with_floor_fractions({
+            f"{queues}_rx_queues" + ("_floor" if bare else "_tc_stage" if redundancy > 1 else ""):
+                translator_live_direct(
+                    [100_000, 400_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000,
+                                                      2_000_000, 2_400_000, 3_200_000, 0],
+                    seconds=0.3 if quick else 1.0, queues=queues, redundancy=redundancy, bare=bare)
+            for queues, redundancy, bare in ((1, 1, True), (2, 1, True), (1, 1, False), (2, 1, False),
+                                             (1, MAX_REDUNDANCY, False), (2, MAX_REDUNDANCY, False))}),
         "collector_cpu_ns_per_report": {"xdp_responder_kernel": collector_xdp_responder(repeat),
                                         "python_asyncio": collector_python(count),
                                         "c_epoll": collector_c(count)},

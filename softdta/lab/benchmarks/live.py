@@ -1,11 +1,12 @@
 """The XDP translator live: the highest rate it translates without loss, in the lab (reporter -> bridge ->
 translator -> collector) from a TX ring or from the kernel report generator, and on the direct path
-(softdta.lab.direct: generators -> veth -> XDP translator -> veth -> XDP responder)."""
+(softdta.lab.direct: generators -> veth -> XDP translator -> veth -> XDP responder), each direct figure beside the
+floor: the same path with a bare forwarder and sink."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from softdta.core import workload
 from softdta.wire import dta
@@ -49,6 +50,7 @@ class LiveDirect(TypedDict):
     steps: list[StepResult]
     max_lossless_reports_per_s: int
     profiled_step: StepResult | None
+    fraction_of_floor: NotRequired[float]  # of the floor's figure on as many RX queues
 
 
 def _lab_sender(state: LabState) -> workload.ReporterAddress:
@@ -151,7 +153,7 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
 
 
 def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int = 2, keys: int = 4096,
-                           redundancy: int = 1) -> LiveDirect:
+                           redundancy: int = 1, bare: bool = False) -> LiveDirect:
     """Key-Write N=1 at kernel speed on the direct path (softdta.lab.direct: generators -> veth -> XDP translator
     -> veth -> XDP responder, no bridge). Each step offers `seconds` of reports at a rate (0: as fast as the
     generators go), and is lossless when every report was translated and executed and no link dropped a frame.
@@ -159,12 +161,12 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
     lossless rate says where the CPU goes.
 
     The Key-Write structure takes `redundancy` copies at most: at 1 its frames leave from XDP, above that every
-    frame goes through the tc stage (docs/translator.md)."""
+    frame goes through the tc stage (docs/translator.md). `bare`: the floor (softdta.lab.direct)."""
     from softdta.lab.direct import DirectPath
 
     steps: list[StepResult] = []
     profile = None
-    with DirectPath(queues, keys, redundancy) as direct:
+    with DirectPath(queues, keys, redundancy, bare=bare) as direct:
         for rate in rates:
             steps.append(direct.step(rate, seconds))
             if not steps[-1]["lossless"]:
@@ -173,9 +175,21 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
         if lossless:
             profile = direct.step(max(lossless), seconds, profiled=True)
     lossless = [each["achieved"] for each in steps if each["lossless"]]
-    path = "XDP translator" if redundancy == 1 else "XDP translator -> tc stage"
+    path = ("bare forwarder (MACs, WRITE length, redirect) -> veth -> sink (count, drop)" if bare else
+            ("XDP translator" if redundancy == 1 else "XDP translator -> tc stage") + " -> veth -> XDP responder")
     return {"primitive": "key-write N=1", "structure_redundancy": redundancy,
-            "path": f"generator -> veth -> {path} -> veth -> XDP responder",
+            "path": f"generator -> veth -> {path}",
             "rx_queues": queues, "seconds_per_step": seconds, "steps": steps,
             "max_lossless_reports_per_s": max(lossless) if lossless else 0,
             "profiled_step": profile}
+
+
+def with_floor_fractions(direct: dict[str, LiveDirect]) -> dict[str, LiveDirect]:
+    """Each figure of the direct path as a fraction of the floor's on as many RX queues (entries named `_floor`)."""
+    floors = {entry["rx_queues"]: entry["max_lossless_reports_per_s"] for name, entry in direct.items()
+              if name.endswith("_floor")}
+    for name, entry in direct.items():
+        floor = floors.get(entry["rx_queues"])
+        if not name.endswith("_floor") and floor:
+            entry["fraction_of_floor"] = round(entry["max_lossless_reports_per_s"] / floor, 3)
+    return direct

@@ -78,6 +78,17 @@ def translator_kernel(repeat: int, cases: dict[str, list[dta.Report]] | None = N
     return results
 
 
+def empty_program(repeat: int) -> Stats:
+    """ns per run of an XDP program that only passes the frame (BPF_PROG_TEST_RUN, a Key-Write report): the floor
+    every ns/report figure is printed beside."""
+    from softdta.kernel.bpf import BpfObject
+    from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+    frame = example_reporter(example_tables()).frame(dta.key_write(1, 1, 2))
+    with BpfObject(build_object(VETH_PEER_SOURCE)) as empty:
+        return stats([empty.programs["softdta_pass"].test_run(frame, repeat=repeat).duration_ns
+                      for _ in range(ROUNDS)])
+
+
 def translator_queue_scaling(repeat: int, rounds: int = ROUNDS, cases: dict[str, list[dta.Report]] | None = None
                              ) -> dict[str, Scaling]:
     """Reports/s of the XDP program on one RX queue against two at once, each on its own CPU with its own QPs
