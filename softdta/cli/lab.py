@@ -137,7 +137,8 @@ def _bench(args: argparse.Namespace) -> int:
                  if first_loss else ""))
     c = collector["c_epoll"]
     print(f"  collector CPU per report: xdp responder (kernel, UC 8 B) "
-          f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns, userspace 0; "
+          f"{collector['xdp_responder_kernel']['uc-write-8']['median']:.0f} ns (empty program {empty:.0f} ns), "
+          "userspace 0; "
           f"Python asyncio {collector['python_asyncio']['median']:.0f} ns"
           + (f"; C epoll {c['median']:.0f} ns" if c else ""))
     for fleet in results["fleet_slot_map"].values():
