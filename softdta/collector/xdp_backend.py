@@ -84,8 +84,7 @@ class XdpBackend:
     def for_config(cls, config: CollectorConfig, pin_dir: Path | None = None) -> XdpBackend:
         return cls(config.mac, config.ip, regions=[(spec.name, spec.length) for spec in config.regions()],
                    data_dir=config.data_dir, interface=config.interface or None, xdp_mode=config.xdp_mode,
-                   qp_capacity=config.max_qps,
-                   pin_dir=pin_dir)
+                   qp_capacity=config.max_qps, pin_dir=pin_dir)
 
     @property
     def adopted_memory(self) -> bool:

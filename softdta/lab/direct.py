@@ -106,6 +106,7 @@ class DirectPath:
         self.collector: Collector | None = None
         self.kernel: XdpTranslator | None = None
         self.floor: BpfObject | None = None
+        self.write_len = 0  # bare: the length the forwarder gives each frame, the translator's WRITE's
         self.generators: list[KernelReporter] = []
         try:
             self._up()
