@@ -77,7 +77,8 @@ def wait_for(condition: Callable[[], T | None], what: str, timeout: float) -> T:
 
 
 def ready_map(run: Run, collectors: int, translators: list[str]) -> SlotMap | None:
-    """The slot map once it spans `collectors` collectors and every translator named applied it."""
+    """The slot map once it spans `collectors` collectors and every translator named applied it in full, with a
+    queue pair to each of its replicas (a report to a replica not connected yet would be dropped as unmapped)."""
     etcd = run.client()
     kv = etcd.get(run.prefix + SLOT_MAP)
     if kv is None:
@@ -86,8 +87,10 @@ def ready_map(run: Run, collectors: int, translators: list[str]) -> SlotMap | No
     if len(slot_map.assigned()) != collectors:
         return None
     applied, _ = etcd.get_prefix(run.prefix + APPLIED)
-    epochs = {kv.key.rsplit("/", 1)[1]: json.loads(kv.value)["epoch"] for kv in applied}
-    return slot_map if all(epochs.get(name, 0) >= slot_map.epoch for name in translators) else None
+    records = {kv.key.rsplit("/", 1)[1]: json.loads(kv.value) for kv in applied}
+    done = [name for name, record in records.items()
+            if record["epoch"] >= slot_map.epoch and record.get("replicas_unconnected") == 0]
+    return slot_map if set(translators) <= set(done) else None
 
 
 def report(run: Run, index: int, address: ReporterAddress, interface: str, rate: float, collectors: int,

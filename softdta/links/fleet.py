@@ -4,7 +4,8 @@
 (links/control.py) to each collector the map names, connecting to new ones and dropping those that left, and
 builds the tables from every connected collector's advertisements plus a `[fleet]` section: the fleet address, the
 map's epoch, and each slot's replicas that are connected, in order. After the engine applies a generation of tables
-it writes `applied/<translator>` = {"epoch", "generation", "at_ns"} under its own lease.
+it writes `applied/<translator>` = {"epoch", "generation", "at_ns", "replicas_unconnected"} under its own lease:
+the last says how many replicas of that epoch's map it had no queue pairs to yet (0: the map is applied in full).
 
 Nothing etcd sends can stop the translator or make it write to the wrong collector: a malformed map or one whose
 epoch does not grow is refused (logged, counted) and the last good one stays; when etcd is unreachable the
@@ -95,14 +96,16 @@ class FleetLinks:
         self._retry_at: dict[str, float] = {}
         self._qpn_bases: dict[str, int] = {}
         self._unregistered_logged: set[str] = set()
-        self._emitted: deque[tuple[Tables, int, int]] = deque(maxlen=64)  # (tables, generation, epoch)
+        # (tables, generation, epoch, replicas unconnected)
+        self._emitted: deque[tuple[Tables, int, int, int]] = deque(maxlen=64)
         self._generation = 0
         self._started = False
         self._threads: list[threading.Thread] = []
         self.status: dict[str, Any] = {
             "fleet": fleet, "translator": name, "address": address, "etcd": etcd.endpoint, "etcd_reachable": True,
             "etcd_unreachable_since_ns": 0, "etcd_outages": 0, "running": True,
-            "epoch": 0, "generation": 0, "applied_at_ns": 0, "published_generation": 0, "slot_map_epoch": 0,
+            "epoch": 0, "generation": 0, "applied_at_ns": 0, "applied_unconnected": 0, "published_generation": 0,
+            "slot_map_epoch": 0,
             "slot_map_seen_at_ns": 0, "built_at_ns": 0,
             "slot_maps_refused": 0, "last_refusal": "", "members_refused": 0, "tables_refused": 0,
             "replicas_unconnected": 0, "slots_unmapped": 0, "collectors": {}}
@@ -405,7 +408,7 @@ class FleetLinks:
 
     def _emit(self, tables: Tables, epoch: int, queue_it: bool = True) -> None:
         self._generation += 1
-        self._emitted.append((tables, self._generation, epoch))
+        self._emitted.append((tables, self._generation, epoch, self.status["replicas_unconnected"]))
         self.status["built_at_ns"] = time.time_ns()
         if queue_it:
             self.updates.put(tables)
@@ -431,7 +434,9 @@ class FleetLinks:
                 generation = self.status["generation"]
                 if generation and published != generation:
                     self.etcd.put(key, json.dumps({"epoch": self.status["epoch"], "generation": generation,
-                                                   "at_ns": self.status["applied_at_ns"]}), lease=lease)
+                                                   "at_ns": self.status["applied_at_ns"],
+                                                   "replicas_unconnected": self.status["applied_unconnected"]}),
+                                  lease=lease)
                     published = generation
                     self.status["published_generation"] = generation
                     self._write_status()
@@ -451,10 +456,11 @@ class FleetLinks:
         if current is None:
             return
         with self._lock:
-            for tables, generation, epoch in reversed(self._emitted):
+            for tables, generation, epoch, unconnected in reversed(self._emitted):
                 if tables is current:
                     if generation > self.status["generation"]:
-                        self.status.update(generation=generation, epoch=epoch, applied_at_ns=time.time_ns())
+                        self.status.update(generation=generation, epoch=epoch, applied_unconnected=unconnected,
+                                           applied_at_ns=time.time_ns())
                         self._write_status()
                     return
 

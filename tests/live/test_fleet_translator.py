@@ -121,6 +121,9 @@ def test_a_collector_added_to_the_map_is_connected_and_its_slots_wait_for_it(lab
     assert status["collectors"][lab.collector(2).name] in ("connecting", "unreachable")
     moved = [key for key in KEYS if owner_of(lab, second, key) == 2]
     assert moved and status["slots_unmapped"] == sum(1 for owners in second.slots if owners[0] == lab.collector(2).name)
+    # the epoch is applied, but not in full: applied/ says how many replicas wait for their collector
+    wait_until(lambda: lab.applied()["t1"]["replicas_unconnected"] == status["replicas_unconnected"] > 0,
+               "epoch 2 applied without collector 2's replicas", 10)
     dropped = counters(lab).get("drop_fleet_unmapped", 0)
     write(lab, {key: 3 << 24 | key for key in moved})  # their collector is not up: dropped, and counted
     wait_until(lambda: counters(lab).get("drop_fleet_unmapped", 0) - dropped == len(moved), "unmapped drops", 10)
@@ -131,6 +134,7 @@ def test_a_collector_added_to_the_map_is_connected_and_its_slots_wait_for_it(lab
     values = {key: 4 << 24 | key for key in KEYS}
     write(lab, values)
     check_owners(lab, second, values, "epoch 2 with collector 2")
+    wait_until(lambda: lab.applied()["t1"]["replicas_unconnected"] == 0, "epoch 2 applied in full", 10)
 
 
 @pytest.mark.parametrize("lab", ["python"], indirect=True)
