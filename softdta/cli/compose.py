@@ -42,7 +42,8 @@ def register(commands: Commands) -> None:
     report.add_argument("--collectors", type=int, required=True,
                         help="send once the slot map spans this many collectors")
     report.add_argument("--translator", action="append", required=True, metavar="NAME",
-                        help="and this translator applied it (repeat for each)")
+                        help="and this translator applied it in full, connected to every replica (repeat for "
+                             "each)")
     report.add_argument("--rate", type=float, default=5000.0, help="reports/s (default %(default)s)")
     report.set_defaults(run=_report)
     check.add_argument("--router", required=True, metavar="URL", help="the fleet's query router, http://HOST:PORT")
