@@ -19,7 +19,6 @@ esac
 for tool in docker docker-compose dockerd; do
     command -v "$tool" >/dev/null || fail "$tool is not installed; run make setup, which installs docker.io and docker-compose"
 done
-export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0  # the classic builder: bookworm's docker has no buildx
 
 daemon_dir=""
 stop_daemon() {

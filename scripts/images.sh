@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 BASE=softdta-base:bookworm
 CACHE=${SOFTDTA_CACHE:-/var/cache/softdta}/docker
 fail() { echo "images: $*" >&2; exit 1; }
+# the classic builder: bookworm's docker has no buildx, and BuildKit would want an entitlement for --network host
+export DOCKER_BUILDKIT=0
 
 command -v docker >/dev/null || fail "docker is not installed; run make setup, which installs docker.io"
 docker info >/dev/null 2>&1 || fail "no Docker daemon answers at ${DOCKER_HOST:-unix:///var/run/docker.sock}; start one or set DOCKER_HOST, or run make compose, which starts its own"
