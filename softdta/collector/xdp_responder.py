@@ -223,8 +223,7 @@ class XdpResponder:
     def counters(self) -> Counter[ResponderCounter]:
         tally: Counter[ResponderCounter] = Counter()
         for counter in ResponderCounter:
-            values = self.maps["responder_counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
-            total = sum(int.from_bytes(v[:8], "little") for v in values)
+            total = self.maps["responder_counters"].counter_total(counter)
             if total:
                 tally[counter] = total
         return tally

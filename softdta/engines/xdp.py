@@ -254,8 +254,7 @@ class XdpTranslator:
     def counters(self) -> Counter[TranslatorCounter]:
         tally: Counter[TranslatorCounter] = Counter()
         for counter in TranslatorCounter:
-            values = self.maps["counters"].lookup_percpu(int(counter).to_bytes(4, "little")) or []
-            total = sum(int.from_bytes(v[:8], "little") for v in values)
+            total = self.maps["counters"].counter_total(counter)
             if total:
                 tally[counter] = total
         return tally
@@ -498,8 +497,7 @@ def pinned_stats(pin_dir: Path) -> PinnedStats:
     qps: list[QpStats] = []
     with pinned("counters") as counter_map, pinned("qp") as qp_map, pinned("qp_state") as state_map:
         for counter in TranslatorCounter:
-            total = sum(int.from_bytes(v[:8], "little")
-                        for v in counter_map.lookup_percpu(int(counter).to_bytes(4, "little")) or [])
+            total = counter_map.counter_total(counter)
             if total:
                 counters[counter.name.lower()] = total
         for raw, value in qp_map.items():

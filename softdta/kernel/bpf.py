@@ -273,6 +273,11 @@ class Map:
             return None
         return [raw[i:i + self.value_size] for i in range(0, len(raw), slot)]
 
+    def counter_total(self, index: int) -> int:
+        """A per-CPU array of u64 counters: counter `index` summed over the CPUs (0 where the map has none)."""
+        return sum(int.from_bytes(value[:8], "little") for value in self.lookup_percpu(index.to_bytes(4, "little"))
+                   or [])
+
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
         """Store value under key; for per-CPU maps the value is stored on every CPU."""
         value = self._sized("value", value, self.value_size)

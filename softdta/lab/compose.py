@@ -16,9 +16,8 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from softdta.core.fleet import APPLIED, SLOT_MAP, SlotMap, fleet_prefix
 from softdta.core.workload import ReporterAddress
@@ -26,15 +25,11 @@ from softdta.errors import SoftdtaError
 from softdta.etcd.client import Etcd
 from softdta.kernel.tx_ring import RingReporter
 from softdta.lab.fleet_demo import KEY_WRITE_COPIES, Workload, build_workload
+from softdta.lab.fleet_lab import wait_until
 from softdta.wire.frames import ip_bytes, mac_bytes
 
 SENT = "compose/sent/"  # under the fleet's prefix: what each reporter sent
 CHUNK = 32  # reports per paced send
-T = TypeVar("T")
-
-
-class ComposeError(SoftdtaError, RuntimeError):
-    """The compose lab did not get ready, or its answers fell short; the message says what and where."""
 
 
 @dataclass(frozen=True)
@@ -59,23 +54,6 @@ class Run:
         return fleet_prefix(self.fleet)
 
 
-def wait_for(condition: Callable[[], T | None], what: str, timeout: float) -> T:
-    """`condition`'s first true value, polled until `timeout` s; etcd or a service between states counts as not
-    yet."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
-        try:
-            value = condition()
-        except (OSError, ValueError, SoftdtaError) as error:
-            value, last = None, f" (last: {error})"
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ComposeError(f"{what}: not within {timeout:.0f} s{last}")
-        time.sleep(0.1)
-
-
 def ready_map(run: Run, collectors: int, translators: list[str]) -> SlotMap | None:
     """The slot map once it spans `collectors` collectors and every translator named applied it in full, with a
     queue pair to each of its replicas (a report to a replica not connected yet would be dropped as unmapped)."""
@@ -97,7 +75,7 @@ def report(run: Run, index: int, address: ReporterAddress, interface: str, rate:
            translators: list[str], timeout: float) -> int:
     """Reporter `index` (from 1): wait for the fleet, send its share at `rate` reports/s, say so in etcd, then
     stay up until SIGTERM."""
-    slot_map = wait_for(lambda: ready_map(run, collectors, translators),
+    slot_map = wait_until(lambda: ready_map(run, collectors, translators),
                         f"a slot map over {collectors} collectors applied by {', '.join(translators)}", timeout)
     frames = [address.frame(report) for report in run.workload().per_phase[0][index - 1]]
     sender = RingReporter(interface, None, 256)
@@ -178,8 +156,8 @@ def check(run: Run, router: str, nats_url: str | None, timeout: float) -> tuple[
         kvs, _ = run.client().get_prefix(run.prefix + SENT)
         sent = {kv.key.rsplit("/", 1)[1]: json.loads(kv.value) for kv in kvs}
         return sent if len(sent) == run.reporters else None
-    sent = wait_for(all_sent, f"all {run.reporters} reporters' reports sent", timeout)
-    wait_for(lambda: _request(f"{router}/health"), f"the query router at {router}", timeout)
+    sent = wait_until(all_sent, f"all {run.reporters} reporters' reports sent", timeout)
+    wait_until(lambda: _request(f"{router}/health"), f"the query router at {router}", timeout)
     deadline = time.monotonic() + timeout
     while True:
         try:

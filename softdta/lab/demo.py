@@ -157,19 +157,14 @@ class _Backlog:
         # taken or executed before this demo, then: given up for lost after a stall
         self.written_off, self.frames_written_off = self._taken(), self._unexecuted()
 
-    @staticmethod
-    def _total(counters: Map, counter: int) -> int:
-        return sum(int.from_bytes(value[:8], "little")
-                   for value in counters.lookup_percpu(counter.to_bytes(4, "little")) or [])
-
     def _taken(self) -> int:
-        return self._total(self.counters, int(TranslatorCounter.RX_REPORTS))
+        return self.counters.counter_total(TranslatorCounter.RX_REPORTS)
 
     def _unexecuted(self) -> int:
         if self.responder is None:
             return 0
-        return self._total(self.counters, int(TranslatorCounter.TX_FRAMES)) - \
-            self._total(self.responder, int(ResponderCounter.EXECUTED))
+        return self.counters.counter_total(TranslatorCounter.TX_FRAMES) - \
+            self.responder.counter_total(ResponderCounter.EXECUTED)
 
     def wait_for_room(self, sent: int) -> None:
         """Until at most ROUND of `sent` reports are still on their way to the translator, and at most ROUND of

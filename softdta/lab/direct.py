@@ -187,9 +187,7 @@ class DirectPath:
 
     def floor_counts(self) -> dict[FloorCounter, int]:
         assert self.floor is not None
-        return {counter: sum(int.from_bytes(value[:8], "little") for value in self.floor.maps["floor_counters"]
-                             .lookup_percpu(int(counter).to_bytes(4, "little")) or [])
-                for counter in FloorCounter}
+        return {counter: self.floor.maps["floor_counters"].counter_total(counter) for counter in FloorCounter}
 
     def counts(self) -> PathCounts:
         assert self.collector is not None

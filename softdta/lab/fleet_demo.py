@@ -131,8 +131,7 @@ def build_workload(keys_per_phase: int, entries_per_list: int, seed: int, report
 
 def counter_total(pin: Path, name: str, counter: int) -> int:
     with Map.from_pinned(pin / name) as counters:
-        return sum(int.from_bytes(value[:8], "little")
-                   for value in counters.lookup_percpu(counter.to_bytes(4, "little")) or [])
+        return counters.counter_total(counter)
 
 
 def executed_by(lab: FleetLab, collectors: list[int]) -> dict[str, int]:

@@ -100,17 +100,18 @@ def wait_until(condition: Callable[[], T | None], what: str, timeout: float,
                check: Callable[[], None] | None = None) -> T:
     """`condition`'s first true value, polled until `timeout` s; `check` raises when waiting is pointless."""
     deadline = time.monotonic() + timeout
+    last = ""
     while True:
         try:
             value = condition()
-        except (OSError, ValueError, SoftdtaError):
-            value = None  # a process or etcd between states
+        except (OSError, ValueError, SoftdtaError) as error:
+            value, last = None, f" (last: {error})"  # a process or etcd between states
         if value:
             return value
         if check is not None:
             check()
         if time.monotonic() > deadline:
-            raise FleetLabError(f"{what}: not within {timeout:.0f} s")
+            raise FleetLabError(f"{what}: not within {timeout:.0f} s{last}")
         time.sleep(0.01)
 
 

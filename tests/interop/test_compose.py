@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.privileged, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("docker", "docker-compose", "dockerd", "debootstrap", "iptables")
+DAEMONS = {"dockerd", "containerd", "containerd-shim"}  # comm: the first 15 characters of containerd-shim-runc-v2
 SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/forwarding", "net/bridge/bridge-nf-call-iptables",
            "net/bridge/bridge-nf-call-ip6tables")
 
@@ -28,6 +29,13 @@ def docker_tools():
         pytest.skip(message)
 
 
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return ""  # it ended
+
+
 def host_state() -> dict[str, object]:
     """What the compose run must leave as it found it."""
     def lines(*command: str) -> list[str]:
@@ -36,7 +44,8 @@ def host_state() -> dict[str, object]:
     mounts = sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
     sysctls = {name: (Path("/proc/sys") / name).read_text().strip()
                for name in SYSCTLS if (Path("/proc/sys") / name).exists()}
-    daemons = lines("pgrep", "-a", "-x", "dockerd|containerd|containerd-shim-runc-v2")  # none: no lines
+    daemons = sorted(f"{proc.name} {comm}" for proc in Path("/proc").iterdir()
+                     if proc.name.isdigit() and (comm := _comm(proc)) in DAEMONS)
     return {"links": links, "mounts": mounts, "iptables": lines("iptables", "-S"),
             "iptables_nat": lines("iptables", "-t", "nat", "-S"), "sysctls": sysctls, "daemons": daemons,
             "routes": lines("ip", "route", "show")}
