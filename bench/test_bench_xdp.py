@@ -133,25 +133,34 @@ def test_xdp_translator_slot_lookup_cost(benchmark, pytestconfig):
               f"{figures['fleet_ns_per_report']:.0f} to the fleet address ({figures['ratio']}x)")
 
 
-@pytest.mark.parametrize("redundancy, bare", [(1, False), (MAX_REDUNDANCY, False), (1, True)],
-                         ids=["frames from XDP", "frames through the tc stage", "the bare floor"])
-def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig, redundancy, bare):
-    """Key-Write N=1 from kernel generators on two RX queues through the XDP translator to the XDP responder (or
-    the bare forwarder to the sink), over veth without the bridge: every report sent is executed, or counted where
-    it was lost."""
+@pytest.mark.parametrize("redundancy, copies, via_tc, bare",
+                         [(1, 1, False, False), (MAX_REDUNDANCY, 2, False, False), (MAX_REDUNDANCY, 2, True, False),
+                          (1, 1, False, True)],
+                         ids=["frames from XDP", "two copies from XDP", "two copies through the tc stage",
+                              "the bare floor"])
+def test_live_direct_path_accounts_for_every_report(benchmark, pytestconfig, redundancy, copies, via_tc, bare):
+    """Key-Write from kernel generators on two RX queues through the XDP translator to the XDP responder (or the
+    bare forwarder to the sink), over veth without the bridge: every frame a report makes is executed, or counted
+    where it was lost."""
     quick = benchmarks_disabled(pytestconfig)
     results: dict = {}
     benchmark.pedantic(lambda: results.update(translator_live_direct(
         [50_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000, 2_000_000, 0],
-        seconds=0.2 if quick else 1.0, queues=2, redundancy=redundancy, bare=bare)), rounds=1, iterations=1)
+        seconds=0.2 if quick else 1.0, queues=2, redundancy=redundancy, bare=bare, copies=copies,
+        via_tc=via_tc)), rounds=1, iterations=1)
     for step in results["steps"]:
         lost = step["lost"]
-        # Key-Write N=1: each report translated is one frame emitted or one counted drop
-        assert step["executed"] + lost.get("before_translator", 0) + lost.get("in_translator", 0) + \
-            lost.get("before_collector", 0) == step["sent"], step
+        # each report translated is `copies` frames emitted, or one counted drop
+        assert step["executed"] + copies * (lost.get("before_translator", 0) + lost.get("in_translator", 0)) + \
+            lost.get("before_collector", 0) == copies * step["sent"], step
+    if not bare:
+        profile = results["profiled_step"]["cpu_ns_per_report"]
+        # the copies leave from XDP, or through tc: never both
+        assert (profile["translator_tc"] > 0) == via_tc and (profile["translator_copy"] > 0) == (not via_tc) \
+            if redundancy > 1 else profile["translator_tc"] == profile["translator_copy"] == 0, profile
     benchmark.extra_info.update(results)
     print(f"\ndirect path ({results['path']}), 2 RX queues: {results['max_lossless_reports_per_s']:,} reports/s "
-          "without loss; "
+          f"without loss ({copies} frames each); "
           f"steps {[(step['offered'], step['achieved'], step['lost']) for step in results['steps']]}")
 
 

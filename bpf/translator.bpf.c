@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /* softdta translator fast path: DTA reports in, RoCEv2 frames out, byte for byte like softdta.core.translator.
  *
- * softdta_xdp    translates reports and consumes collector ACK/NAKs (XDP, one frame out per frame in);
- * softdta_fanout sends the frames of a Key-Write or Key-Increment report: the packet XDP passed up with
- *                metadata, then the ones it parked in the `fanout` map (tc ingress);
+ * softdta_xdp    translates reports and consumes collector ACK/NAKs (XDP);
+ * softdta_copy   cuts copy i of a Key-Write or Key-Increment report out of clone i of the packet XDP broadcast
+ *                to a `copies` devmap (devmap program);
+ * softdta_fanout sends those frames where there is no `copies` entry (generic XDP): the packet XDP passed up
+ *                with metadata, then the ones it parked in the `fanout` map (tc ingress);
  * softdta_flush  writes out one idle Append batch or Postcarding path per run (control plane, live test_run).
  * Maps named after spec.TRANSLATOR_TABLES are the whole contract with the control plane.
  */
@@ -219,6 +221,54 @@ int softdta_flush(struct xdp_md *ctx)
 	}
 	ref.qs->flush_mark = ref.qs->frames_sent;	/* its own frames do not make the QP busy */
 	return emit(ctx, s);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* devmap: one copy of a redundant report's broadcast */
+
+/* Runs on clone i of the packet `emit` broadcast, which is frame 1 of the report: makes it frame i, parked in
+ * `fanout`. The clones of one broadcast reach it one after the other on the CPU that sent them (the devmap's bulk
+ * queue is per CPU and flushed in order), so the CPU's count since the report's sequence changed is i. */
+SEC("xdp/devmap")
+int softdta_copy(struct xdp_md *ctx)
+{
+	__u8 *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	struct fanout_meta *meta = (void *)(long)ctx->data_meta;
+	__u32 copy, slot, len = data_end - data, from, i;
+	struct fanout_value *entry;
+	struct scratch *s;
+
+	if ((void *)(meta + 1) > (void *)data || meta->magic != FANOUT_META_MAGIC)
+		return XDP_PASS;	/* not a broadcast of `emit`: a frame redirected to this interface */
+	s = scratch_get();
+	if (!s)
+		return XDP_DROP;
+	copy = s->copy_sequence == meta->sequence && s->copy_next < meta->count ? s->copy_next : 0;
+	s->copy_sequence = meta->sequence;
+	s->copy_next = copy + 1;
+	if (!copy)
+		return XDP_PASS;
+	slot = meta->cpu * FANOUT_MAX_ENTRIES + meta->sequence % FANOUT_MAX_ENTRIES;
+	entry = bpf_map_lookup_elem(&fanout, &slot);
+	if (!entry || entry->sequence != meta->sequence || entry->count != meta->count || entry->frame_len != len ||
+	    len > FANOUT_FRAME_MAX || copy >= MAX_REDUNDANCY || (copy - 1) * len >= 2 * FANOUT_FRAME_MAX) {
+		count(CNT_DROP_FANOUT_LOST);
+		return XDP_DROP;
+	}
+	from = (copy - 1) * len;
+	barrier_var(from);	/* keeps the mask, which the verifier needs to bound the offset and the compiler would drop */
+	from &= 2 * FANOUT_FRAME_MAX - 1;
+	for (i = 0; i < FANOUT_FRAME_MAX && i + 8 <= len; i += 8) {
+		if (data + i + 8 > data_end)
+			return XDP_DROP;
+		*(__u64 *)(data + i) = *(__u64 *)(entry->frames + from + i);
+	}
+	for (int k = 0; k < 8 && i < len && i < FANOUT_FRAME_MAX; k++, i++) {
+		if (data + i + 1 > data_end)
+			return XDP_DROP;
+		data[i] = entry->frames[from + i];
+	}
+	return XDP_PASS;
 }
 
 /* ------------------------------------------------------------------------------------------------ */

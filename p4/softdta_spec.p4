@@ -284,6 +284,7 @@ const bit<32> POSTCARD_CACHE_MAX_ENTRIES = 131072;
 const bit<32> SKETCH_COLUMN_MAX_ENTRIES = 65536;
 const bit<32> SKETCH_REPORTER_MAX_ENTRIES = 65536;
 const bit<16> FANOUT_MAX_ENTRIES = 256;
+const bit<16> COPIES_MAX_ENTRIES = 256;
 const bit<8> FLEET_CONFIG_MAX_ENTRIES = 1;
 const bit<32> FLEET_SLOT_MAX_ENTRIES = 65536;
 const bit<32> REPORTER_SEQ_MAX_ENTRIES = 65536;
@@ -584,7 +585,7 @@ struct structure_value_t {
     bit<8> hops;
     bit<8> merge;
     bit<32> key_hash; // spec.KeyHash
-    bit<8> redundancy; // Key-Write, Key-Increment: the most copies a report may ask for; at 1 the frames leave from XDP, without the tc stage
+    bit<8> redundancy; // Key-Write, Key-Increment: the most copies a report may ask for; above 1 a report's frames leave together (copies), or through the tc stage
     bit<24> pad;
     bit<32> rows;
     bit<32> reporters;

@@ -293,6 +293,7 @@
 #define SKETCH_COLUMN_MAX_ENTRIES 65536 /* 0x10000 */
 #define SKETCH_REPORTER_MAX_ENTRIES 65536 /* 0x10000 */
 #define FANOUT_MAX_ENTRIES 256
+#define COPIES_MAX_ENTRIES 256
 #define FLEET_CONFIG_MAX_ENTRIES 1
 #define FLEET_SLOT_MAX_ENTRIES 65536 /* 0x10000 */
 #define REPORTER_SEQ_MAX_ENTRIES 65536 /* 0x10000 */
@@ -1289,7 +1290,7 @@ struct structure_value {
 	__u8 hops;
 	__u8 merge;
 	__u32 key_hash; /* spec.KeyHash */
-	__u8 redundancy; /* Key-Write, Key-Increment: the most copies a report may ask for; at 1 the frames leave from XDP, without the tc stage */
+	__u8 redundancy; /* Key-Write, Key-Increment: the most copies a report may ask for; above 1 a report's frames leave together (copies), or through the tc stage */
 	__u8 pad[3];
 	__u32 rows;
 	__u32 reporters;
@@ -1413,6 +1414,19 @@ struct fanout_value {
 	__u8 frames[768]; /* frames 2..count */
 };
 _Static_assert(sizeof(struct fanout_value) == 780, "struct fanout_value does not match softdta/spec/");
+
+/* copies key: how the frames of a Key-Write or Key-Increment report leave from XDP: broadcast to the devmap, whose program cuts copy i out of the packet; without an entry (generic XDP) they take the tc stage */
+struct copies_key {
+	__u32 ifindex; /* egress interface */
+	__u32 count; /* frames of the report */
+};
+_Static_assert(sizeof(struct copies_key) == 8, "struct copies_key does not match softdta/spec/");
+
+/* copies value: how the frames of a Key-Write or Key-Increment report leave from XDP: broadcast to the devmap, whose program cuts copy i out of the packet; without an entry (generic XDP) they take the tc stage */
+struct copies_value {
+	__u32 devmap; /* a devmap of `count` entries for `ifindex`, each running softdta_copy */
+};
+_Static_assert(sizeof(struct copies_value) == 4, "struct copies_value does not match softdta/spec/");
 
 /* fleet_config key: the fleet: where reports addressed to the fleet address go (docs/fleet.md) */
 struct fleet_config_key {

@@ -89,7 +89,7 @@ static __always_inline __u32 on_keyed_body(struct xdp_md *ctx, struct scratch *s
 	s->out_count = sent;
 	/* The structure decides, not the report: every frame of its QPs takes one path (see emit). With copies
 	 * across replicas, the engine admits only fleets whose structures of the primitive all decide alike. */
-	s->out_via_tc = st->redundancy > 1;
+	s->out_redundant = st->redundancy > 1;
 	s->out_frame_len = frame_len;
 	s->out_ifindex = ref.q->ifindex;
 	count_n(CNT_TX_FRAMES, sent);

@@ -43,7 +43,7 @@ static __always_inline int copy_payload(struct xdp_md *ctx, struct scratch *s, _
 	return 0;
 }
 
-/* Parks frames 2..N of a report for the tc stage; the packet carries frame 1 and the meta. */
+/* Parks frames 2..N of a report for softdta_copy or the tc stage; the packet carries frame 1 and the meta. */
 static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 {
 	__u32 slot, len = s->out_frame_len;
@@ -59,21 +59,23 @@ static __noinline int park_frames(struct scratch *s, struct fanout_meta *meta)
 	entry->count = s->out_count;
 	entry->frame_len = len;
 	entry->ifindex = s->out_ifindex;
-	for (__u32 i = 0; i < (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX && i < (s->out_count - 1) * len; i++)
-		entry->frames[i] = s->out[(len + i) & OUT_MASK];
+	for (__u32 i = 0; i + 8 <= (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX && i < (s->out_count - 1) * len; i += 8)
+		*(__u64 *)(entry->frames + i) = *(__u64 *)(s->out + ((len + i) & OUT_MASK));
 	return 0;
 }
 
-/* Replaces the packet with the first frame the handler built: sent with XDP_TX or a redirect, or, for
- * Key-Write and Key-Increment structures that take redundant reports (which may need several frames), passed
- * up to the tc stage, which sends them all. Their QPs use the tc stage for every report, N = 1 too: frames of
- * one QP must never take two paths, or a NAPI poll could put them on the wire out of PSN order. A structure
- * with redundancy 1 never needs the tc stage, and its frames skip the skb it costs. */
+/* Replaces the packet with the first frame the handler built. The frames of a QP that takes redundant reports
+ * (Key-Write and Key-Increment structures whose redundancy is above 1, which may need several frames) always
+ * take one path, N = 1 too: frames of one QP must never take two, or a NAPI poll could put them on the wire out
+ * of PSN order. The others are parked, and the packet goes to the `copies` devmap of the report's frame count,
+ * whose program makes clone i frame i (softdta_copy); without a `copies` entry (generic XDP) it goes up to the
+ * tc stage, which sends them all. Any other frame leaves with XDP_TX or a redirect. */
 static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 {
 	__u64 len = s->out_frame_len, have = ctx->data_end - ctx->data;
 	struct fanout_meta meta = { .magic = FANOUT_META_MAGIC }, *room;
-	void *data;
+	struct copies_key copies_key;
+	void *data, *devmap = 0;
 
 	if (!s->out_count)
 		return XDP_DROP;
@@ -94,10 +96,15 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 		count(CNT_DROP_NO_ROOM);
 		return XDP_DROP;
 	}
-	if (s->out_via_tc) {
+	if (s->out_redundant) {
 		meta.count = s->out_count;
 		meta.ifindex = s->out_ifindex;
-		if ((s->out_count > 1 && park_frames(s, &meta)) || bpf_xdp_adjust_meta(ctx, -(int)sizeof(meta))) {
+		copies_key.ifindex = s->out_ifindex ? s->out_ifindex : ctx->ingress_ifindex;
+		copies_key.count = s->out_count;
+		devmap = bpf_map_lookup_elem(&copies, &copies_key);
+		/* the meta replaces any a program before this one left */
+		if ((s->out_count > 1 && park_frames(s, &meta)) ||
+		    bpf_xdp_adjust_meta(ctx, (int)(ctx->data - ctx->data_meta) - (int)sizeof(meta))) {
 			count(CNT_DROP_NO_ROOM);
 			return XDP_DROP;
 		}
@@ -106,7 +113,12 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 		if ((void *)(room + 1) > data)
 			return XDP_DROP;
 		*room = meta;
-		return XDP_PASS;
+		return devmap ? bpf_redirect_map(devmap, 0, BPF_F_BROADCAST) : XDP_PASS;
+	}
+	/* metadata a program before this one left could pass for softdta_copy's, which may run on this frame too */
+	if (ctx->data_meta < ctx->data && bpf_xdp_adjust_meta(ctx, (int)(ctx->data - ctx->data_meta))) {
+		count(CNT_DROP_NO_ROOM);
+		return XDP_DROP;
 	}
 	if (s->out_ifindex && s->out_ifindex != ctx->ingress_ifindex)
 		return bpf_redirect(s->out_ifindex, 0);
@@ -123,7 +135,7 @@ static __always_inline struct scratch *begin(__u32 data_path, __u32 rx_queue)
 		s->data_path = data_path;
 		s->rx_queue = rx_queue;
 		s->out_count = 0;
-		s->out_via_tc = 0;
+		s->out_redundant = 0;
 		s->out_ifindex = 0;
 	}
 	return s;

@@ -20,6 +20,7 @@ _Static_assert(MAX_KEY_LEN % 8 == 0 && MAX_DATA_LEN % 8 == 0, "key and data arra
 /* n, for 1 <= n <= limit (a power of two), in a form the verifier bounds to 1..limit for helper sizes */
 #define NONZERO(n, limit) ((((n) - 1) & ((limit) - 1)) + 1)
 _Static_assert((FANOUT_FRAME_MAX & (FANOUT_FRAME_MAX - 1)) == 0, "FANOUT_FRAME_MAX must be a power of two");
+_Static_assert(MAX_REDUNDANCY * FANOUT_FRAME_MAX <= OUT_LIMIT, "the frames of a redundant report fit in out");
 
 struct report {
 	__u64 counter;
@@ -89,8 +90,10 @@ struct scratch {
 	struct report report;
 	struct frame_params frame;
 	__u32 out_count;	/* frames in out, back to back from its start */
-	__u32 out_via_tc;	/* the QP's frames always leave through the tc stage */
+	__u32 out_redundant;	/* the QP's frames always leave by `copies`, or through the tc stage without it */
 	__u32 fanout_sequence;
+	__u32 copy_sequence;	/* softdta_copy: the report whose broadcast it cuts, and the copy it cuts next */
+	__u32 copy_next;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
 	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
@@ -143,6 +146,22 @@ TABLE(sketch_reporter, BPF_MAP_TYPE_HASH, struct sketch_reporter_key, struct ske
 /* Per CPU, so no two CPUs ever fill one entry; two per QP: with and without immediate. */
 TABLE(frame_cache, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct frame_cache, 2 * QP_MAX_ENTRIES);
 TABLE(fanout, BPF_MAP_TYPE_ARRAY, __u32, struct fanout_value, FANOUT_MAX_ENTRIES);	/* x CPUs at load */
+/* A report's frames leave from XDP as one broadcast to a devmap of `count` entries for the egress interface,
+ * which the control plane creates and puts here; each entry runs softdta_copy, which cuts out copy i. */
+struct copy_devmap {
+	__uint(type, BPF_MAP_TYPE_DEVMAP);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct bpf_devmap_val));
+	__uint(max_entries, MAX_REDUNDANCY);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, struct copies_key);
+	__uint(max_entries, COPIES_MAX_ENTRIES);
+	__array(values, struct copy_devmap);
+} copies SEC(".maps");
+
 TABLE(reporter_seq, BPF_MAP_TYPE_LRU_HASH, struct reporter_seq_key, struct reporter_seq_value,
       REPORTER_SEQ_MAX_ENTRIES);
 TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);

@@ -27,7 +27,7 @@ def register(commands: Commands) -> None:
                        "writes, land in a collector and are queried back (root; --offline needs none)",
                        "It builds a lab of network namespaces, streams about 100 k reports of every primitive, "
                        "checks every answer against the reference translator's prediction and prints a summary; "
-                       "then, through the XDP translator and responder, a burst of Key-Write at 1 M reports/s. It "
+                       "then, through the XDP translator and responder, a burst of Key-Write N=2 at 1 M reports/s. It "
                        "exits 1 if anything was lost or an answer is wrong (docs/lab.md).")
     demo.add_argument("--reporters", type=int, default=2, help="how many reporters (switches) send reports "
                                                                "(default %(default)s)")
@@ -43,7 +43,7 @@ def register(commands: Commands) -> None:
     demo.add_argument("--seconds", type=float, default=60.0,
                       help="stop streaming after this many seconds (default %(default)s)")
     demo.add_argument("--burst-rate", type=float, default=1_000_000.0,
-                      help="then a burst of Key-Write N=1 from kernel generators, XDP translator and responder "
+                      help="then a burst of Key-Write N=2 from kernel generators, XDP translator and responder "
                            "only: reports/s (0: as fast as they go; default 1000000)")
     demo.add_argument("--burst-seconds", type=float, default=3.0, help="the burst's length (0: no burst; default 3)")
     demo.add_argument("--keep", action="store_true", help="leave the lab up afterwards (`softdta lab down` "
@@ -132,6 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"  direct path ({direct['path'].replace('generator', 'generators')}), {direct['rx_queues']} RX "
               "queue(s): "
               f"{direct['max_lossless_reports_per_s']:,} reports/s without loss"
+              + (f" ({direct['frames_per_report']} frames each)" if direct["frames_per_report"] > 1 else "")
               + (f" ({direct['fraction_of_floor']:.2f} of the floor)" if "fraction_of_floor" in direct else "")
               + (f"; first loss offered {first_loss['offered'] or 'unthrottled'}, lost {first_loss['lost']}"
                  if first_loss else ""))

@@ -31,6 +31,7 @@ from softdta.core.tables import QueuePair, Tables
 from softdta.core.translator import Output
 from softdta.engines.engine import QpStatus, Stop, report_adoptions
 from softdta.kernel.bpf import (
+    BPF_MAP_TYPE_DEVMAP,
     BpfError,
     BpfObject,
     Map,
@@ -59,6 +60,7 @@ from softdta.kernel.programs import (
 from softdta.spec import (
     DTA_NACK_PORT,
     FANOUT_META_MAGIC,
+    MAX_REDUNDANCY,
     PSN_MASK,
     TRANSLATOR_MAPS,
     QpState,
@@ -163,6 +165,7 @@ class XdpTranslator:
         self.xdp = self.object.programs["softdta_xdp"]
         self.flusher = self.object.programs["softdta_flush"]
         self.fanout = self.object.programs["softdta_fanout"]
+        self.copy = self.object.programs["softdta_copy"]
         if pin_dir is not None:
             for program in (self.xdp, self.fanout):  # so stats can read their run time from outside
                 pin(program.fd, Path(pin_dir) / f"prog_{program.name}")
@@ -172,7 +175,9 @@ class XdpTranslator:
         self.attached: list[int] = []
         self.interfaces: list[str] = []
         self.mode = "native"
+        self.copies_from_xdp = True  # natively, redundant reports leave by `copies` (attach)
         self._senders: dict[int, socket.socket] = {}  # ifindex -> AF_PACKET socket, in generic mode
+        self._copy_interfaces: set[int] = set()  # egress ifindexes with `copies` entries
         self.reinjected = 0
         self._backlog: dict[int, list[tuple[int, int, bytes]]] = {}  # qp index -> (ifindex, RX queue, frame)
         self._quiet_since: dict[int, tuple[int, int]] = {}  # qp index -> (frames sent, first seen at)
@@ -201,6 +206,7 @@ class XdpTranslator:
         egress = routes_once()
         check_queues(tables, self.interfaces)
         check_across(tables, egress)
+        self._add_copies(tables, egress, self.attached)
         installed = {}
         for local_qpn, index in self.slots.qp.items():
             current, state = self.read("qp", qp_index=index), self.read("qp_state", qp_index=index)
@@ -299,10 +305,16 @@ class XdpTranslator:
         return out
 
     def _fanned_out(self, run: TestRun) -> tuple[int, list[bytes]] | None:
-        """A frame the program passed up to the tc stage: its egress ifindex (0: the ingress one) and every frame
-        the tc stage sends for it, the parked ones after it."""
+        """The frames of a redundant report and their egress ifindex (0: the ingress one): broadcast to `copies`,
+        the packet holds them all, back to back, and softdta_copy cuts copy i out of clone i; passed up to the tc
+        stage, the packet is the first and the others are parked."""
         fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
-        if run.retval != XDP_PASS or not fanout or fanout["magic"] != FANOUT_META_MAGIC:
+        if not fanout or fanout["magic"] != FANOUT_META_MAGIC:
+            return None
+        if run.retval == XDP_REDIRECT:
+            length = len(run.data) // fanout["count"]
+            return fanout["ifindex"], [run.data[i * length:(i + 1) * length] for i in range(fanout["count"])]
+        if run.retval != XDP_PASS:
             return None
         parked = self._parked_frames(fanout["cpu"], fanout["sequence"]) if fanout["count"] > 1 else []
         return fanout["ifindex"], [run.data] + parked
@@ -346,26 +358,55 @@ class XdpTranslator:
     # ----------------------------------------------------------------------------------------------
     # live operation
 
-    def attach(self, interfaces: list[str], mode: str = "native") -> None:
+    def attach(self, interfaces: list[str], mode: str = "native", copies_from_xdp: bool = True) -> None:
         """XDP on every interface (reports in, collector replies in), tc fan-out on their ingress.
 
         Each RX queue writes through its own QPs, which keeps PSN order per QP without a lock (docs/translator.md),
-        so every structure needs a QP for every RX queue of the interfaces.
+        so every structure needs a QP for every RX queue of the interfaces. Natively, the `copies` devmaps exist
+        before the program runs, so that no frame of a redundant report takes the tc stage; `copies_from_xdp`
+        False sends them through the tc stage all the same (for drivers that cannot transmit redirected frames,
+        and for comparison).
         """
         check_queues(self.tables, interfaces)
+        self.mode, self.copies_from_xdp = mode, copies_from_xdp and mode == "native"
+        if not self.copies_from_xdp:  # what an instance left pinned would broadcast, generic XDP too
+            self.maps["copies"].clear()
+        self._add_copies(self.tables, routes_once(), [interface_index(name) for name in interfaces])
         for name in interfaces:
             ifindex = interface_index(name)
             attach_xdp(ifindex, self.xdp.fd, mode=mode)
             attach_tc_ingress(ifindex, self.fanout.fd)
             self.attached.append(ifindex)
             self.interfaces.append(name)
-        self.mode = mode
+
+    def _add_copies(self, tables: Tables, egress: Callable[[QueuePair], int], interfaces: list[int]) -> None:
+        """Natively, a `copies` devmap for each egress interface and frame count: the frames of a redundant
+        report leave from XDP, broadcast, with no skb. Generic XDP makes an skb of every frame anyway; without
+        `copies` entries its redundant reports take the tc stage."""
+        if not self.copies_from_xdp or not interfaces:
+            return
+        wanted = {*interfaces, *(ifindex for qp in tables.qps if (ifindex := egress(qp)))}
+        layout = map_layout("copies")
+        for ifindex in sorted(wanted - self._copy_interfaces):
+            for count in range(1, MAX_REDUNDANCY + 1):
+                devmap = Map.create("softdta_copies", BPF_MAP_TYPE_DEVMAP, 4, 8, MAX_REDUNDANCY)
+                try:  # entry i: {ifindex, program fd}, as struct bpf_devmap_val
+                    for copy in range(count):
+                        devmap.update(copy.to_bytes(4, "little"),
+                                      ifindex.to_bytes(4, "little") + self.copy.fd.to_bytes(4, "little"))
+                    self.maps["copies"].update(layout.key.pack(ifindex=ifindex, count=count),
+                                               layout.value.pack(devmap=devmap.fd))
+                finally:
+                    devmap.close()
+            self._copy_interfaces.add(ifindex)
 
     def detach(self) -> None:
         while self.attached:
             ifindex = self.attached.pop()
             detach_tc(ifindex)
             detach_xdp(ifindex)
+        self.maps["copies"].clear()
+        self._copy_interfaces.clear()
         self.interfaces = []
         while self._senders:
             self._senders.popitem()[1].close()
@@ -397,12 +438,12 @@ class XdpTranslator:
             return
         run = program.test_run(frame, ctx=xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue))
         fanned = self._fanned_out(run)
-        if run.retval == XDP_TX:
+        if fanned is not None:
+            egress, frames = fanned[0] or ifindex, fanned[1]
+        elif run.retval == XDP_TX:
             egress, frames = ifindex, [run.data]
         elif run.retval == XDP_REDIRECT:
             egress, frames = self._egress_of(run.data), [run.data]
-        elif fanned is not None:
-            egress, frames = fanned[0] or ifindex, fanned[1]
         else:
             return
         if egress not in self._senders:

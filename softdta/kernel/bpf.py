@@ -34,6 +34,8 @@ BPF_MAP_TYPE_PERCPU_HASH = 5
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
 BPF_MAP_TYPE_LRU_HASH = 9
 BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
+BPF_MAP_TYPE_HASH_OF_MAPS = 13
+BPF_MAP_TYPE_DEVMAP = 14
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_PROG_TYPE_XDP = 6
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
@@ -43,7 +45,8 @@ XDP_FLAGS_DRV_MODE = 4
 XDP_MD_SIZE = 24
 
 _PERCPU_TYPES = {BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH}
-_HASH_TYPES = {BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH}
+_HASH_TYPES = {BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
+               BPF_MAP_TYPE_HASH_OF_MAPS}
 _XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
 _LIBBPF_WARN = 0
 _LOG_TAIL = 60
@@ -98,6 +101,7 @@ for _name, _res, _args in [
     ("bpf_program__name", ctypes.c_char_p, [_P]),
     ("bpf_program__fd", _I, [_P]),
     ("bpf_program__type", _I, [_P]),
+    ("bpf_map_create", _I, [_I, ctypes.c_char_p, _U32, _U32, _U32, _P]),
     ("bpf_map_lookup_elem", _I, [_I, _P, _P]),
     ("bpf_map_update_elem", _I, [_I, _P, _P, ctypes.c_uint64]),
     ("bpf_map_delete_elem", _I, [_I, _P]),
@@ -223,6 +227,14 @@ class Map:
             raise _error(f"read map info of {path}", -ret)
         # the kernel keeps only 15 characters of the name; the pin's file name is the full one
         return cls(Path(path).name, fd, info.key_size, info.value_size, info.max_entries, info.type, True)
+
+    @classmethod
+    def create(cls, name: str, map_type: int, key_size: int, value_size: int, max_entries: int) -> Map:
+        """A new map of no BPF object (a devmap the control plane puts into a map of maps); close() it when
+        done: what holds it in the kernel keeps it alive."""
+        fd = _check(_lib.bpf_map_create(map_type, name.encode(), key_size, value_size, max_entries, None),
+                    f"create map {name}")
+        return cls(name, fd, key_size, value_size, max_entries, map_type, True)
 
     def close(self) -> None:
         """Close the fd if this Map opened it (from_pinned); maps of a BpfObject close with it."""

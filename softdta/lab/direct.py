@@ -95,12 +95,18 @@ def losses(before: HopCounts, after: HopCounts, sent: int) -> dict[str, int]:
 
 
 class DirectPath:
-    """Key-Write N=1 reports (13-byte keys, 20-byte data) over the direct path. The Key-Write structure takes
-    `redundancy` copies at most: at 1 its frames leave from XDP, above that through the tc stage. `bare`: the
-    floor, with the forwarder and the sink in the translator's and the responder's places."""
+    """Key-Write N=`copies` reports (13-byte keys, 20-byte data) over the direct path. The Key-Write structure
+    takes `redundancy` copies at most (at least `copies`): at 1 its frames leave with a redirect; above that as
+    one broadcast to the translator's `copies` devmap, or with `via_tc` through the tc stage. `bare`: the floor,
+    with the forwarder and the sink in the translator's and the responder's places (N=1)."""
 
-    def __init__(self, queues: int = 2, keys: int = 4096, redundancy: int = 1, bare: bool = False):
+    def __init__(self, queues: int = 2, keys: int = 4096, redundancy: int = 1, bare: bool = False,
+                 copies: int = 1, via_tc: bool = False):
+        if copies > redundancy or (bare and copies > 1):
+            raise ValueError(f"direct path: {copies} copies need the translator (not the bare floor) and a "
+                             f"structure of redundancy {copies} or more, not {redundancy}")
         self.queues, self.keys, self.redundancy, self.bare = queues, keys, redundancy, bare
+        self.copies, self.via_tc = copies, via_tc
         self.prefix = f"sdta-direct{os.getpid()}-"
         cleanup_prefix(self.prefix)
         self.collector: Collector | None = None
@@ -152,22 +158,22 @@ class DirectPath:
         else:
             with in_netns(translator_ns.name):
                 self.kernel = XdpTranslator(self.tables)
-                self.kernel.attach(["t0", "t1"])
+                self.kernel.attach(["t0", "t1"], copies_from_xdp=not self.via_tc)
         for queue in range(1, queues):  # where the generators after the first stay dispatched (lo holds one)
             reporter_ns.run("ip", "link", "add", f"hold{queue}", "type", "veth", "peer", f"hold{queue}p")
         for queue in range(queues):
             key = bytes(KEY_LEN - 4) + (queue * self.keys).to_bytes(4, "big")
-            template = dta.key_write(key, bytes(DATA_LEN), 1, extended=True)
+            template = dta.key_write(key, bytes(DATA_LEN), self.copies, extended=True)
             self.generators.append(KernelReporter(plan(template, sender.frame(template), key_span=self.keys), "r0",
                                                   reporter_ns.name, holder=f"hold{queue}" if queue else "lo"))
-        # where the CPU goes, per report: the translator's XDP and tc stages, and the responder
+        # where the CPU goes, per report: the translator's XDP, devmap and tc stages, and the responder
         if self.floor is not None:
             self.stages = {"floor_forward": self.floor.programs["softdta_floor_forward"].fd,
                            "floor_sink": self.floor.programs["softdta_floor_sink"].fd}
         else:
             assert self.kernel is not None
-            self.stages = {"translator_xdp": self.kernel.xdp.fd, "translator_tc": self.kernel.fanout.fd,
-                           "responder_xdp": backend.responder.program.fd}
+            self.stages = {"translator_xdp": self.kernel.xdp.fd, "translator_copy": self.kernel.copy.fd,
+                           "translator_tc": self.kernel.fanout.fd, "responder_xdp": backend.responder.program.fd}
 
     def _floor(self, sender: ReporterAddress) -> None:
         """The forwarder on t0, giving each report the length of the WRITE the translator makes of it, and the sink
@@ -224,7 +230,7 @@ class DirectPath:
                 thread.join()
             elapsed = time.perf_counter() - started
             deadline = time.monotonic() + SETTLE_S
-            while (after := self.counts())["executed"] - before["executed"] < sum(sent) and \
+            while (after := self.counts())["executed"] - before["executed"] < self.copies * sum(sent) and \
                     time.monotonic() < deadline:
                 time.sleep(0.02)
         finally:
@@ -255,14 +261,15 @@ class DirectPath:
         assert structure is not None
         region = self.collector.structure_region(DtaOpcode.KEY_WRITE, ip_bytes(lab.COLLECTOR_IP))
         assert isinstance(region, KeyWriteRegion)  # Key-Write's region
-        answer = key_write_query(region, np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), KEY_LEN), 1,
+        answer = key_write_query(region, np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), KEY_LEN),
+                                 self.copies,
                                 key_hash=structure.key_hash)
         expected = np.frombuffer(b"".join(data), np.uint8).reshape(len(keys), DATA_LEN)
         stored = answer.values.view(np.uint8).reshape(len(keys), -1)[:, :DATA_LEN]
         correct = int(np.count_nonzero(answer.found & (stored == expected).all(axis=1)))
         # keys written later fill the store further: each key's chance depends on the load after it
         later = np.arange(len(keys) - 1, -1, -1) / structure.slot_count
-        rate, spread = expected_success(key_write_success_chances(later.tolist(), 1))
+        rate, spread = expected_success(key_write_success_chances(later.tolist(), self.copies))
         return {"keys": len(keys), "correct": correct, "success": round(correct / len(keys), 4),
                 "expected": round(rate, 4), "spread": round(spread, 4),
                 "load": round(len(keys) / structure.slot_count, 4)}

@@ -201,7 +201,7 @@ class TranslatorCounter(IntEnum):
     DROP_OUT_OF_REGION = 33
     DROP_DEFER_FULL = 34  # the ring to userspace for essential reports was full
     DROP_NO_ROOM = 35  # the driver gave no room to grow the frame
-    DROP_FANOUT_LOST = 36  # tc found no parked frames for a redundant report (it came too late)
+    DROP_FANOUT_LOST = 36  # softdta_copy or tc found no parked frames for a redundant report (it came too late)
     DROP_REPLY_PSN_OUTSIDE_WINDOW = 37  # an RC reply whose PSN is not outstanding (stale, or forged)
     DROP_REPLY_ON_UC = 38  # a UC queue pair takes no ACK or NAK: a reply to one is forged
     DROP_BAD_FLUSH = 39  # a flush request naming no target kind, or a cache entry past the structure's

@@ -59,8 +59,8 @@ TRANSLATOR_MAPS = (
         Field("qp_index", 32, "the QP of RX queue 0"), Field("queues", 32, "RX queues with a QP (queue_qp)"),
         Field("slot_count", 32), Field("slot_size", 32), Field("key_len", 8),
         Field("data_len", 8), Field("hops", 8), Field("merge", 8), Field("key_hash", 32, "spec.KeyHash"),
-        Field("redundancy", 8, "Key-Write, Key-Increment: the most copies a report may ask for; at 1 the frames "
-                               "leave from XDP, without the tc stage"),
+        Field("redundancy", 8, "Key-Write, Key-Increment: the most copies a report may ask for; above 1 a "
+                               "report's frames leave together (copies), or through the tc stage"),
         Raw("pad", 3), Field("rows", 32), Field("reporters", 32), Field("columns", 32), Field("cache_entries", 32),
         Field("batch", 32), Field("state_index", 32, "index into the primitive's state maps"),
     ), 1024, "a Key-Write, Key-Increment, Postcarding or Sketch-Merge structure, keyed by collector IP"),
@@ -98,6 +98,10 @@ TRANSLATOR_MAPS = (
         Field("pad", 8), Field("frame_len", 16), Field("ifindex", 32, "egress interface, 0 = the ingress one"),
         Raw("frames", (MAX_REDUNDANCY - 1) * FANOUT_FRAME_MAX, "frames 2..count"),
     ), 256, "frames 2..N of a redundant report, from XDP to the tc stage (entries per CPU)"),
+    Map("copies", (Field("ifindex", 32, "egress interface"), Field("count", 32, "frames of the report")), (
+        Field("devmap", 32, "a devmap of `count` entries for `ifindex`, each running softdta_copy"),), 256,
+          "how the frames of a Key-Write or Key-Increment report leave from XDP: broadcast to the devmap, whose "
+          "program cuts copy i out of the packet; without an entry (generic XDP) they take the tc stage"),
     Map("fleet_config", (Field("index", 32),), (
         Field("address", 32, "network order; reports to the fleet address go by slot, 0 = no fleet"),
         Field("slot_bits", 8, "the slot table has 2^slot_bits entries"),

@@ -17,6 +17,7 @@ P4_ID_ACTION, P4_ID_TABLE, P4_ID_REGISTER = 0x01, 0x02, 0x16  # p4.config.v1.P4I
 P4_MISS_ACTION = "softdta_miss"
 # Translator tables without a P4 counterpart, and why.
 P4_WITHOUT = {"fanout": "XDP parks frames 2..N for the tc stage; P4 replicates a report with multicast instead",
+              "copies": "XDP broadcasts a report's frames to a devmap; P4 replicates a report with multicast",
               "tables_generation": "XDP keeps a copy of the structure a CPU translated for last; P4 looks it up",
               "queue_qp": "XDP translates on every RX queue, each through its own QPs; a P4 pipeline orders the "
                           "PSNs of queue 0's QPs itself"}

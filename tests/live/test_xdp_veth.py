@@ -27,7 +27,13 @@ from softdta.spec import DTA_NACK_PORT, ROCE_PORT, DtaOpcode, QpState, RoceOpcod
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
 from softdta.wire.roce import NAK_SEQUENCE_SYNDROME, build_roce_frame, parse_roce, transport_payload
-from tests.common import COLLECTOR_IP, EXAMPLE_TABLES, assert_every_queue_wrote_in_psn_order, eventually
+from tests.common import (
+    COLLECTOR_IP,
+    EXAMPLE_TABLES,
+    SO_RCVBUFFORCE,
+    assert_every_queue_wrote_in_psn_order,
+    eventually,
+)
 
 pytestmark = pytest.mark.privileged
 
@@ -53,6 +59,8 @@ class Lab:
     def socket(self, namespace: Namespace, ifname: str) -> socket.socket:
         with in_netns(namespace.name):
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            # a frame from XDP arrives in a page of its own: the default buffer holds about 50 of them
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 25)
             sock.bind((ifname, 0))
         sock.setblocking(False)
         return sock

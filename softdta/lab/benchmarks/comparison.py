@@ -123,13 +123,16 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
             [50_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 0],
             seconds=0.3 if quick else 1.0),
         "translator_live_direct": with_floor_fractions({
-            f"{queues}_rx_queues" + ("_floor" if bare else "_tc_stage" if redundancy > 1 else ""):
+            f"{queues}_rx_queues" + ("_floor" if bare else f"_n{copies}" if copies > 1 else "")
+            + ("_tc_stage" if via_tc else ""):
                 translator_live_direct(
                     [100_000, 400_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000,
                                                       2_000_000, 2_400_000, 3_200_000, 0],
-                    seconds=0.3 if quick else 1.0, queues=queues, redundancy=redundancy, bare=bare)
-            for queues, redundancy, bare in ((1, 1, True), (2, 1, True), (1, 1, False), (2, 1, False),
-                                             (1, MAX_REDUNDANCY, False), (2, MAX_REDUNDANCY, False))}),
+                    seconds=0.3 if quick else 1.0, queues=queues, redundancy=max(copies, redundancy), bare=bare,
+                    copies=copies, via_tc=via_tc)
+            for queues, redundancy, copies, bare, via_tc in (
+                (1, 1, 1, True, False), (2, 1, 1, True, False), (1, 1, 1, False, False), (2, 1, 1, False, False),
+                (2, MAX_REDUNDANCY, 1, False, False), (2, 2, 2, False, False), (2, 2, 2, False, True))}),
         "collector_cpu_ns_per_report": {"xdp_responder_kernel": collector_xdp_responder(repeat),
                                         "python_asyncio": collector_python(count),
                                         "c_epoll": collector_c(count)},

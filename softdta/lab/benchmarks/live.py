@@ -49,8 +49,9 @@ class LiveDirect(TypedDict):
     seconds_per_step: float
     steps: list[StepResult]
     max_lossless_reports_per_s: int
+    frames_per_report: int
     profiled_step: StepResult | None
-    fraction_of_floor: NotRequired[float]  # of the floor's figure on as many RX queues
+    fraction_of_floor: NotRequired[float]  # frames/s, of the floor's on as many RX queues
 
 
 def _lab_sender(state: LabState) -> workload.ReporterAddress:
@@ -153,20 +154,22 @@ def translator_live_kernel(rates: list[float], seconds: float = 1.0, keys: int =
 
 
 def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int = 2, keys: int = 4096,
-                           redundancy: int = 1, bare: bool = False) -> LiveDirect:
-    """Key-Write N=1 at kernel speed on the direct path (softdta.lab.direct: generators -> veth -> XDP translator
+                           redundancy: int = 1, bare: bool = False, copies: int = 1,
+                           via_tc: bool = False) -> LiveDirect:
+    """Key-Write N=`copies` at kernel speed on the direct path (softdta.lab.direct: generators -> veth -> XDP translator
     -> veth -> XDP responder, no bridge). Each step offers `seconds` of reports at a rate (0: as fast as the
     generators go), and is lossless when every report was translated and executed and no link dropped a frame.
     The rate rises until the first lossy step, which says where the loss began; one more step at the highest
     lossless rate says where the CPU goes.
 
-    The Key-Write structure takes `redundancy` copies at most: at 1 its frames leave from XDP, above that every
-    frame goes through the tc stage (docs/translator.md). `bare`: the floor (softdta.lab.direct)."""
+    The Key-Write structure takes `redundancy` copies at most: at 1 its frames leave with a redirect, above that
+    as one broadcast to a devmap, or with `via_tc` through the tc stage (docs/translator.md). `bare`: the floor
+    (softdta.lab.direct). Rates count reports; each makes `copies` frames and WRITEs."""
     from softdta.lab.direct import DirectPath
 
     steps: list[StepResult] = []
     profile = None
-    with DirectPath(queues, keys, redundancy, bare=bare) as direct:
+    with DirectPath(queues, keys, redundancy, bare=bare, copies=copies, via_tc=via_tc) as direct:
         for rate in rates:
             steps.append(direct.step(rate, seconds))
             if not steps[-1]["lossless"]:
@@ -176,20 +179,23 @@ def translator_live_direct(rates: list[float], seconds: float = 1.0, queues: int
             profile = direct.step(max(lossless), seconds, profiled=True)
     lossless = [each["achieved"] for each in steps if each["lossless"]]
     path = ("bare forwarder (MACs, WRITE length, redirect) -> veth -> sink (count, drop)" if bare else
-            ("XDP translator" if redundancy == 1 else "XDP translator -> tc stage") + " -> veth -> XDP responder")
-    return {"primitive": "key-write N=1", "structure_redundancy": redundancy,
+            "XDP translator" + (" -> tc stage" if via_tc and redundancy > 1 else " -> devmap broadcast"
+                                if redundancy > 1 else "") + " -> veth -> XDP responder")
+    return {"primitive": f"key-write N={copies}", "structure_redundancy": redundancy,
             "path": f"generator -> veth -> {path}",
             "rx_queues": queues, "seconds_per_step": seconds, "steps": steps,
-            "max_lossless_reports_per_s": max(lossless) if lossless else 0,
+            "max_lossless_reports_per_s": max(lossless) if lossless else 0, "frames_per_report": copies,
             "profiled_step": profile}
 
 
 def with_floor_fractions(direct: dict[str, LiveDirect]) -> dict[str, LiveDirect]:
-    """Each figure of the direct path as a fraction of the floor's on as many RX queues (entries named `_floor`)."""
+    """Each figure of the direct path in frames/s as a fraction of the floor's on as many RX queues (entries named
+    `_floor`, a frame per report)."""
     floors = {entry["rx_queues"]: entry["max_lossless_reports_per_s"] for name, entry in direct.items()
               if name.endswith("_floor")}
     for name, entry in direct.items():
         floor = floors.get(entry["rx_queues"])
         if not name.endswith("_floor") and floor:
-            entry["fraction_of_floor"] = round(entry["max_lossless_reports_per_s"] / floor, 3)
+            entry["fraction_of_floor"] = round(entry["max_lossless_reports_per_s"] * entry["frames_per_report"] / floor,
+                                               3)
     return direct
