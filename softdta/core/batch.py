@@ -415,19 +415,19 @@ class BatchTranslator:
         oracle.counters[TranslatorCounter.FLEET_RESOLVED] += int((self._resolved[start:end] & (taken == VECTOR)).sum())
         # in batch order: the oracle's frames, the ACKs, and the flush queue entries of the vector rows
         flushes.sort(key=operator.itemgetter(0))
-        waiting = iter(flushes)
-        upcoming = next(waiting, None)
+        tokens: list[int] = []
+        flush_later, queued = self.oracle.flush_later, 0
         for position in (np.flatnonzero((taken == INDEPENDENT) | (taken == ACK)) + start).tolist():
-            while upcoming is not None and upcoming[0] < position:
-                self._flush_later(*upcoming[1:], now_ns)
-                upcoming = next(waiting, None)
+            while queued < len(flushes) and flushes[queued][0] < position:
+                _, path, index, target = flushes[queued]
+                tokens.append(flush_later(path.primitive, now_ns, index, target))
+                queued += 1
             if roles[position] == ACK:
                 self._ack(frames, position, emitted, now_ns, out)
             else:
                 self._through_oracle(frames, position, now_ns, out)
-        while upcoming is not None:
-            self._flush_later(*upcoming[1:], now_ns)
-            upcoming = next(waiting, None)
+        tokens += [flush_later(path.primitive, now_ns, index, target) for _, path, index, target in flushes[queued:]]
+        self._name_queued(flushes, tokens, now_ns)
 
     def _run_plugins(self, parts: list[_PluginPiece], now_ns: int, out: BatchOutput) -> list[VectorPiece]:
         """Each plug-in's reports in the segment, in order, through its `translate_batch`; the Key-Writes it asks
@@ -491,10 +491,21 @@ class BatchTranslator:
                              f"{writes.keys.shape}, data {writes.data.shape}, redundancy {writes.redundancy}")
         return path
 
-    def _flush_later(self, path: VectorPath[Any], index: int, target: Target | None, now_ns: int) -> None:
-        """The flush queue entry the oracle adds when a vector row begins what waits (an Append list's batch, a
-        Postcarding path); what waits there now is named by it."""
-        path.queued(index, target, self.oracle.flush_later(path.primitive, now_ns, index, target), now_ns)
+    @staticmethod
+    def _name_queued(flushes: list[tuple[int, VectorPath[Any], int, Target | None]], tokens: list[int],
+                     now_ns: int) -> None:
+        """The flush queue entries the oracle added for the vector rows that began what waits (an Append list's
+        batch, a Postcarding path), as `tokens`: what waits there now is named by them, a path and target at a
+        time. Only the oracle's frames were translated in between, and those cannot touch the vector rows' state."""
+        named: dict[tuple[int, int], tuple[VectorPath[Any], Target | None, list[int], list[int]]] = {}
+        for (_, path, index, target), token in zip(flushes, tokens):
+            group = named.get((id(path), id(target)))
+            if group is None:
+                group = named[(id(path), id(target))] = (path, target, [], [])
+            group[2].append(index)
+            group[3].append(token)
+        for path, target, indices, queued in named.values():
+            path.queued_all(target, indices, queued, now_ns)
 
     def _sequence(self, qp: QueuePair, sent: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
         """PSNs and AckReq bits of the QP's next `sent` frames, which it now counts as sent."""

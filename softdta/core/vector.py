@@ -242,6 +242,12 @@ class VectorPath(abc.ABC, Generic[PieceT]):
         """The flush queue entry that `emit` asked for under `index` is queued now, as `token`."""
         raise NotImplementedError(f"{type(self).__name__} adds no flush queue entries")
 
+    def queued_all(self, target: Target | None, indices: list[int], tokens: list[int], now_ns: int) -> None:
+        """The flush queue entries that `emit` asked for with `target` are queued now, in that order (`queued`
+        for each, by default)."""
+        for index, token in zip(indices, tokens):
+            self.queued(index, target, token, now_ns)
+
     def writes(self, writes: KeyWrites, positions: npt.NDArray[np.int64],
                immediate: npt.NDArray[np.bool_]) -> PieceT:
         """A plug-in's Key-Writes as vector rows, at the batch positions of its reports (see `takes_writes`)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, cast
 
+import numpy as np
+
 from softdta.core import workload as generators
 from softdta.core.primitives.base import (
     Output,
@@ -19,6 +21,7 @@ from softdta.core.primitives.postcarding.batch import PostcardingPath
 from softdta.core.primitives.postcarding.demo import PostcardingDemo
 from softdta.core.primitives.postcarding.queries import PathLookup, postcard_snapshot
 from softdta.core.primitives.postcarding.region import PostcardRegion
+from softdta.core.primitives.postcarding.state import PostcardCache, key_words
 from softdta.core.primitives.postcarding.state import PostcardEntry as PostcardEntry  # its state, re-exported
 from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
@@ -30,7 +33,7 @@ from softdta.wire.hashing import key_checksum, postcard_hop_hash, postcard_slot_
 
 
 class Postcarding(Primitive):
-    """State: QP index -> cache index -> the path being gathered."""
+    """State: QP index -> the structure's cache (`PostcardCache`): the paths being gathered."""
 
     opcode, name, subheader, v1_subheader, has_structure, rx_counter = built_in(DtaOpcode.POSTCARDING)
     bpf_header: ClassVar[str | None] = "postcard.h"
@@ -85,8 +88,15 @@ class Postcarding(Primitive):
                     f"TNA_POSTCARD_CACHE_ENTRIES ({TNA_POSTCARD_CACHE_ENTRIES})"]
         return []
 
-    def new_state(self) -> dict[int, dict[int, PostcardEntry]]:
+    def new_state(self) -> dict[int, PostcardCache]:
         return {}
+
+    def cache(self, structure: Structure) -> PostcardCache:
+        """The structure's cache (made on first use; made afresh if new tables reshaped the structure)."""
+        cache = self.state.get(structure.qp.index)
+        if cache is None or not cache.fits(structure):
+            cache = self.state[structure.qp.index] = PostcardCache(structure)
+        return cast(PostcardCache, cache)
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Structure | Output:
         structure = self.translator.structure(udp, self.opcode, report)
@@ -100,46 +110,45 @@ class Postcarding(Primitive):
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
         t, structure = self.translator, target
         path_length = report.path_length or structure.hops
-        cache = self.state.setdefault(structure.qp.index, {})
+        cache = self.cache(structure)
         index = postcard_slot_hash(report.key) & (structure.cache_entries - 1)
         encoded = int.from_bytes(report.data, "big") ^ postcard_hop_hash(report.key, report.hop)
         out = Output()
-        entry = cache.get(index)
-        if entry is not None and entry.key != report.key:
+        if cache.live[index] and cache.key(index) != report.key:
             if path_length == 1:
                 # A one-hop path is complete on arrival: write it without evicting another flow's path.
-                single = PostcardEntry(report.key, 1, [0] * structure.hops, hop_mask=1)
-                single.values[report.hop - 1] = encoded
-                return Output(frames=self.write_path(structure, single, report))
+                values = [0] * structure.hops
+                values[report.hop - 1] = encoded
+                return Output(frames=self.write_path(structure, report.key, values, report))
             t.counters[TranslatorCounter.POSTCARD_EVICTIONS] += 1
-            out.frames += self.write_path(structure, entry, None)
-            entry = None
-        if entry is None:
-            entry = cache[index] = PostcardEntry(report.key, path_length, [0] * structure.hops, first_ns=now_ns,
-                                                 token=t.flush_later(self, now_ns, index, structure))
-        entry.values[report.hop - 1] = encoded
-        entry.hop_mask |= 1 << (report.hop - 1)
-        if entry.hop_mask.bit_count() >= entry.path_length:
-            del cache[index]
-            out.frames += self.write_path(structure, entry, report)
+            out.frames += self.write_path(structure, cache.key(index), cache.values[index].tolist(), None)
+            cache.live[index] = False
+        if not cache.live[index]:
+            cache.begin(index, key_words(np.frombuffer(report.key, dtype=np.uint8)[None])[0], path_length, now_ns,
+                        t.flush_later(self, now_ns, index, structure))
+        cache.values[index, report.hop - 1] = encoded
+        cache.masks[index] |= 1 << (report.hop - 1)
+        if int(cache.masks[index]).bit_count() >= cache.path_lengths[index]:
+            cache.live[index] = False
+            out.frames += self.write_path(structure, report.key, cache.values[index].tolist(), report)
         elif not out.frames:
             t.counters[TranslatorCounter.POSTCARD_CACHED] += 1
         return out
 
-    def write_path(self, structure: Structure, entry: PostcardEntry, report: Report | None) -> list[bytes]:
-        offset = (postcard_slot_hash(entry.key) & (structure.slot_count - 1)) * structure.slot_size
-        payload = b"".join(v.to_bytes(4, "big") for v in entry.values)
-        return [self.translator.write(self.translator.sender(structure), offset, payload, report,
-                                      key_checksum(entry.key))]
+    def write_path(self, structure: Structure, key: bytes, values: list[int], report: Report | None) -> list[bytes]:
+        offset = (postcard_slot_hash(key) & (structure.slot_count - 1)) * structure.slot_size
+        payload = b"".join(value.to_bytes(4, "big") for value in values)
+        return [self.translator.write(self.translator.sender(structure), offset, payload, report, key_checksum(key))]
 
     def pending(self, token: int, index: int, target: Target) -> PostcardEntry | None:
         assert isinstance(target, Structure)
-        entry: PostcardEntry | None = self.state.get(target.qp.index, {}).get(index)
+        cache: PostcardCache | None = self.state.get(target.qp.index)
+        entry = None if cache is None or not cache.fits(target) else cache.get(index)
         return entry if entry and entry.token == token else None
 
     def flush(self, target: Target, index: int, pending: PostcardEntry) -> list[bytes]:
         """A cached path, written with the hops it has, and its cache entry freed."""
         assert isinstance(target, Structure)
-        del self.state[target.qp.index][index]
+        self.state[target.qp.index].live[index] = False
         self.translator.counters[TranslatorCounter.POSTCARD_FLUSHES] += 1
-        return self.write_path(target, pending, None)
+        return self.write_path(target, pending.key, pending.values, None)

@@ -1,30 +1,38 @@
-"""Postcarding's vector path: reports taken in rounds, one report per cache slot each, so that a round's rows
-are on different slots and are vectorized."""
+"""Postcarding's vector path: reports taken in rounds, one report per cache entry each, so that a round's rows
+are on different entries and are vectorized over the cache's arrays (`PostcardCache`)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from softdta.core.primitives.postcarding.state import PostcardEntry
+from softdta.core.primitives.postcarding.state import Words, key_words
 from softdta.core.tables import Structure
-from softdta.core.vector import Columns, Emitted, Layout, Target, VectorPath, ranks, report_flags
-from softdta.spec import DTA_BASE_EXT, MAX_POSTCARD_HOPS, TranslatorCounter
+from softdta.core.vector import Columns, Emitted, Layout, Target, VectorPath, report_flags
+from softdta.spec import DTA_BASE_EXT, MAX_POSTCARD_HOPS, POSTCARD_HOP_POLYNOMIALS, TranslatorCounter
 from softdta.wire.columns import Rows, byte_offset, gather
-from softdta.wire.hashing import postcard_hashes_rows
+from softdta.wire.hashing import crc32_poly, linear_crc_position_tables
+
+if TYPE_CHECKING:
+    from softdta.core.primitives.postcarding import Postcarding
 
 _POPCOUNT = np.array([bin(mask).count("1") for mask in range(1 << MAX_POSTCARD_HOPS)], dtype=np.int64)
 
 
 @dataclass
 class PostcardPiece(Columns):
-    """Vector Postcarding rows of one layout bound for one structure: positions (ascending), keys, hops, path
-    lengths (the table's where a report gives none), encoded values and the key's hashes."""
+    """Vector Postcarding rows of one layout bound for one structure: positions (ascending), keys (as words,
+    `key_words`), hops, path lengths (the table's where a report gives none), encoded values and the key's
+    hashes."""
 
     COLUMNS = ("positions", "keys", "hops", "path_lengths", "encoded", "slot_hashes", "checksums", "immediate")
-    keys: Rows
+    keys: Words
     hops: npt.NDArray[np.int64]
     path_lengths: npt.NDArray[np.int64]
     encoded: npt.NDArray[np.uint32]
@@ -56,81 +64,85 @@ class PostcardingPath(VectorPath[PostcardPiece]):
             key_at, data_at = sub_at + byte_offset(sub, "key"), sub_at + byte_offset(sub, "data")
         hops = gather(rows, sub_at, sub, "hop").astype(np.int64)
         take &= (hops >= 1) & (hops <= path_lengths) & (path_lengths <= structure.hops)  # else a bad-hop drop
-        rows, hops = rows[take], hops[take]
-        keys = np.ascontiguousarray(rows[:, key_at:key_at + key_len])
+        if not take.all():
+            rows, positions, hops, path_lengths, immediate = (
+                rows[take], positions[take], hops[take], path_lengths[take], immediate[take])
+        keys = rows[:, key_at:key_at + key_len]
         data = np.ascontiguousarray(rows[:, data_at:data_at + 4]).view(">u4").reshape(-1).astype(np.uint32)
-        slot_hashes, checksums, hop_hashes = postcard_hashes_rows(keys, hops)
-        return PostcardPiece(structure, positions[take], keys, hops, path_lengths[take], data ^ hop_hashes,
-                             slot_hashes, checksums, immediate[take])
-
-    @property
-    def _cache(self) -> dict[int, dict[int, PostcardEntry]]:
-        cache: dict[int, dict[int, PostcardEntry]] = self.primitive.state
-        return cache
+        slot_hashes, checksums, hop_hashes = _postcard_hashes(keys, hops)
+        return PostcardPiece(structure, positions, key_words(keys), hops, path_lengths, data ^ hop_hashes,
+                             slot_hashes, checksums, immediate)
 
     def emit(self, parts: list[PostcardPiece], now_ns: int) -> Emitted:
         """The frames of one structure's rows in a segment.
 
-        Rows are taken in rounds: round r holds each slot's r-th report, so a round's rows are all on different
-        slots and are vectorized. Paths of many flows take a few rounds; reports that all crowd one slot take a
-        round each, which costs about what the oracle costs per report (docs/primitives.md). A report writes
-        at most one frame: the path it completes, the path it evicts (a new one then begins, and is not complete,
-        having one hop of at least two), or its own one-hop path beside another flow's. The reports that begin a
-        path add flush queue entries."""
+        Rows are taken in rounds: round r holds each cache entry's r-th report, so a round's rows are all on
+        different entries and are vectorized over the cache's arrays. Paths of many flows take a few rounds;
+        reports that all crowd one entry take a round each, which costs about what the oracle costs per report
+        (docs/primitives.md). A report writes at most one frame: the path it completes, the path it evicts (a new
+        one then begins, and is not complete, having one hop of at least two), or its own one-hop path beside
+        another flow's. The reports that begin a path add flush queue entries."""
         structure = parts[0].structure
         rows = PostcardPiece.joined(parts) if len(parts) > 1 else parts[0]
+        cache = cast("Postcarding", self.primitive).cache(structure)
         index = (rows.slot_hashes & np.uint32(structure.cache_entries - 1)).astype(np.int64)
-        slots, slot_of, counts = np.unique(index, return_inverse=True, return_counts=True)
-        rank = np.empty(len(index), dtype=np.int64)
-        rank[np.argsort(slot_of, kind="stable")] = ranks(counts)
-        paths = _Paths.load(self._cache.setdefault(structure.qp.index, {}), slots, structure)
-
+        by_round, round_ends = _rounds(index)
         written: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32], npt.NDArray[np.uint32],
                             npt.NDArray[np.uint32], npt.NDArray[np.bool_]]] = []
-        # ^ per round, the frames: batch position, the path's values, its key's slot hash and checksum, immediate
-        flushes: list[tuple[int, int, Target | None]] = []
+        # ^ per round, the frames: the row that writes, the path's values, its key's slot hash and checksum, immediate
+        begun: list[npt.NDArray[np.int64]] = []  # per round, the rows that begin a path
         evictions = cached = 0
-        for round_ in range(int(counts.max())):
-            at = np.flatnonzero(rank == round_)
-            slot = slot_of[at]
-            keys, hops, path_lengths = rows.keys[at], rows.hops[at], rows.path_lengths[at]
-            other = paths.live[slot] & (paths.keys[slot] != keys).any(axis=1)
-            alone = other & (path_lengths == 1)  # its own one-hop path, written beside the waiting one
-            if alone.any():
-                values = np.zeros((int(alone.sum()), structure.hops), dtype=np.uint32)
-                values[np.arange(len(values)), hops[alone] - 1] = rows.encoded[at][alone]
-                written.append((rows.positions[at][alone], values, rows.slot_hashes[at][alone],
-                                rows.checksums[at][alone], rows.immediate[at][alone]))
-            evict = other & ~alone
-            if evict.any():
-                gone = slot[evict]
-                written.append((rows.positions[at][evict], paths.values[gone].copy(), paths.slot_hashes[gone],
-                                paths.checksums[gone], np.zeros(len(gone), dtype=bool)))
-                evictions += len(gone)
-            begin = (~paths.live[slot] | evict) & ~alone
-            if begin.any():
-                paths.begin(slot[begin], keys[begin], path_lengths[begin], rows.slot_hashes[at][begin],
-                            rows.checksums[at][begin], now_ns)
-                flushes += ((position, int(slots[s]), structure) for position, s in
-                            zip(rows.positions[at][begin].tolist(), slot[begin].tolist()))
-            add = ~alone
-            slot, hops = slot[add], hops[add]
-            paths.values[slot, hops - 1] = rows.encoded[at][add]
-            paths.masks[slot] |= np.int64(1) << (hops - 1)
-            done = _POPCOUNT[paths.masks[slot]] >= paths.path_lengths[slot]
-            if done.any():
-                whole = slot[done]
-                written.append((rows.positions[at][add][done], paths.values[whole].copy(), paths.slot_hashes[whole],
-                                paths.checksums[whole], rows.immediate[at][add][done]))
-                paths.live[whole] = False
-            cached += int((~done & ~evict[add]).sum())
-        paths.store(self._cache[structure.qp.index], slots)
+        low = 0
+        for high in round_ends.tolist():
+            at = by_round[low:high]
+            low = high
+            entry = index[at]
+            other = cache.live[entry] & _other_keys(cache.keys, entry, rows.keys, at)
+            evicting = 0
+            if other.any():
+                alone = other & (rows.path_lengths[at] == 1)  # its own one-hop path, written beside the waiting one
+                if alone.any():
+                    mine = at[alone]
+                    values = np.zeros((len(mine), structure.hops), dtype=np.uint32)
+                    values[np.arange(len(mine)), rows.hops[mine] - 1] = rows.encoded[mine]
+                    written.append((mine, values, rows.slot_hashes[mine], rows.checksums[mine], rows.immediate[mine]))
+                    at, entry, other = at[~alone], entry[~alone], other[~alone]
+                gone = entry[other]
+                if len(gone):
+                    slot_hashes, checksums, _ = _postcard_hashes(cache.key_bytes(gone), np.ones(len(gone), np.int64))
+                    written.append((at[other], cache.values[gone], slot_hashes, checksums,
+                                    np.zeros(len(gone), dtype=bool)))
+                    cache.live[gone] = False
+                    evicting = len(gone)
+            begins = ~cache.live[entry]
+            if begins.any():
+                new = at[begins]
+                cache.begin(entry[begins], rows.keys[new], rows.path_lengths[new], now_ns)
+                begun.append(new)
+            hops = rows.hops[at]
+            cache.values[entry, hops - 1] = rows.encoded[at]
+            masks = cache.masks[entry] | np.int64(1) << (hops - 1)
+            cache.masks[entry] = masks
+            done = _POPCOUNT[masks] >= cache.path_lengths[entry]
+            completed = int(done.sum())
+            if completed:
+                whole, writers = entry[done], at[done]  # a completed path has the writer's key
+                written.append((writers, cache.values[whole], rows.slot_hashes[writers], rows.checksums[writers],
+                                rows.immediate[writers]))
+                cache.live[whole] = False
+            evictions += evicting
+            cached += len(at) - completed - evicting  # an evicting report begins a path that is not complete
 
-        emitted = Emitted(np.empty(0, dtype=np.int64), flushes=flushes)
+        emitted = Emitted(np.empty(0, dtype=np.int64))
+        if begun:
+            first = np.sort(np.concatenate(begun))  # rows are in batch order
+            emitted.flushes = list(zip(rows.positions[first].tolist(), index[first].tolist(),
+                                       itertools.repeat(structure)))
         if written:
-            positions, values, slot_hashes, checksums, immediate = (np.concatenate(column) for column in zip(*written))
-            order = np.argsort(positions)
-            emitted.sent = positions[order]
+            writers, values, slot_hashes, checksums, immediate = (
+                np.concatenate(column) for column in zip(*written))
+            order = np.argsort(writers)
+            emitted.sent = rows.positions[writers[order]]
             qp = self.primitive.translator.sender(structure)
             slot_in_region = (slot_hashes[order] & np.uint32(structure.slot_count - 1)).astype(np.uint64)
             emitted.runs.append(self.frames.writes(
@@ -142,73 +154,69 @@ class PostcardingPath(VectorPath[PostcardPiece]):
         self.count(len(rows.positions), len(emitted.sent))
         return emitted
 
-    def queued(self, index: int, target: Target | None, token: int, now_ns: int) -> None:
-        """The path begun in the segment in cache entry `index` (the one that waits now) is named by it."""
+    def queued_all(self, target: Target | None, indices: list[int], tokens: list[int], now_ns: int) -> None:
+        """The paths begun in the segment are named by the last entry queued for their cache entry (the path that
+        waits there now, if any: a path begins only where none waits)."""
         assert isinstance(target, Structure)
-        entry = self._cache[target.qp.index].get(index)
-        if entry is not None:  # begun in this segment, since a path begins only where none waits
-            entry.token = token
+        cache = cast("Postcarding", self.primitive).cache(target)
+        index, token = np.array(indices, dtype=np.int64), np.array(tokens, dtype=np.int64)
+        last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
+        index, token = index[last], token[last]
+        live = cache.live[index]
+        cache.tokens[index[live]] = token[live]
 
 
-@dataclass
-class _Paths:
-    """The Postcarding cache slots a segment touches, as arrays (one row per slot), loaded from and stored back
-    to the oracle's cache."""
+def _other_keys(keys: Words, entry: npt.NDArray[np.int64], given: Words,
+                at: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Whether the key in each cache entry `entry` differs from the row `at`'s, a word at a time."""
+    other: npt.NDArray[np.bool_] = keys[entry, 0] != given[at, 0]
+    for word in range(1, keys.shape[1]):
+        other |= keys[entry, word] != given[at, word]
+    return other
 
-    live: npt.NDArray[np.bool_]
-    keys: Rows
-    path_lengths: npt.NDArray[np.int64]
-    values: npt.NDArray[np.uint32]  # (slots, the structure's hops)
-    masks: npt.NDArray[np.int64]
-    first_ns: npt.NDArray[np.int64]
-    tokens: npt.NDArray[np.int64]
-    slot_hashes: npt.NDArray[np.uint32]
-    checksums: npt.NDArray[np.uint32]
 
-    @classmethod
-    def load(cls, cache: dict[int, PostcardEntry], slots: npt.NDArray[np.int64], structure: Structure) -> _Paths:
-        count = len(slots)
-        paths = cls(np.zeros(count, dtype=bool), np.zeros((count, structure.key_len), dtype=np.uint8),
-                    np.zeros(count, dtype=np.int64), np.zeros((count, structure.hops), dtype=np.uint32),
-                    np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64),
-                    np.zeros(count, dtype=np.uint32), np.zeros(count, dtype=np.uint32))
-        waiting = [(row, entry) for row, entry in enumerate(map(cache.get, slots.tolist())) if entry is not None]
-        if waiting:
-            at = np.array([row for row, _ in waiting])
-            entries = [entry for _, entry in waiting]
-            paths.live[at] = True
-            paths.keys[at] = np.frombuffer(b"".join(entry.key for entry in entries),
-                                           dtype=np.uint8).reshape(len(at), -1)
-            paths.path_lengths[at] = [entry.path_length for entry in entries]
-            paths.values[at] = [entry.values for entry in entries]
-            paths.masks[at] = [entry.hop_mask for entry in entries]
-            paths.first_ns[at] = [entry.first_ns for entry in entries]
-            paths.tokens[at] = [entry.token for entry in entries]
-            hashes = postcard_hashes_rows(paths.keys[at], np.ones(len(at), dtype=np.int64))
-            paths.slot_hashes[at], paths.checksums[at] = hashes[0], hashes[1]
-        return paths
+def _rounds(index: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The rows in rounds, round r holding each cache entry's r-th row, and where each round ends."""
+    count = len(index)
+    bits = count.bit_length()  # a row's number in the low bits makes sort keys unique: a plain sort is stable
+    low = (1 << bits) - 1
+    rows = np.arange(count)
+    by_entry = np.sort(index << bits | rows)
+    entries = by_entry >> bits
+    first = np.empty(count, dtype=bool)
+    first[0], first[1:] = True, entries[1:] != entries[:-1]
+    rank = rows - np.maximum.accumulate(np.where(first, rows, 0))  # each row's rank among its entry's rows
+    return np.sort(rank << bits | by_entry & low) & low, np.cumsum(np.bincount(rank))
 
-    def begin(self, slots: npt.NDArray[np.int64], keys: Rows, path_lengths: npt.NDArray[np.int64],
-              slot_hashes: npt.NDArray[np.uint32], checksums: npt.NDArray[np.uint32], now_ns: int) -> None:
-        """New paths in `slots` (the flush queue's token comes later, in batch order)."""
-        self.live[slots] = True
-        self.keys[slots] = keys
-        self.path_lengths[slots] = path_lengths
-        self.values[slots] = 0
-        self.masks[slots] = 0
-        self.first_ns[slots] = now_ns
-        self.tokens[slots] = 0
-        self.slot_hashes[slots] = slot_hashes
-        self.checksums[slots] = checksums
 
-    def store(self, cache: dict[int, PostcardEntry], slots: npt.NDArray[np.int64]) -> None:
-        keys = self.keys.tobytes()
-        width = self.keys.shape[1]
-        for row, (slot, live, path_length, values, mask, first_ns, token) in enumerate(zip(
-                slots.tolist(), self.live.tolist(), self.path_lengths.tolist(), self.values.tolist(),
-                self.masks.tolist(), self.first_ns.tolist(), self.tokens.tolist())):
-            if live:
-                cache[slot] = PostcardEntry(keys[row * width:(row + 1) * width], path_length, values, mask,
-                                            first_ns, token)
-            else:
-                cache.pop(slot, None)
+@functools.cache
+def _hash_shares(key_len: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """What `wire.hashing.postcard_hashes_rows` computes, as each key byte's share of the key's CRCs, which are
+    affine: a key's CRC is the CRC of as many zero bytes XOR the shares of its bytes. Byte j's shares at j * 256 +
+    its value: of the slot hash (low 32 bits) and the checksum, the reversed key's CRC (high 32 bits); of hop h's
+    hash at ((h - 1) * key_len + j) * 256 + its value. Then each one's CRC of zero bytes: the slot hash's, the
+    checksum's, and each hop's from index 2 + h - 1."""
+    hop_polynomials = POSTCARD_HOP_POLYNOMIALS[:MAX_POSTCARD_HOPS]
+    forward = linear_crc_position_tables(key_len).astype(np.uint64)
+    keyed = (forward | forward[::-1] << np.uint64(32)).reshape(-1)
+    hops = np.concatenate([linear_crc_position_tables(key_len, polynomial) for polynomial in hop_polynomials])
+    zero = bytes(key_len)
+    zeros = [zlib.crc32(zero), zlib.crc32(zero), *(crc32_poly(polynomial, zero) for polynomial in hop_polynomials)]
+    return keyed, hops.reshape(-1), np.array(zeros, dtype=np.uint32)
+
+
+def _postcard_hashes(keys: Rows, hops: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint32], ...]:
+    """Per key row, with its 1-based hop: `postcard_slot_hash`, `key_checksum` and `postcard_hop_hash`, a lookup
+    per key byte each."""
+    key_len = keys.shape[1]
+    keyed_shares, hop_shares, zeros = _hash_shares(key_len)
+    columns = np.ascontiguousarray(keys.T, dtype=np.intp)  # (key bytes, rows)
+    keyed = np.zeros(len(hops), dtype=np.uint64)
+    hop_hashes = zeros[hops + 1]
+    hop_at = (hops - 1) * (key_len * 256)
+    for byte, column in enumerate(columns):
+        keyed ^= keyed_shares[column + byte * 256]
+        hop_hashes ^= hop_shares[hop_at + column + byte * 256]
+    slot_hashes = keyed.astype(np.uint32) ^ zeros[0]
+    checksums = (keyed >> np.uint64(32)).astype(np.uint32) ^ zeros[1]
+    return slot_hashes, checksums, hop_hashes
