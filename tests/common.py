@@ -204,6 +204,18 @@ def run_tshark(frames: list[bytes], tmp_path, *options: str) -> list[dict]:
 ETH_P_ALL, SOL_PACKET, PACKET_IGNORE_OUTGOING, SO_RCVBUFFORCE = 0x0003, 263, 23, 33
 
 
+def processes() -> dict[int, str]:
+    """Every process's command name by pid (/proc/PID/comm), without those that end while the list is read."""
+    names = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                names[int(proc.name)] = (proc / "comm").read_text().strip()
+            except OSError:
+                continue  # it ended
+    return names
+
+
 def capture_on(namespace: str, interface: str) -> socket.socket:
     """A raw socket on `interface` in `namespace` that sees every frame arriving there (not those sent), with a
     buffer that holds everything until it is read."""

@@ -120,8 +120,14 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 		count(CNT_DROP_NO_ROOM);
 		return XDP_DROP;
 	}
-	if (s->out_ifindex && s->out_ifindex != ctx->ingress_ifindex)
-		return bpf_redirect(s->out_ifindex, 0);
+	if (s->out_ifindex && s->out_ifindex != ctx->ingress_ifindex) {
+		/* Through `copies` (count 1, no broadcast) where it has the interface: the devmap bulk queue this opens
+		 * runs softdta_copy then, on the clones of a broadcast that follow in the same NAPI poll too. */
+		copies_key.ifindex = s->out_ifindex;
+		copies_key.count = 1;
+		devmap = bpf_map_lookup_elem(&copies, &copies_key);
+		return devmap ? bpf_redirect_map(devmap, 0, 0) : bpf_redirect(s->out_ifindex, 0);
+	}
 	return XDP_TX;
 }
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.common import processes
+
 pytestmark = [pytest.mark.interop, pytest.mark.privileged, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +31,6 @@ def docker_tools():
         pytest.skip(message)
 
 
-def _comm(proc: Path) -> str:
-    try:
-        return (proc / "comm").read_text().strip()
-    except OSError:
-        return ""  # it ended
-
-
 def host_state() -> dict[str, object]:
     """What the compose run must leave as it found it."""
     def lines(*command: str) -> list[str]:
@@ -44,8 +39,7 @@ def host_state() -> dict[str, object]:
     mounts = sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
     sysctls = {name: (Path("/proc/sys") / name).read_text().strip()
                for name in SYSCTLS if (Path("/proc/sys") / name).exists()}
-    daemons = sorted(f"{proc.name} {comm}" for proc in Path("/proc").iterdir()
-                     if proc.name.isdigit() and (comm := _comm(proc)) in DAEMONS)
+    daemons = sorted(f"{pid} {comm}" for pid, comm in processes().items() if comm in DAEMONS)
     return {"links": links, "mounts": mounts, "iptables": lines("iptables", "-S"),
             "iptables_nat": lines("iptables", "-t", "nat", "-S"), "sysctls": sysctls, "daemons": daemons,
             "routes": lines("ip", "route", "show")}

@@ -7,6 +7,7 @@ import os
 import select
 import shutil
 import socket
+import sys
 import time
 import zlib
 from collections import defaultdict
@@ -20,7 +21,7 @@ from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import EngineError, XdpTranslator
-from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.kernel.bpf import BpfObject, attach_xdp, enable_run_stats, ensure_bpffs, run_stats
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.spec import DTA_NACK_PORT, ROCE_PORT, DtaOpcode, QpState, RoceOpcode, TranslatorCounter
@@ -33,6 +34,7 @@ from tests.common import (
     SO_RCVBUFFORCE,
     assert_every_queue_wrote_in_psn_order,
     eventually,
+    processes,
 )
 
 pytestmark = pytest.mark.privileged
@@ -130,29 +132,85 @@ MIXED = ([dta.key_write(k, k * 3, 1 + k % 2) for k in range(1, 40)] + [dta.key_w
          + [dta.sketch_column(r, c, [c, r, 1, 2]) for c in range(16) for r in range(2)])
 
 
-def test_reports_cross_the_translator_as_frames_equal_to_the_reference(lab):
+@pytest.mark.parametrize("mode", ["native", "generic"])
+def test_reports_cross_the_translator_as_frames_equal_to_the_reference(lab, mode):
+    """Natively the copies of a redundant report leave by a devmap broadcast, in generic XDP through tc."""
     reference = Translator(Tables.from_toml(EXAMPLE_TABLES))
     reporter = reporter_address(lab.tables)
-    kernel = lab.start()
+    kernel = lab.start(mode=mode)
+    stats = enable_run_stats()
     try:
         sender, capture = lab.socket(lab.reporter, "r0"), lab.socket(lab.collector, "c0")
-        expected = []
+        expected, keyed = [], 0
         for report in MIXED:
             frame = reporter.frame(report)
             expected += reference.process(frame).frames
+            keyed += report.opcode in (DtaOpcode.KEY_WRITE, DtaOpcode.KEY_INCREMENT)
             sender.send(frame)
         got = receive(capture, len(expected), keep=is_roce)
+        # natively every frame to the collector's interface passes softdta_copy and none the tc stage; in generic
+        # XDP each keyed report goes up to the tc stage
+        copy_runs, tc_runs = run_stats(kernel.copy.fd)[1], run_stats(kernel.fanout.fd)[1]
+        assert (copy_runs, tc_runs) == ((len(expected), 0) if mode == "native" else (0, keyed))
         assert len(got) == len(expected)
         for frame in got:
             assert parse_roce(frame).icrc_ok and scapy_icrc_ok(frame)
         # Each QP's frames arrive in PSN order and equal the reference byte for byte. Key-Write and Key-Increment
-        # (fanned out by tc) interleave differently with the rest, which is fine: PSNs are per QP.
+        # (copies) interleave differently with the rest, which is fine: PSNs are per QP.
         assert by_qp(got) == by_qp(expected)
         with in_netns(lab.translator.name):
             counters = kernel.counters()
         assert counters[TranslatorCounter.RX_REPORTS] == len(MIXED)
         assert counters[TranslatorCounter.TX_FRAMES] == len(expected)
         assert not [c for c in counters if c.name.startswith("DROP_")]
+    finally:
+        os.close(stats)
+        kernel.close()
+
+
+# Sends length-prefixed frames from a file out of an interface, as a real-time task on one CPU: a threaded NAPI
+# on that CPU cannot run before the last is sent, and then takes them all in one poll.
+BATCH_SENDER = """
+import os, socket, sys
+os.sched_setaffinity(0, {int(sys.argv[3])})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+data, frames, at = open(sys.argv[1], "rb").read(), [], 0
+while at < len(data):
+    length = int.from_bytes(data[at:at + 2], "big")
+    frames.append(data[at + 2:at + 2 + length])
+    at += 2 + length
+sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+sock.bind((sys.argv[2], 0))
+for frame in frames:
+    sock.send(frame)
+"""
+
+
+def test_the_copies_of_a_report_survive_a_napi_poll_that_a_redirect_opened(lab, tmp_path):
+    """The devmap bulk queue of a NAPI poll runs the egress program of the frame that opened it: a plain redirect
+    first must not leave the broadcast clones after it uncut (every copy would be frame 1)."""
+    reference = Translator(Tables.from_toml(EXAMPLE_TABLES))
+    reporter = reporter_address(lab.tables)
+    kernel = lab.start()
+    try:
+        lab.translator.run("sh", "-c", "echo 1 > /sys/class/net/t0/threaded")
+        napi = [pid for pid, comm in processes().items() if comm.startswith("napi/t0-")]
+        assert len(napi) == 1, napi
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(napi[0], {cpu})
+        # each completed path leaves with a plain redirect, then a Key-Write's two copies with a broadcast
+        reports = [r for k in range(1, 12) for r in [dta.postcard(k, hop, hop * 100) for hop in range(1, 6)]
+                   + [dta.key_write(k, k * 3, 2)]]
+        frames = [reporter.frame(report) for report in reports]
+        expected = [out for frame in frames for out in reference.process(frame).frames]
+        batch = tmp_path / "frames"
+        batch.write_bytes(b"".join(len(frame).to_bytes(2, "big") + frame for frame in frames))
+        capture = lab.socket(lab.collector, "c0")
+        lab.reporter.run(sys.executable, "-c", BATCH_SENDER, str(batch), "r0", str(cpu))
+        got = receive(capture, len(expected), keep=is_roce)
+        assert by_qp(got) == by_qp(expected)
+        with in_netns(lab.translator.name):
+            assert not [c for c in kernel.counters() if c.name.startswith("DROP_")]
     finally:
         kernel.close()
 
