@@ -302,6 +302,27 @@ def report_keys(rows: Rows, layout: Layout, primitive: Primitive) -> list[tuple[
     return [(np.arange(len(rows)), rows[:, key_at:key_at + 4])]
 
 
+def stable_order(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The rows ordered by their keys (non-negative integers), rows of equal keys in row order: a plain sort of the
+    keys with the row numbers in their low bits, which is faster than numpy's stable sort of wide integers."""
+    count = len(keys)
+    bits = count.bit_length()
+    return np.sort(keys << bits | np.arange(count)) & ((1 << bits) - 1)
+
+
+def arrival_ranks(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each row's rank among the rows of its group (a non-negative integer), in row order: 0 for a group's first."""
+    count = len(groups)
+    by_group = stable_order(groups)
+    sorted_groups = groups[by_group]
+    first = np.empty(count, dtype=bool)
+    first[:1], first[1:] = True, sorted_groups[1:] != sorted_groups[:-1]
+    rows = np.arange(count)
+    rank = np.empty(count, dtype=np.int64)
+    rank[by_group] = rows - np.maximum.accumulate(np.where(first, rows, 0))
+    return rank
+
+
 def ranks(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """0, 1, .. counts[0] - 1, 0, 1, .. counts[1] - 1, ...: each element's rank in its run."""
     return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)

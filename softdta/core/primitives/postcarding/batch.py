@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from softdta.core.primitives.postcarding.state import Words, key_words
 from softdta.core.tables import Structure
-from softdta.core.vector import Columns, Emitted, Layout, Target, VectorPath, report_flags
+from softdta.core.vector import Columns, Emitted, Layout, Target, VectorPath, arrival_ranks, report_flags, stable_order
 from softdta.spec import DTA_BASE_EXT, MAX_POSTCARD_HOPS, POSTCARD_HOP_POLYNOMIALS, TranslatorCounter
 from softdta.wire.columns import Rows, byte_offset, gather
 from softdta.wire.hashing import crc32_poly, linear_crc_position_tables
@@ -177,16 +177,8 @@ def _other_keys(keys: Words, entry: npt.NDArray[np.int64], given: Words,
 
 def _rounds(index: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The rows in rounds, round r holding each cache entry's r-th row, and where each round ends."""
-    count = len(index)
-    bits = count.bit_length()  # a row's number in the low bits makes sort keys unique: a plain sort is stable
-    low = (1 << bits) - 1
-    rows = np.arange(count)
-    by_entry = np.sort(index << bits | rows)
-    entries = by_entry >> bits
-    first = np.empty(count, dtype=bool)
-    first[0], first[1:] = True, entries[1:] != entries[:-1]
-    rank = rows - np.maximum.accumulate(np.where(first, rows, 0))  # each row's rank among its entry's rows
-    return np.sort(rank << bits | by_entry & low) & low, np.cumsum(np.bincount(rank))
+    rank = arrival_ranks(index)
+    return stable_order(rank), np.cumsum(np.bincount(rank))
 
 
 @functools.cache

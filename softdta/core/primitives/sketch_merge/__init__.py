@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
+
+import numpy as np
 
 from softdta.core import workload as generators
 from softdta.core.control_plane import map_spec
@@ -13,6 +14,7 @@ from softdta.core.primitives.sketch_merge.batch import SketchMergePath
 from softdta.core.primitives.sketch_merge.demo import SketchMergeDemo
 from softdta.core.primitives.sketch_merge.queries import MergedSketch, sketch_snapshot
 from softdta.core.primitives.sketch_merge.region import SketchRegion
+from softdta.core.primitives.sketch_merge.state import SketchRuntime as SketchRuntime  # its state, re-exported
 from softdta.core.regions import Buffer, Region
 from softdta.core.settings import TableError
 from softdta.core.tables import Shape, Structure
@@ -31,13 +33,6 @@ from softdta.spec import (
 from softdta.wire.dta import Nack, Report
 from softdta.wire.frames import UdpFrame
 from softdta.wire.icrc_split import tna_needs_two_passes
-
-
-@dataclass
-class SketchRuntime:
-    aggregate: list[list[int]]
-    contributors: list[set[int]]
-    next_column: dict[int, int] = field(default_factory=dict)
 
 
 class SketchMerge(Primitive):
@@ -132,10 +127,12 @@ class SketchMerge(Primitive):
         return {}
 
     def runtime(self, structure: Structure) -> SketchRuntime:
-        """The structure's aggregate columns, their contributors and each reporter's next column (made on first use)."""
-        runtime: SketchRuntime = self.state.setdefault(structure.qp.index, SketchRuntime(
-            [[0] * structure.rows for _ in range(structure.columns)], [set() for _ in range(structure.columns)]))
-        return runtime
+        """The structure's aggregate columns, their contributors and each reporter's next column (made on first use;
+        made afresh if new tables reshaped the structure)."""
+        runtime = self.state.get(structure.qp.index)
+        if runtime is None or not runtime.fits(structure):
+            runtime = self.state[structure.qp.index] = SketchRuntime(structure)
+        return cast(SketchRuntime, runtime)
 
     def target(self, udp: UdpFrame, report: Report, now_ns: int) -> Structure | Output:
         t = self.translator
@@ -148,9 +145,9 @@ class SketchMerge(Primitive):
         if len(report.counters) != structure.rows or report.column >= structure.columns:
             return t.drop(TranslatorCounter.DROP_BAD_LENGTH)
         runtime = self.runtime(structure)
-        expected = runtime.next_column.get(report.reporter, 0)
+        expected = int(runtime.next_column[report.reporter])
         # A reporter that wrapped into its next epoch waits (NACKed) until the column's last epoch is written.
-        if report.column != expected or report.reporter in runtime.contributors[expected]:
+        if report.column != expected or runtime.contributors[expected, report.reporter]:
             late = report.column > expected
             out = t.drop(TranslatorCounter.DROP_SKETCH_GAP if late else TranslatorCounter.DROP_SKETCH_STALE)
             nack = Nack(NackKind.SKETCH_COLUMN, expected, report.reporter, extended=True)
@@ -161,21 +158,19 @@ class SketchMerge(Primitive):
     def apply(self, udp: UdpFrame, report: Report, target: Structure, now_ns: int) -> Output:
         t, structure = self.translator, target
         runtime = self.runtime(structure)
-        expected = report.column
-        runtime.next_column[report.reporter] = (expected + 1) % structure.columns
-        column = runtime.aggregate[report.column]
-        for row, value in enumerate(report.counters):
-            column[row] = max(column[row], value) if structure.merge is MergeFunction.MAX \
-                else (column[row] + value) & 0xFFFFFFFF
-        runtime.contributors[report.column].add(report.reporter)
+        runtime.next_column[report.reporter] = (report.column + 1) % structure.columns
+        column, counters = runtime.aggregate[report.column], np.array(report.counters, dtype=np.uint32)
+        if structure.merge is MergeFunction.MAX:
+            np.maximum(column, counters, out=column)
+        else:
+            column += counters  # modulo 2^32
+        runtime.contributors[report.column, report.reporter] = True
         t.counters[TranslatorCounter.SKETCH_MERGED] += 1
         first = report.column - report.column % structure.batch
-        group = range(first, first + structure.batch)
-        if any(len(runtime.contributors[c]) < structure.reporters for c in group):
+        group = slice(first, first + structure.batch)
+        if not runtime.contributors[group].all():
             return Output()
-        payload = b"".join(v.to_bytes(4, "little") for c in group for v in runtime.aggregate[c])
-        for c in group:
-            runtime.aggregate[c] = [0] * structure.rows
-            runtime.contributors[c] = set()
+        payload = runtime.aggregate[group].astype("<u4").tobytes()
+        runtime.aggregate[group] = 0
+        runtime.contributors[group] = False
         return Output(frames=[t.write(t.sender(structure), first * structure.slot_size, payload, report, first)])
-

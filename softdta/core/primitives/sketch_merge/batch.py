@@ -1,4 +1,5 @@
-"""Sketch-Merge's vector path: reports that arrive in sequence merged at once, a lap of the columns at a time."""
+"""Sketch-Merge's vector path: reports that arrive in sequence merged at once, over the structure's arrays
+(`SketchRuntime`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import numpy as np
 import numpy.typing as npt
 
 from softdta.core.tables import Structure
-from softdta.core.vector import Columns, Emitted, Layout, VectorPath, ranks, report_flags
+from softdta.core.vector import Columns, Emitted, Layout, VectorPath, arrival_ranks, report_flags
 from softdta.spec import DTA_BASE_EXT, MergeFunction, TranslatorCounter
 from softdta.wire.columns import Rows, gather
 
 if TYPE_CHECKING:
-    from softdta.core.primitives.sketch_merge import SketchMerge, SketchRuntime
+    from softdta.core.primitives.sketch_merge import SketchMerge
+    from softdta.core.primitives.sketch_merge.state import SketchRuntime
 
 
 @dataclass
@@ -50,90 +52,113 @@ class SketchMergePath(VectorPath[SketchPiece]):
                            immediate[take])
 
     def emit(self, parts: list[SketchPiece], now_ns: int) -> Emitted:
-        """The frames of one structure's rows in a segment, a lap of the columns at a time (a lap ends where a
-        reporter starts its columns again). From a lap that is not in sequence on, the rows go through the oracle."""
+        """The frames of one structure's rows in a segment, merged at once. From the first report the oracle would
+        refuse on (not its reporter's next column, or a column its reporter gave again before the column's group was
+        written), the rows go through the oracle.
+
+        A report's level is how many writes of its group must come before it: the laps its reporter went round the
+        columns before it in the segment, and one more if the reporter gave that column already. A group's write at
+        level l holds the reports of that level (level 0: with what the group held), and is sent by the last of
+        them once all its columns have every reporter's report of that level; SUM and MAX commute, so the order
+        between reporters does not matter."""
         structure = parts[0].structure
         rows = SketchPiece.joined(parts) if len(parts) > 1 else parts[0]
         runtime = cast("SketchMerge", self.primitive).runtime(structure)
-        by_reporter, reporters, counts, first = _reporter_runs(rows, runtime)
-        restarts = ((np.repeat(first, counts) + ranks(counts)) % structure.columns == 0) & (ranks(counts) > 0)
-        laps = np.searchsorted(rows.positions, np.unique(rows.positions[by_reporter][restarts]))
+        sequence = runtime.next_column[rows.reporters] + arrival_ranks(rows.reporters)
+        laps, expected = np.divmod(sequence, structure.columns)
+        levels = laps + runtime.contributors[rows.columns, rows.reporters]
+        groups = _Groups.of(rows, levels, runtime)
         emitted = Emitted(np.empty(0, dtype=np.int64))
-        sent: list[npt.NDArray[np.int64]] = []
-        for low, high in zip([0, *laps.tolist()], [*laps.tolist(), len(rows.positions)]):
-            lap = rows.select(slice(low, high))
-            lap_sent = self._merge_lap(lap, runtime, emitted)
-            if lap_sent is None:
-                emitted.resume = int(lap.positions[0])
-                break
-            sent.append(lap_sent)
-        emitted.sent = np.concatenate([emitted.sent, *sent])
-        return emitted
-
-    def _merge_lap(self, rows: SketchPiece, runtime: SketchRuntime, emitted: Emitted) -> npt.NDArray[np.int64] | None:
-        """Merges and writes one lap of rows, or returns None (and does nothing) unless every report is its
-        reporter's next column and none repeats a column its reporter already gave.
-
-        Then every report is accepted, whatever the order between reporters: SUM and MAX commute, and a group of
-        columns written (all reporters in all its columns) gets no more reports in the lap, since each of them
-        would repeat a column. The report that completes a group is its last one in the lap. Returns the batch
-        position of each frame sent (ascending)."""
-        structure = rows.structure
-        by_reporter, reporters, counts, first = _reporter_runs(rows, runtime)
-        if (counts > structure.columns).any() or (
-                rows.columns[by_reporter] != (np.repeat(first, counts) + ranks(counts)) % structure.columns).any():
-            return None
-        # the columns of every group the lap touches, as arrays
-        batch = structure.batch
-        groups = np.unique(rows.columns // batch)
-        columns = (groups[:, None] * batch + np.arange(batch)).reshape(-1)
-        given = np.zeros((len(columns), structure.reporters), dtype=bool)
-        for row, column in enumerate(columns.tolist()):
-            given[row, list(runtime.contributors[column])] = True
-        at = np.searchsorted(columns, rows.columns)  # each report's row among `columns`
-        if given[at, rows.reporters].any():
-            return None
-        given[at, rows.reporters] = True
-        aggregate = np.array([runtime.aggregate[column] for column in columns.tolist()], dtype=np.int64)
-        if structure.merge is MergeFunction.MAX:
-            np.maximum.at(aggregate, at, rows.counters.astype(np.int64))
-        else:
-            np.add.at(aggregate, at, rows.counters.astype(np.int64))
-            aggregate &= 0xFFFFFFFF
-        complete = given.reshape(len(groups), -1).all(axis=1)
-        group_of = at // batch  # each report's group among `groups`
-        last = np.full(len(groups), -1, dtype=np.int64)
-        np.maximum.at(last, group_of, np.arange(len(rows.positions)))
-        sent: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
-        if complete.any():
-            done = np.flatnonzero(complete)  # ascending groups; the frames go in the order of their last reports
-            order = np.argsort(rows.positions[last[done]])
-            done, writer = done[order], last[done][order]
-            sent = rows.positions[writer]
+        refused = (rows.columns != expected) | groups.too_early(levels)
+        if refused.any():
+            kept = int(refused.argmax())
+            emitted.resume = int(rows.positions[kept])
+            if not kept:
+                return emitted
+            rows, levels = rows.select(slice(0, kept)), levels[:kept]
+            groups = _Groups.of(rows, levels, runtime)
+        merged = groups.merged(rows, levels, runtime)
+        written = np.flatnonzero(groups.complete)
+        if len(written):
+            written = written[np.argsort(groups.writer[written])]  # in the order their last reports came
+            writers = groups.writer[written]
+            emitted.sent = rows.positions[writers]
+            first_column = groups.touched[written // groups.depth] * structure.batch
+            payloads = merged.reshape(len(groups.touched), groups.depth + 1, -1)[
+                written // groups.depth, written % groups.depth]
             qp = self.primitive.translator.sender(structure)
-            first_column = groups[done] * batch
-            payloads = aggregate.reshape(len(groups), -1)[done].astype("<u4").view(np.uint8).reshape(len(done), -1)
             emitted.runs.append(self.frames.writes(
                 qp, np.uint64(qp.base_va) + first_column.astype(np.uint64) * np.uint64(structure.slot_size),
-                rows.immediate[writer], first_column.astype(np.uint32), payloads))
-            wiped = (done[:, None] * batch + np.arange(batch)).reshape(-1)
-            aggregate[wiped] = 0
-            given[wiped] = False
-        for row, column in enumerate(columns.tolist()):
-            runtime.aggregate[column] = aggregate[row].tolist()
-            runtime.contributors[column] = set(np.flatnonzero(given[row]).tolist())
-        ends = np.cumsum(counts) - 1  # each reporter's last report, in reporter order
-        for reporter, column in zip(reporters.tolist(), rows.columns[by_reporter][ends].tolist()):
-            runtime.next_column[reporter] = (column + 1) % structure.columns
+                rows.immediate[writers], first_column.astype(np.uint32),
+                payloads.astype("<u4").view(np.uint8).reshape(len(written), -1)))
+        groups.store(merged, rows, levels, runtime)
         self.primitive.translator.counters[TranslatorCounter.SKETCH_MERGED] += len(rows.positions)
-        self.count(len(rows.positions), len(sent))
-        return sent
+        self.count(len(rows.positions), len(emitted.sent))
+        return emitted
 
 
-def _reporter_runs(rows: SketchPiece, runtime: SketchRuntime) -> tuple[npt.NDArray[np.int64], ...]:
-    """The rows reporter by reporter (each in batch order), the reporters, their counts of rows, and the column
-    each reporter is to send next."""
-    reporters, counts = np.unique(rows.reporters, return_counts=True)
-    first = np.fromiter((runtime.next_column.get(reporter, 0) for reporter in reporters.tolist()), dtype=np.int64,
-                        count=len(reporters))
-    return np.lexsort((rows.positions, rows.reporters)), reporters, counts, first
+@dataclass
+class _Groups:
+    """The groups of columns a segment's reports touch (`touched`, ascending), level by level: a cell per group
+    and level (place of the group * depth + level), whether the cell is complete (every column of the group has
+    every reporter's report of that level, with what the group held at level 0), and the last report in it."""
+
+    structure: Structure
+    touched: npt.NDArray[np.int64]
+    depth: int
+    cells: npt.NDArray[np.int64]  # each report's
+    complete: npt.NDArray[np.bool_]
+    writer: npt.NDArray[np.int64]  # -1: no report
+
+    @classmethod
+    def of(cls, rows: SketchPiece, levels: npt.NDArray[np.int64], runtime: SketchRuntime) -> _Groups:
+        structure = rows.structure
+        groups = rows.columns // structure.batch
+        touched = np.flatnonzero(np.bincount(groups))
+        depth = int(levels.max()) + 1
+        cells = np.searchsorted(touched, groups) * depth + levels
+        given = np.bincount(cells, minlength=len(touched) * depth)
+        given[::depth] += runtime.contributors[_columns(touched, structure.batch)].reshape(len(touched), -1).sum(axis=1)
+        writer = np.full(len(given), -1, dtype=np.int64)
+        np.maximum.at(writer, cells, np.arange(len(cells)))
+        return cls(structure, touched, depth, cells, given == structure.batch * structure.reporters, writer)
+
+    def too_early(self, levels: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which reports come before the write of the level below theirs (their reporter gave the column already)."""
+        below = np.where(levels > 0, self.cells - 1, self.cells)
+        written = self.complete[below] & (self.writer[below] < np.arange(len(levels)))
+        too_early: npt.NDArray[np.bool_] = (levels > 0) & ~written
+        return too_early
+
+    def merged(self, rows: SketchPiece, levels: npt.NDArray[np.int64],
+               runtime: SketchRuntime) -> npt.NDArray[np.uint32]:
+        """Each touched group's columns merged level by level, (group, level, column in the group, row), with a
+        level of zeros past the last."""
+        structure = self.structure
+        batch, height = structure.batch, structure.rows
+        merged = np.zeros((len(self.touched), self.depth + 1, batch, height), dtype=np.uint32)
+        merged[:, 0] = runtime.aggregate[_columns(self.touched, batch)].reshape(len(self.touched), batch, height)
+        places = self.cells // self.depth * (self.depth + 1) + levels
+        at = (places * batch + rows.columns % batch)[:, None] * height + np.arange(height)
+        merge = np.maximum if structure.merge is MergeFunction.MAX else np.add  # uint32: SUM wraps modulo 2^32
+        merge.at(merged.reshape(-1), at.reshape(-1), rows.counters.reshape(-1))
+        return merged
+
+    def store(self, merged: npt.NDArray[np.uint32], rows: SketchPiece, levels: npt.NDArray[np.int64],
+              runtime: SketchRuntime) -> None:
+        """The state after the segment: each group's columns as the level after its last write left them, its
+        contributors those of that level, and each reporter's next column."""
+        structure = self.structure
+        writes = self.complete.reshape(len(self.touched), self.depth).sum(axis=1)  # its complete levels come first
+        columns = _columns(self.touched, structure.batch)
+        runtime.aggregate[columns] = merged[np.arange(len(self.touched)), writes].reshape(-1, structure.rows)
+        runtime.contributors[columns.reshape(len(self.touched), -1)[writes > 0]] = False
+        waiting = levels == writes[self.cells // self.depth]
+        runtime.contributors[rows.columns[waiting], rows.reporters[waiting]] = True
+        runtime.next_column[:] = (runtime.next_column + np.bincount(rows.reporters, minlength=structure.reporters)) \
+            % structure.columns
+
+
+def _columns(groups: npt.NDArray[np.int64], batch: int) -> npt.NDArray[np.int64]:
+    """The columns of `groups`, group by group."""
+    return (groups[:, None] * batch + np.arange(batch)).reshape(-1)
