@@ -167,7 +167,7 @@ class XdpTranslator:
         self.fanout = self.object.programs["softdta_fanout"]
         self.copy = self.object.programs["softdta_copy"]
         if pin_dir is not None:
-            for program in (self.xdp, self.fanout):  # so stats can read their run time from outside
+            for program in (self.xdp, self.copy, self.fanout):  # so stats can read their run time from outside
                 pin(program.fd, Path(pin_dir) / f"prog_{program.name}")
         self.ring = RingBuffer(self.maps["deferred"])
         self.slots = self._slots_in_maps()
@@ -554,7 +554,7 @@ def pinned_stats(pin_dir: Path) -> PinnedStats:
                         "unacked_psn": state["unacked_psn"], "state": QpState(state["state"]).name.lower(),
                         "frames_sent": state["frames_sent"]})
     cpu: dict[str, CpuTime] = {}
-    for program in ("softdta_xdp", "softdta_fanout"):
+    for program in ("softdta_xdp", "softdta_copy", "softdta_fanout"):
         if (pin_dir / f"prog_{program}").exists():
             run_time_ns, runs = program_run_stats(pin_dir / f"prog_{program}")
             cpu[program] = {"run_time_ns": run_time_ns, "runs": runs}
