@@ -39,7 +39,7 @@ def register(commands: Commands) -> None:
                            "Python on AF_XDP (slower: see --rate)")
     demo.add_argument("--scale", type=float, help="workload size (1.0: about 100 k reports; default 1.0, rxe 0.2)")
     demo.add_argument("--rate", type=float, help="reports/s over all reporters (default 100000, rxe 2000, "
-                                                 "--engine python 8000)")
+                                                 "--engine python 20000)")
     demo.add_argument("--seconds", type=float, default=60.0,
                       help="stop streaming after this many seconds (default %(default)s)")
     demo.add_argument("--burst-rate", type=float, default=1_000_000.0,

@@ -32,6 +32,8 @@ _DESC = np.dtype([("addr", "<u8"), ("len", "<u4"), ("options", "<u4")])  # struc
 _ADDR = np.dtype("<u8")  # a fill or completion ring entry: a UMEM address
 MSG_DONTWAIT = 0x40
 BUSY_RETRIES = 40
+RX_RING = 16384  # receive descriptors (and UMEM frames to fill them) per socket: 32 MiB of UMEM
+TX_FRAMES = 4096  # transmit descriptors and UMEM frames, for frames sent through the socket (not from XDP)
 
 
 class XskError(SoftdtaError, OSError):
@@ -97,19 +99,25 @@ class _Cursor:
 
 
 class XskSocket:
-    """An AF_XDP socket on one RX queue of an interface, with its own UMEM (16 MiB by default): half of the frames
-    keep the fill ring stocked for receiving, the other half carry transmitted frames. Zero-copy when the driver
-    supports it, else copy mode (veth). An XDP program must redirect into an XSKMAP entry for `fd` (see
-    bpf/xsk_steer.bpf.c).
-    """
+    """An AF_XDP socket on one RX queue of an interface, with its own UMEM: `rx_ring` frames keep the fill ring
+    stocked for receiving (the RX ring is as large), TX_FRAMES more carry frames sent through the socket. Zero-copy
+    when the driver supports it, else copy mode (veth). An XDP program must redirect into an XSKMAP entry for `fd`
+    (see bpf/xsk_steer.bpf.c).
 
-    def __init__(self, interface: str, queue: int = 0, frames: int = 8192, ring_size: int = 4096):
+    The receive side is what the engine has not taken yet: a step of the engine's (up to 4096 frames) takes
+    tens of milliseconds, and while it runs, and while the engine gathers its next step or waits for its CPU,
+    frames queue here. With rings of 4096, the fill ring ran dry at 28 k reports/s of the demo's mix (1,410
+    frames dropped as `rx_fill_ring_empty_descs`, on the translator's link); RX_RING holds four steps."""
+
+    def __init__(self, interface: str, queue: int = 0, rx_ring: int = 0, tx_ring: int = TX_FRAMES):
+        rx_ring = rx_ring or RX_RING
         self.lib = _libxdp()
+        frames = rx_ring + tx_ring
         self.umem_area = mmap.mmap(-1, frames * FRAME_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._area = ctypes.c_char.from_buffer(self.umem_area)
         self.fill, self.comp, self.rx, self.tx = _Ring(), _Ring(), _Ring(), _Ring()
         self.umem, self.xsk = ctypes.c_void_p(), ctypes.c_void_p()
-        config = _UmemConfig(ring_size, ring_size, FRAME_SIZE, 0, 0)
+        config = _UmemConfig(rx_ring, tx_ring, FRAME_SIZE, 0, 0)
         ret = self.lib.xsk_umem__create(ctypes.byref(self.umem), ctypes.addressof(self._area), frames * FRAME_SIZE,
                                         ctypes.byref(self.fill), ctypes.byref(self.comp), ctypes.byref(config))
         if ret:
@@ -117,7 +125,7 @@ class XskSocket:
             raise XskError(-ret, f"AF_XDP UMEM on {interface}: {os.strerror(-ret)}")
         self.mode = ""
         for mode, bind in (("zero-copy", XDP_ZEROCOPY), ("copy", XDP_COPY)):
-            socket_config = _SocketConfig(ring_size, ring_size, XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD, 0, bind)
+            socket_config = _SocketConfig(rx_ring, tx_ring, XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD, 0, bind)
             for _ in range(BUSY_RETRIES):  # a socket closed just before frees its queue asynchronously
                 ret = self.lib.xsk_socket__create(ctypes.byref(self.xsk), interface.encode(), queue, self.umem,
                                                   ctypes.byref(self.rx), ctypes.byref(self.tx),
@@ -136,9 +144,8 @@ class XskSocket:
         self.rx_ring, self.tx_ring = _Cursor(self.rx, _DESC), _Cursor(self.tx, _DESC)
         self.umem_view = memoryview(self.umem_area)
         self.umem_rows = np.frombuffer(self.umem_area, dtype=np.uint8).reshape(frames, FRAME_SIZE)
-        half = frames // 2
-        self.tx_free = [i * FRAME_SIZE for i in range(half, frames)]
-        self._refill([i * FRAME_SIZE for i in range(min(half, self.fill_ring.size))])
+        self.tx_free = [i * FRAME_SIZE for i in range(rx_ring, frames)]
+        self._refill([i * FRAME_SIZE for i in range(min(rx_ring, self.fill_ring.size))])
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
 
@@ -166,6 +173,10 @@ class XskSocket:
     def wait(self, timeout_ms: int) -> bool:
         """Block until frames are waiting or `timeout_ms` passes."""
         return self.rx_ring.available() > 0 or bool(self.poller.poll(timeout_ms))
+
+    def available(self) -> int:
+        """Frames waiting in the RX ring."""
+        return self.rx_ring.available()
 
     def receive(self, limit: int = 256) -> FrameRows:
         """Every frame waiting in the RX ring (at most `limit`), copied out in one gather; their UMEM frames go
@@ -266,7 +277,8 @@ _XDP_STATISTICS = struct.Struct("<6Q")
 # --------------------------------------------------------------------------------------------------------------
 # AF_PACKET TPACKET_V3: the fallback
 
-SOL_PACKET, PACKET_RX_RING, PACKET_VERSION, PACKET_IGNORE_OUTGOING, TPACKET_V3 = 263, 5, 10, 23, 2
+SOL_PACKET, PACKET_RX_RING, PACKET_STATISTICS, PACKET_VERSION, PACKET_IGNORE_OUTGOING, TPACKET_V3 = 263, 5, 6, 10, 23, 2
+_PACKET_STATS = struct.Struct("<III")  # struct tpacket_stats_v3: packets, drops, freeze_q_cnt
 ETH_P_ALL = 0x0003
 TP_STATUS_KERNEL, TP_STATUS_USER = 0, 1
 _BLOCK_SIZE, _BLOCKS = 1 << 16, 64
@@ -299,11 +311,17 @@ class PacketRing:
         self.poller.register(self.sock.fileno(), select.POLLIN)
         self.sender = RingReporter(interface, capacity=1024)
         self.fd = self.sock.fileno()
+        self.dropped = 0  # frames the ring had no room for, so far (PACKET_STATISTICS counts since its last read)
 
     def close(self) -> None:
         self.sender.close()
         self.ring.close()
         self.sock.close()
+
+    def statistics(self) -> dict[str, int]:
+        """Frames dropped because the ring was full, in XskSocket.statistics' terms."""
+        self.dropped += _PACKET_STATS.unpack(self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, _PACKET_STATS.size))[1]
+        return {"rx_dropped": self.dropped, "rx_ring_full": self.dropped}
 
     def _ready(self) -> bool:
         status: int = _BLOCK_HEADER.unpack_from(self.ring, self.block * _BLOCK_SIZE + 8)[0]
@@ -311,6 +329,18 @@ class PacketRing:
 
     def wait(self, timeout_ms: int) -> bool:
         return bool(self._ready() or self.poller.poll(timeout_ms))
+
+    def available(self) -> int:
+        """Frames in the blocks the kernel has retired (it retires a block when full or after 1 ms)."""
+        count, block = 0, self.block
+        for _ in range(_BLOCKS):
+            base = block * _BLOCK_SIZE
+            status, frames = _BLOCK_HEADER.unpack_from(self.ring, base + 8)[:2]
+            if not status & TP_STATUS_USER:
+                break
+            count += frames
+            block = (block + 1) % _BLOCKS
+        return count
 
     def receive(self, limit: int = 256) -> list[bytes]:
         """The frames of every block the kernel has retired (it retires a block when full or after 1 ms)."""

@@ -336,3 +336,41 @@ def test_only_acks_from_collectors_reach_the_engine(wire, tables):
         assert engine.runs == 1
         refused = (TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW, TranslatorCounter.DROP_REPLY_ON_UC)
         assert sum(counters[counter] for counter in refused) == 1
+
+
+def test_what_the_engines_socket_could_not_take_is_counted_by_reason(wire, tables, request, monkeypatch):
+    """More reports than the AF_XDP rings hold while the engine takes none: the socket's drops, by reason, are the
+    ones the interface counts (rx_dropped) and the reports that never reached the translator; the rest are
+    translated in whole steps, each after a wake-up and a gather."""
+    import softdta.kernel.xsk as xsk
+    from softdta.kernel.netns import link_drops
+    far, translator_ns, capture = wire
+    monkeypatch.setattr(xsk, "RX_RING", 256)
+    frames = [frame for frame in mixed_reports(tables) if frame[42] == DtaOpcode.KEY_WRITE][:60] * 10
+    pin = ensure_bpffs() / f"softdta-python-drops-{os.getpid()}"
+    request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
+    with PythonEngine(tables, pin_dir=pin, flush_idle_ns=NO_FLUSH, gather_ns=50_000_000) as engine:
+        with in_netns(translator_ns.name):
+            engine.attach(["t0"])
+        send(far, frames)  # nobody takes them yet
+        time.sleep(0.2)
+        engine.publish()
+        waiting = engine_stats(pin)["engine"]["io_stats"]
+        stop = threading.Event()
+        server = threading.Thread(target=engine.serve, args=(stop,))
+        server.start()
+        try:
+            deadline = time.monotonic() + 10
+            while engine.runs < 256 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            server.join()
+    stats = engine_stats(pin)
+    io = stats["engine"]["io_stats"]
+    dropped = len(frames) - 256
+    assert waiting["steps"] == 0 and waiting["rx_fill_ring_empty_descs"] + waiting["rx_ring_full"] == dropped
+    link = link_drops([translator_ns.name])[f"{translator_ns.name}/t0"]  # the interface counts them too
+    assert io["rx_dropped"] + io["rx_ring_full"] == dropped == link
+    assert io["rx_fill_ring_empty_descs"] == io["rx_dropped"] and io["rx_invalid_descs"] == 0
+    assert stats["counters"]["rx_reports"] == 256 and io["steps"] == 1 and io["wakeups"] == 1

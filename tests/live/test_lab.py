@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from softdta.engines.python import IO_DROPS, IO_STATS
 from softdta.lab import rxe as rxe_lab
 from softdta.lab import topology as lab
 
@@ -62,9 +63,12 @@ def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     softdta("lab", "up", "--reporters", "1", "--engine", "python")
     status = json.loads(softdta("lab", "status", "--json").stdout)
     # the lab's veth peers run XDP, so the engine's frames leave from XDP
-    assert status["translator"]["running"] and status["translator"]["engine"] == {"name": "python",
-                                                                                   "io": "AF_XDP copy",
-                                                                                   "transmit": "XDP"}
+    engine = status["translator"]["engine"]
+    assert status["translator"]["running"] and {key: engine[key] for key in ("name", "io", "transmit")} == {
+        "name": "python", "io": "AF_XDP copy", "transmit": "XDP"}
+    # its socket's drops by reason, steps and wake-ups: nothing sent, nothing dropped, nothing translated
+    assert set(engine["io_stats"]) == set(IO_STATS)
+    assert not any(engine["io_stats"][name] for name in (*IO_DROPS, "steps", "wakeups")), engine["io_stats"]
     assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
     assert "translator (python, AF_XDP copy, frames out through XDP) running" in softdta("lab", "status").stdout
 
@@ -124,6 +128,11 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
     if engine == "python":
         assert summary["translator"]["engine"]["io"] == "AF_XDP copy"  # veth: no zero-copy, and no fallback
         assert summary["translator"]["engine"]["transmit"] == "XDP"
+        io = summary["translator"]["engine"]["io_stats"]
+        assert not any(io[name] for name in IO_DROPS) and 0 < io["wakeups"] <= io["steps"]
+        assert summary["senders"] == "XDP"  # the reporters send the mix from XDP, not from Python
+    else:
+        assert summary["senders"] == "AF_PACKET TX rings"
     burst = summary["burst"]
     if (collector, engine) != ("xdp", "xdp"):
         assert burst is None  # the burst is the XDP translator's and the XDP responder's
