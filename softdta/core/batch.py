@@ -27,6 +27,7 @@ belongs to one structure or Append range. So the frames the oracle handles fall 
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections import Counter
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ from softdta.core.vector import (
     NEVER,
     PAYLOAD_AT,
     UDP_AT,
+    Flush,
     Layout,
     Target,
     VectorPath,
@@ -298,9 +300,14 @@ class BatchTranslator:
         opcode = np.where(extended, gather(head, PAYLOAD_AT, DTA_BASE_EXT, "opcode"),
                           gather(head, PAYLOAD_AT, base, "opcode")).astype(np.int64)
         addresses = gather(head, IP_AT, IPV4, "dst")
+        # one layout per (format, opcode, destination, payload length): vectorize each; a layout names its
+        # destination where a path's targets are named by it
+        layout = (extended.astype(np.uint64) << np.uint64(63)) | (opcode.astype(np.uint64) << np.uint64(48)) | \
+            (payload_len[:len(head)].astype(np.uint64) << np.uint64(32)) | \
+            np.where(self._by_destination[opcode], addresses, 0).astype(np.uint64)
         if alike:
-            extended, opcode, addresses = (np.broadcast_to(column, len(rows))
-                                           for column in (extended, opcode, addresses))
+            extended, opcode, addresses, layout = (np.broadcast_to(column, len(rows))
+                                                   for column in (extended, opcode, addresses, layout))
         vector_kind = self._is_vector[opcode]
         plugin = extended & np.isin(opcode, list(self._plugin_opcodes)) if self._plugin_opcodes \
             else np.zeros(len(opcode), dtype=bool)
@@ -316,20 +323,16 @@ class BatchTranslator:
         candidates = np.flatnonzero(vector_kind)
         if not len(candidates):
             return
-        # a layout names its destination where a path's targets are named by it
-        dst = np.where(self._by_destination[opcode[candidates]], addresses[candidates], 0)
-        # one layout per (format, opcode, destination, payload length): vectorize each
-        layout = (extended[candidates].astype(np.uint64) << np.uint64(63)) | \
-            (opcode[candidates].astype(np.uint64) << np.uint64(48)) | \
-            (payload_len[candidates].astype(np.uint64) << np.uint64(32)) | dst.astype(np.uint64)
+        layout = layout[candidates]
         if (layout == layout[0]).all():  # the common case: one layout, no sort
             unique, inverse = layout[:1], np.zeros(len(layout), dtype=np.int64)
         else:
             unique, inverse = np.unique(layout, return_inverse=True)
         for index, packed in enumerate(unique.tolist()):
             members = candidates if len(unique) == 1 else candidates[inverse == index]
+            whole = len(members) == len(rows)  # then taken as they are, not copied
             path = self._paths[(packed >> 48) & 0xFF]
-            found = path.decode(rows[members], positions[members],
+            found = path.decode(rows if whole else rows[members], positions if whole else positions[members],
                                 Layout(bool(packed >> 63), (packed >> 32) & 0xFFFF, packed & 0xFFFFFFFF, base),
                                 self._writable)
             for piece in found:
@@ -398,8 +401,7 @@ class BatchTranslator:
                 continue
             by_qp.setdefault(qp.index, []).append(piece)
         emitted: dict[int, npt.NDArray[np.int64]] = {}  # QP index -> the batch position of each frame it sent
-        # the flush queue entries the vector rows add: batch position, by whom, index, target
-        flushes: list[tuple[int, VectorPath[Any], int, Target | None]] = []
+        asked: list[tuple[VectorPath[Any], list[Flush]]] = []  # each emit's flush queue entries, in batch order
         for qp_index, parts in by_qp.items():
             path = self._qp_path[qp_index]
             made = path.emit(parts, now_ns)
@@ -407,27 +409,38 @@ class BatchTranslator:
             # the frames just added, in PSN order
             out.made_by.append(made.sent * COPY_ORDER + (0 if made.copies is None else made.copies))
             emitted[qp_index] = made.sent
-            flushes += ((position, path, index, target) for position, index, target in made.flushes)
+            if made.flushes:
+                asked.append((path, sorted(made.flushes, key=operator.itemgetter(0))))
             if made.resume != NEVER:
                 for piece in parts:  # from there on, the oracle takes them in order
                     roles[piece.positions[piece.positions >= made.resume]] = INDEPENDENT
         taken = roles[start:end]
         oracle.counters[TranslatorCounter.FLEET_RESOLVED] += int((self._resolved[start:end] & (taken == VECTOR)).sum())
-        # in batch order: the oracle's frames, the ACKs, and the flush queue entries of the vector rows
-        flushes.sort(key=operator.itemgetter(0))
-        tokens: list[int] = []
+        # in batch order: the oracle's frames, the ACKs, and the flush queue entries of the vector rows (each with
+        # the number of its emit in `asked`)
+        queue = list(zip(asked[0][1], itertools.repeat(0))) if len(asked) == 1 else sorted(
+            itertools.chain.from_iterable(zip(flushes, itertools.repeat(number))
+                                          for number, (_, flushes) in enumerate(asked)), key=_batch_position)
+        tokens: list[list[int]] = [[] for _ in asked]
         flush_later, queued = self.oracle.flush_later, 0
         for position in (np.flatnonzero((taken == INDEPENDENT) | (taken == ACK)) + start).tolist():
-            while queued < len(flushes) and flushes[queued][0] < position:
-                _, path, index, target = flushes[queued]
-                tokens.append(flush_later(path.primitive, now_ns, index, target))
+            while queued < len(queue) and queue[queued][0][0] < position:
+                (_, index, target), number = queue[queued]
+                tokens[number].append(flush_later(asked[number][0].primitive, now_ns, index, target))
                 queued += 1
             if roles[position] == ACK:
                 self._ack(frames, position, emitted, now_ns, out)
             else:
                 self._through_oracle(frames, position, now_ns, out)
-        tokens += [flush_later(path.primitive, now_ns, index, target) for _, path, index, target in flushes[queued:]]
-        self._name_queued(flushes, tokens, now_ns)
+        if len(asked) == 1:
+            primitive = asked[0][0].primitive
+            tokens[0] += [flush_later(primitive, now_ns, index, target) for (_, index, target), _ in queue[queued:]]
+        else:
+            for (_, index, target), number in queue[queued:]:
+                tokens[number].append(flush_later(asked[number][0].primitive, now_ns, index, target))
+        # only the oracle's frames were translated since the emits, and those cannot touch the vector rows' state
+        for (path, flushes), named in zip(asked, tokens):
+            path.queued_all(flushes, named, now_ns)
 
     def _run_plugins(self, parts: list[_PluginPiece], now_ns: int, out: BatchOutput) -> list[VectorPiece]:
         """Each plug-in's reports in the segment, in order, through its `translate_batch`; the Key-Writes it asks
@@ -490,22 +503,6 @@ class BatchTranslator:
             raise ValueError(f"translate_batch asked for Key-Writes that {structure.name} cannot take: keys "
                              f"{writes.keys.shape}, data {writes.data.shape}, redundancy {writes.redundancy}")
         return path
-
-    @staticmethod
-    def _name_queued(flushes: list[tuple[int, VectorPath[Any], int, Target | None]], tokens: list[int],
-                     now_ns: int) -> None:
-        """The flush queue entries the oracle added for the vector rows that began what waits (an Append list's
-        batch, a Postcarding path), as `tokens`: what waits there now is named by them, a path and target at a
-        time. Only the oracle's frames were translated in between, and those cannot touch the vector rows' state."""
-        named: dict[tuple[int, int], tuple[VectorPath[Any], Target | None, list[int], list[int]]] = {}
-        for (_, path, index, target), token in zip(flushes, tokens):
-            group = named.get((id(path), id(target)))
-            if group is None:
-                group = named[(id(path), id(target))] = (path, target, [], [])
-            group[2].append(index)
-            group[3].append(token)
-        for path, target, indices, queued in named.values():
-            path.queued_all(target, indices, queued, now_ns)
 
     def _sequence(self, qp: QueuePair, sent: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
         """PSNs and AckReq bits of the QP's next `sent` frames, which it now counts as sent."""
@@ -621,6 +618,10 @@ def _decode_plugin(rows: Rows, positions: npt.NDArray[np.int64], primitive: Prim
     return _PluginPiece(primitive, positions[take], rows, gather(rows, IP_AT, IPV4, "dst"),
                         gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "immediate") != 0,
                         gather(rows, PAYLOAD_AT, DTA_BASE_EXT, "essential") != 0)
+
+
+def _batch_position(queued: tuple[Flush, int]) -> int:
+    return queued[0][0]
 
 
 def _write_opcode(transport: Transport, immediate: bool) -> RoceOpcode:

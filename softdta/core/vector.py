@@ -49,6 +49,7 @@ EXTENDED_SUB_AT = PAYLOAD_AT + DTA_BASE_EXT.size  # the sub-header of an extende
 NEVER = 1 << 62  # past every batch position
 
 Target = Structure | AppendLists
+Flush = tuple[int, int, Target | None]  # a flush queue entry a path asks for: batch position, index, target
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Emitted:
 
     sent: npt.NDArray[np.int64]
     runs: list[Sequence[bytes]] = field(default_factory=list)
-    flushes: list[tuple[int, int, Target | None]] = field(default_factory=list)
+    flushes: list[Flush] = field(default_factory=list)
     resume: int = NEVER
     copies: npt.NDArray[np.int64] | None = None
 
@@ -242,10 +243,10 @@ class VectorPath(abc.ABC, Generic[PieceT]):
         """The flush queue entry that `emit` asked for under `index` is queued now, as `token`."""
         raise NotImplementedError(f"{type(self).__name__} adds no flush queue entries")
 
-    def queued_all(self, target: Target | None, indices: list[int], tokens: list[int], now_ns: int) -> None:
-        """The flush queue entries that `emit` asked for with `target` are queued now, in that order (`queued`
+    def queued_all(self, flushes: list[Flush], tokens: list[int], now_ns: int) -> None:
+        """The flush queue entries that one `emit` asked for, in batch order, are queued now as `tokens` (`queued`
         for each, by default)."""
-        for index, token in zip(indices, tokens):
+        for (_, index, target), token in zip(flushes, tokens):
             self.queued(index, target, token, now_ns)
 
     def writes(self, writes: KeyWrites, positions: npt.NDArray[np.int64],

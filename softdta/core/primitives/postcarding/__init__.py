@@ -111,7 +111,8 @@ class Postcarding(Primitive):
         t, structure = self.translator, target
         path_length = report.path_length or structure.hops
         cache = self.cache(structure)
-        index = postcard_slot_hash(report.key) & (structure.cache_entries - 1)
+        slot_hash = postcard_slot_hash(report.key)
+        index = slot_hash & (structure.cache_entries - 1)
         encoded = int.from_bytes(report.data, "big") ^ postcard_hop_hash(report.key, report.hop)
         out = Output()
         if cache.live[index] and cache.key(index) != report.key:
@@ -124,8 +125,8 @@ class Postcarding(Primitive):
             out.frames += self.write_path(structure, cache.key(index), cache.values[index].tolist(), None)
             cache.live[index] = False
         if not cache.live[index]:
-            cache.begin(index, key_words(np.frombuffer(report.key, dtype=np.uint8)[None])[0], path_length, now_ns,
-                        t.flush_later(self, now_ns, index, structure))
+            cache.begin(index, key_words(np.frombuffer(report.key, dtype=np.uint8)[None])[0], slot_hash,
+                        key_checksum(report.key), path_length, now_ns, t.flush_later(self, now_ns, index, structure))
         cache.values[index, report.hop - 1] = encoded
         cache.masks[index] |= 1 << (report.hop - 1)
         if int(cache.masks[index]).bit_count() >= cache.path_lengths[index]:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from softdta.core.primitives.postcarding.state import Words, key_words
 from softdta.core.tables import Structure
-from softdta.core.vector import Columns, Emitted, Layout, Target, VectorPath, arrival_ranks, report_flags, stable_order
+from softdta.core.vector import Columns, Emitted, Flush, Layout, VectorPath, arrival_ranks, report_flags, stable_order
 from softdta.spec import DTA_BASE_EXT, MAX_POSTCARD_HOPS, POSTCARD_HOP_POLYNOMIALS, TranslatorCounter
 from softdta.wire.columns import Rows, byte_offset, gather
 from softdta.wire.hashing import crc32_poly, linear_crc_position_tables
@@ -109,15 +109,15 @@ class PostcardingPath(VectorPath[PostcardPiece]):
                     at, entry, other = at[~alone], entry[~alone], other[~alone]
                 gone = entry[other]
                 if len(gone):
-                    slot_hashes, checksums, _ = _postcard_hashes(cache.key_bytes(gone), np.ones(len(gone), np.int64))
-                    written.append((at[other], cache.values[gone], slot_hashes, checksums,
+                    written.append((at[other], cache.values[gone], cache.slot_hashes[gone], cache.checksums[gone],
                                     np.zeros(len(gone), dtype=bool)))
                     cache.live[gone] = False
                     evicting = len(gone)
             begins = ~cache.live[entry]
             if begins.any():
                 new = at[begins]
-                cache.begin(entry[begins], rows.keys[new], rows.path_lengths[new], now_ns)
+                cache.begin(entry[begins], rows.keys[new], rows.slot_hashes[new], rows.checksums[new],
+                            rows.path_lengths[new], now_ns)
                 begun.append(new)
             hops = rows.hops[at]
             cache.values[entry, hops - 1] = rows.encoded[at]
@@ -126,9 +126,9 @@ class PostcardingPath(VectorPath[PostcardPiece]):
             done = _POPCOUNT[masks] >= cache.path_lengths[entry]
             completed = int(done.sum())
             if completed:
-                whole, writers = entry[done], at[done]  # a completed path has the writer's key
-                written.append((writers, cache.values[whole], rows.slot_hashes[writers], rows.checksums[writers],
-                                rows.immediate[writers]))
+                whole = entry[done]
+                written.append((at[done], cache.values[whole], cache.slot_hashes[whole], cache.checksums[whole],
+                                rows.immediate[at[done]]))
                 cache.live[whole] = False
             evictions += evicting
             cached += len(at) - completed - evicting  # an evicting report begins a path that is not complete
@@ -154,17 +154,17 @@ class PostcardingPath(VectorPath[PostcardPiece]):
         self.count(len(rows.positions), len(emitted.sent))
         return emitted
 
-    def queued_all(self, target: Target | None, indices: list[int], tokens: list[int], now_ns: int) -> None:
+    def queued_all(self, flushes: list[Flush], tokens: list[int], now_ns: int) -> None:
         """The paths begun in the segment are named by the last entry queued for their cache entry (the path that
         waits there now, if any: a path begins only where none waits)."""
+        target = flushes[0][2]
         assert isinstance(target, Structure)
         cache = cast("Postcarding", self.primitive).cache(target)
-        index, token = np.array(indices, dtype=np.int64), np.array(tokens, dtype=np.int64)
+        index = np.fromiter((index for _, index, _ in flushes), dtype=np.int64, count=len(flushes))
         last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
-        index, token = index[last], token[last]
+        index, token = index[last], np.array(tokens, dtype=np.int64)[last]
         live = cache.live[index]
         cache.tokens[index[live]] = token[live]
-
 
 def _other_keys(keys: Words, entry: npt.NDArray[np.int64], given: Words,
                 at: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:

@@ -38,8 +38,8 @@ def key_words(keys: Rows) -> Words:
 
 class PostcardCache:
     """The cache entries of one structure. Only the rows that are `live` hold a path, whose key is kept as words
-    (`key_words`). Read as a mapping of entry index to the path that waits there: `get`, and iteration over the
-    indices of the entries that hold one."""
+    (`key_words`) with its slot hash and checksum, which the path's write takes. Read as a mapping of entry index
+    to the path that waits there: `get`, and iteration over the indices of the entries that hold one."""
 
     def __init__(self, structure: Structure):
         entries = structure.cache_entries
@@ -51,13 +51,11 @@ class PostcardCache:
         self.masks = np.zeros(entries, dtype=np.int64)
         self.first_ns = np.zeros(entries, dtype=np.int64)
         self.tokens = np.zeros(entries, dtype=np.int64)
+        self.slot_hashes = np.zeros(entries, dtype=np.uint32)
+        self.checksums = np.zeros(entries, dtype=np.uint32)
 
     def fits(self, structure: Structure) -> bool:
         return self.shape == (structure.cache_entries, structure.hops, structure.key_len)
-
-    def key_bytes(self, index: npt.NDArray[np.int64]) -> Rows:
-        """The keys of entries `index`, as rows of bytes."""
-        return self.keys[index].view(np.uint8)[:, :self.shape[2]]
 
     def key(self, index: int) -> bytes:
         return bytes(self.keys[index].tobytes()[:self.shape[2]])
@@ -75,11 +73,14 @@ class PostcardCache:
         return PostcardEntry(self.key(index), int(self.path_lengths[index]), self.values[index].tolist(),
                              int(self.masks[index]), int(self.first_ns[index]), int(self.tokens[index]))
 
-    def begin(self, index: npt.NDArray[np.int64] | int, keys: Words, path_lengths: npt.NDArray[np.int64] | int,
-              now_ns: int, token: int = 0) -> None:
+    def begin(self, index: npt.NDArray[np.int64] | int, keys: Words, slot_hashes: npt.NDArray[np.uint32] | int,
+              checksums: npt.NDArray[np.uint32] | int, path_lengths: npt.NDArray[np.int64] | int, now_ns: int,
+              token: int = 0) -> None:
         """New paths in entries `index`, with no hops yet (a token of 0: the flush queue names them later)."""
         self.live[index] = True
         self.keys[index] = keys
+        self.slot_hashes[index] = slot_hashes
+        self.checksums[index] = checksums
         self.path_lengths[index] = path_lengths
         self.values[index] = 0
         self.masks[index] = 0
