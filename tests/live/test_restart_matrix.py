@@ -447,13 +447,14 @@ def counter_delta(before: dict, after: dict) -> dict:
             if after.get(name, 0) != before.get(name, 0)}
 
 
-def configure(tmp: Path, transport: str) -> None:
+def configure(tmp: Path, transport: str, redundancy: int) -> None:
     config = (ROOT / "examples" / "collector.toml").read_text()
     config = config.replace('name = "c1"', f'name = "{COLLECTOR}"').replace('token = "change-me"',
                                                                            f'token = "{TOKEN}"')
     config = config.replace('interface = ""', 'interface = "c0"').replace('data_dir = "c1-data"',
                                                                           f'data_dir = "{tmp / "regions"}"')
-    config = config.replace('hash = "independent"', f'hash = "independent"\nredundancy = 1\ntransport = "{transport}"')
+    config = config.replace('hash = "independent"',
+                            f'hash = "independent"\nredundancy = {redundancy}\ntransport = "{transport}"')
     config = config.replace("slots = 131072", f"slots = {SLOTS}").replace("slots = 65536", "slots = 1024")
     config = config.replace("slots = 32768", "slots = 1024")
     (tmp / "collector.toml").write_text(config)
@@ -476,7 +477,9 @@ def test_a_restart_keeps_every_acknowledged_write(restart, recreated, transport,
     shutil.rmtree(pin, ignore_errors=True)
     secrets_file_for(pin).unlink(missing_ok=True)
     cleanup_prefix(PREFIX)
-    configure(tmp_path, transport)
+    # reports ask for one copy; a structure that takes two sends it by the translator's devmap broadcast, one that
+    # takes one with a plain redirect: the two paths out of XDP, each through every restart
+    configure(tmp_path, transport, 2 if recreated else 1)
     reporter, translator_ns, collector_ns = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
     case = Case(restart, recreated, transport, tmp_path, reporter, translator_ns, collector_ns, pin)
     try:
