@@ -305,16 +305,10 @@ class XdpTranslator:
         return out
 
     def _fanned_out(self, run: TestRun) -> tuple[int, list[bytes]] | None:
-        """The frames of a redundant report and their egress ifindex (0: the ingress one): broadcast to `copies`,
-        the packet holds them all, back to back, and softdta_copy cuts copy i out of clone i; passed up to the tc
-        stage, the packet is the first and the others are parked."""
+        """The frames of a redundant report and their egress ifindex (0: the ingress one): the packet is the first,
+        the others are parked, for softdta_copy (broadcast to `copies`) or the tc stage (passed up)."""
         fanout = _FANOUT_META.unpack(run.meta[:_FANOUT_META.size]) if len(run.meta) >= _FANOUT_META.size else None
-        if not fanout or fanout["magic"] != FANOUT_META_MAGIC:
-            return None
-        if run.retval == XDP_REDIRECT:
-            length = len(run.data) // fanout["count"]
-            return fanout["ifindex"], [run.data[i * length:(i + 1) * length] for i in range(fanout["count"])]
-        if run.retval != XDP_PASS:
+        if run.retval not in (XDP_PASS, XDP_REDIRECT) or not fanout or fanout["magic"] != FANOUT_META_MAGIC:
             return None
         parked = self._parked_frames(fanout["cpu"], fanout["sequence"]) if fanout["count"] > 1 else []
         return fanout["ifindex"], [run.data] + parked

@@ -21,9 +21,9 @@ from softdta.core.tables import Tables, with_queue_qps
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
 from softdta.engines.xdp import EngineError, XdpTranslator
-from softdta.kernel.bpf import BpfObject, attach_xdp, enable_run_stats, ensure_bpffs, run_stats
+from softdta.kernel.bpf import BpfObject, attach_xdp, enable_run_stats, ensure_bpffs, run_stats, xdp_md
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
-from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+from softdta.kernel.programs import VETH_PEER_SOURCE, XDP_REDIRECT, build_object
 from softdta.spec import DTA_NACK_PORT, ROCE_PORT, DtaOpcode, QpState, RoceOpcode, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.frames import UdpEndpoints, ip_bytes, mac_bytes, mac_str
@@ -165,6 +165,25 @@ def test_reports_cross_the_translator_as_frames_equal_to_the_reference(lab, mode
         assert not [c for c in counters if c.name.startswith("DROP_")]
     finally:
         os.close(stats)
+        kernel.close()
+
+
+def test_a_test_run_gives_the_frames_a_broadcast_sends(lab):
+    """`process` on an attached translator: a redundant report's run redirects to `copies`, and the frames it
+    names (the packet, then the parked ones) are the reference's."""
+    reference = Translator(Tables.from_toml(EXAMPLE_TABLES))
+    reporter = reporter_address(lab.tables)
+    kernel = lab.start()
+    try:
+        with in_netns(lab.translator.name):
+            ingress = socket.if_nametoindex("t0")
+            for report in [dta.key_write(k, k * 3, 1 + k % 4) for k in range(1, 9)] + \
+                    [dta.key_increment(k, 5, 1 + k % 2) for k in range(1, 5)]:
+                frame = reporter.frame(report)
+                assert kernel.process(frame, ifindex=ingress).frames == reference.process(frame).frames
+            run = kernel.xdp.test_run(reporter.frame(dta.key_write(9, 9, 2)), ctx=xdp_md(ingress_ifindex=ingress))
+            assert run.retval == XDP_REDIRECT  # to `copies`, not up to tc
+    finally:
         kernel.close()
 
 
