@@ -2,8 +2,8 @@
 /* softdta translator fast path: DTA reports in, RoCEv2 frames out, byte for byte like softdta.core.translator.
  *
  * softdta_xdp    translates reports and consumes collector ACK/NAKs (XDP);
- * softdta_copy   cuts copy i of a Key-Write or Key-Increment report out of clone i of the packet XDP broadcast
- *                to a `copies` devmap (devmap program);
+ * softdta_copy   makes clone i of a Key-Write or Key-Increment report's packet, which XDP broadcast to a `copies`
+ *                devmap, its frame i, parked in the `fanout` map (devmap program);
  * softdta_fanout sends those frames where there is no `copies` entry (generic XDP): the packet XDP passed up
  *                with metadata, then the ones it parked in the `fanout` map (tc ingress);
  * softdta_flush  writes out one idle Append batch or Postcarding path per run (control plane, live test_run).

@@ -92,7 +92,7 @@ struct scratch {
 	__u32 out_count;	/* frames in out, back to back from its start */
 	__u32 out_redundant;	/* the QP's frames always leave by `copies`, or through the tc stage without it */
 	__u32 fanout_sequence;
-	__u32 copy_sequence;	/* softdta_copy: the report whose broadcast it cuts, and the copy it cuts next */
+	__u32 copy_sequence;	/* softdta_copy: the report whose clones it is making, and the copy it makes next */
 	__u32 copy_next;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
@@ -147,7 +147,7 @@ TABLE(sketch_reporter, BPF_MAP_TYPE_HASH, struct sketch_reporter_key, struct ske
 TABLE(frame_cache, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct frame_cache, 2 * QP_MAX_ENTRIES);
 TABLE(fanout, BPF_MAP_TYPE_ARRAY, __u32, struct fanout_value, FANOUT_MAX_ENTRIES);	/* x CPUs at load */
 /* A report's frames leave from XDP as one broadcast to a devmap of `count` entries for the egress interface,
- * which the control plane creates and puts here; each entry runs softdta_copy, which cuts out copy i. */
+ * which the control plane creates and puts here; each entry runs softdta_copy, which makes clone i frame i. */
 struct copy_devmap {
 	__uint(type, BPF_MAP_TYPE_DEVMAP);
 	__uint(key_size, sizeof(__u32));
