@@ -54,6 +54,7 @@ COLLECTORS = ("xdp", "rxe")
 ENGINES = ("xdp", "python")
 GUEST_RUN_DIR = STATE_DIR / "guest"
 BRIDGE_IP = "10.77.1.254/16"  # the collector namespace's own address, beside the guest (rxe)
+PYTHON_ENGINE_NICE = -10  # the python engine's scheduling priority in the lab (see _start)
 
 
 class LabError(SoftdtaError, RuntimeError):
@@ -270,6 +271,11 @@ def _start(state: LabState) -> None:
                  "--flush-idle-ms", str(flush_idle_ms(state.collector, state.engine)),
                  "--token", state.token, "--engine", state.engine),
         stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    if state.engine == "python":
+        # The translator stands for a box of its own: the python engine translates on the CPU, and it must not
+        # wait behind the demo's sender, the collector's Python or whatever else runs on these two cores, while
+        # its ring fills (threads it starts later inherit the priority).
+        os.setpriority(os.PRIO_PROCESS, translator.pid, PYTHON_ENGINE_NICE)
     state.translator_pid = translator.pid
     write_state(state)
     _wait_for(translator_log, "translator up on", translator, "translator up")

@@ -72,6 +72,8 @@ def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     assert not any(engine["io_stats"][name] for name in (*IO_DROPS, "steps", "wakeups")), engine["io_stats"]
     assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
     assert "translator (python, AF_XDP copy, frames out through XDP) running" in softdta("lab", "status").stdout
+    # it translates ahead of the lab's other processes on these cores, as a box of its own would
+    assert os.getpriority(os.PRIO_PROCESS, lab.read_state().translator_pid) == lab.PYTHON_ENGINE_NICE < 0
 
 
 def test_lab_down_cleans_up_after_a_crash(clean_lab):
