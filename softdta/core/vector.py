@@ -304,9 +304,12 @@ def report_keys(rows: Rows, layout: Layout, primitive: Primitive) -> list[tuple[
 
 
 def stable_order(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The rows ordered by their keys (non-negative integers), rows of equal keys in row order: a plain sort of the
-    keys with the row numbers in their low bits, which is faster than numpy's stable sort of wide integers."""
+    """The rows ordered by their keys (non-negative integers), rows of equal keys in row order: numpy's radix sort
+    for keys of 16 bits, else a plain sort of the keys with the row numbers in their low bits (numpy's stable sort
+    of wide integers is slower)."""
     count = len(keys)
+    if count and keys.max() < 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
     bits = count.bit_length()
     return np.sort(keys << bits | np.arange(count)) & ((1 << bits) - 1)
 
@@ -345,7 +348,7 @@ class Columns:
     def cut(self, low: int, high: int) -> Self:
         return self.select(slice(low, high))
 
-    def select(self, which: slice | npt.NDArray[np.int64]) -> Self:
+    def select(self, which: slice | npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> Self:
         return replace(self, **{name: getattr(self, name)[which] for name in self.COLUMNS})
 
     @classmethod

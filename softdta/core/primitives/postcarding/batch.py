@@ -87,62 +87,62 @@ class PostcardingPath(VectorPath[PostcardPiece]):
         cache = cast("Postcarding", self.primitive).cache(structure)
         index = (rows.slot_hashes & np.uint32(structure.cache_entries - 1)).astype(np.int64)
         by_round, round_ends = _rounds(index)
+        ordered, entries = rows.select(by_round), index[by_round]  # a round takes its rows as slices of these
         written: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32], npt.NDArray[np.uint32],
                             npt.NDArray[np.uint32], npt.NDArray[np.bool_]]] = []
-        # ^ per round, the frames: the row that writes, the path's values, its key's slot hash and checksum, immediate
-        begun: list[npt.NDArray[np.int64]] = []  # per round, the rows that begin a path
+        # ^ per round, the frames: the batch position that writes, the path's values, its key's slot hash and
+        # checksum, immediate
+        begun: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []  # per round: positions, entries
         evictions = cached = 0
         low = 0
         for high in round_ends.tolist():
-            at = by_round[low:high]
+            part, entry = ordered.cut(low, high), entries[low:high]
             low = high
-            entry = index[at]
-            other = cache.live[entry] & _other_keys(cache.keys, entry, rows.keys, at)
+            live = cache.live[entry]
+            other = live & _other_keys(cache.keys, entry, part.keys)
             evicting = 0
             if other.any():
-                alone = other & (rows.path_lengths[at] == 1)  # its own one-hop path, written beside the waiting one
+                alone = other & (part.path_lengths == 1)  # its own one-hop path, written beside the waiting one
                 if alone.any():
-                    mine = at[alone]
-                    values = np.zeros((len(mine), structure.hops), dtype=np.uint32)
-                    values[np.arange(len(mine)), rows.hops[mine] - 1] = rows.encoded[mine]
-                    written.append((mine, values, rows.slot_hashes[mine], rows.checksums[mine], rows.immediate[mine]))
-                    at, entry, other = at[~alone], entry[~alone], other[~alone]
+                    mine = part.select(alone)
+                    values = np.zeros((len(mine.positions), structure.hops), dtype=np.uint32)
+                    values[np.arange(len(values)), mine.hops - 1] = mine.encoded
+                    written.append((mine.positions, values, mine.slot_hashes, mine.checksums, mine.immediate))
+                    rest = ~alone
+                    part, entry, live, other = part.select(rest), entry[rest], live[rest], other[rest]
                 gone = entry[other]
                 if len(gone):
-                    written.append((at[other], cache.values[gone], cache.slot_hashes[gone], cache.checksums[gone],
-                                    np.zeros(len(gone), dtype=bool)))
-                    cache.live[gone] = False
+                    written.append((part.positions[other], cache.values.take(gone, axis=0), cache.slot_hashes[gone],
+                                    cache.checksums[gone], np.zeros(len(gone), dtype=bool)))
                     evicting = len(gone)
-            begins = ~cache.live[entry]
+            begins = ~live | other
             if begins.any():
-                new = at[begins]
-                cache.begin(entry[begins], rows.keys[new], rows.slot_hashes[new], rows.checksums[new],
-                            rows.path_lengths[new], now_ns)
-                begun.append(new)
-            hops = rows.hops[at]
-            cache.values[entry, hops - 1] = rows.encoded[at]
-            masks = cache.masks[entry] | np.int64(1) << (hops - 1)
+                new = part.select(begins)
+                cache.begin(entry[begins], new.keys, new.slot_hashes, new.checksums, new.path_lengths, now_ns)
+                begun.append((new.positions, entry[begins]))
+            cache.values[entry, part.hops - 1] = part.encoded
+            masks = cache.masks[entry] | np.int64(1) << (part.hops - 1)
             cache.masks[entry] = masks
             done = _POPCOUNT[masks] >= cache.path_lengths[entry]
             completed = int(done.sum())
             if completed:
                 whole = entry[done]
-                written.append((at[done], cache.values[whole], cache.slot_hashes[whole], cache.checksums[whole],
-                                rows.immediate[at[done]]))
+                written.append((part.positions[done], cache.values.take(whole, axis=0), cache.slot_hashes[whole],
+                                cache.checksums[whole], part.immediate[done]))
                 cache.live[whole] = False
             evictions += evicting
-            cached += len(at) - completed - evicting  # an evicting report begins a path that is not complete
+            cached += len(entry) - completed - evicting  # an evicting report begins a path that is not complete
 
         emitted = Emitted(np.empty(0, dtype=np.int64))
         if begun:
-            first = np.sort(np.concatenate(begun))  # rows are in batch order
-            emitted.flushes = list(zip(rows.positions[first].tolist(), index[first].tolist(),
-                                       itertools.repeat(structure)))
+            positions, began = (np.concatenate(column) for column in zip(*begun))
+            order = np.argsort(positions)
+            emitted.flushes = list(zip(positions[order].tolist(), began[order].tolist(), itertools.repeat(structure)))
         if written:
-            writers, values, slot_hashes, checksums, immediate = (
+            positions, values, slot_hashes, checksums, immediate = (
                 np.concatenate(column) for column in zip(*written))
-            order = np.argsort(writers)
-            emitted.sent = rows.positions[writers[order]]
+            order = np.argsort(positions)
+            emitted.sent = positions[order]
             qp = self.primitive.translator.sender(structure)
             slot_in_region = (slot_hashes[order] & np.uint32(structure.slot_count - 1)).astype(np.uint64)
             emitted.runs.append(self.frames.writes(
@@ -166,12 +166,11 @@ class PostcardingPath(VectorPath[PostcardPiece]):
         live = cache.live[index]
         cache.tokens[index[live]] = token[live]
 
-def _other_keys(keys: Words, entry: npt.NDArray[np.int64], given: Words,
-                at: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Whether the key in each cache entry `entry` differs from the row `at`'s, a word at a time."""
-    other: npt.NDArray[np.bool_] = keys[entry, 0] != given[at, 0]
+def _other_keys(keys: Words, entry: npt.NDArray[np.int64], given: Words) -> npt.NDArray[np.bool_]:
+    """Whether the key in each cache entry `entry` differs from the one given for it, a word at a time."""
+    other: npt.NDArray[np.bool_] = keys[entry, 0] != given[:, 0]
     for word in range(1, keys.shape[1]):
-        other |= keys[entry, word] != given[at, word]
+        other |= keys[entry, word] != given[:, word]
     return other
 
 
