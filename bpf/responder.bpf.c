@@ -30,10 +30,20 @@
 
 _Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");
 
+/* The iCRC's first ICRC_PREFIX bytes, up to the BTH's PSN word: the same in every request of one QP and opcode
+ * (LRH stand-in, IPv4 and UDP headers with their variant fields masked, the BTH's opcode, flags, P_Key and
+ * destination QP), so the CPU keeps the last ones it saw and the CRC state after them. */
+#define ICRC_PREFIX (LRH_STAND_IN_LEN + IPV4_SIZE + UDP_SIZE + BTH_SIZE - 4)
+#define ICRC_PREFIX_WORDS (ICRC_PREFIX / 8)
+
 struct scratch {
 	__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT + BUF_SIZE:
 					 * a request of up to BUF_SIZE bytes loads at IP_AT */
+	__u64 prefix[ICRC_PREFIX_WORDS];	/* the last request's first ICRC_PREFIX bytes, masked; all zero (no */
+	__u32 prefix_tail;			/* request: the LRH stand-in is all ones) before the first */
+	__u32 prefix_crc;			/* the raw CRC state after them */
 };
+_Static_assert(ICRC_PREFIX == 8 * ICRC_PREFIX_WORDS + 4, "the prefix is whole words and a half");
 
 TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
 TABLE(responder_qp, BPF_MAP_TYPE_HASH, struct responder_qp_key, struct responder_qp_value,
@@ -91,12 +101,49 @@ static __always_inline struct scratch *scratch_get(void)
 	return bpf_map_lookup_elem(&responder_scratch, &zero);
 }
 
-/* iCRC over buf[LRH_AT, LRH_AT + len): global, so the verifier checks its loop once. */
-__noinline __u32 buf_crc(__u32 len)
+/* The raw CRC state `crc` continued over buf[start, start + len): global, so the verifier checks its loop once. */
+__noinline __u32 buf_crc(__u32 crc, __u32 start, __u32 len)
 {
 	struct scratch *s = scratch_get();
 
-	return s ? ~crc32_slice8_update(0xffffffff, s->buf, BUF_MASK, LRH_AT, len) : 0;
+	return s ? crc32_slice8_update(crc, s->buf, BUF_MASK, start, len) : 0;
+}
+
+/* The raw CRC state after the request's first ICRC_PREFIX bytes (masked): the one kept when they are the last
+ * request's, else computed and kept. */
+static __always_inline __u32 icrc_prefix(struct scratch *s)
+{
+	const __u8 *p = s->buf + LRH_AT;
+	__u64 differ = *(const __u32 *)(p + 8 * ICRC_PREFIX_WORDS) ^ s->prefix_tail;
+	__u32 crc;
+
+#pragma unroll
+	for (int i = 0; i < ICRC_PREFIX_WORDS; i++)
+		differ |= *(const __u64 *)(p + 8 * i) ^ s->prefix[i];
+	if (!differ)
+		return s->prefix_crc;
+	crc = crc32_slice8_update_short(0xffffffff, s->buf, BUF_MASK, LRH_AT, ICRC_PREFIX);
+#pragma unroll
+	for (int i = 0; i < ICRC_PREFIX_WORDS; i++)
+		s->prefix[i] = *(const __u64 *)(p + 8 * i);
+	s->prefix_tail = *(const __u32 *)(p + 8 * ICRC_PREFIX_WORDS);
+	s->prefix_crc = crc;
+	return crc;
+}
+
+/* 0 when the request's iCRC (its last 4 bytes, at buf[IP_AT + ip_total - ICRC_LEN]) is right. The request's
+ * variant fields are masked in buf. Tails of up to 100 bytes (a multiple of 4) hash inline. */
+static __always_inline int icrc_wrong(struct scratch *s, __u64 ip_total)
+{
+	__u32 covered = LRH_STAND_IN_LEN + ip_total - ICRC_LEN, rest = covered - ICRC_PREFIX;
+	__u32 crc = icrc_prefix(s);
+
+	if (rest % 4 == 0 && rest <= 8 * CRC_SHORT_WORDS + 4)
+		crc = crc32_slice8_update_short(crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX, rest);
+	else
+		crc = buf_crc(crc, LRH_AT + ICRC_PREFIX, rest);
+	/* the iCRC goes on the wire least significant byte first: a little-endian word */
+	return *(const __u32 *)&s->buf[(IP_AT + ip_total - ICRC_LEN) & BUF_MASK] != ~crc;
 }
 
 /* Copies buf[from, from + len) to the arena at byte `offset`, eight bytes at a time: a part per page it touches
@@ -390,7 +437,7 @@ static __always_inline int respond(struct xdp_md *ctx)
 	struct responder_qp_value *qp;
 	struct request rq = {};
 	struct reply r = {};
-	__u32 zero = 0, ihl, crc, reason, src, dst;
+	__u32 zero = 0, ihl, reason, src, dst;
 	__u64 ip_total;
 	struct scratch *s;
 	struct udp4 d;
@@ -422,10 +469,8 @@ static __always_inline int respond(struct xdp_md *ctx)
 		ip = s->buf + IP_AT;
 		udp = ip + (ihl & IPV4_MAX_HEADER_LEN);
 		icrc_mask(s->buf + LRH_AT, ip, udp, udp + UDP_SIZE);
-		crc = buf_crc(LRH_STAND_IN_LEN + ip_total - ICRC_LEN);
-		for (int i = 0; i < ICRC_LEN; i++)
-			if (s->buf[(IP_AT + ip_total - ICRC_LEN + i) & BUF_MASK] != ((crc >> (8 * i)) & 0xff))
-				reason = RCNT_ICRC_ERRORS;
+		if (icrc_wrong(s, ip_total))
+			reason = RCNT_ICRC_ERRORS;
 	}
 	if (reason) {
 		count(reason);

@@ -208,6 +208,28 @@ def test_malformed_frames_never_touch_memory():
         pair.assert_same_state()
 
 
+def test_a_changed_header_byte_after_a_kept_icrc_prefix_is_judged_like_the_reference():
+    """Each CPU keeps the iCRC state over the last request's headers (up to the BTH's PSN): a request that differs
+    from the last one in any one header byte or bit, masked or not, is judged like the reference, and so is the
+    intact request after it."""
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    pair = Pair(tables, rc=False)
+    with pair.kernel:
+        qp = next(qp for qp in tables.qps if qp.collector_ip == COLLECTOR_IP and qp.transport is Transport.UC
+                  and qp.length >= 16)
+        for opcode in (RoceOpcode.UC_WRITE_ONLY, RoceOpcode.UC_WRITE_ONLY_IMM):
+            intact = request(tables, qp, opcode, qp.start_psn, payload=b"abcdefgh")
+            pair.deliver(intact, "intact")
+            for at in range(14, 14 + 20 + 8 + 12):  # IPv4, UDP, BTH: the first ones are in the kept prefix
+                for bit in (0x01, 0x80):
+                    changed = bytearray(intact)
+                    changed[at] ^= bit
+                    pair.deliver(bytes(changed), f"byte {at} ^ {bit:#x}")
+                    pair.deliver(intact, f"intact after byte {at}")
+        pair.assert_same_state()
+        assert pair.kernel.counters()[ResponderCounter.ICRC_ERRORS] > 0
+
+
 def test_every_request_size_up_to_the_ip_limit_matches_the_reference():
     """Every WRITE and WRITE-with-immediate payload length, on RC and UC, from empty to the largest the responder
     accepts (IP packets of RESPONDER_IP_LIMIT bytes), at offsets that cross pages; Fetch&Adds at every aligned
