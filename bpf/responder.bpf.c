@@ -30,18 +30,23 @@
 
 _Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");
 
-/* The iCRC's first ICRC_PREFIX bytes, up to the BTH's PSN word: the same in every request of one QP and opcode
- * (LRH stand-in, IPv4 and UDP headers with their variant fields masked, the BTH's opcode, flags, P_Key and
- * destination QP), so the CPU keeps the last ones it saw and the CRC state after them. */
+/* The iCRC's first ICRC_PREFIX bytes, up to the BTH's PSN word, are the same in every request of one QP and
+ * opcode, and in every reply of one QP and kind: the LRH stand-in, the IPv4 and UDP headers with their variant
+ * fields masked, and the BTH's opcode, flags, P_Key and destination QP. So each CPU keeps the last ones it saw,
+ * of requests and of replies, with the CRC state after them. */
 #define ICRC_PREFIX (LRH_STAND_IN_LEN + IPV4_SIZE + UDP_SIZE + BTH_SIZE - 4)
 #define ICRC_PREFIX_WORDS (ICRC_PREFIX / 8)
+
+struct icrc_kept {
+	__u64 words[ICRC_PREFIX_WORDS];	/* the first ICRC_PREFIX bytes, masked; all zero (matching nothing: the */
+	__u32 tail;			/* LRH stand-in is all ones) until the first */
+	__u32 crc;			/* the raw CRC state after them */
+};
 
 struct scratch {
 	__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT + BUF_SIZE:
 					 * a request of up to BUF_SIZE bytes loads at IP_AT */
-	__u64 prefix[ICRC_PREFIX_WORDS];	/* the last request's first ICRC_PREFIX bytes, masked; all zero (no */
-	__u32 prefix_tail;			/* request: the LRH stand-in is all ones) before the first */
-	__u32 prefix_crc;			/* the raw CRC state after them */
+	struct icrc_kept request, reply;
 };
 _Static_assert(ICRC_PREFIX == 8 * ICRC_PREFIX_WORDS + 4, "the prefix is whole words and a half");
 
@@ -109,25 +114,25 @@ __noinline __u32 buf_crc(__u32 crc, __u32 start, __u32 len)
 	return s ? crc32_slice8_update(crc, s->buf, BUF_MASK, start, len) : 0;
 }
 
-/* The raw CRC state after the request's first ICRC_PREFIX bytes (masked): the one kept when they are the last
- * request's, else computed and kept. */
-static __always_inline __u32 icrc_prefix(struct scratch *s)
+/* The raw CRC state after the first ICRC_PREFIX bytes at buf[LRH_AT] (masked): the one kept when they are
+ * the ones kept, else computed and kept. */
+static __always_inline __u32 icrc_prefix(struct scratch *s, struct icrc_kept *kept)
 {
 	const __u8 *p = s->buf + LRH_AT;
-	__u64 differ = *(const __u32 *)(p + 8 * ICRC_PREFIX_WORDS) ^ s->prefix_tail;
+	__u64 differ = *(const __u32 *)(p + 8 * ICRC_PREFIX_WORDS) ^ kept->tail;
 	__u32 crc;
 
 #pragma unroll
 	for (int i = 0; i < ICRC_PREFIX_WORDS; i++)
-		differ |= *(const __u64 *)(p + 8 * i) ^ s->prefix[i];
+		differ |= *(const __u64 *)(p + 8 * i) ^ kept->words[i];
 	if (!differ)
-		return s->prefix_crc;
+		return kept->crc;
 	crc = crc32_slice8_update_short(0xffffffff, s->buf, BUF_MASK, LRH_AT, ICRC_PREFIX);
 #pragma unroll
 	for (int i = 0; i < ICRC_PREFIX_WORDS; i++)
-		s->prefix[i] = *(const __u64 *)(p + 8 * i);
-	s->prefix_tail = *(const __u32 *)(p + 8 * ICRC_PREFIX_WORDS);
-	s->prefix_crc = crc;
+		kept->words[i] = *(const __u64 *)(p + 8 * i);
+	kept->tail = *(const __u32 *)(p + 8 * ICRC_PREFIX_WORDS);
+	kept->crc = crc;
 	return crc;
 }
 
@@ -136,26 +141,25 @@ static __always_inline __u32 icrc_prefix(struct scratch *s)
 static __always_inline int icrc_wrong(struct scratch *s, __u64 ip_total)
 {
 	__u32 covered = LRH_STAND_IN_LEN + ip_total - ICRC_LEN, rest = covered - ICRC_PREFIX;
-	__u32 crc = icrc_prefix(s);
+	__u32 crc = icrc_prefix(s, &s->request);
 
 	if (rest % 4 == 0 && rest <= 8 * CRC_SHORT_WORDS + 4)
 		crc = crc32_slice8_update_short(crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX, rest);
 	else
 		crc = buf_crc(crc, LRH_AT + ICRC_PREFIX, rest);
 	/* the iCRC goes on the wire least significant byte first: a little-endian word */
-	return *(const __u32 *)&s->buf[(IP_AT + ip_total - ICRC_LEN) & BUF_MASK] != ~crc;
+	return *(const __u32 *)(s->buf + ((IP_AT + ip_total - ICRC_LEN) & BUF_MASK)) != ~crc;
 }
 
 /* Copies buf[from, from + len) to the arena at byte `offset`, eight bytes at a time: a part per page it touches
  * (two at most, since a payload is shorter than a page), each a run of words and, for a part of 8 bytes or more,
  * one last word that ends where the part ends (it rewrites up to 7 bytes with what they already hold); shorter
- * parts byte by byte. Global: verified once. */
-__noinline int arena_write(__u64 offset, __u32 from, __u32 len)
+ * parts byte by byte. */
+static __always_inline int arena_write(struct scratch *s, __u64 offset, __u32 from, __u32 len)
 {
-	struct scratch *s = scratch_get();
 	__u32 done = 0;
 
-	if (!s || len > IP_LIMIT)
+	if (len > IP_LIMIT)
 		return -1;
 	for (int part = 0; part < 2 && done < len; part++) {
 		__u64 at = offset + done;
@@ -171,13 +175,13 @@ __noinline int arena_write(__u64 offset, __u32 from, __u32 len)
 				to = (o + i) & ARENA_MASK;
 				if (to > ARENA_PAGE - 8)
 					return -1;	/* never: o + n <= ARENA_PAGE */
-				*(__u64 *)&page->bytes[to] = *(__u64 *)&s->buf[(from + done + i) & BUF_MASK];
+				*(__u64 *)(page->bytes + to) = *(__u64 *)(s->buf + ((from + done + i) & BUF_MASK));
 			}
 			if (i < n) {
 				to = (o + n - 8) & ARENA_MASK;
 				if (to > ARENA_PAGE - 8)
 					return -1;
-				*(__u64 *)&page->bytes[to] = *(__u64 *)&s->buf[(from + done + n - 8) & BUF_MASK];
+				*(__u64 *)(page->bytes + to) = *(__u64 *)(s->buf + ((from + done + n - 8) & BUF_MASK));
 			}
 		} else {
 			for (; i < 8 && i < n; i++)
@@ -204,7 +208,7 @@ struct reply {
 #define ACK_IP_LEN (IPV4_SIZE + UDP_SIZE + BTH_SIZE + ROCE_EXT_LEN_RC_ACK + ICRC_LEN)
 #define ATOMIC_ACK_IP_LEN (IPV4_SIZE + UDP_SIZE + BTH_SIZE + ROCE_EXT_LEN_RC_ATOMIC_ACK + ICRC_LEN)
 _Static_assert((LRH_STAND_IN_LEN + ATOMIC_ACK_IP_LEN - ICRC_LEN) % 4 == 0 &&
-	       LRH_STAND_IN_LEN + ATOMIC_ACK_IP_LEN - ICRC_LEN <= 8 * CRC_SHORT_WORDS + 4 &&
+	       LRH_STAND_IN_LEN + ATOMIC_ACK_IP_LEN - ICRC_LEN - ICRC_PREFIX <= 8 * CRC_SHORT_WORDS + 4 &&
 	       (LRH_STAND_IN_LEN + ACK_IP_LEN - ICRC_LEN) % 4 == 0, "a reply's iCRC runs inline");
 
 /* An ACK, NAK or Atomic ACK in buf; returns its length. Inline, with its iCRC: its one call site is respond. */
@@ -231,10 +235,12 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	if (r->atomic)
 		atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
 	icrc_mask(s->buf + LRH_AT, ip, udp, bth);
-	crc = ~crc32_slice8_update_short(0xffffffff, s->buf, BUF_MASK, LRH_AT, LRH_STAND_IN_LEN + ip_len - ICRC_LEN);
+	crc = icrc_prefix(s, &s->reply);
+	crc = ~crc32_slice8_update_short(crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
+					 LRH_STAND_IN_LEN + ip_len - ICRC_LEN - ICRC_PREFIX);
 	icrc_unmask(udp, bth);
 	ipv4_finish(ip, 0, REPLY_TTL);
-	*(__u32 *)&s->buf[(IP_AT + ip_len - ICRC_LEN) & BUF_MASK] = crc;	/* little-endian, as the iCRC goes */
+	*(__u32 *)(s->buf + ((IP_AT + ip_len - ICRC_LEN) & BUF_MASK)) = crc;	/* little-endian, as the iCRC goes */
 	/* The Ethernet header goes last: it overlaps the LRH stand-in the iCRC needed. */
 	__builtin_memcpy(f + ETHERNET_DST_OFF, qp->remote_mac, ETHERNET_DST_LEN);
 	__builtin_memcpy(f + ETHERNET_SRC_OFF, cfg->mac, ETHERNET_SRC_LEN);
@@ -304,7 +310,7 @@ static __always_inline __u32 write_payload(struct scratch *s, const struct respo
 	if (rq->dma_len != rq->payload_len || rq->rkey != qp->rkey || !(qp->access & ACCESS_REMOTE_WRITE) ||
 	    !region_contains(qp, rq->va, rq->payload_len))
 		return 0;
-	if (arena_write(qp->arena_offset + (rq->va - qp->base_va), rq->payload_at, rq->payload_len))
+	if (arena_write(s, qp->arena_offset + (rq->va - qp->base_va), rq->payload_at, rq->payload_len))
 		return 0;
 	if (qp->ring_bytes) {	/* an Append ring: its reader counts what a lap overwrote from this */
 		struct ring_writes_key ring = {qp->ring_index + (__u32)((rq->va - qp->base_va) / qp->ring_bytes)};
@@ -416,7 +422,7 @@ static __always_inline __u32 serve_rc(struct scratch *s, const struct responder_
 		page = bpf_map_lookup_elem(&arena, &index);
 		if (!page || offset % 8)
 			return fatal(r, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
-		original = __sync_fetch_and_add((__u64 *)&page->bytes[offset & ARENA_MASK & ~7ULL], rq->add);
+		original = __sync_fetch_and_add((__u64 *)(page->bytes + (offset & ARENA_MASK & ~7ULL)), rq->add);
 		advance(qs);
 		qs->atomic_valid = 1;
 		qs->atomic_psn = rq->psn;
