@@ -606,9 +606,9 @@ def check_queues(tables: Tables, interfaces: list[str]) -> None:
 
 
 def check_across(tables: Tables, egress: Callable[[QueuePair], int]) -> None:
-    """Refuse a fleet with copies across replicas whose copies the program cannot send as one report's frames: the
-    tc stage sends them all out of one interface, and a QP's frames must always take one path (through the tc
-    stage when its structure takes redundant reports), or they could leave out of PSN order."""
+    """Refuse a fleet with copies across replicas whose copies the program cannot send as one report's frames: it
+    sends them all out of one interface (one broadcast, or the tc stage), and a QP's frames must always take one
+    path (the one for redundant reports when its structure takes them), or they could leave out of PSN order."""
     fleet = tables.fleet
     if fleet is None or not fleet.across:
         return
