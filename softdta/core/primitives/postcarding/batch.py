@@ -155,16 +155,15 @@ class PostcardingPath(VectorPath[PostcardPiece]):
         return emitted
 
     def queued_all(self, flushes: list[Flush], tokens: list[int], now_ns: int) -> None:
-        """The paths begun in the segment are named by the last entry queued for their cache entry (the path that
-        waits there now, if any: a path begins only where none waits)."""
+        """A path begun in the segment that still waits (it waits where a path began last: a path begins only where
+        none waits) is named by the last entry queued for its cache entry, the one with the highest token (a path
+        begun by the vector path has token 0 until then)."""
         target = flushes[0][2]
         assert isinstance(target, Structure)
         cache = cast("Postcarding", self.primitive).cache(target)
-        index = np.fromiter((index for _, index, _ in flushes), dtype=np.int64, count=len(flushes))
-        last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
-        index, token = index[last], np.array(tokens, dtype=np.int64)[last]
+        index, token = np.array([index for _, index, _ in flushes], dtype=np.int64), np.array(tokens, dtype=np.int64)
         live = cache.live[index]
-        cache.tokens[index[live]] = token[live]
+        np.maximum.at(cache.tokens, index[live], token[live])
 
 def _other_keys(keys: Words, entry: npt.NDArray[np.int64], given: Words) -> npt.NDArray[np.bool_]:
     """Whether the key in each cache entry `entry` differs from the one given for it, a word at a time."""
