@@ -106,6 +106,16 @@ static __always_inline struct scratch *scratch_get(void)
 	return bpf_map_lookup_elem(&responder_scratch, &zero);
 }
 
+/* icrc_mask with the LRH stand-in stored as one word (buf[LRH_AT] is 8-byte aligned). */
+static __always_inline void mask_variant_fields(struct scratch *s, __u8 *ip, __u8 *udp, __u8 *bth)
+{
+	_Static_assert(LRH_STAND_IN_LEN == 8 && LRH_AT % 8 == 0, "the LRH stand-in is one aligned word");
+	*(__u64 *)(s->buf + LRH_AT) = ~0ULL;
+	ipv4_icrc_variant_ones(ip);
+	udp_icrc_variant_ones(udp);
+	bth_icrc_variant_ones(bth);
+}
+
 /* The raw CRC state `crc` continued over buf[start, start + len): global, so the verifier checks its loop once. */
 __noinline __u32 buf_crc(__u32 crc, __u32 start, __u32 len)
 {
@@ -234,7 +244,7 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	aeth_set_msn(aeth, r->msn);
 	if (r->atomic)
 		atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
-	icrc_mask(s->buf + LRH_AT, ip, udp, bth);
+	mask_variant_fields(s, ip, udp, bth);
 	crc = icrc_prefix(s, &s->reply);
 	crc = ~crc32_slice8_update_short(crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
 					 LRH_STAND_IN_LEN + ip_len - ICRC_LEN - ICRC_PREFIX);
@@ -242,8 +252,11 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	ipv4_finish(ip, 0, REPLY_TTL);
 	*(__u32 *)(s->buf + ((IP_AT + ip_len - ICRC_LEN) & BUF_MASK)) = crc;	/* little-endian, as the iCRC goes */
 	/* The Ethernet header goes last: it overlaps the LRH stand-in the iCRC needed. */
-	__builtin_memcpy(f + ETHERNET_DST_OFF, qp->remote_mac, ETHERNET_DST_LEN);
-	__builtin_memcpy(f + ETHERNET_SRC_OFF, cfg->mac, ETHERNET_SRC_LEN);
+	_Static_assert(ETHERNET_DST_LEN == 6 && ETHERNET_SRC_LEN == 6, "MACs are copied as a word and a half");
+	*(__u32 *)(f + ETHERNET_DST_OFF) = *(const __u32 *)qp->remote_mac;
+	*(__u16 *)(f + ETHERNET_DST_OFF + 4) = *(const __u16 *)(qp->remote_mac + 4);
+	*(__u32 *)(f + ETHERNET_SRC_OFF) = *(const __u32 *)cfg->mac;
+	*(__u16 *)(f + ETHERNET_SRC_OFF + 4) = *(const __u16 *)(cfg->mac + 4);
 	ethernet_set_ethertype(f, ETH_P_IP);
 	count(RCNT_REPLIES_SENT);
 	return ETHERNET_SIZE + ip_len;
@@ -458,8 +471,9 @@ static __always_inline int respond(struct xdp_md *ctx)
 	s = scratch_get();
 	if (!cfg || !s)
 		return XDP_PASS;
-	__builtin_memcpy(&src, d.ip + IPV4_SRC_OFF, IPV4_SRC_LEN);
-	__builtin_memcpy(&dst, d.ip + IPV4_DST_OFF, IPV4_DST_LEN);
+	_Static_assert(IPV4_SRC_LEN == 4 && IPV4_DST_LEN == 4, "addresses are loaded as words");
+	src = *(const __u32 *)(d.ip + IPV4_SRC_OFF);	/* network order, as the maps keep them */
+	dst = *(const __u32 *)(d.ip + IPV4_DST_OFF);
 	/* The RoCE payload ends where UDP says; bytes after it (Ethernet padding) are not part of it. */
 	ip_total = ihl + d.udp_len;
 	/* ip_total is in [1, IP_LIMIT] here, so the mask keeps it whole and shows the verifier it fits. */
@@ -474,7 +488,7 @@ static __always_inline int respond(struct xdp_md *ctx)
 	if (!reason) {
 		ip = s->buf + IP_AT;
 		udp = ip + (ihl & IPV4_MAX_HEADER_LEN);
-		icrc_mask(s->buf + LRH_AT, ip, udp, udp + UDP_SIZE);
+		mask_variant_fields(s, ip, udp, udp + UDP_SIZE);
 		if (icrc_wrong(s, ip_total))
 			reason = RCNT_ICRC_ERRORS;
 	}
