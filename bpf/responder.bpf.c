@@ -32,8 +32,8 @@ _Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");
 
 /* The iCRC's first ICRC_PREFIX bytes, up to the BTH's PSN word, are the same in every request of one QP and
  * opcode, and in every reply of one QP and kind: the LRH stand-in, the IPv4 and UDP headers with their variant
- * fields masked, and the BTH's opcode, flags, P_Key and destination QP. So each CPU keeps the last ones it saw,
- * of requests and of replies, with the CRC state after them. */
+ * fields masked, and the BTH's opcode, flags, P_Key and destination QP. So each CPU keeps the last request's,
+ * compared byte for byte, with the CRC state after them (and the last reply's, below). */
 #define ICRC_PREFIX (LRH_STAND_IN_LEN + IPV4_SIZE + UDP_SIZE + BTH_SIZE - 4)
 #define ICRC_PREFIX_WORDS (ICRC_PREFIX / 8)
 
@@ -43,10 +43,23 @@ struct icrc_kept {
 	__u32 crc;			/* the raw CRC state after them */
 };
 
+/* The last reply's headers, from the Ethernet header to the BTH's PSN word, are the same for every reply of one
+ * kind to one QP: each CPU keeps them, with what they were built from and the iCRC state after them. */
+#define REPLY_KEPT_WORDS 7
+struct reply_kept {
+	__u64 from[4];			/* the IPs, the remote QPN and the kind, both MACs and the UDP source port;
+					 * all zero (matching nothing: `from[1]` has a bit set) until the first */
+	__u64 headers[REPLY_KEPT_WORDS];	/* the reply's first 56 bytes, of which the first 50 are kept ones */
+	__u32 crc;			/* the raw CRC state after its first ICRC_PREFIX bytes, masked */
+};
+_Static_assert(8 * REPLY_KEPT_WORDS >= ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + BTH_SIZE - 4,
+	       "the kept words reach the BTH's PSN word");
+
 struct scratch {
 	__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT + BUF_SIZE:
 					 * a request of up to BUF_SIZE bytes loads at IP_AT */
-	struct icrc_kept request, reply;
+	struct icrc_kept request;
+	struct reply_kept reply;
 };
 _Static_assert(ICRC_PREFIX == 8 * ICRC_PREFIX_WORDS + 4, "the prefix is whole words and a half");
 
@@ -221,7 +234,8 @@ _Static_assert((LRH_STAND_IN_LEN + ATOMIC_ACK_IP_LEN - ICRC_LEN) % 4 == 0 &&
 	       LRH_STAND_IN_LEN + ATOMIC_ACK_IP_LEN - ICRC_LEN - ICRC_PREFIX <= 8 * CRC_SHORT_WORDS + 4 &&
 	       (LRH_STAND_IN_LEN + ACK_IP_LEN - ICRC_LEN) % 4 == 0, "a reply's iCRC runs inline");
 
-/* An ACK, NAK or Atomic ACK in buf; returns its length. Inline, with its iCRC: its one call site is respond. */
+/* An ACK, NAK or Atomic ACK in buf; returns its length. Inline, with its iCRC: its one call site is respond.
+ * The headers up to the BTH's PSN word come from the kept ones when they were built from the same fields. */
 static __always_inline __u32 build_reply(struct scratch *s, const struct responder_config_value *cfg,
 					 const struct responder_qp_value *qp, const struct reply *r)
 {
@@ -229,7 +243,36 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + ICRC_LEN, crc;
 	__u8 *f = s->buf + IP_AT - ETHERNET_SIZE, *ip = s->buf + IP_AT, *udp = ip + IPV4_SIZE, *bth = udp + UDP_SIZE;
 	__u8 *aeth = bth + BTH_SIZE;
+	struct reply_kept *kept = &s->reply;
+	__u64 from[4] = {
+		(__u64)qp->remote_ip << 32 | cfg->ip,
+		(__u64)qp->remote_qpn | (__u64)(r->atomic ? 3 : 1) << 32,
+		*(const __u64 *)qp->remote_mac,	/* with the QP's transport and access bytes after it */
+		*(const __u64 *)cfg->mac,	/* with udp_sport after it */
+	};
 
+	_Static_assert(__builtin_offsetof(struct responder_qp_value, remote_mac) % 8 == 0 &&
+		       __builtin_offsetof(struct responder_qp_value, remote_mac) + 8 <= sizeof(struct responder_qp_value) &&
+		       __builtin_offsetof(struct responder_config_value, mac) == 0 &&
+		       __builtin_offsetof(struct responder_config_value, udp_sport) == 6, "whole words of fields");
+	if (!((from[0] ^ kept->from[0]) | (from[1] ^ kept->from[1]) | (from[2] ^ kept->from[2]) |
+	      (from[3] ^ kept->from[3]))) {
+#pragma unroll
+		for (int i = 0; i < REPLY_KEPT_WORDS; i++)
+			*(__u64 *)(f + 8 * i) = kept->headers[i];
+		put8(bth + BTH_ACK_REQ_OFF, 0);
+		bth_set_psn(bth, r->psn);
+		aeth_set_syndrome(aeth, r->syndrome);
+		aeth_set_msn(aeth, r->msn);
+		if (r->atomic)
+			atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
+		/* nothing after the prefix is a variant field */
+		crc = ~crc32_slice8_update_short(kept->crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
+						 LRH_STAND_IN_LEN + ip_len - ICRC_LEN - ICRC_PREFIX);
+		*(__u32 *)(s->buf + ((IP_AT + ip_len - ICRC_LEN) & BUF_MASK)) = crc;
+		count(RCNT_REPLIES_SENT);
+		return ETHERNET_SIZE + ip_len;
+	}
 	ipv4_header(ip, ip_len, cfg->ip, qp->remote_ip);
 	udp_set_sport(udp, cfg->udp_sport);
 	udp_set_dport(udp, ROCE_PORT);
@@ -245,8 +288,8 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	if (r->atomic)
 		atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
 	mask_variant_fields(s, ip, udp, bth);
-	crc = icrc_prefix(s, &s->reply);
-	crc = ~crc32_slice8_update_short(crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
+	kept->crc = crc32_slice8_update_short(0xffffffff, s->buf, BUF_MASK, LRH_AT, ICRC_PREFIX);
+	crc = ~crc32_slice8_update_short(kept->crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
 					 LRH_STAND_IN_LEN + ip_len - ICRC_LEN - ICRC_PREFIX);
 	icrc_unmask(udp, bth);
 	ipv4_finish(ip, 0, REPLY_TTL);
@@ -258,6 +301,12 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	*(__u32 *)(f + ETHERNET_SRC_OFF) = *(const __u32 *)cfg->mac;
 	*(__u16 *)(f + ETHERNET_SRC_OFF + 4) = *(const __u16 *)(cfg->mac + 4);
 	ethernet_set_ethertype(f, ETH_P_IP);
+#pragma unroll
+	for (int i = 0; i < REPLY_KEPT_WORDS; i++)
+		kept->headers[i] = *(const __u64 *)(f + 8 * i);
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		kept->from[i] = from[i];
 	count(RCNT_REPLIES_SENT);
 	return ETHERNET_SIZE + ip_len;
 }

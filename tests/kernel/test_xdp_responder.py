@@ -230,6 +230,40 @@ def test_a_changed_header_byte_after_a_kept_icrc_prefix_is_judged_like_the_refer
         assert pair.kernel.counters()[ResponderCounter.ICRC_ERRORS] > 0
 
 
+def test_replies_follow_a_changed_queue_pair_like_the_reference():
+    """Each CPU keeps the last reply's headers with what they were built from: ACKs and Atomic ACKs after the
+    QP's remote MAC, IP or QPN changed, in turns, carry the new ones, as the reference's do."""
+    mac, ip = mac_bytes("02:5d:7a:00:01:01"), ip_bytes("10.77.1.1")
+    kernel, reference = XdpResponder(mac, ip, arena_bytes=4096), Responder(mac, ip)
+    memory, qpn, base, rkey = bytearray(4096), 0x11, 0x10000, 0x77
+    remotes = [(mac_bytes("02:5d:7a:00:00:01"), ip_bytes("10.77.0.1"), 0x201),
+               (mac_bytes("02:5d:7a:00:00:02"), ip_bytes("10.77.0.1"), 0x201),
+               (mac_bytes("02:5d:7a:00:00:02"), ip_bytes("10.77.0.2"), 0x201),
+               (mac_bytes("02:5d:7a:00:00:02"), ip_bytes("10.77.0.2"), 0x202),
+               (mac_bytes("02:5d:7a:00:00:01"), ip_bytes("10.77.0.1"), 0x201)]
+    with kernel:
+        region = kernel.allocate(4096)
+        for turn, (remote_mac, remote_ip, remote_qpn) in enumerate(remotes):
+            psn = 100 * turn
+            kernel.remove_qp(qpn)
+            kernel.add_qp(qpn, Transport.RC, remote_ip=remote_ip, remote_mac=remote_mac, remote_qpn=remote_qpn,
+                          region=region, base_va=base, rkey=rkey, expected_psn=psn)
+            reference.add_qp(ResponderQp(qpn, Transport.RC, remote_ip, remote_mac, MemoryRegion(base, rkey, memory),
+                                         expected_psn=psn, remote_qpn=remote_qpn))
+            ends = UdpEndpoints(remote_mac, mac, remote_ip, ip, 49152, ROCE_PORT)
+            headers = {"reth": {"va": base + 8 * turn, "rkey": rkey, "dma_length": 8},
+                       "atomic_eth": {"va": base + 64, "rkey": rkey, "swap_add": turn + 1}}
+            write, fetch_add = RoceOpcode.RC_WRITE_ONLY, RoceOpcode.RC_FETCH_ADD
+            for step, opcode in enumerate((write, fetch_add, write)):
+                payload = b"abcdefgh" if opcode is write else b""
+                frame = build_roce_frame(ends, transport_payload(opcode, qpn, psn + step, headers, payload,
+                                                                 ack_req=True))
+                expected, got = reference.process(frame), kernel.process(frame)
+                assert got.replies and got.replies == expected.replies, f"turn {turn}, {opcode.name}"
+                assert parse_roce(got.replies[0]).icrc_ok
+        assert region.view.tobytes() == bytes(memory)
+
+
 def test_every_request_size_up_to_the_ip_limit_matches_the_reference():
     """Every WRITE and WRITE-with-immediate payload length, on RC and UC, from empty to the largest the responder
     accepts (IP packets of RESPONDER_IP_LIMIT bytes), at offsets that cross pages; Fetch&Adds at every aligned
