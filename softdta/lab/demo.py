@@ -518,7 +518,8 @@ def _print(console: Console, summary: dict[str, Any], Table: type[Table]) -> Non
                   "translator emitted "
                   f"{translator['frames_emitted']:,} RoCEv2 frames, consumed {translator['acks_from_collector']:,} "
                   f"RC ACKs, {translator['cpu_ns_per_report'] or '?'} ns of "
-                  f"{'XDP+tc' if translator['engine']['name'] == 'xdp' else 'python engine'} CPU per report")
+                  + ("XDP (its devmap and tc stages too)" if translator["engine"]["name"] == "xdp" else "python engine")
+                  + " CPU per report")
     console.print(f"drops: translator {translator['drops'] or 'none'}, collector {collector['drops'] or 'none'}, "
                   f"links {summary['link_drops'] or 'none'}")
     received = (f"executed {collector['executed']:,} requests" if "executed" in collector else

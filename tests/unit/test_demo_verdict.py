@@ -17,7 +17,7 @@ from softdta.lab.demo import burst_problems, verdict
 CLEAN = {
     "reports_sent": {"key-write": 100, "key-increment": 50},
     "translator": {"received": {"key-write": 100, "key-increment": 50}, "frames_emitted": 300, "drops": {},
-                   "replies": {"rx_acks": 60, "rx_nak_sequence": 0}},
+                   "replies": {"rx_acks": 60, "rx_nak_sequence": 0}, "engine": {"name": "xdp"}},
     "collector": {"executed": 300, "drops": {}, "replies_sent": 60},
     "link_drops": {},
     "complete": True,
@@ -134,10 +134,9 @@ def printed(summary: dict) -> str:
     return console.export_text()
 
 
-SHOWN = {**copy.deepcopy(CLEAN), "reports_per_second": 3000, "burst": {**copy.deepcopy(BURST), "seconds": 3,
-                                                                       "achieved": 1_000_000, "rx_queues": 2},
-         "problems": []}
-SHOWN["translator"].update(acks_from_collector=60, cpu_ns_per_report=80.0, engine={"name": "xdp"})
+SHOWN = {**copy.deepcopy(CLEAN), "reports_per_second": 3000, "senders": "AF_PACKET TX rings",
+         "burst": {**copy.deepcopy(BURST), "seconds": 3, "achieved": 1_000_000, "rx_queues": 2}, "problems": []}
+SHOWN["translator"].update(acks_from_collector=60, cpu_ns_per_report=80.0)
 SHOWN["collector"]["fill"] = {"key-write": 0.1}
 SHOWN["queries"]["key_write"].update(correct=9898, keys=10_000, success=0.9898, expected=0.9902, spread=0.001,
                                      load=0.15)
