@@ -55,12 +55,21 @@ struct reply_kept {
 _Static_assert(8 * REPLY_KEPT_WORDS >= ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + BTH_SIZE - 4,
 	       "the kept words reach the BTH's PSN word");
 
+/* The kept headers live in the part of the scratch past the largest request (IP_LIMIT bytes at IP_AT, and the
+ * 8 bytes a word load may read after it), so that the map keeps its size: a collector adopts the pinned maps of
+ * a killed one only if each is the same size. */
 struct scratch {
-	__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT + BUF_SIZE:
-					 * a request of up to BUF_SIZE bytes loads at IP_AT */
-	struct icrc_kept request;
-	struct reply_kept reply;
+	union {
+		__u8 buf[IP_AT + BUF_SIZE + 8];	/* + 8: word loads at any masked index stay inside; IP_AT +
+						 * BUF_SIZE: a request of up to BUF_SIZE bytes loads at IP_AT */
+		struct {
+			__u8 request_bytes[IP_AT + IP_LIMIT + 8];
+			struct icrc_kept request;
+			struct reply_kept reply;
+		};
+	};
 };
+_Static_assert(sizeof(struct scratch) == IP_AT + BUF_SIZE + 8, "the scratch map keeps its size");
 _Static_assert(ICRC_PREFIX == 8 * ICRC_PREFIX_WORDS + 4, "the prefix is whole words and a half");
 
 TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
