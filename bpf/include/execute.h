@@ -84,6 +84,33 @@ static __always_inline int arena_copy(const __u8 *buf, __u32 mask, __u32 limit, 
 	return 0;
 }
 
+#define ARENA_SHORT_WORDS 8	/* arena_copy_short: payloads of up to this many words */
+
+/* arena_copy for a payload of up to ARENA_SHORT_WORDS words inside one page, a word at a time and inline: 1 if
+ * it copied, 0 if the payload is not one of those (arena_copy then), -1 if the arena has no such page. */
+static __always_inline int arena_copy_short(const __u8 *buf, __u32 mask, __u64 offset, __u32 from, __u32 len)
+{
+	__u32 in_page = offset & ARENA_MASK, index = offset / ARENA_PAGE, i = 0;
+	struct arena_value *page;
+
+	if (len > 8 * ARENA_SHORT_WORDS || in_page + len > ARENA_PAGE)
+		return 0;
+	page = bpf_map_lookup_elem(&arena, &index);
+	if (!page)
+		return -1;
+	for (; i < 8 * ARENA_SHORT_WORDS && i + 8 <= len; i += 8) {
+		__u64 at = in_page + i;
+
+		barrier_var(at);	/* checked and used as one 64-bit register: the verifier bounds the store by it */
+		if (at > ARENA_PAGE - 8)
+			return -1;
+		*(__u64 *)(page->bytes + at) = *(__u64 *)(buf + ((from + i) & mask));
+	}
+	for (int k = 0; k < 8 && i < len; k++, i++)
+		page->bytes[(in_page + i) & ARENA_MASK] = buf[(from + i) & mask];
+	return 1;
+}
+
 /* A WRITE's checks before its payload is copied: DMA length, R_Key, access rights and bounds. */
 static __always_inline int write_allowed(const struct responder_qp_value *qp, const struct exec_write *w)
 {

@@ -50,7 +50,15 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 			.opcode = fp->opcode,
 		};
 
-		if (write_allowed(rqp, &w) && !local_arena_write(write_offset(rqp, &w), w.payload_at, payload)) {
+		__u64 offset = write_offset(rqp, &w);
+		int copied = 0;
+
+		if (write_allowed(rqp, &w)) {
+			copied = arena_copy_short(s->out, OUT_MASK, offset, w.payload_at, payload);
+			if (!copied)
+				copied = local_arena_write(offset, w.payload_at, payload) ? -1 : 1;
+		}
+		if (copied > 0) {
 			execute_write_done(rqp, &w);
 			responder_count(RCNT_EXECUTED);
 		} else {
