@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from softdta.core.control_plane import DEFAULT_FLUSH_IDLE_NS
 from softdta.core.tables import Tables
 from softdta.engines.xdp import XdpTranslator
+from softdta.kernel.bpf import xdp_md
 from softdta.kernel.resources import BPF_DIR
 
 if TYPE_CHECKING:
@@ -45,6 +46,14 @@ class LocalTranslator(XdpTranslator):
 
     def uninstall(self) -> None:
         self.responder.maps["responder_local"].delete(_SLOT)
+
+    def tick(self) -> None:
+        """One control-plane step: flush what is idle (into the memory: nothing is sent), and run again the
+        essential reports parked while a QP could not take them."""
+        self.flush()
+        for _, ifindex, rx_queue, frame in self.take_deferred():
+            self.xdp.test_run(frame, ctx=xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue))
+            self.reinjected += 1
 
     def close(self) -> None:
         self.uninstall()
