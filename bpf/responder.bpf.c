@@ -5,7 +5,9 @@
  * RoCEv2 frames (UDP 4791) to the collector's IP are checked as rdma_rxe checks them: iCRC, destination QP,
  * source GID, the PSN rules of RC and UC, R_Key, bounds and access rights. WRITEs land in `arena`, an
  * mmapable array that userspace maps as the collector's memory; Fetch&Add is atomic there. RC ACKs, NAKs and
- * Atomic ACKs go back with XDP_TX. Everything else passes up the stack untouched.
+ * Atomic ACKs go back with XDP_TX. DTA reports (UDP to DTA_PORT) go on to the local translator by a tail call
+ * when the collector translates locally (responder_local; bpf/local.bpf.c). Everything else passes up the stack
+ * untouched. Executing a request is include/execute.h's, shared with the local translator.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>

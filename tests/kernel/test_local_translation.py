@@ -20,7 +20,7 @@ from softdta.engines.local import LocalTranslator
 from softdta.engines.xdp import XdpTranslator
 from softdta.kernel.programs import XDP_DROP, XDP_PASS
 from softdta.lab.benchmarks.local import responder_for
-from softdta.spec import ResponderCounter
+from softdta.spec import ResponderCounter, Transport
 from softdta.wire.frames import ip_bytes, mac_bytes
 from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
 
@@ -48,10 +48,15 @@ def assert_same_memory(remote: XdpResponder, local: XdpResponder) -> None:
     assert local.ring_writes.tolist() == remote.ring_writes.tolist(), "WRITEs per Append ring differ"
 
 
+@pytest.mark.parametrize("rc", [False, True], ids=["as-configured", "all-rc"])
 @pytest.mark.parametrize("redundancy", [1, 2])
 @pytest.mark.parametrize("seed", range(2))
-def test_local_translation_leaves_the_arena_the_translator_and_responder_leave(seed, redundancy):
+def test_local_translation_leaves_the_arena_the_translator_and_responder_leave(seed, redundancy, rc):
     tables = Tables.from_toml(EXAMPLE_TABLES)
+    if rc:  # ACKs requested every 3 frames go back to the translator; locally there are none
+        tables.ack_request_interval = 3
+        for qp in tables.qps:
+            qp.transport = Transport.RC
     reporter = reporter_of(tables)
     with collector_of(tables) as remote, collector_of(tables) as local, \
             XdpTranslator(tables, flush_idle_ns=0) as translator, \
