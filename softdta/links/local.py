@@ -21,12 +21,13 @@ from softdta.core.tables import Tables
 from softdta.engines.local import LocalTranslator
 from softdta.engines.xdp import rx_queues
 from softdta.errors import SoftdtaError
+from softdta.spec import MAX_RX_QUEUES
 from softdta.wire.frames import ip_str, mac_str
 
 if TYPE_CHECKING:
     from softdta.collector.collector import Collector
 
-LOCAL_QPN = 0xF00000  # the QPNs of the collector's own translator end: queue q of structure i is LOCAL_QPN + 64 i + q
+LOCAL_QPN = 0xF00000  # its own translator end: queue q of structure i is QPN LOCAL_QPN + MAX_RX_QUEUES i + q
 
 
 class LocalLink:
@@ -39,7 +40,7 @@ class LocalLink:
         config = collector.config
         queues = self._queues(config.interface)
         peer_ip, peer_mac = config.ip, config.mac
-        adverts = [{**collector.connect(name, Peer(peer_ip, peer_mac, LOCAL_QPN + 64 * index + queue, 0)),
+        adverts = [{**collector.connect(name, Peer(peer_ip, peer_mac, LOCAL_QPN + MAX_RX_QUEUES * index + queue, 0)),
                     "queue": queue}
                    for index, name in enumerate(collector.specs) for queue in range(queues)]
         document = tables_document({"mac": mac_str(peer_mac), "ip": ip_str(peer_ip)},
@@ -59,7 +60,7 @@ class LocalLink:
         if not interface:
             return 1
         try:
-            return max(1, min(rx_queues(socket.if_nametoindex(interface)), 64))
+            return max(1, min(rx_queues(socket.if_nametoindex(interface)), MAX_RX_QUEUES))
         except OSError:
             return 1
 
