@@ -5,7 +5,9 @@
  * RoCEv2 frames (UDP 4791) to the collector's IP are checked as rdma_rxe checks them: iCRC, destination QP,
  * source GID, the PSN rules of RC and UC, R_Key, bounds and access rights. WRITEs land in `arena`, an
  * mmapable array that userspace maps as the collector's memory; Fetch&Add is atomic there. RC ACKs, NAKs and
- * Atomic ACKs go back with XDP_TX. Everything else passes up the stack untouched.
+ * Atomic ACKs go back with XDP_TX. DTA reports (UDP to DTA_PORT) go on to the local translator by a tail call
+ * when the collector translates locally (responder_local; bpf/local.bpf.c). Everything else passes up the stack
+ * untouched. Executing a request is include/execute.h's, shared with the local translator.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -18,6 +20,7 @@
 #include "maps.h"
 #include "parsing.h"
 #include "roce.h"
+#include "execute.h"
 
 #define BUF_SIZE 2048		/* the frame being checked, then the reply; a power of two for index masks */
 #define BUF_MASK (BUF_SIZE - 1)
@@ -25,7 +28,6 @@
 				 * which a reply's Ethernet header then overwrites */
 #define LRH_AT (IP_AT - LRH_STAND_IN_LEN)
 #define IP_LIMIT RESPONDER_IP_LIMIT
-#define ARENA_MASK (ARENA_PAGE - 1)
 #define SYNDROME_NAK(code) ((AETH_NAK << AETH_KIND_SHIFT) | (code))
 
 _Static_assert(IP_LIMIT <= BUF_SIZE, "a request must fit the scratch buffer");
@@ -73,52 +75,29 @@ _Static_assert(sizeof(struct scratch) == IP_AT + BUF_SIZE + 8, "the scratch map 
 _Static_assert(ICRC_PREFIX == 8 * ICRC_PREFIX_WORDS + 4, "the prefix is whole words and a half");
 
 TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
-TABLE(responder_qp, BPF_MAP_TYPE_HASH, struct responder_qp_key, struct responder_qp_value,
-      RESPONDER_QP_MAX_ENTRIES);
 TABLE(responder_qp_state, BPF_MAP_TYPE_HASH, struct responder_qp_state_key, struct responder_qp_state_value,
       RESPONDER_QP_STATE_MAX_ENTRIES);
-TABLE(responder_counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, RESPONDER_COUNTER_SLOTS);
 TABLE(responder_scratch, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct scratch, 1);
 
+/* Local translation (bpf/local.bpf.c): reports to DTA_PORT go to slot 0's program, if there is one. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, __u32);
-	__type(value, struct arena_value);
-	__uint(max_entries, ARENA_MAX_ENTRIES);	/* sized at load */
-} arena SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+	__uint(max_entries, 1);
+} responder_local SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, struct ring_writes_key);
-	__type(value, struct ring_writes_value);
-	__uint(max_entries, RING_WRITES_MAX_ENTRIES);
-} ring_writes SEC(".maps");
-
-RING(completions, 1 << 18);	/* struct completion records */
-
-/* What one frame asks for, as parsed. */
+/* What one frame asks for, as parsed: a WRITE's fields in `w` (a Fetch&Add's address and R_Key too). */
 struct request {
-	__u64 va;
+	struct exec_write w;
 	__u64 add;
-	__u32 rkey;
-	__u32 dma_len;
-	__u32 immediate;
-	__u32 payload_at;	/* in scratch */
-	__u32 payload_len;
 	__u32 psn;
-	__u32 qpn;
-	__u8 opcode;
 	__u8 ack_req;
 };
 
 static __always_inline void count(__u32 slot)
 {
-	__u64 *value = bpf_map_lookup_elem(&responder_counters, &slot);
-
-	if (value)
-		*value += 1;
+	responder_count(slot);
 }
 
 static __always_inline struct scratch *scratch_get(void)
@@ -183,50 +162,10 @@ static __always_inline int icrc_wrong(struct scratch *s, __u64 ip_total)
 	return *(const __u32 *)(s->buf + ((IP_AT + ip_total - ICRC_LEN) & BUF_MASK)) != ~crc;
 }
 
-/* Copies buf[from, from + len) to the arena at byte `offset`, eight bytes at a time: a part per page it touches
- * (two at most, since a payload is shorter than a page), each a run of words and, for a part of 8 bytes or more,
- * one last word that ends where the part ends (it rewrites up to 7 bytes with what they already hold); shorter
- * parts byte by byte. */
+/* buf[from, from + len) to the arena at byte `offset`. */
 static __always_inline int arena_write(struct scratch *s, __u64 offset, __u32 from, __u32 len)
 {
-	__u32 done = 0;
-
-	if (len > IP_LIMIT)
-		return -1;
-	for (int part = 0; part < 2 && done < len; part++) {
-		__u64 at = offset + done;
-		__u32 index = at / ARENA_PAGE, o = at & ARENA_MASK, n = len - done, i = 0, to;
-		struct arena_value *page = bpf_map_lookup_elem(&arena, &index);
-
-		if (!page)
-			return -1;
-		if (n > ARENA_PAGE - o)
-			n = ARENA_PAGE - o;
-		if (n >= 8) {
-			for (int k = 0; k < IP_LIMIT / 8 && i + 8 <= n; k++, i += 8) {
-				to = (o + i) & ARENA_MASK;
-				if (to > ARENA_PAGE - 8)
-					return -1;	/* never: o + n <= ARENA_PAGE */
-				*(__u64 *)(page->bytes + to) = *(__u64 *)(s->buf + ((from + done + i) & BUF_MASK));
-			}
-			if (i < n) {
-				to = (o + n - 8) & ARENA_MASK;
-				if (to > ARENA_PAGE - 8)
-					return -1;
-				*(__u64 *)(page->bytes + to) = *(__u64 *)(s->buf + ((from + done + n - 8) & BUF_MASK));
-			}
-		} else {
-			for (; i < 8 && i < n; i++)
-				page->bytes[(o + i) & ARENA_MASK] = s->buf[(from + done + i) & BUF_MASK];
-		}
-		done += n;
-	}
-	return 0;
-}
-
-static __always_inline int region_contains(const struct responder_qp_value *qp, __u64 va, __u64 len)
-{
-	return va >= qp->base_va && va - qp->base_va <= qp->length && len <= qp->length - (va - qp->base_va);
+	return arena_copy(s->buf, BUF_MASK, IP_LIMIT, offset, from, len);
 }
 
 struct reply {
@@ -378,32 +317,11 @@ static __always_inline int send_reply(struct xdp_md *ctx, struct scratch *s, __u
 static __always_inline __u32 write_payload(struct scratch *s, const struct responder_qp_value *qp,
 					   const struct request *rq)
 {
-	if (rq->dma_len != rq->payload_len || rq->rkey != qp->rkey || !(qp->access & ACCESS_REMOTE_WRITE) ||
-	    !region_contains(qp, rq->va, rq->payload_len))
-		return 0;
-	if (arena_write(s, qp->arena_offset + (rq->va - qp->base_va), rq->payload_at, rq->payload_len))
-		return 0;
-	if (qp->ring_bytes) {	/* an Append ring: its reader counts what a lap overwrote from this */
-		struct ring_writes_key ring = {qp->ring_index + (__u32)((rq->va - qp->base_va) / qp->ring_bytes)};
-		struct ring_writes_value *done = bpf_map_lookup_elem(&ring_writes, &ring);
+	const struct exec_write *w = &rq->w;
 
-		if (done)
-			__sync_fetch_and_add(&done->writes, 1);
-	}
-	if (rq->opcode == ROCE_OP_RC_WRITE_ONLY_IMM || rq->opcode == ROCE_OP_UC_WRITE_ONLY_IMM) {
-		struct completion *done = bpf_ringbuf_reserve(&completions, sizeof(*done), 0);
-
-		if (done) {
-			done->qpn = rq->qpn;
-			done->immediate = rq->immediate;
-			done->byte_len = rq->payload_len;
-			done->pad = 0;
-			bpf_ringbuf_submit(done, 0);
-		} else {
-			count(RCNT_COMPLETIONS_LOST);
-		}
-		count(RCNT_COMPLETIONS);
-	}
+	if (!write_allowed(qp, w) || arena_write(s, write_offset(qp, w), w->payload_at, w->payload_len))
+		return 0;
+	execute_write_done(qp, w);
 	return 1;
 }
 
@@ -416,28 +334,28 @@ static __always_inline __u32 parse_request(struct scratch *s, __u32 ip_header_le
 
 	if (body_len < BTH_SIZE + ICRC_LEN)
 		return RCNT_MALFORMED;
-	rq->opcode = bth_get_opcode(body);
-	ext = roce_ext_len(rq->opcode);
+	rq->w.opcode = bth_get_opcode(body);
+	ext = roce_ext_len(rq->w.opcode);
 	if (ext < 0 || body_len - ICRC_LEN < BTH_SIZE + (__u64)ext)
 		return RCNT_MALFORMED;
 	end = body_len - ICRC_LEN - bth_get_pad_count(body);
 	if (end < BTH_SIZE + (__u64)ext)
 		return RCNT_MALFORMED;
-	rq->qpn = bth_get_dest_qp(body);
+	rq->w.qpn = bth_get_dest_qp(body);
 	rq->ack_req = bth_get_ack_req(body);
 	rq->psn = bth_get_psn(body);
 	/* RETH and AtomicETH start alike: the address, then the R_Key */
-	rq->va = reth_get_va(eh);
-	rq->rkey = reth_get_rkey(eh);
+	rq->w.va = reth_get_va(eh);
+	rq->w.rkey = reth_get_rkey(eh);
 	if (ext == ROCE_EXT_LEN_RC_FETCH_ADD) {
 		rq->add = atomic_eth_get_swap_add(eh);
 	} else if (ext >= RETH_SIZE) {
-		rq->dma_len = reth_get_dma_length(eh);
+		rq->w.dma_len = reth_get_dma_length(eh);
 		if (ext == RETH_SIZE + IMMDT_SIZE)
-			rq->immediate = immdt_get_immediate(eh + RETH_SIZE);
+			rq->w.immediate = immdt_get_immediate(eh + RETH_SIZE);
 	}
-	rq->payload_at = IP_AT + ip_header_len + UDP_SIZE + BTH_SIZE + ext;
-	rq->payload_len = end - BTH_SIZE - ext;
+	rq->w.payload_at = IP_AT + ip_header_len + UDP_SIZE + BTH_SIZE + ext;
+	rq->w.payload_len = end - BTH_SIZE - ext;
 	return 0;
 }
 
@@ -474,26 +392,19 @@ static __always_inline __u32 serve_rc(struct scratch *s, const struct responder_
 	}
 	if (distance) {
 		count(RCNT_DUPLICATE_REQUEST);
-		if (rq->opcode == ROCE_OP_RC_FETCH_ADD && qs->atomic_valid && qs->atomic_psn == rq->psn)
+		if (rq->w.opcode == ROCE_OP_RC_FETCH_ADD && qs->atomic_valid && qs->atomic_psn == rq->psn)
 			return atomic_ack(r, rq->psn, qs->msn, qs->atomic_original);
 		return ack(r, qs->expected_psn - 1, ACK_SYNDROME, qs->msn);
 	}
 	qs->nak_sent = 0;
-	if (rq->opcode == ROCE_OP_RC_FETCH_ADD) {
-		struct arena_value *page;
-		__u64 offset, original;
-		__u32 index;
+	if (rq->w.opcode == ROCE_OP_RC_FETCH_ADD) {
+		__u32 refused = fetch_add_refused(qp, rq->w.va, rq->w.rkey);
+		__u64 original;
 
-		if (rq->va % 8)
-			return fatal(r, qs, SYNDROME_NAK(NAK_INVALID_REQUEST), RCNT_MISALIGNED_ATOMIC);
-		if (!(qp->access & ACCESS_REMOTE_ATOMIC) || rq->rkey != qp->rkey || !region_contains(qp, rq->va, 8))
+		if (refused == RCNT_MISALIGNED_ATOMIC)
+			return fatal(r, qs, SYNDROME_NAK(NAK_INVALID_REQUEST), refused);
+		if (refused || execute_fetch_add(qp, rq->w.va, rq->add, &original))
 			return fatal(r, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
-		offset = qp->arena_offset + (rq->va - qp->base_va);
-		index = offset / ARENA_PAGE;
-		page = bpf_map_lookup_elem(&arena, &index);
-		if (!page || offset % 8)
-			return fatal(r, qs, SYNDROME_NAK(NAK_REMOTE_ACCESS_ERROR), RCNT_REMOTE_ACCESS_ERRORS);
-		original = __sync_fetch_and_add((__u64 *)(page->bytes + (offset & ARENA_MASK & ~7ULL)), rq->add);
 		advance(qs);
 		qs->atomic_valid = 1;
 		qs->atomic_psn = rq->psn;
@@ -520,8 +431,13 @@ static __always_inline int respond(struct xdp_md *ctx)
 	struct udp4 d;
 	__u8 *ip, *udp;
 
-	if (parse_udp4(data, data_end, &d) || d.dport != ROCE_PORT)
+	if (parse_udp4(data, data_end, &d))
 		return XDP_PASS;
+	if (d.dport != ROCE_PORT) {
+		if (d.dport == DTA_PORT)
+			bpf_tail_call(ctx, &responder_local, 0);	/* returns only without local translation */
+		return XDP_PASS;
+	}
 	ihl = d.ihl;
 
 	/* A RoCEv2 frame: from here every outcome is counted. */
@@ -554,17 +470,17 @@ static __always_inline int respond(struct xdp_md *ctx)
 		count(reason);
 		return XDP_DROP;
 	}
-	qp = bpf_map_lookup_elem(&responder_qp, &rq.qpn);
-	qs = bpf_map_lookup_elem(&responder_qp_state, &rq.qpn);
+	qp = bpf_map_lookup_elem(&responder_qp, &rq.w.qpn);
+	qs = bpf_map_lookup_elem(&responder_qp_state, &rq.w.qpn);
 	if (!qp || !qs)
 		reason = RCNT_UNKNOWN_QPN;
 	else if (qp->remote_ip != src)
 		reason = RCNT_SOURCE_GID_MISMATCH;
 	else if (qs->error)
 		reason = RCNT_QP_IN_ERROR;
-	else if (qp->transport == TRANSPORT_RC ? rq.opcode != ROCE_OP_RC_WRITE_ONLY &&
-					 rq.opcode != ROCE_OP_RC_WRITE_ONLY_IMM && rq.opcode != ROCE_OP_RC_FETCH_ADD
-				       : rq.opcode != ROCE_OP_UC_WRITE_ONLY && rq.opcode != ROCE_OP_UC_WRITE_ONLY_IMM)
+	else if (qp->transport == TRANSPORT_RC ? rq.w.opcode != ROCE_OP_RC_WRITE_ONLY &&
+					 rq.w.opcode != ROCE_OP_RC_WRITE_ONLY_IMM && rq.w.opcode != ROCE_OP_RC_FETCH_ADD
+				       : rq.w.opcode != ROCE_OP_UC_WRITE_ONLY && rq.w.opcode != ROCE_OP_UC_WRITE_ONLY_IMM)
 		reason = RCNT_OPCODE_NOT_VALID;
 	if (reason || !qp || !qs) {
 		count(reason);

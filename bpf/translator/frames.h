@@ -47,6 +47,9 @@ static __always_inline int same_mac(const __u8 *a, const __u8 *b)
 	return *(const __u32 *)a == *(const __u32 *)b && *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
 }
 
+#ifdef SOFTDTA_LOCAL
+#include "translator/local.h"
+#else
 /* Whether a cache entry holds the fixed part of this shape as the QP and the configuration now define it. */
 static __always_inline int frame_cache_fits(const struct frame_cache *c, __u32 shape, const struct qp_value *q,
 					    const struct translator_config_value *cfg)
@@ -164,6 +167,7 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 		s->out[(at + ETHERNET_SIZE + ip_len - ICRC_LEN + i) & OUT_MASK] = crc >> (8 * i);
 	return ETHERNET_SIZE + ip_len;
 }
+#endif /* SOFTDTA_LOCAL */
 
 /* Appends one RDMA WRITE (with Immediate if asked) of the payload already at the frame's payload offset. */
 static __always_inline __u32 write_frame(struct scratch *s, __u32 at, const struct qp_ref *ref,

@@ -77,7 +77,7 @@ static __always_inline int emit(struct xdp_md *ctx, struct scratch *s)
 	struct copies_key copies_key;
 	void *data, *devmap = 0;
 
-	if (!s->out_count)
+	if (!s->out_count || s->out_executed)
 		return XDP_DROP;
 	if (len > OUT_LIMIT || len < ETHERNET_SIZE) {
 		count(CNT_DROP_BAD_LENGTH);
@@ -143,6 +143,7 @@ static __always_inline struct scratch *begin(__u32 data_path, __u32 rx_queue)
 		s->out_count = 0;
 		s->out_redundant = 0;
 		s->out_ifindex = 0;
+		s->out_executed = 0;
 	}
 	return s;
 }

@@ -96,6 +96,7 @@ struct scratch {
 	__u32 copy_next;
 	__u32 out_frame_len;
 	__u32 out_ifindex;
+	__u32 out_executed;	/* local translation (bpf/local.bpf.c): the report's requests executed, nothing to send */
 	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
 	struct structure_memo structure_memo;
 	struct append_list_memo append_list_memo;

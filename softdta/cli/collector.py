@@ -35,6 +35,10 @@ def register(commands: Commands) -> None:
     collector_up.add_argument("--snapshot-every", type=float, metavar="S",
                               help="write a Parquet snapshot of every structure each S seconds (the [snapshot] "
                                    "section's every; docs/export.md)")
+    collector_up.add_argument("--translate-locally", action="store_true",
+                              help="translate the DTA reports this collector receives itself, into its own memory: "
+                                   "the translator's XDP program on the responder's arena, no RoCE frames "
+                                   "([collector] translate_locally; xdp backend only; docs/collector.md)")
     collector_up.set_defaults(run=_collector_up)
     collector_snapshot = add_command(collector_actions, "snapshot", "ask a running collector to write a Parquet "
                                      "snapshot of every structure, and print its files",
@@ -55,6 +59,9 @@ def _collector_up(args: argparse.Namespace) -> int:
     from softdta.collector.registration import DEFAULT_LEASE_TTL_S, FleetSettings
     from softdta.core.export import ExportSettings
     config = CollectorConfig.from_toml(args.config)
+    if args.translate_locally:
+        config.translate_locally = True
+        config.validate()
     if args.export:
         config.export = dataclasses.replace(config.export, url=args.export) if config.export else \
             ExportSettings(args.export)
@@ -76,13 +83,16 @@ def _collector_up(args: argparse.Namespace) -> int:
         ttl = DEFAULT_LEASE_TTL_S if args.lease_ttl is None else args.lease_ttl
         fleet = FleetSettings(args.etcd, args.fleet, args.weight, ttl)
         fleet.validate()
+    from softdta.links.local import LocalLink
     try:
         if args.netns:
             from softdta.kernel.netns import in_netns
             with in_netns(args.netns):
-                run(config, control_host=args.control_host, query_host=args.query_host, fleet=fleet)
+                run(config, control_host=args.control_host, query_host=args.query_host, fleet=fleet,
+                    translate_locally=LocalLink)
         else:
-            run(config, control_host=args.control_host, query_host=args.query_host, fleet=fleet)
+            run(config, control_host=args.control_host, query_host=args.query_host, fleet=fleet,
+                translate_locally=LocalLink)
     except (BackendError, StartError, ControlError) as error:
         raise CliError(str(error)) from None
     return 0

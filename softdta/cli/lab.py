@@ -142,6 +142,12 @@ def _bench(args: argparse.Namespace) -> int:
           "userspace 0; "
           f"Python asyncio {collector['python_asyncio']['median']:.0f} ns"
           + (f"; C epoll {c['median']:.0f} ns" if c else ""))
+    local = results["local_translation_ns_per_report"]
+    for name, case in local["cases"].items():
+        print(f"  local translation, {name}: {case['local']['median']:.0f} ns per report at the collector "
+              f"({case['local_via_responder']['median']:.0f} ns through the responder's tail call); translator + "
+              f"responder {case['translator_plus_responder']:.0f} ns (empty program "
+              f"{local['empty_xdp_program']['median']:.0f} ns)")
     for fleet in results["fleet_slot_map"].values():
         print(f"  fleet of {fleet['collectors']}, {fleet['replicas']} replica(s): slots led max/mean "
               f"{fleet['max_over_mean']} (goal <= {fleet['balance_goal']}), moved on a join "

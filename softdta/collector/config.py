@@ -42,7 +42,7 @@ MAX_QPS_LIMIT = 1 << 20  # QPNs are 24-bit, and the xdp backend's queue-pair tab
 BACKENDS = ("xdp", "verbs")
 XDP_MODES = ("native", "generic")
 COLLECTOR_KEYS = ("name", "ip", "mac", "backend", "interface", "xdp_mode", "data_dir", "token", "control_port",
-                  "query_port", "max_qps", "tls_cert", "tls_key", "tls_client_ca")
+                  "query_port", "max_qps", "tls_cert", "tls_key", "tls_client_ca", "translate_locally")
 STRUCTURE_KEYS = ("primitive", "slots", "columns", "key_len", "data_len", "hash", "hops", "cache_entries", "rows",
                   "reporters", "merge", "batch", "transport", "redundancy")
 APPEND_KEYS = ("first_list", "lists", "entries", "data_len", "batch", "transport")
@@ -192,6 +192,7 @@ class CollectorConfig:
     tls_cert: Path | None = None  # the control protocol over TLS (docs/control.md)
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # translators must then present a certificate this CA signed
+    translate_locally: bool = False  # run the translator's XDP program on the responder's memory (docs/collector.md)
     structures: list[StructureSpec] = field(default_factory=list)
     append: list[AppendSpec] = field(default_factory=list)
     snapshot_dir: Path | None = None  # [snapshot] dir: Parquet snapshots (docs/export.md); default data_dir/snapshots
@@ -218,6 +219,10 @@ class CollectorConfig:
                 not 1 <= self.max_qps <= MAX_QPS_LIMIT:
             raise TableError(f"collector: max_qps {self.max_qps!r} must be a whole number from 1 to {MAX_QPS_LIMIT} "
                              f"(queue pairs for all translators; default {DEFAULT_MAX_QPS})")
+        if self.translate_locally and self.backend != "xdp":
+            raise TableError(f"collector: translate_locally needs backend = \"xdp\" (it runs the translator's XDP "
+                             f"program on the xdp responder's memory), not {self.backend!r}; set backend = \"xdp\" "
+                             "or translate_locally = false")
         seen: set[int] = set()
         for structure in self.structures:
             structure.validate()
@@ -301,6 +306,7 @@ class CollectorConfig:
                      control_port=collector.integer("control_port", DEFAULT_CONTROL_PORT, 1, 65535),
                      query_port=collector.integer("query_port", DEFAULT_QUERY_PORT, 1, 65535),
                      max_qps=collector.integer("max_qps", DEFAULT_MAX_QPS, 1, MAX_QPS_LIMIT),
+                     translate_locally=collector.boolean("translate_locally", False),
                      structures=structures, append=append)
         for key in ("tls_cert", "tls_key", "tls_client_ca"):
             path = collector.text(key, "")

@@ -8,7 +8,7 @@ import resource
 import signal
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from softdta.collector import service
 from softdta.collector.backend import Backend
@@ -45,6 +45,10 @@ class Announce(Protocol):
     """Where the collector says it is up (print, by default)."""
 
     def __call__(self, *values: object, flush: bool) -> None: ...
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
 
 
 class StartError(SoftdtaError, RuntimeError):
@@ -146,8 +150,12 @@ async def poll_completions(collector: Collector, stop: asyncio.Event) -> None:
 
 
 def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: str = "127.0.0.1",
-        ready: Announce = print, fleet: FleetSettings | None = None) -> None:
+        ready: Announce = print, fleet: FleetSettings | None = None,
+        translate_locally: Callable[[Collector], Closeable] | None = None) -> None:
     """The backend is set up (and torn down) outside the event loop: attaching XDP uses pyroute2's own loop.
+
+    With [collector] translate_locally, `translate_locally` starts the collector's own translator on it (the
+    layer above provides it: softdta.links.local.LocalLink); it stops before the collector closes.
 
     The xdp backend's pin directory is locked first, so a second collector of the same configuration touches
     nothing of the first one's. A start that fails leaves no program attached and nothing pinned (`discard`),
@@ -159,8 +167,14 @@ def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: s
     lock = lock_pin_dir(pin_dir) if pin_dir is not None else None
     try:
         backend = make_backend(config, pin_dir)
+        local: Closeable | None = None
         try:
             collector = Collector(config, backend)
+            if config.translate_locally:
+                if translate_locally is None:
+                    raise StartError("translate_locally is set but this caller cannot start local translation; "
+                                     "run `softdta collector up`")
+                local = translate_locally(collector)
         except BaseException:
             _discard(backend)
             raise
@@ -177,12 +191,16 @@ def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: s
                 runner.run(serve_collector(collector, control_host=control_host, query_host=query_host,
                                            ready=announce, fleet=fleet))
         except BaseException:
+            if local is not None:
+                local.close()
             if not started:
                 _discard(backend)
                 raise
             collector.close()
             raise
         signal.signal(signal.SIGHUP, ignore_hangup)  # closing the loop restored the default action
+        if local is not None:
+            local.close()
         collector.close()
     finally:
         if lock is not None:

@@ -103,6 +103,9 @@ class XdpResponder:
         self.ring_writes = np.frombuffer(self._rings_mapping, dtype=np.uint64)
         self._next_ring = 0
         self.attached: list[int] = []
+        # a collector killed while translating locally leaves its program in the pinned program array: only a
+        # LocalTranslator of this process may be there (softdta.engines.local)
+        self.maps["responder_local"].delete(bytes(4))
         self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"),
                     layout=layout)
 

@@ -150,15 +150,17 @@ class XdpTranslator:
 
     `pin_dir` pins every map there (under a bpffs), so a restarted translator finds its PSNs, Append heads and
     caches again. Without it, the maps live as long as this object. `source` may name a program that includes
-    bpf/translator.bpf.c and adds to it (the benchmarks do).
+    bpf/translator.bpf.c and adds to it (the benchmarks do, and local translation: bpf/local.bpf.c, whose maps
+    named in `reuse` are another object's).
     """
 
     def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
-                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, source: Path = TRANSLATOR_SOURCE):
+                 flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, source: Path = TRANSLATOR_SOURCE,
+                 reuse: dict[str, Map] | None = None):
         self.flush_idle_ns = flush_idle_ns
         try:
             self.object = BpfObject(build_object(source), pin_dir=pin_dir,
-                                    map_sizes={"fanout": _capacity("fanout") * possible_cpus()})
+                                    map_sizes={"fanout": _capacity("fanout") * possible_cpus()}, reuse=reuse)
         except BpfError as error:
             raise EngineError(f"cannot load the kernel translator: {error}") from None
         self.maps: dict[str, Map] = self.object.maps

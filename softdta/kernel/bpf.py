@@ -92,6 +92,7 @@ for _name, _res, _args in [
     ("bpf_object__next_program", _P, [_P, _P]),
     ("bpf_map__set_max_entries", _I, [_P, _U32]),
     ("bpf_map__set_pin_path", _I, [_P, ctypes.c_char_p]),
+    ("bpf_map__reuse_fd", _I, [_P, _I]),
     ("bpf_map__name", ctypes.c_char_p, [_P]),
     ("bpf_map__fd", _I, [_P]),
     ("bpf_map__key_size", _U32, [_P]),
@@ -464,17 +465,19 @@ class Program:
 
 
 class BpfObject:
-    """A loaded BPF ELF object; maps with a pin_dir are reused from, or pinned to, that bpffs directory."""
+    """A loaded BPF ELF object; maps with a pin_dir are reused from, or pinned to, that bpffs directory. The maps
+    named in `reuse` are those open maps instead (of another loaded object: the two programs then share them);
+    they are neither resized nor pinned."""
 
     def __init__(self, path: str | Path, *, pin_dir: str | Path | None = None,
-                 map_sizes: dict[str, int] | None = None):
+                 map_sizes: dict[str, int] | None = None, reuse: dict[str, Map] | None = None):
         self.path = Path(path)
         with _libbpf_log() as lines:
             self._obj = _lib.bpf_object__open_file(os.fsencode(self.path), None)
             if not self._obj:
                 raise _error(f"open BPF object {self.path}", ctypes.get_errno(), log_lines=lines)
             try:
-                self._configure(pin_dir, map_sizes or {})
+                self._configure(pin_dir, map_sizes or {}, reuse or {})
                 ret = _lib.bpf_object__load(self._obj)
                 if ret < 0:
                     raise _error(f"load BPF object {self.path}", -ret, {
@@ -487,7 +490,12 @@ class BpfObject:
         self.maps = {m.name: m for m in self._iter(_lib.bpf_object__next_map, self._map)}
         self.programs = {p.name: p for p in self._iter(_lib.bpf_object__next_program, self._program)}
 
-    def _configure(self, pin_dir: str | Path | None, map_sizes: dict[str, int]) -> None:
+    def _configure(self, pin_dir: str | Path | None, map_sizes: dict[str, int], reuse: dict[str, Map]) -> None:
+        for name, shared in reuse.items():
+            handle = _lib.bpf_object__find_map_by_name(self._obj, name.encode())
+            if not handle:
+                raise BpfError(f"reuse map '{name}' in {self.path}: no such map")
+            _check(_lib.bpf_map__reuse_fd(handle, shared.fd), f"reuse map '{name}' (fd {shared.fd}) in {self.path}")
         for name, size in map_sizes.items():
             handle = _lib.bpf_object__find_map_by_name(self._obj, name.encode())
             if not handle:
@@ -499,7 +507,7 @@ class BpfObject:
         for handle in self._iter(_lib.bpf_object__next_map, lambda h: h):
             name = _lib.bpf_map__name(handle).decode()
             # global-data maps (.rodata, .bss, <obj>.data) are per-load constants and state, never shared
-            if "." not in name:
+            if "." not in name and name not in reuse:
                 _check(_lib.bpf_map__set_pin_path(handle, f"{pin_dir}/{name}".encode()), f"set pin path of '{name}'")
 
     def _iter(self, next_fn: Callable[[int | None, int | None], int | None],

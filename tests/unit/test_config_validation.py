@@ -48,6 +48,9 @@ def softdta(*args):
     (r'^ip = .*$', 'ip = "0.0.0.0"', "ip 0.0.0.0 is a multicast"),
     (r'^mac = .*$', 'mac = "ff:ff:ff:ff:ff:ff"', "mac ff:ff:ff:ff:ff:ff is a multicast, broadcast or all-zero"),
     (r'^mac = .*$', 'mac = "01:00:5e:00:00:01"', "the first octet even"),
+    (r'^backend = .*$', 'backend = "verbs"\ntranslate_locally = true', 'translate_locally needs backend = "xdp"'),
+    (r"^query_port = 8040$", 'query_port = 8040\ntranslate_locally = "yes"', "translate_locally = 'yes' must be "
+                                                                             "true or false"),
 ])
 def test_collector_configuration_errors(tmp_path, pattern, replacement, words):
     (tmp_path / "collector.toml").write_text(edited(COLLECTOR, pattern, replacement))

@@ -78,11 +78,11 @@ def responder_harness(case: str) -> Iterator[tuple[XdpResponder, ArenaRegion, by
         yield responder, region, frame
 
 
-def collector_xdp_responder(repeat: int) -> dict[str, Stats]:
-    """The xdp responder: kernel ns per request (BPF_PROG_TEST_RUN, restore subtracted); the collector's
-    userspace does nothing per report."""
+def collector_xdp_responder(repeat: int, cases: list[str] | None = None) -> dict[str, Stats]:
+    """The xdp responder: kernel ns per request (BPF_PROG_TEST_RUN, restore subtracted), for every case of
+    RESPONDER_CASES or those named; the collector's userspace does nothing per report."""
     results = {}
-    for case in RESPONDER_CASES:
+    for case in cases or RESPONDER_CASES:
         with responder_harness(case) as (responder, _, frame):
             restore = responder.object.programs["bench_restore"]
             respond = responder.object.programs["bench_respond"]

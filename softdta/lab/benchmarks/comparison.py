@@ -35,6 +35,7 @@ from softdta.lab.benchmarks.live import (
     translator_live_kernel,
     with_floor_fractions,
 )
+from softdta.lab.benchmarks.local import LocalTranslation, local_translation
 from softdta.lab.benchmarks.python_engine import (
     EngineRate,
     TranslatorRate,
@@ -91,6 +92,7 @@ class Comparison(TypedDict):
     translator_live_lab_kernel_generator: LiveKernelGenerator
     translator_live_direct: dict[str, LiveDirect]
     collector_cpu_ns_per_report: CollectorCpu
+    local_translation_ns_per_report: LocalTranslation
     memory_writes_per_report: dict[str, float]
     query_rate_per_core: dict[str, Stats]
     query_success: list[dict[str, float]]
@@ -136,6 +138,7 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
         "collector_cpu_ns_per_report": {"xdp_responder_kernel": collector_xdp_responder(repeat),
                                         "python_asyncio": collector_python(count),
                                         "c_epoll": collector_c(count)},
+        "local_translation_ns_per_report": local_translation(repeat),
         "memory_writes_per_report": memory_writes_per_report(count),
         "query_rate_per_core": query_rate(16 if quick else 22, 1 << (12 if quick else 18)),
         "query_success": query_success(1 << (14 if quick else 18), 2000 if quick else 20000),
