@@ -26,7 +26,8 @@ def build_object(source: Path = TRANSLATOR_SOURCE, force: bool = False) -> Path:
     if INSTALLED and source.parent == BPF_DIR and source.name in bpf_build.SHIPPED and not force:
         return BPF_DIR / bpf_build.object_name(source)
     target = source.parent / "build" / bpf_build.object_name(source)
-    inputs = [source, TRANSLATOR_SOURCE, *BPF_DIR.rglob("*.h")]
+    # any program may include another's source (the benchmarks' do, local.bpf.c does): all of bpf/ counts
+    inputs = [source, *BPF_DIR.rglob("*.c"), *BPF_DIR.rglob("*.h")]
     if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
         return target
     try:
