@@ -125,8 +125,8 @@ def run(quick: bool = False, out: Path = RESULTS) -> Comparison:
             [50_000, 100_000] if quick else [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 0],
             seconds=0.3 if quick else 1.0),
         "translator_live_direct": with_floor_fractions({
-            f"{queues}_rx_queues" + ("_floor" if bare else f"_n{copies}" if copies > 1 else "")
-            + ("_tc_stage" if via_tc else ""):
+            f"{queues}_rx_queues" + ("_floor" if bare else "") + (f"_n{copies}" if copies > 1 else "")
+            + (f"_redundancy_{redundancy}" if redundancy > copies else "") + ("_tc_stage" if via_tc else ""):
                 translator_live_direct(
                     [100_000, 400_000] if quick else [200_000, 400_000, 800_000, 1_000_000, 1_200_000, 1_600_000,
                                                       2_000_000, 2_400_000, 3_200_000, 0],
