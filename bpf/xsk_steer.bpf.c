@@ -23,6 +23,7 @@
 #include "maps.h"
 #include "parsing.h"
 #include "roce.h"
+#include "transmit.h"
 
 #define XSK_QUEUES 64
 
@@ -40,45 +41,6 @@ struct xsk_io_value {
 	__u64 values[8];
 };
 TABLE(xsk_io, BPF_MAP_TYPE_ARRAY, __u32, struct xsk_io_value, XSK_QUEUES);
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, __u32);
-	__type(value, struct transmit_control);
-	__uint(max_entries, 1);
-} transmit_control SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, __u32);
-	__type(value, struct transmit_frame);
-	__uint(max_entries, TRANSMIT_SLOTS);
-} transmit_frames SEC(".maps");
-
-/* one run of a transmit call: the call's next frame, in slot order, out of the engine's interface */
-static __always_inline int transmit(struct xdp_md *ctx)
-{
-	struct transmit_control *control;
-	struct transmit_frame *frame;
-	__u32 zero = 0, slot, len;
-
-	control = bpf_map_lookup_elem(&transmit_control, &zero);
-	if (!control || control->next >= control->count)
-		return XDP_DROP;
-	slot = control->next++;	/* one caller at a time: the engine's thread */
-	frame = bpf_map_lookup_elem(&transmit_frames, &slot);
-	if (!frame)
-		return XDP_DROP;
-	len = *(volatile __u32 *)&frame->len;	/* read once: the bound checked is the length copied */
-	if (len < ETHERNET_SIZE || len > TRANSMIT_FRAME_MAX)
-		return XDP_DROP;
-	if (bpf_xdp_adjust_tail(ctx, (int)len - (int)bpf_xdp_get_buff_len(ctx)))
-		return XDP_DROP;
-	if (bpf_xdp_store_bytes(ctx, 0, frame->frame, len))
-		return XDP_DROP;
-	return bpf_redirect(control->ifindex, 0);
-}
 
 SEC("xdp")
 int softdta_xsk(struct xdp_md *ctx)
