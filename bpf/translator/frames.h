@@ -17,6 +17,23 @@ static __always_inline __u32 request_ext_len(__u8 opcode)
 }
 
 
+/* The sizes of the frame s->frame describes: its extended transport header, payload, pad and IP length. */
+struct frame_shape {
+	__u32 ext;
+	__u32 payload;
+	__u32 pad;
+	__u32 ip_len;
+};
+
+static __always_inline struct frame_shape frame_shape_of(const struct frame_params *fp)
+{
+	struct frame_shape f = { .ext = request_ext_len(fp->opcode), .payload = fp->payload_len & 511 };
+
+	f.pad = (4 - (f.payload & 3)) & 3;
+	f.ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + f.ext + f.payload + f.pad + ICRC_LEN;
+	return f;
+}
+
 /* Raw CRC-32 state `crc` carried over s->out[start, start + len): a global function, so the verifier checks its
  * loop only once. */
 __noinline __u32 out_crc_update(struct scratch *s, __u32 crc, __u32 start, __u32 len)
@@ -114,10 +131,8 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 	const struct qp_value *q = ref->q;
 	struct qp_state_value *qs = ref->qs;
 	struct frame_params *fp = &s->frame;
-	__u32 ext = request_ext_len(fp->opcode);
-	__u32 payload = fp->payload_len & 511;
-	__u32 pad = (4 - (payload & 3)) & 3;
-	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + payload + pad + ICRC_LEN;
+	struct frame_shape sizes = frame_shape_of(fp);
+	__u32 ext = sizes.ext, payload = sizes.payload, pad = sizes.pad, ip_len = sizes.ip_len;
 	__u32 shape = (__u32)fp->opcode << 24 | pad << 16 | ip_len;
 	__u32 cache_index = ref->index * 2 + (fp->opcode & 1);
 	__u32 ack_req = 0, crc;

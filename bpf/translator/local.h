@@ -1,5 +1,5 @@
 /* translator.bpf.c, built as bpf/local.bpf.c: the request a frame would carry, executed into the collector's
- * memory instead of built (issue 34, "Translation where the memory is"). */
+ * memory instead of built. */
 #ifndef SOFTDTA_TRANSLATOR_LOCAL_H
 #define SOFTDTA_TRANSLATOR_LOCAL_H
 
@@ -21,10 +21,8 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 	const struct qp_value *q = ref->q;
 	struct qp_state_value *qs = ref->qs;
 	struct frame_params *fp = &s->frame;
-	__u32 ext = request_ext_len(fp->opcode);
-	__u32 payload = fp->payload_len & 511;
-	__u32 pad = (4 - (payload & 3)) & 3;
-	__u32 ip_len = IPV4_SIZE + UDP_SIZE + BTH_SIZE + ext + payload + pad + ICRC_LEN;
+	struct frame_shape sizes = frame_shape_of(fp);
+	__u32 ext = sizes.ext, payload = sizes.payload, ip_len = sizes.ip_len;
 	struct responder_qp_key key = { .qpn = q->remote_qpn };
 	struct responder_qp_value *rqp;
 
