@@ -176,6 +176,17 @@ struct reply {
 	__u32 atomic;
 };
 
+/* What differs from reply to reply of one kind to one QP: AckReq (clear), PSN, AETH, and the original value. */
+static __always_inline void reply_fields(__u8 *bth, __u8 *aeth, const struct reply *r)
+{
+	put8(bth + BTH_ACK_REQ_OFF, 0);
+	bth_set_psn(bth, r->psn);
+	aeth_set_syndrome(aeth, r->syndrome);
+	aeth_set_msn(aeth, r->msn);
+	if (r->atomic)
+		atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
+}
+
 #define ACK_IP_LEN (IPV4_SIZE + UDP_SIZE + BTH_SIZE + ROCE_EXT_LEN_RC_ACK + ICRC_LEN)
 #define ATOMIC_ACK_IP_LEN (IPV4_SIZE + UDP_SIZE + BTH_SIZE + ROCE_EXT_LEN_RC_ATOMIC_ACK + ICRC_LEN)
 _Static_assert((LRH_STAND_IN_LEN + ATOMIC_ACK_IP_LEN - ICRC_LEN) % 4 == 0 &&
@@ -208,12 +219,7 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 #pragma unroll
 		for (int i = 0; i < REPLY_KEPT_WORDS; i++)
 			*(__u64 *)(f + 8 * i) = kept->headers[i];
-		put8(bth + BTH_ACK_REQ_OFF, 0);
-		bth_set_psn(bth, r->psn);
-		aeth_set_syndrome(aeth, r->syndrome);
-		aeth_set_msn(aeth, r->msn);
-		if (r->atomic)
-			atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
+		reply_fields(bth, aeth, r);
 		/* nothing after the prefix is a variant field */
 		crc = ~crc32_slice8_update_short(kept->crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
 						 LRH_STAND_IN_LEN + ip_len - ICRC_LEN - ICRC_PREFIX);
@@ -229,12 +235,7 @@ static __always_inline __u32 build_reply(struct scratch *s, const struct respond
 	put8(bth + BTH_MIGREQ_OFF, BTH_MIGREQ_MASK);	/* MigReq set, no padding */
 	bth_set_pkey(bth, DEFAULT_PKEY);
 	bth_set_dest_qp(bth, qp->remote_qpn);
-	put8(bth + BTH_ACK_REQ_OFF, 0);
-	bth_set_psn(bth, r->psn);
-	aeth_set_syndrome(aeth, r->syndrome);
-	aeth_set_msn(aeth, r->msn);
-	if (r->atomic)
-		atomic_ack_eth_set_original(aeth + AETH_SIZE, r->original);
+	reply_fields(bth, aeth, r);
 	mask_variant_fields(s, ip, udp, bth);
 	kept->crc = crc32_slice8_update_short(0xffffffff, s->buf, BUF_MASK, LRH_AT, ICRC_PREFIX);
 	crc = ~crc32_slice8_update_short(kept->crc, s->buf, BUF_MASK, LRH_AT + ICRC_PREFIX,
