@@ -1,5 +1,5 @@
-"""Local translation (issue 34, "Translation where the memory is"): the collector runs the translator's XDP program
-itself, with the XDP responder's memory as its target.
+"""Local translation: the collector runs the translator's XDP program itself, with the XDP responder's memory as
+its target.
 
 bpf/local.bpf.c is translator.bpf.c built with SOFTDTA_LOCAL: where the translator would build a RoCEv2 frame it
 executes the request instead, with the responder's code (bpf/include/execute.h) into the responder's maps, which

@@ -1,4 +1,4 @@
-"""The collector linked to itself: local translation (issue 34, "Translation where the memory is"; docs/collector.md).
+"""The collector linked to itself: local translation (docs/collector.md).
 
 With [collector] translate_locally (or `softdta collector up --translate-locally`) an xdp collector connects a
 queue pair into each of its structures for itself, one per RX queue of its interface, as a translator would

@@ -1,5 +1,4 @@
-"""Local translation against the translator + responder path, byte for byte (issue 34, "Translation where the
-memory is").
+"""Local translation against the translator + responder path, byte for byte.
 
 The same reports go (a) through the XDP translator, whose frames the XDP responder executes (its replies going
 back to the translator), and (b) through the responder's program of another collector, which hands them to the

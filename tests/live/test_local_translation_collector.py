@@ -1,5 +1,5 @@
-"""`softdta collector up --translate-locally` (issue 34, "Translation where the memory is"): the collector takes DTA
-reports itself and its queries, persistence and metrics see them as they see the translator's writes."""
+"""`softdta collector up --translate-locally`: the collector takes DTA reports itself, and its queries,
+persistence and metrics see them as they see the translator's writes."""
 
 import json
 import os

@@ -1,6 +1,6 @@
-"""Local translation (issue 34, "Translation where the memory is"): the collector's CPU per report when it runs
-the translator's program on its own memory (bpf/local.bpf.c), beside what the same report costs through the XDP
-translator and then the XDP responder, once per frame, and beside an empty XDP program. All BPF_PROG_TEST_RUN.
+"""Local translation: the collector's CPU per report when it runs the translator's program on its own memory
+(bpf/local.bpf.c), beside what the same report costs through the XDP translator and then the XDP responder, once
+per frame, and beside an empty XDP program. All BPF_PROG_TEST_RUN.
 """
 
 from __future__ import annotations
