@@ -294,6 +294,7 @@ const bit<16> RESPONDER_QP_STATE_MAX_ENTRIES = 1024;
 const bit<32> ARENA_MAX_ENTRIES = 262144;
 const bit<32> RING_WRITES_MAX_ENTRIES = 65536;
 const bit<8> FLOOR_CONFIG_MAX_ENTRIES = 1;
+const bit<8> SWITCH_PORT_MAX_ENTRIES = 64;
 
 // Ethernet II
 header ethernet_h {

@@ -303,6 +303,7 @@
 #define ARENA_MAX_ENTRIES 262144 /* 0x40000 */
 #define RING_WRITES_MAX_ENTRIES 65536 /* 0x10000 */
 #define FLOOR_CONFIG_MAX_ENTRIES 1
+#define SWITCH_PORT_MAX_ENTRIES 64
 
 #define ETHERNET_DST_OFF 0
 #define ETHERNET_DST_LEN 6
@@ -1567,6 +1568,19 @@ struct floor_config_value {
 	__u32 ifindex; /* where the forwarder redirects */
 };
 _Static_assert(sizeof(struct floor_config_value) == 20, "struct floor_config_value does not match softdta/spec/");
+
+/* switch_port key: a station the lab's switch forwards to in XDP, by its MAC */
+struct switch_port_key {
+	__u8 mac[6];
+	__u16 pad;
+};
+_Static_assert(sizeof(struct switch_port_key) == 8, "struct switch_port_key does not match softdta/spec/");
+
+/* switch_port value: a station the lab's switch forwards to in XDP, by its MAC */
+struct switch_port_value {
+	__u32 ifindex; /* the switch port towards it */
+};
+_Static_assert(sizeof(struct switch_port_value) == 4, "struct switch_port_value does not match softdta/spec/");
 
 /* an essential report parked while its QP cannot send (ring buffer `deferred`); userspace re-injects it */
 struct deferred_report {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 # The programs the product loads; a wheel ships them built.
 SHIPPED = ("translator.bpf.c", "responder.bpf.c", "xsk_steer.bpf.c", "veth_peer.bpf.c", "reporter.bpf.c",
-           "floor.bpf.c", "frame_sender.bpf.c", "local.bpf.c")
+           "floor.bpf.c", "frame_sender.bpf.c", "local.bpf.c", "lab_switch.bpf.c")
 
 
 class BuildError(Exception):

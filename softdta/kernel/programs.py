@@ -11,6 +11,7 @@ from softdta.kernel.resources import BPF_DIR, INSTALLED
 
 TRANSLATOR_SOURCE = BPF_DIR / "translator.bpf.c"
 VETH_PEER_SOURCE = BPF_DIR / "veth_peer.bpf.c"  # XDP_PASS for the far end of a lab or test veth pair
+LAB_SWITCH_SOURCE = BPF_DIR / "lab_switch.bpf.c"  # the live lab's switch ports (softdta.lab.topology)
 FLOOR_SOURCE = BPF_DIR / "floor.bpf.c"  # the benchmarks' bare forwarder and sink (softdta.lab.direct)
 REPORTER_SOURCE = BPF_DIR / "reporter.bpf.c"  # the kernel-speed report generator (softdta.kernel.generator)
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)

@@ -1,4 +1,4 @@
-"""The live lab: reporters, an XDP translator and a collector in network namespaces, joined by a bridge.
+"""The live lab: reporters, an XDP translator and a collector in network namespaces, joined by a switch.
 
     reporter r1 (r1-0) ─┐
     reporter r2 (r2-0) ─┤ bridge (namespace sw) ├─ (t0) translator: softdta translator up --collector ...
@@ -12,6 +12,8 @@ The translator is `softdta translator up --engine xdp` (the kernel fast path) or
 reference translator on AF_XDP, softdta.engines.python). It is single-armed, like a translator box with one port
 on the switch: reports come in, RoCEv2 leaves and the collector's ACKs and NAKs return on t0, which has one RX
 queue, so the translator asks for one queue pair per structure (docs/translator.md, "Order on the wire").
+The switch forwards frames to the translator and the XDP collector in XDP (bpf/lab_switch.bpf.c), at the speed a
+hardware switch would, and everything else through a kernel bridge.
 Every name starts with `sdta-lab-`; `down` finds and removes them even when `up` crashed half-way. The
 translator and the collector run as processes (their own CLI); their PIDs, logs and configuration live in
 STATE_DIR, and the translator's maps are pinned in PIN_DIR.
@@ -37,11 +39,12 @@ from softdta.engines.python import EngineInfo, engine_stats
 from softdta.engines.xdp import CpuTime, QpStats
 from softdta.errors import SoftdtaError
 from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
+from softdta.kernel.maps import map_layout
 from softdta.kernel.netns import Namespace, NetnsError, address, cleanup_prefix, in_netns, realtime_napi, veth_pair
-from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
+from softdta.kernel.programs import LAB_SWITCH_SOURCE, EngineError, build_object
 from softdta.lab import rxe as rxe_lab
 from softdta.lab.nats_server import NatsServer
-from softdta.wire.frames import ip_bytes
+from softdta.wire.frames import ip_bytes, mac_bytes
 
 PREFIX = "sdta-lab-"
 STATE_DIR = Path("/run/softdta-lab")
@@ -240,15 +243,21 @@ def _build(state: LabState) -> None:
         reporter = state.reporter(index)
         ports.append((Namespace.create(reporter["netns"]), reporter["interface"], reporter["mac"],
                       f"{reporter['ip']}/16", f"sw-r{index}"))
-    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
-        for namespace, interface, mac, cidr, switch_port in ports:
-            veth_pair(namespace, interface, switch, switch_port, mac_a=mac)
+    # forwarded in XDP: frames to the translator and to the xdp collector, whose ends run XDP from the start
+    in_xdp = {TRANSLATOR_MAC, *([COLLECTOR_MAC] if state.collector == "xdp" else [])}
+    switch_port = map_layout("switch_port")
+    with BpfObject(build_object(LAB_SWITCH_SOURCE)) as forwarder:
+        for namespace, interface, mac, cidr, port in ports:
+            veth_pair(namespace, interface, switch, port, mac_a=mac)
             if cidr:
                 address(namespace, interface, cidr)
-            switch.run("ip", "link", "set", switch_port, "master", "br0")
-            # XDP_TX'd frames (RoCEv2, ACKs, NACKs) enter a veth only if its peer runs XDP
+            switch.run("ip", "link", "set", port, "master", "br0")
             with in_netns(switch.name):
-                attach_xdp(socket.if_nametoindex(switch_port), passer.programs["softdta_pass"].fd)
+                ifindex = socket.if_nametoindex(port)
+                if mac in in_xdp:
+                    forwarder.maps["switch_port"].update(switch_port.key.pack(mac=mac_bytes(mac), pad=0),
+                                                         switch_port.value.pack(ifindex=ifindex))
+                attach_xdp(ifindex, forwarder.programs["softdta_switch"].fd)
     if state.collector == "rxe":
         collector.run("ip", "link", "add", "br0", "type", "bridge")
         collector.run("ip", "link", "set", "c0", "master", "br0")

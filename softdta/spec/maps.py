@@ -154,7 +154,14 @@ FLOOR_MAPS = (
     ), 1, "the bare forwarder's frame"),
 )
 
-MAPS = TRANSLATOR_MAPS + RESPONDER_MAPS + FLOOR_MAPS  # every BPF map layout userspace shares with the kernel
+# The live lab's switch (softdta.lab.topology, bpf/lab_switch.bpf.c): it forwards in XDP to the ports that take
+# frames from XDP, as fast as a hardware switch would; the kernel's bridge, behind it, forwards the rest.
+LAB_MAPS = (
+    Map("switch_port", (Raw("mac", 6), Field("pad", 16)), (Field("ifindex", 32, "the switch port towards it"),),
+        64, "a station the lab's switch forwards to in XDP, by its MAC"),
+)
+
+MAPS = TRANSLATOR_MAPS + RESPONDER_MAPS + FLOOR_MAPS + LAB_MAPS  # every BPF map layout userspace shares with the kernel
 
 
 # --------------------------------------------------------------------------------------------------
