@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from softdta.core.primitives import BatchPrimitive, KeyWrites, PluginRows, Primitive
 from softdta.core.tables import QueuePair, Tables
-from softdta.core.translator import Translator
+from softdta.core.translator import QpRuntime, Translator
 from softdta.core.vector import (
     IP_AT,
     NEVER,
@@ -85,11 +85,13 @@ from softdta.wire.columns import FrameRows, Rows, frame_lengths, gather, matches
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import linear_crc_position_tables
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
-from softdta.wire.roce import build_roce_frame, transport_payload
+from softdta.wire.roce import build_roce_frame, icrc, transport_payload
 
 IPV4_SIZE, UDP_SIZE = IPV4.size, UDP.size  # Header.size sums its fields on every access
 IPV4_MIN_IHL = IPV4.size // 4
 ACK_OPCODES = (RoceOpcode.RC_ACK, RoceOpcode.RC_ATOMIC_ACK)
+# the bytes of the headers after the BTH that each dissects
+_ACK_HEADERS, _ATOMIC_ACK_HEADERS = (sum(header.size for header in ROCE_OPCODE_HEADERS[code]) for code in ACK_OPCODES)
 
 VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
 # Below this many frames the oracle is faster: a vectorized batch has a fixed cost of a few hundred numpy
@@ -171,6 +173,9 @@ class BatchTranslator:
         self._templates: dict[tuple[int, RoceOpcode, int], _Template] = {}
         self._vector_qps: set[int] = set()
         self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
+        # batch position of such an ACK on an RC QP that the oracle would dissect whole -> (its PSN, where its UDP
+        # datagram ends in the frame)
+        self._ack_fields: dict[int, tuple[int, int]] = {}
         self._resolved = np.zeros(0, dtype=bool)  # by batch position: a report at the fleet's address, vectorized
         self._fleet_address = -1  # the tables' fleet address as an integer (-1: no fleet)
         self._queue = 0  # the RX queue of the batch being translated
@@ -207,7 +212,7 @@ class BatchTranslator:
             for position in range(count):
                 self._through_oracle(frames, position, now_ns, out)
             return out.in_report_order()
-        self._ack_qp = {}
+        self._ack_qp, self._ack_fields = {}, {}
         self._resolved = np.zeros(count, dtype=bool)
         roles, pieces = self._classify(frames)
         start = 0
@@ -365,8 +370,17 @@ class BatchTranslator:
                                    for qp, ip in zip(qps, src.tolist())], dtype=bool)
         acks = np.flatnonzero(ack & vector_qp & from_collector)
         roles[positions[acks]] = ACK
-        for position, row in zip(positions[acks].tolist(), acks.tolist()):
-            self._ack_qp[position] = cast(QueuePair, qps[row]).index
+        # the lengths `parse_roce` checks: its headers fit in front of the pad and the iCRC
+        pad = gather(rows, PAYLOAD_AT, BTH, "pad_count").astype(np.int64)
+        headers = np.where(opcode == int(RoceOpcode.RC_ATOMIC_ACK), _ATOMIC_ACK_HEADERS, _ACK_HEADERS)
+        whole = (payload_len - ICRC_LEN - pad >= BTH.size + headers)[acks].tolist()
+        psns = gather(rows, PAYLOAD_AT, BTH, "psn")[acks].tolist()
+        ends = (UDP_AT + UDP.size + payload_len)[acks].tolist()
+        for position, row, fits, psn, end in zip(positions[acks].tolist(), acks.tolist(), whole, psns, ends):
+            qp = cast(QueuePair, qps[row])
+            self._ack_qp[position] = qp.index
+            if fits and qp.transport is Transport.RC:
+                self._ack_fields[position] = (psn, end)
         roles[positions[~vector_qp]] = INDEPENDENT
 
     # ----------------------------------------------------------------------------------------------
@@ -472,17 +486,29 @@ class BatchTranslator:
         """An ACK of a vectorized QP, judged with the next PSN its QP had when the ACK arrived: without the
         vector frames sent after it (the oracle's own frames before it are counted already)."""
         qp_index = self._ack_qp[position]
-        sent = emitted.get(qp_index)
-        if sent is None:
-            self._through_oracle(frames, position, now_ns, out)
-            return
         runtime = self.oracle.qp_state[qp_index]
-        actual = runtime.next_psn
-        runtime.next_psn = (actual - (len(sent) - int(np.searchsorted(sent, position)))) & PSN_MASK
+        actual, sent = runtime.next_psn, emitted.get(qp_index)
+        if sent is not None:
+            runtime.next_psn = (actual - (len(sent) - int(np.searchsorted(sent, position)))) & PSN_MASK
         try:
-            self._through_oracle(frames, position, now_ns, out)
+            if not self._took_ack(frames[position], position, runtime):
+                self._through_oracle(frames, position, now_ns, out)
         finally:
             runtime.next_psn = actual
+
+    def _took_ack(self, frame: bytes, position: int, runtime: QpRuntime) -> bool:
+        """What the oracle's `_reply` does with an ACK whose dissection it would pass (`_classify_replies` checked
+        that), without dissecting it again: an ACK with a right iCRC and an outstanding PSN moves the window. False
+        leaves any other to the oracle, which counts its drop."""
+        fields = self._ack_fields.get(position)
+        if fields is None:
+            return False
+        psn, end = fields
+        if icrc(frame[IP_AT:end - ICRC_LEN]) != frame[end - ICRC_LEN:end] or not runtime.outstanding(psn):
+            return False
+        self.oracle.counters[TranslatorCounter.RX_ACKS] += 1
+        runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn, as the oracle does
+        return True
 
     def _through_oracle(self, frames: Sequence[bytes], position: int, now_ns: int, out: BatchOutput) -> None:
         result = self.oracle.process(frames[position], now_ns, self._queue)

@@ -29,6 +29,7 @@ from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome, build_r
 from tests.common import EXAMPLE_TABLES, hop_frames
 
 C1, C2, NOWHERE = ip_bytes("10.77.1.1"), ip_bytes("10.77.2.1"), ip_bytes("10.77.9.9")
+UDP_PAYLOAD_AT = 42  # Ethernet, IPv4 without options, UDP
 
 
 def batch_tables(profile: str = "dta-v1") -> Tables:
@@ -691,6 +692,44 @@ def test_an_ack_is_judged_by_the_psn_its_qp_had_when_it_arrived():
     counts = batch.oracle.counts()
     assert counts[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1 and counts[TranslatorCounter.RX_ACKS] == 1
     assert batch.oracle.qp_state[kw.qp.index].unacked_psn == (kw.qp.start_psn + 6) & 0xFFFFFF
+    assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
+                run_batches(tables, frames, [len(frames)], lambda _: 0))
+
+
+def test_acks_are_taken_in_the_batch_and_those_the_oracle_drops_still_go_to_it(monkeypatch):
+    """ACKs of vectorized RC QPs move their windows without the oracle. An ACK it would drop (a wrong iCRC, a pad
+    count past its headers, an atomic ACK too short for its headers, an ACK on a UC QP) goes to it, and is
+    dropped for the same reason."""
+    tables = batch_tables()
+    kw, uc = tables.structure(C1, DtaOpcode.KEY_WRITE), tables.structure(C2, DtaOpcode.KEY_WRITE)
+    assert uc.qp.transport is Transport.UC
+    to_c1, to_c2 = reporter(C1, tables), reporter(C2, tables)
+
+    def ack(psn_after_start, qp=kw.qp, collector=C1):
+        return reply(tables, collector, qp.local_qpn, (qp.start_psn + psn_after_start) & 0xFFFFFF, ACK_SYNDROME)
+
+    good = [ack(2), ack(9), ack(9)]  # the second of two alike is outside the window
+    bad_icrc = bytearray(ack(12))
+    bad_icrc[-1] ^= 1
+    padded = bytearray(ack(13))
+    padded[UDP_PAYLOAD_AT + 1] |= 0x30  # pad count 3: past the AETH
+    short_atomic = bytearray(ack(14))
+    short_atomic[UDP_PAYLOAD_AT] = RoceOpcode.RC_ATOMIC_ACK  # no room for its AtomicAckETH
+    forged = [bytes(bad_icrc), bytes(padded), bytes(short_atomic), ack(0, uc.qp, C2)]
+    frames = [*[to_c1.frame(dta.key_write(k, 1, 1)) for k in range(16)],
+              *[to_c2.frame(dta.key_write(bytes(8), bytes(12), 1, extended=True))], *good, *forged]
+    calls = []
+    process = Translator.process
+    monkeypatch.setattr(Translator, "process", lambda self, *args: calls.append(args) or process(self, *args))
+    batch = BatchTranslator(Translator(tables))
+    batch.process_batch(frames, 0)
+    assert [args[0] for args in calls] == [good[2], *forged]
+    counts = batch.oracle.counts()
+    assert counts[TranslatorCounter.RX_ACKS] == 2 and counts[TranslatorCounter.DROP_BAD_ICRC] == 1
+    assert counts[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == 1
+    assert counts[TranslatorCounter.DROP_REPLY_ON_UC] == 1
+    assert batch.oracle.qp_state[kw.qp.index].unacked_psn == (kw.qp.start_psn + 10) & 0xFFFFFF
+    monkeypatch.setattr(Translator, "process", process)
     assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
                 run_batches(tables, frames, [len(frames)], lambda _: 0))
 
