@@ -35,11 +35,7 @@ TABLE(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, COUNTER_SLOTS);
 
 /* written by the python engine only: its CPU time and frames, as `prog_*` run stats are for the kernel's */
 TABLE(python_engine, BPF_MAP_TYPE_ARRAY, __u32, struct python_engine_value, 1);
-/* written by the python engine only, per RX queue: its AF_XDP socket's XDP_STATISTICS (frames dropped by reason),
- * the queue's steps and the engine's wake-ups (softdta.engines.python.IO_STATS) */
-struct xsk_io_value {
-	__u64 values[8];
-};
+/* written by the python engine only, per RX queue */
 TABLE(xsk_io, BPF_MAP_TYPE_ARRAY, __u32, struct xsk_io_value, XSK_QUEUES);
 
 SEC("xdp")

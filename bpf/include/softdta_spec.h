@@ -1620,6 +1620,19 @@ struct python_engine_value {
 };
 _Static_assert(sizeof(struct python_engine_value) == 24, "struct python_engine_value does not match softdta/spec/");
 
+/* the python engine's packet I/O on one RX queue (map `xsk_io`, written by userspace): its AF_XDP socket's XDP_STATISTICS (TPACKET_V3: the ring's drops, as rx_ring_full), then its steps and wake-ups */
+struct xsk_io_value {
+	__u64 rx_dropped; /* no free frame in the fill ring (counted in rx_fill_ring_empty_descs too, and as the interface's rx_dropped) */
+	__u64 rx_invalid_descs;
+	__u64 tx_invalid_descs;
+	__u64 rx_ring_full;
+	__u64 rx_fill_ring_empty_descs;
+	__u64 tx_ring_empty_descs;
+	__u64 steps; /* batches the engine took from this queue */
+	__u64 wakeups; /* times the engine woke to frames, on any queue */
+};
+_Static_assert(sizeof(struct xsk_io_value) == 64, "struct xsk_io_value does not match softdta/spec/");
+
 /* a frame the python engine transmits through its XDP program (map `transmit_frames`, BPF_F_MMAPABLE) */
 struct transmit_frame {
 	__u32 len;

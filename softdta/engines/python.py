@@ -15,7 +15,6 @@ from __future__ import annotations
 import queue
 import select
 import socket
-import struct
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -57,11 +56,9 @@ MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) 
 # ring for a good part of it.
 GATHER_NS = 10_000_000
 GATHER_POLL_S = 0.0002
-# XDP_STATISTICS of each queue's AF_XDP socket (drops by reason; TPACKET_V3: the ring's drops, as rx_ring_full),
-# then the queue's steps and the engine's wake-ups, in map `xsk_io` (bpf/xsk_steer.bpf.c), a record per RX queue
-IO_STATS = ("rx_dropped", "rx_invalid_descs", "tx_invalid_descs", "rx_ring_full", "rx_fill_ring_empty_descs",
-            "tx_ring_empty_descs", "steps", "wakeups")
-_IO_RECORD = struct.Struct(f"<{len(IO_STATS)}Q")
+# each RX queue's packet I/O, in map `xsk_io` (bpf/xsk_steer.bpf.c): its socket's statistics, steps and wake-ups
+_IO_RECORD = record("xsk_io_value")
+IO_STATS = tuple(_IO_RECORD.names)
 # the frames dropped, by reason: no free frame in the fill ring (counted in rx_dropped too, and veth counts them as the
 # interface's rx_dropped), a full RX ring, a descriptor the kernel could not use
 IO_DROPS = ("rx_dropped", "rx_ring_full", "rx_fill_ring_empty_descs", "rx_invalid_descs")
@@ -389,7 +386,7 @@ class PythonEngine:
         for rx_queue, io in enumerate(self.queues):
             counts = io.statistics()
             self.maps["xsk_io"].update(rx_queue.to_bytes(4, "little"), _IO_RECORD.pack(
-                *(counts.get(name, 0) for name in IO_STATS[:-2]), self.steps[rx_queue], self.wakeups))
+                **counts, steps=self.steps[rx_queue], wakeups=self.wakeups))
 
 
 class EngineInfo(TypedDict):
@@ -435,6 +432,6 @@ def io_stats(pin_dir: Path) -> dict[str, int]:
     totals = dict.fromkeys(IO_STATS, 0)
     with Map.from_pinned(pin_dir / "xsk_io") as queues:
         for _, raw in queues.items():
-            for name, count in zip(IO_STATS, _IO_RECORD.unpack(raw)):
+            for name, count in _IO_RECORD.unpack(raw).items():
                 totals[name] = max(totals[name], count) if name == "wakeups" else totals[name] + count
     return totals

@@ -37,6 +37,15 @@ RECORDS = (
         Field("run_time_ns", 64), Field("runs", 64), Field("io", 32, "1 AF_XDP copy, 2 zero-copy, 3 AF_PACKET"),
         Field("transmit", 32, "0 through the packet I/O, 1 from XDP (test runs of its program)"),
     ), "the python engine's CPU time and frames, and its packet I/O (map `python_engine`, written by userspace)"),
+    Record("xsk_io_value", (
+        Field("rx_dropped", 64, "no free frame in the fill ring (counted in rx_fill_ring_empty_descs too, and as "
+                                "the interface's rx_dropped)"),
+        Field("rx_invalid_descs", 64), Field("tx_invalid_descs", 64), Field("rx_ring_full", 64),
+        Field("rx_fill_ring_empty_descs", 64), Field("tx_ring_empty_descs", 64),
+        Field("steps", 64, "batches the engine took from this queue"),
+        Field("wakeups", 64, "times the engine woke to frames, on any queue"),
+    ), "the python engine's packet I/O on one RX queue (map `xsk_io`, written by userspace): its AF_XDP socket's "
+       "XDP_STATISTICS (TPACKET_V3: the ring's drops, as rx_ring_full), then its steps and wake-ups"),
     Record("transmit_frame", (
         Field("len", 32), Raw("frame", TRANSMIT_FRAME_MAX),
     ), "a frame the python engine transmits through its XDP program (map `transmit_frames`, BPF_F_MMAPABLE)"),
