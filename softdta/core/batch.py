@@ -85,7 +85,7 @@ from softdta.wire.columns import FrameRows, Rows, frame_lengths, gather, matches
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import linear_crc_position_tables
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
-from softdta.wire.roce import build_roce_frame, icrc, transport_payload
+from softdta.wire.roce import build_roce_frame, icrc_of_rows, transport_payload
 
 IPV4_SIZE, UDP_SIZE = IPV4.size, UDP.size  # Header.size sums its fields on every access
 IPV4_MIN_IHL = IPV4.size // 4
@@ -173,9 +173,8 @@ class BatchTranslator:
         self._templates: dict[tuple[int, RoceOpcode, int], _Template] = {}
         self._vector_qps: set[int] = set()
         self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
-        # batch position of such an ACK on an RC QP that the oracle would dissect whole -> (its PSN, where its UDP
-        # datagram ends in the frame)
-        self._ack_fields: dict[int, tuple[int, int]] = {}
+        # batch position of such an ACK that the oracle would take, but for its PSN (`_classify_replies`) -> the PSN
+        self._ack_psn: dict[int, int] = {}
         self._resolved = np.zeros(0, dtype=bool)  # by batch position: a report at the fleet's address, vectorized
         self._fleet_address = -1  # the tables' fleet address as an integer (-1: no fleet)
         self._queue = 0  # the RX queue of the batch being translated
@@ -212,7 +211,7 @@ class BatchTranslator:
             for position in range(count):
                 self._through_oracle(frames, position, now_ns, out)
             return out.in_report_order()
-        self._ack_qp, self._ack_fields = {}, {}
+        self._ack_qp, self._ack_psn = {}, {}
         self._resolved = np.zeros(count, dtype=bool)
         roles, pieces = self._classify(frames)
         start = 0
@@ -370,17 +369,20 @@ class BatchTranslator:
                                    for qp, ip in zip(qps, src.tolist())], dtype=bool)
         acks = np.flatnonzero(ack & vector_qp & from_collector)
         roles[positions[acks]] = ACK
-        # the lengths `parse_roce` checks: its headers fit in front of the pad and the iCRC
+        for position, row in zip(positions[acks].tolist(), acks.tolist()):
+            self._ack_qp[position] = cast(QueuePair, qps[row]).index
+        # Of those, the ones the oracle would take: on an RC QP, its headers in front of the pad and the iCRC (the
+        # lengths `parse_roce` checks), a right iCRC; `_ack` judges their PSNs in place.
         pad = gather(rows, PAYLOAD_AT, BTH, "pad_count").astype(np.int64)
         headers = np.where(opcode == int(RoceOpcode.RC_ATOMIC_ACK), _ATOMIC_ACK_HEADERS, _ACK_HEADERS)
-        whole = (payload_len - ICRC_LEN - pad >= BTH.size + headers)[acks].tolist()
-        psns = gather(rows, PAYLOAD_AT, BTH, "psn")[acks].tolist()
-        ends = (UDP_AT + UDP.size + payload_len)[acks].tolist()
-        for position, row, fits, psn, end in zip(positions[acks].tolist(), acks.tolist(), whole, psns, ends):
-            qp = cast(QueuePair, qps[row])
-            self._ack_qp[position] = qp.index
-            if fits and qp.transport is Transport.RC:
-                self._ack_fields[position] = (psn, end)
+        end = UDP_AT + UDP.size + payload_len
+        rc = np.array([qp is not None and qp.transport is Transport.RC for qp in qps], dtype=bool)
+        taken = ack & vector_qp & from_collector & rc & (payload_len - ICRC_LEN - pad >= BTH.size + headers)
+        for packet_end in np.unique(end[taken]).tolist():  # packets of one length: in a batch, one or two
+            alike = np.flatnonzero(taken & (end == packet_end))
+            wire = rows[alike, packet_end - ICRC_LEN:packet_end].view("<u4").reshape(-1)
+            right = alike[icrc_of_rows(rows[alike, IP_AT:packet_end - ICRC_LEN]) == wire]
+            self._ack_psn.update(zip(positions[right].tolist(), gather(rows[right], PAYLOAD_AT, BTH, "psn").tolist()))
         roles[positions[~vector_qp]] = INDEPENDENT
 
     # ----------------------------------------------------------------------------------------------
@@ -492,20 +494,17 @@ class BatchTranslator:
         if sent is not None:
             runtime.next_psn = (actual - (len(sent) - int(np.searchsorted(sent, position)))) & PSN_MASK
         try:
-            if not self._took_ack(frames[position], position, runtime):
+            if not self._took_ack(position, runtime):
                 self._through_oracle(frames, position, now_ns, out)
         finally:
             runtime.next_psn = actual
 
-    def _took_ack(self, frame: bytes, position: int, runtime: QpRuntime) -> bool:
-        """What the oracle's `_reply` does with an ACK whose dissection it would pass (`_classify_replies` checked
-        that), without dissecting it again: an ACK with a right iCRC and an outstanding PSN moves the window. False
-        leaves any other to the oracle, which counts its drop."""
-        fields = self._ack_fields.get(position)
-        if fields is None:
-            return False
-        psn, end = fields
-        if icrc(frame[IP_AT:end - ICRC_LEN]) != frame[end - ICRC_LEN:end] or not runtime.outstanding(psn):
+    def _took_ack(self, position: int, runtime: QpRuntime) -> bool:
+        """What the oracle's `_reply` does with an ACK it would take but for its PSN (`_classify_replies` checked
+        the rest), without dissecting it again: an outstanding PSN moves the window. False leaves any other ACK to
+        the oracle, which counts its drop."""
+        psn = self._ack_psn.get(position)
+        if psn is None or not runtime.outstanding(psn):
             return False
         self.oracle.counters[TranslatorCounter.RX_ACKS] += 1
         runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn, as the oracle does

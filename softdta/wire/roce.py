@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from softdta.spec import (
     AETH_KIND_SHIFT,
@@ -29,6 +32,7 @@ from softdta.spec import (
 )
 from softdta.wire.codec import WireError, codec
 from softdta.wire.frames import UdpEndpoints, UdpFrame, build_udp_frame, parse_udp_frame
+from softdta.wire.hashing import linear_crc_position_tables
 
 _BTH = codec(BTH)
 _LRH_STAND_IN_CRC = zlib.crc32(b"\xff" * LRH_STAND_IN_LEN)
@@ -76,6 +80,24 @@ def icrc(ip_packet: bytes) -> bytes:
     _set_ones(masked, header_len, _UDP_VARIANT)
     _set_ones(masked, header_len + _UDP_VARIANT[0], _BTH_VARIANT)
     return zlib.crc32(masked, _LRH_STAND_IN_CRC).to_bytes(ICRC_LEN, "little")
+
+
+# the variant fields of an IPv4 packet without options, through its BTH, as ones
+_IPV4_PACKET_VARIANT = np.frombuffer(b"".join(icrc_variant_mask(header) for header in (IPV4, UDP, BTH)),
+                                     dtype=np.uint8)
+
+
+def icrc_of_rows(packets: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint32]:
+    """`icrc` of each row of `packets`, IPv4 packets without options of one length (each through the last payload
+    byte, without the iCRC), as the little-endian numbers the wire carries: the CRC is linear, so each is the
+    CRC of that many zeros XOR one table lookup per byte (`linear_crc_position_tables`)."""
+    length = packets.shape[1]
+    if length < _IPV4_PACKET_VARIANT.size:
+        raise ValueError(f"a RoCEv2 IPv4 packet has at least {_IPV4_PACKET_VARIANT.size} bytes, not {length}")
+    masked = packets.copy()
+    masked[:, :_IPV4_PACKET_VARIANT.size] |= _IPV4_PACKET_VARIANT
+    linear = np.bitwise_xor.reduce(linear_crc_position_tables(length)[np.arange(length), masked], axis=1)
+    return cast(npt.NDArray[np.uint32], linear ^ np.uint32(zlib.crc32(bytes(length), _LRH_STAND_IN_CRC)))
 
 
 def aeth_syndrome(kind: AethKind, value: int) -> int:

@@ -20,6 +20,7 @@ import struct
 import zlib
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 from scapy.contrib.roce import AETH, BTH
 from scapy.fields import BitField, ByteField, IntField, LongField
@@ -31,7 +32,7 @@ from scapy.packet import Packet, Raw
 from softdta.spec import ROCE_OPCODE_HEADERS, RoceOpcode
 from softdta.wire.codec import WireError
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, mac_str
-from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
+from softdta.wire.roce import build_roce_frame, icrc, icrc_of_rows, parse_roce, transport_payload
 from tests.common import needs_tshark, num, run_tshark
 
 # --------------------------------------------------------------------------------------------------
@@ -628,3 +629,20 @@ def test_tshark_ipv6_udp_checksum(tmp_path):
         udp = layer["udp"]
         status = udp.get("udp.checksum.status", udp.get("udp.checksum_tree", {}).get("udp.checksum.status"))
         assert status == "1"  # good
+
+
+def test_icrc_of_rows_equals_icrc_of_each_packet_flips_and_masked_fields_alike():
+    """The vectorized iCRC (`icrc_of_rows`, the batch translator's check of ACKs) of IPv4 packets of one length
+    is `icrc` of each, whatever their bytes: real frames, and the same with covered bytes flipped or masked
+    fields changed."""
+    rng = random.Random(12)
+    for opcode in EXPECTED_CHAIN:
+        frame = random_case(rng, opcode, False, rng.randrange(40)).frame()
+        variants = [frame, *(flip(frame, offset, mask) for offset, mask in masked_positions(frame))]
+        variants += [flip(frame, offset, rng.randrange(1, 256)) for offset in rng.sample(range(ETH_LEN + 1,
+                                                                                               len(frame) - 4), 20)]
+        packets = [variant[ETH_LEN:-4] for variant in variants]
+        rows = np.frombuffer(b"".join(packets), dtype=np.uint8).reshape(len(packets), -1)
+        assert icrc_of_rows(rows).tolist() == [int.from_bytes(icrc(packet), "little") for packet in packets]
+    with pytest.raises(ValueError):
+        icrc_of_rows(np.zeros((1, 39), dtype=np.uint8))
