@@ -4,7 +4,6 @@ persistence and metrics see them as they see the translator's writes."""
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -19,9 +18,10 @@ from softdta.collector.xdp_backend import XdpBackend
 from softdta.core import workload
 from softdta.core.primitives.key_write.queries import key_write_query
 from softdta.core.workload import ReporterAddress
+from softdta.kernel.frame_sender import FrameSender
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.links.local import LocalLink
-from softdta.spec import DTA_PORT, DtaOpcode, KeyHash
+from softdta.spec import DtaOpcode, KeyHash
 from softdta.wire import dta
 from softdta.wire.frames import ip_bytes, mac_bytes
 from tests.common import ROOT
@@ -66,14 +66,24 @@ def test_reports_to_the_responder_land_in_memory_and_answer_queries(tmp_path):
         reopened.close()
 
 
-def test_collector_up_translate_locally_takes_reports_from_the_wire(tmp_path):
-    """From a clean subprocess: reports sent over UDP to the collector's interface are written into its memory;
-    its /stats count them executed and a Key-Write query finds them."""
+def collector_http(path: str, body: dict | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    data = json.dumps(body).encode() if body else None
+    with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:8041{path}", data=data, headers=headers),
+                                timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_collector_up_translate_locally_takes_reports_from_the_wire_on_every_rx_queue(tmp_path):
+    """From a clean subprocess, on an interface with two RX queues: reports sent from XDP on each CPU of the far
+    end arrive on that CPU's queue (veth), each queue translates through its own queue pairs, and every report
+    is written into the collector's memory: its /stats count each copy executed, and a Key-Write query finds
+    them all."""
     cleanup_prefix(PREFIX)
     collector_ns, reporter_ns = Namespace.create(PREFIX + "c"), Namespace.create(PREFIX + "r")
     process = None
     try:
-        veth_pair(reporter_ns, "r0", collector_ns, "c0", mac_b="02:5d:7a:00:01:01")
+        veth_pair(reporter_ns, "r0", collector_ns, "c0", mac_b="02:5d:7a:00:01:01", queues=2)
         address(reporter_ns, "r0", "10.77.9.1/16")
         address(collector_ns, "c0", "10.77.1.1/16")
         text = EXAMPLE_COLLECTOR.read_text().replace('interface = ""', 'interface = "c0"')
@@ -92,23 +102,22 @@ def test_collector_up_translate_locally_takes_reports_from_the_wire(tmp_path):
             if select.select([process.stdout], [], [], 0.2)[0] and " up: " in process.stdout.readline():
                 break
             assert process.poll() is None, f"the collector exited: {process.stderr.read()}"
-        reports = [dta.key_write(key.to_bytes(4, "big"), (key * 7).to_bytes(4, "big"), 2) for key in range(1, 201)]
-        with in_netns(reporter_ns.name):
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
-                for report in reports:
-                    sender.sendto(dta.encode(report), ("10.77.1.1", DTA_PORT))
-                    time.sleep(0.0005)
-        time.sleep(0.5)
+        reports = [dta.key_write(key.to_bytes(4, "big"), (key * 7).to_bytes(4, "big"), 2) for key in range(1, 401)]
+        reporter = ReporterAddress(mac_bytes("02:00:00:00:09:01"), ip_bytes("10.77.9.1"),
+                                   mac_bytes("02:5d:7a:00:01:01"), ip_bytes("10.77.1.1"))
+        frames = [reporter.frame(report) for report in reports]
+        assert len(os.sched_getaffinity(0)) >= 2, "a veth's XDP transmit picks the RX queue by CPU: needs two"
+        for queue, part in enumerate((frames[:200], frames[200:])):
+            with FrameSender("r0", reporter_ns.name, cpu=sorted(os.sched_getaffinity(0))[queue]) as sender:
+                sender.send(part)
         with in_netns(collector_ns.name):
-            headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-            with urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:8041/stats", headers=headers),
-                                        timeout=10) as response:
-                stats = json.loads(response.read())
-            body = json.dumps({"keys": [r.key.hex() for r in reports], "redundancy": 2}).encode()
-            with urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:8041/key-write/key-write@10.77.1.1",
-                                                               data=body, headers=headers), timeout=10) as response:
-                answer = json.loads(response.read())
-        assert json.dumps(stats).count("executed"), stats
+            deadline = time.monotonic() + 20
+            while (stats := collector_http("/stats"))["responder"].get("executed", 0) < 2 * len(reports):
+                assert time.monotonic() < deadline, f"not every copy executed within 20 s: {stats['responder']}"
+                time.sleep(0.05)
+            answer = collector_http("/key-write/key-write@10.77.1.1",
+                                    {"keys": [r.key.hex() for r in reports], "redundancy": 2})
+        assert stats["responder"]["executed"] == 2 * len(reports), stats["responder"]
         assert answer["found"] >= 0.97 * len(reports), answer
     finally:
         if process is not None and process.poll() is None:
