@@ -450,8 +450,7 @@ class BatchTranslator:
                 self._through_oracle(frames, position, now_ns, out)
         if len(asked) == 1:
             primitive = asked[0][0].primitive
-            tokens[0] += self.oracle.flush_later_all(primitive, now_ns,
-                                                     [(index, target) for (_, index, target), _ in queue[queued:]])
+            tokens[0] += [flush_later(primitive, now_ns, index, target) for (_, index, target), _ in queue[queued:]]
         else:
             for (_, index, target), number in queue[queued:]:
                 tokens[number].append(flush_later(asked[number][0].primitive, now_ns, index, target))
