@@ -1,7 +1,7 @@
 """The live lab: reporters, an XDP translator and a collector in network namespaces, joined by a switch.
 
     reporter r1 (r1-0) ─┐
-    reporter r2 (r2-0) ─┤ bridge (namespace sw) ├─ (t0) translator: softdta translator up --collector ...
+    reporter r2 (r2-0) ─┤ switch (namespace sw) ├─ (t0) translator: softdta translator up --collector ...
                         └───────────────────────┴─ (c0) collector: softdta collector up (XDP responder)
 
 With `--collector rxe` the collector is the Linux kernel's soft-RoCE instead: c0 and the tap of a QEMU guest
