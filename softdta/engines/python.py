@@ -56,6 +56,9 @@ MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) 
 # ring for a good part of it.
 GATHER_NS = 10_000_000
 GATHER_POLL_S = 0.0002
+GATHER_IDLE_NS = 1_000_000  # a stream at more than 1 k frames/s never pauses this long
+# published after every step, for whoever paces a sender by them (softdta.lab.demo)
+PROGRESS_COUNTERS = (TranslatorCounter.RX_REPORTS, TranslatorCounter.TX_FRAMES)
 # each RX queue's packet I/O, in map `xsk_io` (bpf/xsk_steer.bpf.c): its socket's statistics, steps and wake-ups
 _IO_RECORD = record("xsk_io_value")
 IO_STATS = tuple(_IO_RECORD.names)
@@ -269,6 +272,8 @@ class PythonEngine:
             self.run_time_ns += time.thread_time_ns() - started
             self.runs += len(frames)
             taken += len(frames)
+        if taken:
+            self._publish_progress()
         return taken
 
     def tick(self, now: int | None = None) -> None:
@@ -349,13 +354,18 @@ class PythonEngine:
                 next_tick = now + interval
 
     def _gather(self, stop: Stop) -> None:
-        """Until a whole step waits on some queue, or gather_ns passes (GATHER_NS)."""
+        """Until a whole step waits on some queue, gather_ns passes (GATHER_NS), or nothing more came for
+        GATHER_IDLE_NS: a burst that ended is a step, and a sender that waits for it to be taken (the lab's demo)
+        is not kept waiting."""
         if not self.gather_ns:
             return
-        until = time.monotonic_ns() + self.gather_ns
-        while max(io.available() for io in self.queues) < BATCH and time.monotonic_ns() < until \
-                and not stop.is_set():
+        now = time.monotonic_ns()
+        until, waiting, changed = now + self.gather_ns, max(io.available() for io in self.queues), now
+        while waiting < BATCH and now < until and now - changed < GATHER_IDLE_NS and not stop.is_set():
             time.sleep(GATHER_POLL_S)
+            now, before, waiting = time.monotonic_ns(), waiting, max(io.available() for io in self.queues)
+            if waiting != before:
+                changed = now
 
     def _wait(self, timeout_ms: int) -> bool:
         """Whether frames wait on some queue, within `timeout_ms`."""
@@ -366,6 +376,13 @@ class PythonEngine:
 
     # ----------------------------------------------------------------------------------------------
     # stats, in the XDP engine's maps
+
+    def _publish_progress(self) -> None:
+        """Reports taken and frames sent, after every step: a sender that paces by them (the lab's demo) must not
+        wait for the full publication, every PUBLISH_INTERVAL_NS."""
+        counters, tally = self.maps["counters"], self.translator.counters
+        for counter in PROGRESS_COUNTERS:
+            counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
 
     def publish(self) -> None:
         """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""

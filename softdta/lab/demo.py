@@ -55,7 +55,7 @@ VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator'
 # Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
 # ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
 ROUND = VETH_RING // 2
-# A sender waits while the XDP translator has not yet taken more than ROUND of the reports sent, so that a
+# A sender waits while the translator has not yet taken more than ROUND of the reports sent, so that a
 # stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
 # the translator takes nothing for this long, the reports are lost or it is stuck, and the sender goes on.
 STALL_S = 0.2
@@ -150,9 +150,9 @@ def _chunk_end(unit_ends: list[int], start: int, chunk: int) -> int:
 
 
 class _Backlog:
-    """What is on its way, from live counters (the python engine publishes its own only every 100 ms, too late to
-    pace by): reports the XDP translator has not yet taken, and, with the XDP collector, frames the translator
-    emitted that the collector has not yet executed."""
+    """What is on its way, from live counters (the python engine publishes these after every step): reports the
+    translator has not yet taken, and, with the XDP collector, frames the translator emitted that the collector
+    has not yet executed."""
 
     def __init__(self, pin_dir: Path, collector_pin_dir: Path | None):
         self.counters = Map.from_pinned(pin_dir / "counters")
@@ -199,8 +199,8 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
            ) -> dict[str, Any]:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
-    within `seconds`. With the XDP translator, no more than ROUND reports are ever on their way to it, and with
-    the XDP collector too, no more than ROUND of its frames on their way to the collector."""
+    within `seconds`. No more than ROUND reports are ever on their way to the translator, and with the XDP
+    collector, no more than ROUND of its frames on their way to the collector."""
     sent: Counter[int] = Counter()  # by opcode
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
@@ -225,7 +225,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
             each.close()
         raise
     collector_pins = pin_dir_for(lab.COLLECTOR_NAME, ip_bytes(lab.COLLECTOR_IP)) if state.collector == "xdp" else None
-    backlog = _Backlog(lab.PIN_DIR, collector_pins) if state.engine == "xdp" else None
+    backlog = _Backlog(lab.PIN_DIR, collector_pins)
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
     # cannot hold.

@@ -374,3 +374,31 @@ def test_what_the_engines_socket_could_not_take_is_counted_by_reason(wire, table
     assert io["rx_dropped"] + io["rx_ring_full"] == dropped == link
     assert io["rx_fill_ring_empty_descs"] == io["rx_dropped"] and io["rx_invalid_descs"] == 0
     assert stats["counters"]["rx_reports"] == 256 and io["steps"] == 1 and io["wakeups"] == 1
+
+
+def test_a_burst_that_ended_is_a_step_and_its_counts_are_published_at_once(wire, tables, request, monkeypatch):
+    """With a gather of 30 s and no periodic publication, a burst is taken in one step soon after its last frame
+    (GATHER_IDLE_NS), and the pinned counters a paced sender reads (the lab's demo) show it right after."""
+    import softdta.engines.python as python_engine
+    far, translator_ns, _ = wire
+    monkeypatch.setattr(python_engine, "PUBLISH_INTERVAL_NS", 10**18)
+    frames = [frame for frame in mixed_reports(tables) if frame[42] == DtaOpcode.KEY_WRITE][:60]
+    pin = ensure_bpffs() / f"softdta-python-burst-{os.getpid()}"
+    request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
+    with PythonEngine(tables, pin_dir=pin, flush_idle_ns=NO_FLUSH, gather_ns=30 * 10**9) as engine:
+        with in_netns(translator_ns.name):
+            engine.attach(["t0"])
+        stop = threading.Event()
+        server = threading.Thread(target=engine.serve, args=(stop,))
+        server.start()
+        try:
+            send(far, frames)
+            deadline = time.monotonic() + 10
+            while engine_stats(pin)["counters"].get("rx_reports", 0) < len(frames):
+                assert time.monotonic() < deadline, "the burst was not taken within 10 s of a 30 s gather"
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            server.join()
+        assert engine.runs == len(frames) and engine.steps == [1]
+        assert engine_stats(pin)["counters"]["tx_frames"] == engine.translator.counters[TranslatorCounter.TX_FRAMES]
