@@ -240,8 +240,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
                     part = frames[offsets[index]:_chunk_end(load.unit_ends[index], offsets[index], chunk)]
                     if not part:
                         continue
-                    if backlog:
-                        backlog.wait_for_room(sum(sent.values()) + len(part))
+                    backlog.wait_for_room(sum(sent.values()) + len(part))
                     each = senders[index]
                     if isinstance(each, FrameSender):
                         each.send(rows[index][offsets[index]:offsets[index] + len(part)])
@@ -262,8 +261,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
     finally:
         for each in senders:
             each.close()
-        if backlog:
-            backlog.close()
+        backlog.close()
     elapsed = time.perf_counter() - started
     return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
             "rate": sum(sent.values()) / elapsed if elapsed else 0,
