@@ -122,9 +122,20 @@ static __noinline void frame_cache_fill(struct scratch *s, __u32 at, struct fram
 	__builtin_memcpy(c->src_mac, cfg->src_mac, ETHERNET_SRC_LEN);
 }
 
+/* Frame 0's fixed part, out of cache entry c into s->out, and out holds all of frame 0 again. */
+static __always_inline void fixed_to_out(struct scratch *s, const struct frame_cache *c)
+{
+	for (int i = 0; i < FRAME_FIXED_LEN / 8; i++)
+		*(__u64 *)(s->out + 8 * i) = *(__u64 *)(c->headers + 8 * i);
+	for (int i = FRAME_FIXED_LEN / 8 * 8; i < FRAME_FIXED_LEN; i++)
+		s->out[i] = c->headers[i];
+	s->out_fixed_cache = 0;
+}
+
 /* One RoCEv2 frame at s->out[at] from s->frame; the payload already sits after the headers. Allocates the
  * QP's next PSN. Returns the frame length, 0 if the frame would not fit. The fixed part comes from the QP's
- * frame cache; only the variable tail is written and hashed per frame. */
+ * frame cache; only the variable tail is written and hashed per frame. Frame 0's fixed part is left in the
+ * cache (s->out_fixed_cache), for emit to copy into the packet. */
 static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_ref *ref,
 				   const struct translator_config_value *cfg)
 {
@@ -148,13 +159,20 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 	bth = f + ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE;
 	eh = bth + BTH_SIZE;
 	if (frame_cache_fits(c, shape, q, cfg)) {
-		for (int i = 0; i < FRAME_FIXED_WORDS; i++)
-			*(__u64 *)(f + 8 * i) = *(__u64 *)(c->headers + 8 * i);
+		/* frame 0's fixed part goes from the cache straight into the packet (emit) */
+		if (at)
+			for (int i = 0; i < FRAME_FIXED_WORDS; i++)
+				*(__u64 *)(f + 8 * i) = *(__u64 *)(c->headers + 8 * i);
 	} else {
+		/* a later frame refills the entry frame 0's fixed part is in: that part moves to out first */
+		if (at && s->out_fixed_cache == cache_index + 1)
+			fixed_to_out(s, c);
 		frame_cache_fill(s, at, c, shape, q);
 		if (c->shape != shape)
 			return 0;
 	}
+	if (!at)
+		s->out_fixed_cache = cache_index + 1;
 
 	qs->frames_sent += 1;
 	if (q->transport == TRANSPORT_RC && cfg->ack_req_interval && qs->frames_sent % cfg->ack_req_interval == 0)

@@ -2,13 +2,24 @@
 #ifndef SOFTDTA_TRANSLATOR_OUTPUT_H
 #define SOFTDTA_TRANSLATOR_OUTPUT_H
 
-/* s->out[0, len) into the packet, a word at a time: cheaper here than bpf_xdp_store_bytes. */
+/* Frame 0 into the packet, a word at a time (cheaper here than bpf_xdp_store_bytes): its fixed part from the
+ * frame cache where build_roce left it there, the rest from s->out. */
 static __always_inline int copy_to_packet(struct xdp_md *ctx, struct scratch *s, __u32 len)
 {
 	__u8 *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-	__u32 i;
+	__u32 i = 0;
 
-	for (i = 0; i < OUT_LIMIT && i + 8 <= len; i += 8) {
+	if (s->out_fixed_cache) {
+		__u32 index = s->out_fixed_cache - 1;
+		const struct frame_cache *c = bpf_map_lookup_elem(&frame_cache, &index);
+
+		if (!c || data + FRAME_FIXED_WORDS * 8 > end || len < FRAME_FIXED_WORDS * 8)
+			return -1;
+		for (int k = 0; k < FRAME_FIXED_WORDS; k++)
+			*(__u64 *)(data + 8 * k) = *(__u64 *)(c->headers + 8 * k);
+		i = FRAME_FIXED_LEN;
+	}
+	for (; i < OUT_LIMIT && i + 8 <= len; i += 8) {
 		if (data + i + 8 > end)
 			return -1;
 		*(__u64 *)(data + i) = *(__u64 *)(s->out + (i & OUT_MASK));
@@ -144,6 +155,7 @@ static __always_inline struct scratch *begin(__u32 data_path, __u32 rx_queue)
 		s->out_redundant = 0;
 		s->out_ifindex = 0;
 		s->out_executed = 0;
+		s->out_fixed_cache = 0;
 	}
 	return s;
 }

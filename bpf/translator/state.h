@@ -97,6 +97,7 @@ struct scratch {
 	__u32 out_frame_len;
 	__u32 out_ifindex;
 	__u32 out_executed;	/* local translation (bpf/local.bpf.c): the report's requests executed, nothing to send */
+	__u32 out_fixed_cache;	/* 1 + the frame_cache entry that holds frame 0's fixed part; 0: out holds it */
 	struct postcard_copy postcard;	/* a cache entry taken out under its lock, to be written */
 	struct structure_memo structure_memo;
 	struct append_list_memo append_list_memo;
