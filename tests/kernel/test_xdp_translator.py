@@ -7,6 +7,8 @@ import os
 import random
 import shutil
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -461,6 +463,61 @@ def test_pinned_maps_keep_psns_heads_and_caches_across_a_restart(tables, reporte
                 assert_same(reference.process(reporter.frame(report)), second.process(reporter.frame(report)), "")
             assert_same_state(reference, second)
     finally:
+        shutil.rmtree(pin, ignore_errors=True)
+
+
+# Run by a process of its own on the other CPU: flips the translator's UDP source port, which the iCRC covers,
+# back and forth in the pinned configuration until it is killed.
+_PORT_FLIPPER = """
+import os, sys
+from softdta.kernel.bpf import Map
+from softdta.kernel.maps import map_layout
+os.sched_setaffinity(0, {int(sys.argv[2])})
+config, layout = Map.from_pinned(sys.argv[1]), map_layout("translator_config")
+key = layout.key.pack(index=0)
+value = config.lookup(key)
+fields = layout.value.unpack(value)
+flipped = layout.value.pack(**{**fields, "udp_sport": fields["udp_sport"] ^ 1})
+print("flipping", flush=True)
+while True:
+    config.update(key, flipped)
+    config.update(key, value)
+"""
+
+
+def test_a_table_write_between_two_frames_of_a_report_leaves_each_frame_whole(tables, reporter):
+    """A report's first frame takes its fixed headers from the frame cache only when it is put in the packet,
+    and a later frame that finds the configuration changed rebuilds that cache entry. While another CPU flips the
+    UDP source port, every frame of Key-Write N=2 reports must still carry a right iCRC; and reports whose two
+    frames differ in port (a flip fell between them, the case this guards) must have happened, or the test
+    proved nothing."""
+    from softdta.kernel.bpf import ensure_bpffs
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: the table writes must land while a report is being translated")
+    pin = ensure_bpffs() / f"softdta-test-{os.getpid()}"
+    pin.mkdir(parents=True, exist_ok=True)
+    os.sched_setaffinity(0, {cpus[0]})
+    flipper = None
+    try:
+        with XdpTranslator(tables, pin_dir=pin) as kernel:
+            flipper = subprocess.Popen([sys.executable, "-c", _PORT_FLIPPER, str(pin / "translator_config"),
+                                        str(cpus[1])], stdout=subprocess.PIPE, text=True)
+            assert flipper.stdout is not None and flipper.stdout.readline() == "flipping\n"
+            frame = reporter.frame(dta.key_write(5, 6, 2))
+            split, runs, deadline = 0, 0, time.monotonic() + 60
+            while (split < 20 or runs < 2000) and time.monotonic() < deadline:
+                frames = kernel.process(frame).frames
+                assert len(frames) == 2
+                assert all(parse_roce(each).icrc_ok for each in frames), f"a bad iCRC after {runs} reports"
+                split += len({parse_udp_frame(each).udp["sport"] for each in frames}) == 2
+                runs += 1
+            assert split >= 20, f"in {runs} reports, {split} had a table write between their frames"
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+        if flipper is not None:
+            flipper.kill()
+            flipper.wait()
         shutil.rmtree(pin, ignore_errors=True)
 
 
