@@ -27,7 +27,6 @@ static __noinline void build_nack(struct scratch *s, const struct translator_con
 		nack_v1_set_seqnum(body, value);
 		put8(body + NACK_V1_NACK_OFF, 1 << NACK_V1_NACK_SHIFT);	/* the NACK flag, reserved bits zero */
 	}
-	s->out_fixed_cache = 0;
 	single_frame(s, ETHERNET_SIZE + IPV4_SIZE + UDP_SIZE + body_len, 0);
 	count(CNT_TX_NACKS);
 }

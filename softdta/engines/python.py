@@ -272,8 +272,8 @@ class PythonEngine:
             self.run_time_ns += time.thread_time_ns() - started
             self.runs += len(frames)
             taken += len(frames)
-        if taken:
-            self._publish_progress()
+        if taken:  # a sender that paces by them (the lab's demo) must not wait for the next full publication
+            self._publish_counters(PROGRESS_COUNTERS)
         return taken
 
     def tick(self, now: int | None = None) -> None:
@@ -377,18 +377,15 @@ class PythonEngine:
     # ----------------------------------------------------------------------------------------------
     # stats, in the XDP engine's maps
 
-    def _publish_progress(self) -> None:
-        """Reports taken and frames sent, after every step: a sender that paces by them (the lab's demo) must not
-        wait for the full publication, every PUBLISH_INTERVAL_NS."""
+    def _publish_counters(self, which: Iterable[TranslatorCounter]) -> None:
         counters, tally = self.maps["counters"], self.translator.counters
-        for counter in PROGRESS_COUNTERS:
+        for counter in which:
             counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
 
     def publish(self) -> None:
         """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""
-        counters, tally = self.maps["counters"], self.translator.counters
-        for counter in TranslatorCounter:  # every slot: a reused pin directory may hold another engine's counts
-            counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
+        # every slot: a reused pin directory may hold another engine's counts
+        self._publish_counters(TranslatorCounter)
         layout = map_layout("qp_state")
         for index, runtime in self.translator.qp_state.items():
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
