@@ -240,6 +240,8 @@ int softdta_copy(struct xdp_md *ctx)
 
 	if ((void *)(meta + 1) > (void *)data || meta->magic != FANOUT_META_MAGIC)
 		return XDP_PASS;	/* not a broadcast of `emit`: a frame redirected to this interface */
+	if (meta->count < 2)
+		return XDP_PASS;	/* parked nothing, so its sequence (0) is no report's: it must not count as a copy */
 	s = scratch_get();
 	if (!s)
 		return XDP_DROP;

@@ -239,6 +239,30 @@ def test_the_copies_of_a_report_survive_a_napi_poll_that_a_redirect_opened(lab, 
         kernel.close()
 
 
+
+def test_a_single_copy_before_a_cpus_first_broadcast_leaves_the_copies_in_psn_order(lab):
+    """A redundant structure's N = 1 report goes through `copies` as well, with a meta that parks nothing; it must
+    not count as a copy of the first report the CPU parks (sequence 0), or that report's clone 0 would become its
+    frame 2 and leave before frame 1."""
+    reference = Translator(Tables.from_toml(EXAMPLE_TABLES))
+    reporter = reporter_address(lab.tables)
+    frames = [reporter.frame(dta.key_write(2, 6, 1)), reporter.frame(dta.key_write(1, 3, 2))]
+    expected = [out for frame in frames for out in reference.process(frame).frames]
+    kernel = lab.start()
+    affinity = os.sched_getaffinity(0)
+    try:
+        capture = lab.socket(lab.collector, "c0")
+        os.sched_setaffinity(0, {min(affinity)})  # both runs on one CPU, whose scratch this translator made new
+        with in_netns(lab.translator.name):
+            for frame in frames:
+                kernel.xdp.test_run_live(frame, ifindex=socket.if_nametoindex("t0"))
+        got = receive(capture, len(expected), keep=is_roce)
+        assert [parse_roce(f).bth["psn"] for f in got] == [parse_roce(f).bth["psn"] for f in expected]
+        assert got == expected
+    finally:
+        os.sched_setaffinity(0, affinity)
+        kernel.close()
+
 def test_sequence_gap_nack_goes_back_to_the_reporter(lab):
     reporter = reporter_address(lab.tables)
     kernel = lab.start()
