@@ -243,61 +243,71 @@ class BatchTranslator:
                                   if (path := self._paths.get(structure.primitive)) is not None and path.takes_writes)
 
     def _classify(self, frames: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[Piece]]:
+        """Roles of the frames, and the vector pieces among them: one pass over all of them as rows as long as the
+        longest (the bytes past a frame's length unspecified), whatever their lengths."""
         lengths = frame_lengths(frames)
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
         pieces: list[Piece] = []
-        shortest, longest = int(lengths.min()), int(lengths.max())
-        for length in [shortest] if shortest == longest else np.unique(lengths).tolist():
-            positions = np.flatnonzero(lengths == length)
-            if isinstance(frames, FrameRows):
-                rows = frames.of_length(length, positions)
-            elif len(positions) == len(frames):
-                rows = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(len(frames), length)
-            else:
-                chosen = operator.itemgetter(*positions.tolist())(frames)
-                rows = np.frombuffer(b"".join(chosen) if len(positions) > 1 else chosen, dtype=np.uint8)
-                rows = rows.reshape(len(positions), length)
-            self._classify_rows(rows, positions, roles, pieces)
+        longest = int(lengths.max())
+        if isinstance(frames, FrameRows):
+            rows = frames.rows
+        elif int(lengths.min()) == longest:
+            rows = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(len(frames), longest)
+        else:
+            rows = np.frombuffer(b"".join(frame.ljust(longest, b"\0") for frame in frames),
+                                 dtype=np.uint8).reshape(len(frames), longest)
+        self._classify_rows(rows, lengths, np.arange(len(frames)), roles, pieces)
         return roles, pieces
 
-    def _classify_rows(self, rows: Rows, positions: npt.NDArray[np.int64], roles: npt.NDArray[np.int8],
-                       pieces: list[Piece]) -> None:
-        """Roles of frames of one length, and the vector pieces among them."""
-        length = rows.shape[1]
-        if length < PAYLOAD_AT + 1:
-            roles[positions] = np.where(_ethertype(rows) != ETH_P_IP, INDEPENDENT, BARRIER) \
-                if length >= ETHERNET.size else INDEPENDENT
+    def _classify_rows(self, rows: Rows, lengths: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
+                       roles: npt.NDArray[np.int8], pieces: list[Piece]) -> None:
+        """Roles of frames whose lengths are `lengths` (rows at least as long as the longest), and the vector pieces
+        among them."""
+        width = rows.shape[1]
+        if width < ETHERNET.size:
+            roles[positions] = INDEPENDENT
             return
-        if len(rows) > 1 and length >= PAYLOAD_AT + DTA_BASE_EXT.size:
+        if len(rows) > 1 and int(lengths[0]) >= PAYLOAD_AT + DTA_BASE_EXT.size and (lengths == lengths[0]).all():
             layout = rows[:, self._layout_bytes]
-            if (layout == layout[0]).all() and self._classify_alike(rows, positions, roles, pieces):
+            if (layout == layout[0]).all() and self._classify_alike(rows, lengths, positions, roles, pieces):
                 return
         ipv4 = _ethertype(rows) == ETH_P_IP
-        shaped, payload_len = _plain_udp4(rows)
+        # too short for a UDP payload: the oracle passes it if it is not IPv4 (or not even Ethernet), else drops it
+        short = lengths < PAYLOAD_AT + 1
+        roles[positions[short & (~ipv4 | (lengths < ETHERNET.size))]] = INDEPENDENT
+        if width < PAYLOAD_AT + 1:
+            return
+        roles[positions[~short & ~ipv4]] = INDEPENDENT  # the oracle passes what is not IPv4, untouched
+        shaped, payload_len = _plain_udp4(rows, lengths)
+        shaped &= ~short
         dport = gather(rows, UDP_AT, UDP, "dport")
-        roles[positions[~ipv4]] = INDEPENDENT  # the oracle passes what is not IPv4, untouched
         neither = shaped & (dport != DTA_PORT) & (dport != ROCE_PORT)
         roles[positions[neither]] = INDEPENDENT
         # a report in a frame too short for the extended base header is the oracle's (a drop, or a dta-v1 base)
-        reports = shaped & (dport == DTA_PORT) & (length >= PAYLOAD_AT + DTA_BASE_EXT.size)
+        reports = shaped & (dport == DTA_PORT) & (lengths >= PAYLOAD_AT + DTA_BASE_EXT.size)
         if reports.any():
-            self._classify_reports(rows[reports], positions[reports], payload_len[reports], roles, pieces)
-        replies = shaped & (dport == ROCE_PORT)
+            self._classify_reports(rows[reports], lengths[reports], positions[reports], payload_len[reports], roles,
+                                   pieces)
+        # replies too short for an ACK's headers stay barriers: the oracle's, at their places
+        replies = shaped & (dport == ROCE_PORT) & (lengths >= PAYLOAD_AT + BTH.size + AETH.size)
         if replies.any():
             self._classify_replies(rows[replies], positions[replies], payload_len[replies], roles)
 
-    def _classify_alike(self, rows: Rows, positions: npt.NDArray[np.int64], roles: npt.NDArray[np.int8],
-                        pieces: list[Piece]) -> bool:
-        """Reports all equal to the first in the bytes that decide their layout: classified by the first alone
-        (False, and nothing done, if the first is not a report)."""
-        shaped, payload_len = _plain_udp4(rows[:1])
+    def _classify_alike(self, rows: Rows, lengths: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
+                        roles: npt.NDArray[np.int8], pieces: list[Piece]) -> bool:
+        """Reports all as long as the first and equal to it in the bytes that decide their layout: classified by
+        the first alone (False, and nothing done, if the first is not a report)."""
+        shaped, payload_len = _plain_udp4(rows[:1], lengths[:1])
         if not shaped[0] or gather(rows[:1], UDP_AT, UDP, "dport")[0] != DTA_PORT:
             return False
-        self._classify_reports(rows, positions, np.broadcast_to(payload_len, len(rows)), roles, pieces, alike=True)
+        self._classify_reports(rows, lengths, positions, np.broadcast_to(payload_len, len(rows)), roles, pieces,
+                               alike=True)
         return True
 
-    def _classify_reports(self, rows: Rows, positions: npt.NDArray[np.int64], payload_len: npt.NDArray[np.int64],
-                          roles: npt.NDArray[np.int8], pieces: list[Piece], alike: bool = False) -> None:
+    def _classify_reports(self, rows: Rows, lengths: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
+                          payload_len: npt.NDArray[np.int64], roles: npt.NDArray[np.int8], pieces: list[Piece],
+                          alike: bool = False) -> None:
+        """Decoders see rows of one length, `lengths` long: the rows of each (length, layout), in that order."""
         head = rows[:1] if alike else rows  # the rows to read layouts from
         extended = (head[:, PAYLOAD_AT] & EXTENDED_MARKER) != 0
         base = self.oracle.tables.profile.base_header
@@ -317,13 +327,15 @@ class BatchTranslator:
             else np.zeros(len(opcode), dtype=bool)
         roles[positions[~vector_kind & ~plugin]] = INDEPENDENT
         if self._batch_plugins and self._plugins_write:
-            for code, primitive in self._batch_plugins.items():
-                # at the fleet's address, the oracle binds them (translate_batch takes structures by address)
-                mine = plugin & (opcode == code) & (addresses != self._fleet_address)
-                if mine.any():
-                    taken = _decode_plugin(rows[mine], positions[mine], primitive)
-                    roles[taken.positions] = VECTOR
-                    pieces.append(taken)
+            # at the fleet's address, the oracle binds them (translate_batch takes structures by address)
+            for length, _, primitive, members in sorted(
+                    (length, number, primitive, members)
+                    for number, (code, primitive) in enumerate(self._batch_plugins.items())
+                    for length, members in _by_length(lengths, np.flatnonzero(
+                        plugin & (opcode == code) & (addresses != self._fleet_address)))):
+                taken = _decode_plugin(rows[members, :length], positions[members], primitive)
+                roles[taken.positions] = VECTOR
+                pieces.append(taken)
         candidates = np.flatnonzero(vector_kind)
         if not len(candidates):
             return
@@ -332,11 +344,13 @@ class BatchTranslator:
             unique, inverse = layout[:1], np.zeros(len(layout), dtype=np.int64)
         else:
             unique, inverse = np.unique(layout, return_inverse=True)
-        for index, packed in enumerate(unique.tolist()):
-            members = candidates if len(unique) == 1 else candidates[inverse == index]
-            whole = len(members) == len(rows)  # then taken as they are, not copied
+        groups = sorted((length, packed, members) for index, packed in enumerate(unique.tolist())
+                        for length, members in _by_length(lengths, candidates if len(unique) == 1
+                                                          else candidates[inverse == index]))
+        for length, packed, members in groups:
+            whole = len(members) == len(rows) and length == rows.shape[1]  # then taken as they are, not copied
             path = self._paths[(packed >> 48) & 0xFF]
-            found = path.decode(rows if whole else rows[members], positions if whole else positions[members],
+            found = path.decode(rows if whole else rows[members, :length], positions if whole else positions[members],
                                 Layout(bool(packed >> 63), (packed >> 32) & 0xFFFF, packed & 0xFFFFFFFF, base),
                                 self._writable)
             for piece in found:
@@ -612,15 +626,28 @@ def _ethertype(rows: Rows) -> npt.NDArray[np.uint64]:
     return gather(rows, 0, ETHERNET, "ethertype")
 
 
-def _plain_udp4(rows: Rows) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
-    """Which rows are unfragmented IPv4 without options carrying one whole UDP datagram, and its payload length."""
+def _by_length(lengths: npt.NDArray[np.int64], members: npt.NDArray[np.int64]
+               ) -> list[tuple[int, npt.NDArray[np.int64]]]:
+    """`members` (row indices) by the length of their frames, shortest first."""
+    if not len(members):
+        return []
+    of_members = lengths[members]
+    first = int(of_members[0])
+    if (of_members == first).all():
+        return [(first, members)]
+    return [(length, members[of_members == length]) for length in np.unique(of_members).tolist()]
+
+
+def _plain_udp4(rows: Rows, lengths: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Which rows are unfragmented IPv4 without options carrying one whole UDP datagram within the frame's
+    `lengths`, and its payload length."""
     total = gather(rows, IP_AT, IPV4, "total_length").astype(np.int64)
     udp_len = gather(rows, UDP_AT, UDP, "length").astype(np.int64)
     ok = _ethertype(rows) == ETH_P_IP
     ok &= matches(rows, IP_AT, IPV4, version=IPV4_VERSION_NUMBER, ihl=IPV4_MIN_IHL, protocol=IPPROTO_UDP,
                   fragment_offset=0)
     ok &= (gather(rows, IP_AT, IPV4, "flags") & np.uint64(IPV4_FLAG_MORE_FRAGMENTS)) == 0
-    ok &= (total >= IPV4_SIZE + UDP_SIZE) & (total <= rows.shape[1] - IP_AT)
+    ok &= (total >= IPV4_SIZE + UDP_SIZE) & (total <= lengths - IP_AT)
     ok &= (udp_len >= UDP_SIZE) & (udp_len <= total - IPV4_SIZE)
     return ok, udp_len - UDP_SIZE
 

@@ -42,12 +42,6 @@ class FrameRows(Sequence[bytes]):
             return FrameRows(self.rows[index], self.lengths[index])
         return self.rows[index, :self.lengths[index]].tobytes()
 
-    def of_length(self, length: int, positions: npt.NDArray[np.int64]) -> Rows:
-        """The frames at `positions`, all `length` bytes long, as a (positions, length) array."""
-        if len(positions) == len(self.lengths) and length == self.rows.shape[1]:
-            return self.rows
-        return self.rows[positions, :length]
-
 
 def frame_lengths(frames: Sequence[bytes]) -> npt.NDArray[np.int64]:
     """The length of every frame, whether they come as rows or as bytes."""
