@@ -50,6 +50,10 @@ def register(commands: Commands) -> None:
     up.add_argument("--io", choices=["auto", "af_xdp", "af_packet"], default="auto",
                     help="--engine python: packet I/O (auto, the default: AF_XDP, else an AF_PACKET TPACKET_V3 "
                          "ring)")
+    up.add_argument("--transmit", choices=["auto", "socket"], default="auto",
+                    help="--engine python: where frames leave (auto, the default: from XDP where the interface "
+                         "takes frames from it, else through the socket; socket: through the socket, which waits "
+                         "for room where the interface has a queueing discipline)")
     up.add_argument("--collector", action="append", default=[], metavar="HOST:PORT",
                     help="take the structures from this collector's control service (repeat for several); "
                          "--tables then needs only its [translator] section")
@@ -180,8 +184,8 @@ def _translator_engine(args: argparse.Namespace, tables: Tables, pin: Path) -> L
     """The engine `--engine` names, loaded with its tables and pinned in `pin`."""
     flush_idle_ns = int(args.flush_idle_ms * 1e6)
     if args.engine == "xdp":
-        if args.primitive or args.io != "auto":
-            raise CliError("--primitive and --io apply to --engine python only")
+        if args.primitive or args.io != "auto" or args.transmit != "auto":
+            raise CliError("--primitive, --io and --transmit apply to --engine python only")
         from softdta.engines.xdp import XdpTranslator
         return XdpTranslator(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns)
     from softdta.core.primitives import load
@@ -190,7 +194,8 @@ def _translator_engine(args: argparse.Namespace, tables: Tables, pin: Path) -> L
         plugins = [load(spec) for spec in args.primitive]
     except ValueError as error:
         raise CliError(str(error)) from None
-    return PythonEngine(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns, plugins=plugins, io=args.io)
+    return PythonEngine(tables, pin_dir=pin, flush_idle_ns=flush_idle_ns, plugins=plugins, io=args.io,
+                        transmit=args.transmit)
 
 
 def _translator_section(path: str) -> dict[str, Any]:

@@ -41,6 +41,8 @@ from softdta.wire.columns import frame_lengths
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
+# auto: from XDP where the interface takes frames from it, else through the queue's socket; socket: always there
+TRANSMIT_CHOICES = ("auto", "socket")
 IO_CODES = {"AF_XDP copy": 1, "AF_XDP zero-copy": 2, "AF_PACKET TPACKET_V3": 3}
 # The most frames one step takes: a vector batch has a fixed cost, which larger steps amortize (Key-Write N=1,
 # live: about 490 k reports/s per core at 4096 against 410 k at 2048 and 300 k at 1024; docs/benchmarks.md).
@@ -72,11 +74,16 @@ class PythonEngine:
 
     def __init__(self, tables: Tables, *, pin_dir: str | Path | None = None,
                  flush_idle_ns: int = DEFAULT_FLUSH_IDLE_NS, plugins: Iterable[type[Primitive]] = (),
-                 io: str = "auto", gather_ns: int | None = None):
+                 io: str = "auto", gather_ns: int | None = None, transmit: str = "auto"):
         """`gather_ns`: how long a step waits for a whole step's frames (default GATHER_NS, at most a quarter of
-        `flush_idle_ns`; 0: a step takes what waits)."""
+        `flush_idle_ns`; 0: a step takes what waits). `transmit`: one of TRANSMIT_CHOICES. Frames sent from XDP
+        cost the least, but a full ring on the way drops them; the socket's, where the interface has a queueing
+        discipline, wait for room instead (docs/lab.md)."""
         if io not in IO_CHOICES:
             raise EngineError(f"--io {io}: choose one of {', '.join(IO_CHOICES)}")
+        if transmit not in TRANSMIT_CHOICES:
+            raise EngineError(f"--transmit {transmit}: choose one of {', '.join(TRANSMIT_CHOICES)}")
+        self.transmit_choice = transmit
         self.translator = Translator(tables, tuple(plugins))
         self.batch = BatchTranslator(self.translator)
         self.flush_idle_ns, self.io_choice = flush_idle_ns, io
@@ -222,8 +229,9 @@ class PythonEngine:
                 self.attached.append(ifindex)
                 self.interfaces = [name]
                 self.io_name = f"AF_XDP {self.queues[0].mode}"
-                self.transmitter = XdpTransmitter(self.object, ifindex)
-                self._follow_transmit_path()
+                if self.transmit_choice == "auto":
+                    self.transmitter = XdpTransmitter(self.object, ifindex)
+                    self._follow_transmit_path()
             except (XskError, BpfError, EngineError) as error:
                 self.detach()
                 failure = str(error)
@@ -290,6 +298,9 @@ class PythonEngine:
             frames += out.frames + out.to_reporter
         if frames:
             self._transmit(self.queues[0], [frames])
+        for io in self.queues:  # what a full ring on the way held up past a send's wait
+            if isinstance(io, XskSocket):
+                io.transmit_pending()
         self.run_time_ns += time.thread_time_ns() - started
         if now - self._published_ns >= PUBLISH_INTERVAL_NS:
             self._follow_transmit_path()

@@ -34,6 +34,11 @@ MSG_DONTWAIT = 0x40
 BUSY_RETRIES = 40
 RX_RING = 16384  # receive descriptors (and UMEM frames to fill them) per socket: 32 MiB of UMEM
 TX_FRAMES = 4096  # transmit descriptors and UMEM frames, for frames sent through the socket (not from XDP)
+# How long `send` waits for the kernel to take what the TX ring holds while it takes nothing: an interface with a
+# queueing discipline whose ring on the way is full makes it wait for room (a veth's peer behind), rather than
+# drop. What is left then waits for the next send or `transmit_pending`.
+TX_STALL_S = 1.0
+TX_WAIT_S = 0.00005
 
 
 class XskError(SoftdtaError, OSError):
@@ -206,9 +211,8 @@ class XskSocket:
         sent = 0
         while sent < len(frames):
             room = min(len(self.tx_free), ring.free(), len(frames) - sent)
-            if not room:
-                self._kick()
-                self._reclaim()
+            if not room:  # wait for the kernel, which a full ring on the way may hold up (TX_STALL_S at a time)
+                self.transmit_pending()
                 continue
             addrs = self.tx_free[-room:]
             del self.tx_free[-room:]
@@ -221,16 +225,25 @@ class XskSocket:
             ring.entries["len"][slots] = list(map(len, batch))
             ring.producer.value = (index + room) & 0xFFFFFFFF
             sent += room
-        if sent:
-            self._drain()
-        self._reclaim()
+        self.transmit_pending()
 
-    def _drain(self, attempts: int = 64) -> None:
-        """Kick until the kernel has taken every queued descriptor: copy mode sends at most 32 per kick."""
-        for _ in range(attempts):
+    def transmit_pending(self) -> int:
+        """Kick until the kernel has taken every queued descriptor (copy mode sends at most 32 per kick), or has
+        taken none for TX_STALL_S; returns how many are still queued."""
+        ring = self.tx_ring
+        waiting = ring.available()
+        stalled_since = time.monotonic()
+        while waiting:
             self._kick()
-            if self.tx_ring.available() == 0:
-                return
+            now_waiting = ring.available()
+            if now_waiting < waiting:
+                waiting, stalled_since = now_waiting, time.monotonic()
+            elif time.monotonic() - stalled_since > TX_STALL_S:
+                break
+            else:
+                time.sleep(TX_WAIT_S)
+        self._reclaim()
+        return waiting
 
     def statistics(self) -> dict[str, int]:
         """The kernel's XDP_STATISTICS for this socket: frames dropped because a ring was full or empty."""

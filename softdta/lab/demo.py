@@ -55,6 +55,11 @@ VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator'
 # Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
 # ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
 ROUND = VETH_RING // 2
+# The python engine's steps grow with what is on its way, past their fixed cost. Its frames leave through its
+# socket, which a queueing discipline on t0 makes wait for room on the link (softdta.lab.topology), so a step's
+# burst is not dropped there; its receive ring holds 16384. With 4096 on their way, the rings of the XDP hops
+# (the reporters' ports, the collector's link) overflowed in 2 runs of 4 (docs/lab.md).
+PYTHON_WINDOW = 512
 # A sender waits while the translator has not yet taken more than ROUND of the reports sent, so that a
 # stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
 # the translator takes nothing for this long, the reports are lost or it is stuck, and the sender goes on.
@@ -154,7 +159,8 @@ class _Backlog:
     translator has not yet taken, and, with the XDP collector, frames the translator emitted that the collector
     has not yet executed."""
 
-    def __init__(self, pin_dir: Path, collector_pin_dir: Path | None):
+    def __init__(self, pin_dir: Path, collector_pin_dir: Path | None, window: int = ROUND):
+        self.window = window
         self.counters = Map.from_pinned(pin_dir / "counters")
         self.responder = Map.from_pinned(collector_pin_dir / "responder_counters") if collector_pin_dir else None
         # taken or executed before this demo, then: given up for lost after a stall
@@ -170,22 +176,22 @@ class _Backlog:
             self.responder.counter_total(ResponderCounter.EXECUTED)
 
     def wait_for_room(self, sent: int) -> None:
-        """Until at most ROUND of `sent` reports are still on their way to the translator, and at most ROUND of
-        its frames on their way to the collector; after STALL_S without progress, what is on its way is given
+        """Until at most `window` of `sent` reports are still on their way to the translator, and at most `window`
+        of its frames on their way to the collector; after STALL_S without progress, what is on its way is given
         up for lost (the verdict counts it) and the sender goes on."""
         def behind() -> tuple[int, int]:
             return sent - (self._taken() - self.written_off), self._unexecuted() - self.frames_written_off
 
         reports, frames = behind()
         since = time.perf_counter()
-        while reports > ROUND or frames > ROUND:
+        while reports > self.window or frames > self.window:
             time.sleep(0.0001)
             now = behind()
             if now != (reports, frames):
                 (reports, frames), since = now, time.perf_counter()
             elif time.perf_counter() - since > STALL_S:
-                self.written_off -= max(0, reports - ROUND)
-                self.frames_written_off += max(0, frames - ROUND)
+                self.written_off -= max(0, reports - self.window)
+                self.frames_written_off += max(0, frames - self.window)
                 return
 
     def close(self) -> None:
@@ -199,8 +205,9 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
            ) -> dict[str, Any]:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
-    within `seconds`. No more than ROUND reports are ever on their way to the translator, and with the XDP
-    collector, no more than ROUND of its frames on their way to the collector."""
+    within `seconds`. No more than a window of reports are ever on their way to the translator, and with the XDP
+    collector, no more than a window of its frames on their way to the collector: ROUND, or PYTHON_WINDOW for the
+    python engine."""
     sent: Counter[int] = Counter()  # by opcode
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
@@ -225,7 +232,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
             each.close()
         raise
     collector_pins = pin_dir_for(lab.COLLECTOR_NAME, ip_bytes(lab.COLLECTOR_IP)) if state.collector == "xdp" else None
-    backlog = _Backlog(lab.PIN_DIR, collector_pins)
+    backlog = _Backlog(lab.PIN_DIR, collector_pins, PYTHON_WINDOW if rows else ROUND)
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
     # cannot hold.

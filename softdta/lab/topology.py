@@ -57,6 +57,9 @@ COLLECTORS = ("xdp", "rxe")
 ENGINES = ("xdp", "python")
 GUEST_RUN_DIR = STATE_DIR / "guest"
 BRIDGE_IP = "10.77.1.254/16"  # the collector namespace's own address, beside the guest (rxe)
+# frames the translator's link queues for the stack while its peer's ring is full (the python engine's socket
+# waits instead: AF_XDP does not use the queue)
+TRANSLATOR_QDISC_LIMIT = 1000
 PYTHON_ENGINE_NICE = -10  # the python engine's scheduling priority in the lab (see _start)
 
 
@@ -258,6 +261,11 @@ def _build(state: LabState) -> None:
                     forwarder.maps["switch_port"].update(switch_port.key.pack(mac=mac_bytes(mac), pad=0),
                                                          switch_port.value.pack(ifindex=ifindex))
                 attach_xdp(ifindex, forwarder.programs["softdta_switch"].fd)
+    if state.engine == "python":
+        # The python engine's frames leave through its socket (`--transmit socket`). A veth with a queueing
+        # discipline makes the socket wait while the switch port's ring is full, where frames sent from XDP
+        # would be dropped: a step's burst of thousands of frames then waits for room (docs/lab.md).
+        translator.run("tc", "qdisc", "replace", "dev", "t0", "root", "pfifo", "limit", str(TRANSLATOR_QDISC_LIMIT))
     if state.collector == "rxe":
         collector.run("ip", "link", "add", "br0", "type", "bridge")
         collector.run("ip", "link", "set", "c0", "master", "br0")
@@ -278,7 +286,8 @@ def _start(state: LabState) -> None:
         _softdta("translator", "up", "--tables", str(STATE_DIR / "translator.toml"), "-i", "t0",
                  "--netns", PREFIX + "t", "--pin", str(PIN_DIR), "--collector", f"{COLLECTOR_IP}:{CONTROL_PORT}",
                  "--flush-idle-ms", str(flush_idle_ms(state.collector, state.engine)),
-                 "--token", state.token, "--engine", state.engine),
+                 "--token", state.token, "--engine", state.engine,
+                 *(["--transmit", "socket"] if state.engine == "python" else [])),
         stdout=translator_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     if state.engine == "python":
         # The translator stands for a box of its own: the python engine translates on the CPU, and it must not

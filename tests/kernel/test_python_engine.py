@@ -5,6 +5,7 @@ the frames on the wire must be exactly the reference translator's, and, for the 
 the XDP engine's for the same input.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -36,7 +37,9 @@ from tests.common import (
     EXAMPLE_TABLES,
     assert_every_queue_wrote_in_psn_order,
     capture_on,
+    eventually,
     hop_frames,
+    processes,
     udp_frames,
 )
 
@@ -211,6 +214,7 @@ def test_translator_up_names_the_problem_with_engine_options(request):
     base = [sys.executable, "-m", "softdta.cli", "translator", "up", "--tables", str(EXAMPLE_TABLES), "-i", "lo",
             "--pin", str(pin)]
     for extra, message in [(["--primitive", "softdta.plugins.latency_sum:LatencySum"], "--engine python only"),
+                           (["--transmit", "socket"], "--engine python only"),
                            (["--engine", "python", "--primitive", "nowhere"], "give MODULE:CLASS"),
                            (["--engine", "python", "--primitive", "softdta.nowhere:X"], "cannot be loaded")]:
         result = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
@@ -336,6 +340,65 @@ def test_only_acks_from_collectors_reach_the_engine(wire, tables):
         assert engine.runs == 1
         refused = (TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW, TranslatorCounter.DROP_REPLY_ON_UC)
         assert sum(counters[counter] for counter in refused) == 1
+
+
+# Holds one CPU for a while at a real-time priority above the NAPI thread pinned there.
+CPU_HOLDER = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(90))
+print("holding", flush=True)
+until = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < until:
+    pass
+"""
+
+
+def link_counts(namespace: Namespace, interface: str) -> dict[str, int]:
+    stats = json.loads(namespace.run("ip", "-s", "-j", "link", "show", interface).stdout)[0]["stats64"]
+    return {"rx": stats["rx"]["packets"], "rx_dropped": stats["rx"]["dropped"], "tx_dropped": stats["tx"]["dropped"]}
+
+
+def test_the_socket_waits_for_room_behind_a_full_ring_where_the_link_has_a_queueing_discipline(wire):
+    """`--transmit socket` in the lab: while the peer's NAPI cannot run, its 256-slot ring fills; with a qdisc on
+    the link the socket's frames wait for room instead of being dropped, and all of them arrive."""
+    far, translator, _ = wire
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs: one held, one sending")
+    held, sending = sorted(os.sched_getaffinity(0))[:2]
+    translator.run("tc", "qdisc", "replace", "dev", "t0", "root", "pfifo", "limit", "1000")
+    far.run("sh", "-c", "echo 1 > /sys/class/net/r0/threaded")
+    napi = [pid for pid, comm in processes().items() if comm.startswith("napi/r0-")]
+    assert napi
+    for pid in napi:
+        os.sched_setaffinity(pid, {held})
+    toward_r0 = workload.ReporterAddress(mac_bytes("02:5d:7a:00:00:01"), ip_bytes("10.77.0.1"),
+                                         mac_bytes("02:00:00:00:00:02"), ip_bytes("10.77.0.2"))
+    frame = toward_r0.frame(workload.key_write(1, 1, redundancy=1)[0])
+    before = link_counts(far, "r0")
+    affinity = os.sched_getaffinity(0)
+    holder = subprocess.Popen([sys.executable, "-c", CPU_HOLDER, str(held), "0.3"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        os.sched_setaffinity(0, {sending})
+        with in_netns(translator.name):
+            xsk = XskSocket("t0", 0)
+        try:
+            started = time.monotonic()
+            for _ in range(12):
+                xsk.send([frame] * 250)
+            waited = time.monotonic() - started
+            assert xsk.transmit_pending() == 0
+        finally:
+            xsk.close()
+    finally:
+        os.sched_setaffinity(0, affinity)
+        holder.wait(timeout=10)
+    # the ring filled (the send waited for the held CPU), and nothing was dropped on either end
+    assert waited > 0.1
+    eventually(lambda: link_counts(far, "r0")["rx"] - before["rx"] == 3000, 5, "every frame arrived")
+    after = link_counts(far, "r0")
+    assert after["rx_dropped"] == before["rx_dropped"] and link_counts(translator, "t0")["tx_dropped"] == 0
 
 
 def test_what_the_engines_socket_could_not_take_is_counted_by_reason(wire, tables, request, monkeypatch):

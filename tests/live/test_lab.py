@@ -63,15 +63,18 @@ def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
 def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     softdta("lab", "up", "--reporters", "1", "--engine", "python")
     status = json.loads(softdta("lab", "status", "--json").stdout)
-    # the lab's veth peers run XDP, so the engine's frames leave from XDP
+    # its frames leave through its socket, which a queueing discipline on t0 makes wait for room on the link
     engine = status["translator"]["engine"]
     assert status["translator"]["running"] and {key: engine[key] for key in ("name", "io", "transmit")} == {
-        "name": "python", "io": "AF_XDP copy", "transmit": "XDP"}
+        "name": "python", "io": "AF_XDP copy", "transmit": "packet I/O"}
+    assert "pfifo" in subprocess.run(["ip", "netns", "exec", lab.PREFIX + "t", "tc", "qdisc", "show", "dev", "t0"],
+                                     capture_output=True, text=True, check=True).stdout
     # its socket's drops by reason, steps and wake-ups: nothing sent, nothing dropped, nothing translated
     assert set(engine["io_stats"]) == set(IO_STATS)
     assert not any(engine["io_stats"][name] for name in (*IO_DROPS, "steps", "wakeups")), engine["io_stats"]
     assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
-    assert "translator (python, AF_XDP copy, frames out through XDP) running" in softdta("lab", "status").stdout
+    assert "translator (python, AF_XDP copy, frames out through packet I/O) running" in \
+        softdta("lab", "status").stdout
     # it translates ahead of the lab's other processes on these cores, as a box of its own would
     assert os.getpriority(os.PRIO_PROCESS, lab.read_state().translator_pid) == lab.PYTHON_ENGINE_NICE < 0
 
@@ -130,7 +133,7 @@ def test_demo_accounts_for_every_report_of_every_primitive(clean_lab, collector,
     assert summary["translator"]["engine"]["name"] == engine
     if engine == "python":
         assert summary["translator"]["engine"]["io"] == "AF_XDP copy"  # veth: no zero-copy, and no fallback
-        assert summary["translator"]["engine"]["transmit"] == "XDP"
+        assert summary["translator"]["engine"]["transmit"] == "packet I/O"
         io = summary["translator"]["engine"]["io_stats"]
         assert not any(io[name] for name in IO_DROPS) and 0 < io["wakeups"] <= io["steps"]
         assert summary["senders"] == "XDP"  # the reporters send the mix from XDP, not from Python
