@@ -232,6 +232,8 @@ class PythonEngine:
                 if self.transmit_choice == "auto":
                     self.transmitter = XdpTransmitter(self.object, ifindex)
                     self._follow_transmit_path()
+                else:
+                    self.transmit_reason = "--transmit socket asks for it"
             except (XskError, BpfError, EngineError) as error:
                 self.detach()
                 failure = str(error)

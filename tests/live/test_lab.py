@@ -67,6 +67,8 @@ def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     engine = status["translator"]["engine"]
     assert status["translator"]["running"] and {key: engine[key] for key in ("name", "io", "transmit")} == {
         "name": "python", "io": "AF_XDP copy", "transmit": "packet I/O"}
+    assert "frames out AF_XDP socket because --transmit socket asks for it" in \
+        (lab.STATE_DIR / "translator.log").read_text()
     assert "pfifo" in subprocess.run(["ip", "netns", "exec", lab.PREFIX + "t", "tc", "qdisc", "show", "dev", "t0"],
                                      capture_output=True, text=True, check=True).stdout
     # its socket's drops by reason, steps and wake-ups: nothing sent, nothing dropped, nothing translated
