@@ -58,7 +58,7 @@ ROUND = VETH_RING // 2
 # The python engine's steps grow with what is on its way, past their fixed cost. Its frames leave through its
 # socket, which a queueing discipline on t0 makes wait for room on the link (softdta.lab.topology), so a step's
 # burst is not dropped there; its receive ring holds 16384. With 4096 on their way, the rings of the XDP hops
-# (the reporters' ports, the collector's link) overflowed in 2 runs of 4 (docs/lab.md).
+# (the reporters' ports, the translator's and the collector's links) overflowed in 3 runs of 6 (docs/lab.md).
 PYTHON_WINDOW = 512
 # A sender waits while the translator has not yet taken more than ROUND of the reports sent, so that a
 # stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
@@ -159,7 +159,7 @@ class _Backlog:
     translator has not yet taken, and, with the XDP collector, frames the translator emitted that the collector
     has not yet executed."""
 
-    def __init__(self, pin_dir: Path, collector_pin_dir: Path | None, window: int = ROUND):
+    def __init__(self, pin_dir: Path, collector_pin_dir: Path | None, window: int):
         self.window = window
         self.counters = Map.from_pinned(pin_dir / "counters")
         self.responder = Map.from_pinned(collector_pin_dir / "responder_counters") if collector_pin_dir else None

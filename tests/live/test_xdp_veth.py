@@ -239,7 +239,6 @@ def test_the_copies_of_a_report_survive_a_napi_poll_that_a_redirect_opened(lab, 
         kernel.close()
 
 
-
 def test_a_single_copy_before_a_cpus_first_broadcast_leaves_the_copies_in_psn_order(lab):
     """A redundant structure's N = 1 report goes through `copies` as well, with a meta that parks nothing; it must
     not count as a copy of the first report the CPU parks (sequence 0), or that report's clone 0 would become its
