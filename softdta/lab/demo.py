@@ -232,7 +232,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
             each.close()
         raise
     collector_pins = pin_dir_for(lab.COLLECTOR_NAME, ip_bytes(lab.COLLECTOR_IP)) if state.collector == "xdp" else None
-    backlog = _Backlog(lab.PIN_DIR, collector_pins, PYTHON_WINDOW if rows else ROUND)
+    backlog = _Backlog(lab.PIN_DIR, collector_pins, PYTHON_WINDOW if state.engine == "python" else ROUND)
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
     # cannot hold.

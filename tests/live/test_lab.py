@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from softdta.engines.python import IO_DROPS, IO_STATS
+from softdta.kernel.netns import Namespace
 from softdta.lab import rxe as rxe_lab
 from softdta.lab import topology as lab
 from softdta.lab.demo import BURST_COPIES
@@ -69,8 +70,7 @@ def test_lab_runs_the_python_engine_and_says_so(clean_lab):
         "name": "python", "io": "AF_XDP copy", "transmit": "packet I/O"}
     assert "frames out AF_XDP socket because --transmit socket asks for it" in \
         (lab.STATE_DIR / "translator.log").read_text()
-    assert "pfifo" in subprocess.run(["ip", "netns", "exec", lab.PREFIX + "t", "tc", "qdisc", "show", "dev", "t0"],
-                                     capture_output=True, text=True, check=True).stdout
+    assert "pfifo" in Namespace(lab.PREFIX + "t").run("tc", "qdisc", "show", "dev", "t0").stdout
     # its socket's drops by reason, steps and wake-ups: nothing sent, nothing dropped, nothing translated
     assert set(engine["io_stats"]) == set(IO_STATS)
     assert not any(engine["io_stats"][name] for name in (*IO_DROPS, "steps", "wakeups")), engine["io_stats"]
