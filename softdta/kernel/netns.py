@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import subprocess
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from softdta.errors import SoftdtaError
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
+TC_ROOT = 0xFFFFFFFF  # the parent handle of an interface's root queueing discipline
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -124,17 +126,23 @@ def veth_pair(ns_a: Namespace, name_a: str, ns_b: Namespace, name_b: str, *, mac
 
 
 def link_drops(namespaces: Iterable[str]) -> dict[str, int]:
-    """Packets the links in `namespaces` dropped ("namespace/interface": rx and tx drops; full veth rings), which
-    no BPF counter sees."""
+    """Packets the links in `namespaces` dropped ("namespace/interface": rx and tx drops, full veth rings, and the
+    drops of the interface's queueing disciplines), which no BPF counter sees."""
     from pyroute2 import IPRoute
     drops: dict[str, int] = {}
     for namespace in namespaces:
         with in_netns(namespace), IPRoute() as ipr:
+            lost: Counter[int] = Counter()
+            names = {}
             for link in ipr.get_links():
                 stats = link.get_attr("IFLA_STATS64") or {}
-                lost = stats.get("rx_dropped", 0) + stats.get("tx_dropped", 0)
-                if lost and link.get_attr("IFLA_IFNAME") != "lo":
-                    drops[f"{namespace}/{link.get_attr('IFLA_IFNAME')}"] = lost
+                lost[link["index"]] += stats.get("rx_dropped", 0) + stats.get("tx_dropped", 0)
+                names[link["index"]] = link.get_attr("IFLA_IFNAME")
+            for qdisc in ipr.get_qdiscs():
+                if qdisc["parent"] == TC_ROOT:  # a root's figures include its children's (mq)
+                    lost[qdisc["index"]] += (qdisc.get_attr("TCA_STATS") or {}).get("drop", 0)
+            drops.update({f"{namespace}/{names[index]}": count for index, count in lost.items()
+                          if count and names.get(index, "lo") != "lo"})
     return drops
 
 

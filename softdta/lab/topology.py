@@ -57,9 +57,10 @@ COLLECTORS = ("xdp", "rxe")
 ENGINES = ("xdp", "python")
 GUEST_RUN_DIR = STATE_DIR / "guest"
 BRIDGE_IP = "10.77.1.254/16"  # the collector namespace's own address, beside the guest (rxe)
-# frames the translator's link queues for the stack while its peer's ring is full (the python engine's socket
-# waits instead: AF_XDP does not use the queue)
-TRANSLATOR_QDISC_LIMIT = 1000
+# frames the links of the python engine's path (t0, sw-c) queue while their peer's ring is full (its socket waits
+# instead: AF_XDP does not use the queue)
+QUEUE_LIMIT = 1000
+NAPI_PRIORITY = 50  # the SCHED_FIFO priority of the lab's NAPI threads (see _realtime_data_path)
 PYTHON_ENGINE_NICE = -10  # the python engine's scheduling priority in the lab (see _start)
 
 
@@ -246,8 +247,9 @@ def _build(state: LabState) -> None:
         reporter = state.reporter(index)
         ports.append((Namespace.create(reporter["netns"]), reporter["interface"], reporter["mac"],
                       f"{reporter['ip']}/16", f"sw-r{index}"))
-    # forwarded in XDP: frames to the translator and to the xdp collector, whose ends run XDP from the start
-    in_xdp = {TRANSLATOR_MAC, *([COLLECTOR_MAC] if state.collector == "xdp" else [])}
+    # forwarded in XDP: frames to the translator, and the XDP translator's to the xdp collector (both ends run XDP
+    # from the start); the python engine's go through the bridge (see below)
+    in_xdp = {TRANSLATOR_MAC, *([COLLECTOR_MAC] if state.collector == "xdp" and state.engine == "xdp" else [])}
     switch_port = map_layout("switch_port")
     with BpfObject(build_object(LAB_SWITCH_SOURCE)) as forwarder:
         for namespace, interface, mac, cidr, port in ports:
@@ -264,8 +266,11 @@ def _build(state: LabState) -> None:
     if state.engine == "python":
         # The python engine's frames leave through its socket (`--transmit socket`). A veth with a queueing
         # discipline makes the socket wait while the switch port's ring is full, where frames sent from XDP
-        # would be dropped: a step's burst of thousands of frames then waits for room (docs/lab.md).
-        translator.run("tc", "qdisc", "replace", "dev", "t0", "root", "pfifo", "limit", str(TRANSLATOR_QDISC_LIMIT))
+        # would be dropped: a step's burst of thousands of frames then waits for room. Past the switch, a
+        # redirect would pour that burst into the collector's ring faster than its responder empties it; the
+        # bridge hands them to sw-c, whose queueing discipline holds them while that ring is full (docs/lab.md).
+        translator.run("tc", "qdisc", "replace", "dev", "t0", "root", "pfifo", "limit", str(QUEUE_LIMIT))
+        switch.run("tc", "qdisc", "replace", "dev", "sw-c", "root", "pfifo", "limit", str(QUEUE_LIMIT))
     if state.collector == "rxe":
         collector.run("ip", "link", "add", "br0", "type", "bridge")
         collector.run("ip", "link", "set", "c0", "master", "br0")
@@ -302,11 +307,17 @@ def _start(state: LabState) -> None:
 
 def _realtime_data_path(state: LabState) -> None:
     """The lab's links and switch stand for hardware, and the translator for a box of its own: their NAPI polls
-    must not wait behind the demo's sender or other user processes (netns.realtime_napi)."""
+    must not wait behind the demo's sender or other user processes (netns.realtime_napi).
+
+    With the python engine, sw-t passes its frames to the bridge, at about 1.5 µs each: a step's burst holds its
+    CPU for milliseconds. Behind it wait only the translator's socket and queue, which wait for room anyway; at
+    one priority, the polls of rings nothing holds back (the reporters' ports, t0, c0, sw-c) would wait too, and
+    overflow. So it polls one priority below them."""
     switch_ports = ["sw-t", "sw-c", *(f"sw-r{index}" for index in range(1, state.reporters + 1))]
     for namespace, interfaces in ((PREFIX + "sw", switch_ports), (PREFIX + "t", ["t0"]), (PREFIX + "c", ["c0"])):
         for interface in interfaces:
-            realtime_napi(Namespace(namespace), interface)
+            below = interface == "sw-t" and state.engine == "python"
+            realtime_napi(Namespace(namespace), interface, NAPI_PRIORITY - 1 if below else NAPI_PRIORITY)
 
 
 def _start_nats(state: LabState) -> None:

@@ -34,17 +34,17 @@ def clean_lab():
     assert not lab.PIN_DIR.exists() and not lab.STATE_DIR.exists()
 
 
-def realtime_napi_threads() -> set[str]:
-    """The interfaces whose NAPI threads run at a real-time priority (SCHED_FIFO)."""
-    names = set()
+def realtime_napi_priorities() -> dict[str, int]:
+    """The SCHED_FIFO priority of each interface's NAPI thread that runs at a real-time priority."""
+    priorities = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             comm = open(f"/proc/{pid}/comm").read().strip()
             if comm.startswith("napi/") and os.sched_getscheduler(int(pid)) == os.SCHED_FIFO:
-                names.add(comm[len("napi/"):].rsplit("-", 1)[0])
+                priorities[comm[len("napi/"):].rsplit("-", 1)[0]] = os.sched_getparam(int(pid)).sched_priority
         except (OSError, ProcessLookupError):
             pass
-    return names
+    return priorities
 
 
 def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
@@ -53,7 +53,8 @@ def test_lab_up_status_down_leaves_nothing_behind(clean_lab):
     assert status["up"] and status["translator"]["running"] and status["collector"]["running"]
     assert status["namespaces"] == sorted(lab.PREFIX + n for n in ("c", "r1", "r2", "sw", "t"))
     assert {qp["state"] for qp in status["translator"]["qps"]} == {"active"}
-    assert realtime_napi_threads() == {"c0", "sw-c", "sw-r1", "sw-r2", "sw-t", "t0"}
+    ports = ["c0", "sw-c", "sw-r1", "sw-r2", "sw-t", "t0"]
+    assert realtime_napi_priorities() == dict.fromkeys(ports, lab.NAPI_PRIORITY)
     again = softdta("lab", "up", check=False)
     assert again.returncode == 2 and "already up" in again.stderr
     assert "lab down; removed" in softdta("lab", "down").stdout
@@ -71,6 +72,10 @@ def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     assert "frames out AF_XDP socket because --transmit socket asks for it" in \
         (lab.STATE_DIR / "translator.log").read_text()
     assert "pfifo" in Namespace(lab.PREFIX + "t").run("tc", "qdisc", "show", "dev", "t0").stdout
+    # past the switch its frames queue at the collector's port, which passes them on from the bridge
+    assert "pfifo" in Namespace(lab.PREFIX + "sw").run("tc", "qdisc", "show", "dev", "sw-c").stdout
+    ports = ["c0", "sw-c", "sw-r1", "t0"]
+    assert realtime_napi_priorities() == {**dict.fromkeys(ports, lab.NAPI_PRIORITY), "sw-t": lab.NAPI_PRIORITY - 1}
     # its socket's drops by reason, steps and wake-ups: nothing sent, nothing dropped, nothing translated
     assert set(engine["io_stats"]) == set(IO_STATS)
     assert not any(engine["io_stats"][name] for name in (*IO_DROPS, "steps", "wakeups")), engine["io_stats"]

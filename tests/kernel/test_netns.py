@@ -1,0 +1,38 @@
+"""softdta.kernel.netns against real namespaces: what it reports about their links."""
+
+import errno
+import socket
+
+import pytest
+
+from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, link_drops, veth_pair
+
+pytestmark = pytest.mark.privileged
+
+PREFIX = "sdta-netns-"
+
+
+@pytest.fixture
+def link():
+    cleanup_prefix(PREFIX)
+    near, far = Namespace.create(PREFIX + "a"), Namespace.create(PREFIX + "b")
+    veth_pair(near, "a0", far, "b0")
+    yield near, far
+    cleanup_prefix(PREFIX)
+
+
+def test_link_drops_count_what_a_queueing_discipline_dropped(link):
+    """A frame a qdisc drops never reaches the device, whose own counters miss it: the lab's pfifo on a switch port
+    drops that way once full."""
+    near, far = link
+    assert link_drops([near.name, far.name]) == {}
+    near.run("tc", "qdisc", "replace", "dev", "a0", "root", "pfifo", "limit", "0")  # room for none
+    with in_netns(near.name):
+        sender = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        sender.bind(("a0", 0))
+    with sender:
+        for _ in range(10):
+            with pytest.raises(OSError) as dropped:
+                sender.send(bytes(6) + bytes.fromhex("025d7a000001") + b"\x88\xb5" + bytes(50))
+            assert dropped.value.errno == errno.ENOBUFS  # the qdisc's verdict, passed back to the sender
+    assert link_drops([near.name, far.name]) == {f"{near.name}/a0": 10}
