@@ -47,7 +47,7 @@ const bit<8> FLUSH_OPCODE = 127;
 const bit<8> AETH_KIND_SHIFT = 5;
 const bit<8> AETH_VALUE_MASK = 31;
 const bit<8> ACK_SYNDROME = 31;
-const bit<8> COUNTER_SLOTS = 49;
+const bit<8> COUNTER_SLOTS = 50;
 const bit<8> RESPONDER_COUNTER_SLOTS = 32;
 const bit<8> FLOOR_COUNTER_SLOTS = 4;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
@@ -198,6 +198,7 @@ const bit<8> CNT_NAK_LOST_WRITES = 45;
 const bit<8> CNT_PSN_ADOPTED = 46;
 const bit<8> CNT_FLEET_RESOLVED = 47;
 const bit<8> CNT_DROP_CONTROL_SEND = 48;
+const bit<8> CNT_RX_TO_SOCKET = 49;
 
 // Access: Access rights of a registered memory region (ibv_access_flags).
 const bit<8> ACCESS_LOCAL_WRITE = 1;

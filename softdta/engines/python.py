@@ -61,6 +61,7 @@ GATHER_POLL_S = 0.0002
 GATHER_IDLE_NS = 1_000_000  # a stream at more than 1 k frames/s never pauses this long
 # published after every step, for whoever paces a sender by them (softdta.lab.demo)
 PROGRESS_COUNTERS = (TranslatorCounter.RX_REPORTS, TranslatorCounter.TX_FRAMES)
+STEERING_COUNTERS = (TranslatorCounter.RX_TO_SOCKET,)  # counted by the XDP program itself, not published
 # each RX queue's packet I/O, in map `xsk_io` (bpf/xsk_steer.bpf.c): its socket's statistics, steps and wake-ups
 _IO_RECORD = record("xsk_io_value")
 IO_STATS = tuple(_IO_RECORD.names)
@@ -93,6 +94,7 @@ class PythonEngine:
         except BpfError as error:
             raise EngineError(f"cannot load the AF_XDP steering program: {error}") from None
         self.maps: dict[str, Map] = self.object.maps
+        self._publish_counters(STEERING_COUNTERS)  # from 0, as the engine's own counts: pins may be reused
         self.queues: list[XskSocket | PacketRing] = []  # packet I/O of RX queue 0, 1, ... (AF_PACKET: one for all)
         self.io_name = ""
         self.attached: list[int] = []
@@ -398,7 +400,7 @@ class PythonEngine:
     def publish(self) -> None:
         """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""
         # every slot: a reused pin directory may hold another engine's counts
-        self._publish_counters(TranslatorCounter)
+        self._publish_counters(counter for counter in TranslatorCounter if counter not in STEERING_COUNTERS)
         layout = map_layout("qp_state")
         for index, runtime in self.translator.qp_state.items():
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(

@@ -13,7 +13,7 @@ import time
 import tomllib
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,14 +55,14 @@ VETH_RING = 256  # a veth's receive ring while it runs XDP: what the translator'
 # Reports all reporters send per round: half the translator's ring, so that the collector's ACKs and what the
 # ring still holds fit beside it (a full ring's worth per round overflowed now and then under a CPU hog)
 ROUND = VETH_RING // 2
-# The python engine's steps grow with what is on its way, past their fixed cost. Its frames leave through its
+# The python engine's steps grow with what waits for it, past their fixed cost. Its frames leave through its
 # socket, which a queueing discipline on t0 makes wait for room on the link (softdta.lab.topology), so a step's
-# burst is not dropped there; its receive ring holds 16384. With 4096 on their way, the rings of the XDP hops
-# (the reporters' ports, the translator's and the collector's links) overflowed in 3 runs of 6 (docs/lab.md).
+# burst is not dropped there; its receive ring holds 16384. With 1024 waiting, the replies to a step's frames
+# overflowed t0's ring in 2 runs of 4 (docs/lab.md).
 PYTHON_WINDOW = 512
-# A sender waits while the translator has not yet taken more than ROUND of the reports sent, so that a
+# A sender waits while more than ROUND of the reports sent are still in the links to the translator, so that a
 # stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
-# the translator takes nothing for this long, the reports are lost or it is stuck, and the sender goes on.
+# nothing moves for this long, the reports are lost or the translator is stuck, and the sender goes on.
 STALL_S = 0.2
 DEFAULT_RATE = 100_000.0  # reports/s over all reporters
 # rxe runs in an emulated guest: a few thousand frames/s before its queues overflow
@@ -154,44 +154,63 @@ def _chunk_end(unit_ends: list[int], start: int, chunk: int) -> int:
     return unit_ends[end - 1] if end > start else end
 
 
+def in_flight(sent: int, counts: tuple[int, int, int], before: tuple[int, int, int], written_off: Sequence[int]
+           ) -> tuple[int, int, int]:
+    """Of `sent` reports, those still in the links and those waiting in the translator, and the frames on their way
+    to the collector; from the counters (reports off the link, reports translated, frames not yet executed) now
+    and `before` the reports were sent, less what was `written_off` (lost in the links, given up in the
+    translator, frames lost)."""
+    (off_link, taken, unexecuted), (off_link_0, taken_0, unexecuted_0) = counts, before
+    # without a socket (the XDP translator, or packet I/O), a report is off the link once translated
+    off_link = max(off_link - off_link_0, taken - taken_0)
+    taken -= taken_0
+    lost, given_up, frames_lost = written_off
+    return sent - off_link - lost, off_link - taken - given_up, unexecuted - unexecuted_0 - frames_lost
+
+
 class _Backlog:
-    """What is on its way, from live counters (the python engine publishes these after every step): reports the
-    translator has not yet taken, and, with the XDP collector, frames the translator emitted that the collector
-    has not yet executed."""
+    """What is on its way, from live counters: reports still in the links to the translator (sent, not yet off the
+    link: the python engine's XDP program counts those it passes to its socket, the XDP translator translates
+    them where they arrive), reports the translator holds but has not translated (the python engine publishes
+    these after every step), and, with the XDP collector, frames the translator emitted that the collector has
+    not yet executed."""
 
     def __init__(self, pin_dir: Path, collector_pin_dir: Path | None, window: int):
-        self.window = window
+        self.limits = (ROUND, window, window)
         self.counters = Map.from_pinned(pin_dir / "counters")
         self.responder = Map.from_pinned(collector_pin_dir / "responder_counters") if collector_pin_dir else None
-        # taken or executed before this demo, then: given up for lost after a stall
-        self.written_off, self.frames_written_off = self._taken(), self._unexecuted()
+        self.before = self._counts()  # counted before this demo
+        # given up after a stall: reports lost in the links, reports the translator will not take, frames lost
+        self.written_off = [0, 0, 0]
 
-    def _taken(self) -> int:
-        return self.counters.counter_total(TranslatorCounter.RX_REPORTS)
-
-    def _unexecuted(self) -> int:
-        if self.responder is None:
-            return 0
-        return self.counters.counter_total(TranslatorCounter.TX_FRAMES) - \
+    def _counts(self) -> tuple[int, int, int]:
+        """Reports off the link and translated, and frames not yet executed, as the counters stand."""
+        taken = self.counters.counter_total(TranslatorCounter.RX_REPORTS)
+        off_link = self.counters.counter_total(TranslatorCounter.RX_TO_SOCKET)
+        unexecuted = 0 if self.responder is None else self.counters.counter_total(TranslatorCounter.TX_FRAMES) - \
             self.responder.counter_total(ResponderCounter.EXECUTED)
+        return off_link, taken, unexecuted
+
+    def _behind(self, sent: int) -> tuple[int, int, int]:
+        return in_flight(sent, self._counts(), self.before, self.written_off)
 
     def wait_for_room(self, sent: int) -> None:
-        """Until at most `window` of `sent` reports are still on their way to the translator, and at most `window`
-        of its frames on their way to the collector; after STALL_S without progress, what is on its way is given
-        up for lost (the verdict counts it) and the sender goes on."""
-        def behind() -> tuple[int, int]:
-            return sent - (self._taken() - self.written_off), self._unexecuted() - self.frames_written_off
-
-        reports, frames = behind()
+        """Until at most ROUND of `sent` reports are still in the links to the translator, at most a window of them
+        wait in the translator, and at most a window of its frames are on their way to the collector; after
+        STALL_S without progress, what is on its way is given up for lost (the verdict counts it) and the sender
+        goes on."""
+        behind = self._behind(sent)
         since = time.perf_counter()
-        while reports > self.window or frames > self.window:
+        while any(count > limit for count, limit in zip(behind, self.limits)):
             time.sleep(0.0001)
-            now = behind()
-            if now != (reports, frames):
-                (reports, frames), since = now, time.perf_counter()
+            now = self._behind(sent)
+            if now != behind:
+                behind, since = now, time.perf_counter()
             elif time.perf_counter() - since > STALL_S:
-                self.written_off -= max(0, reports - self.window)
-                self.frames_written_off += max(0, frames - self.window)
+                in_links, waiting, frames = behind
+                self.written_off[0] += max(0, in_links - ROUND)  # lost in the links: never to be translated
+                self.written_off[1] += max(0, waiting - self.limits[1])
+                self.written_off[2] += max(0, frames - self.limits[2])
                 return
 
     def close(self) -> None:
@@ -205,9 +224,9 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
            ) -> dict[str, Any]:
     """Send every reporter's reports in chunks, round-robin between reporters, at most `rate` reports/s in total
     and `ROUND` reports a round (bursts beyond what the translator's veth ring holds are dropped by the link),
-    within `seconds`. No more than a window of reports are ever on their way to the translator, and with the XDP
-    collector, no more than a window of its frames on their way to the collector: ROUND, or PYTHON_WINDOW for the
-    python engine."""
+    within `seconds`. No more than ROUND reports are ever in the links to the translator, no more than a window
+    wait in it, and with the XDP collector, no more than a window of its frames are on their way to the
+    collector: ROUND, or PYTHON_WINDOW for the python engine."""
     sent: Counter[int] = Counter()  # by opcode
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):

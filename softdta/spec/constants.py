@@ -215,9 +215,11 @@ class TranslatorCounter(IntEnum):
     PSN_ADOPTED = 46  # advertisements whose PSN the translator took over from the collector (control plane)
     FLEET_RESOLVED = 47  # reports to the fleet address that the slot map sent to a collector
     DROP_CONTROL_SEND = 48  # a frame a control-plane run wrote out that the interface refused (generic XDP)
+    # reports the python engine's XDP program passed to its AF_XDP socket: off the link, not yet translated
+    RX_TO_SOCKET = 49
 
 
-COUNTER_SLOTS = 49
+COUNTER_SLOTS = 50
 
 
 class Access(IntFlag):
