@@ -207,10 +207,9 @@ class _Backlog:
             if now != behind:
                 behind, since = now, time.perf_counter()
             elif time.perf_counter() - since > STALL_S:
-                in_links, waiting, frames = behind
-                self.written_off[0] += max(0, in_links - ROUND)  # lost in the links: never to be translated
-                self.written_off[1] += max(0, waiting - self.limits[1])
-                self.written_off[2] += max(0, frames - self.limits[2])
+                # what the links held beyond their share is lost there, and never waits in the translator
+                for index, (count, limit) in enumerate(zip(behind, self.limits)):
+                    self.written_off[index] += max(0, count - limit)
                 return
 
     def close(self) -> None:

@@ -311,8 +311,8 @@ def _realtime_data_path(state: LabState) -> None:
 
     With the python engine, sw-t passes its frames to the bridge, at about 1.5 µs each: a step's burst holds its
     CPU for milliseconds. Behind it wait only the translator's socket and queue, which wait for room anyway; at
-    one priority, the polls of rings nothing holds back (the reporters' ports, t0, c0, sw-c) would wait too, and
-    overflow. So it polls one priority below them."""
+    one priority, the polls of the rings that drop once full (the reporters' ports and sw-c, filled by XDP, and
+    t0, filled by their redirects) would wait too, and overflow. So it polls one priority below them."""
     switch_ports = ["sw-t", "sw-c", *(f"sw-r{index}" for index in range(1, state.reporters + 1))]
     for namespace, interfaces in ((PREFIX + "sw", switch_ports), (PREFIX + "t", ["t0"]), (PREFIX + "c", ["c0"])):
         for interface in interfaces:
