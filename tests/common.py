@@ -153,16 +153,30 @@ def bmv2_tool(name: str) -> str:
 # the query and control processes of live tests
 
 def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 20.0, stream: str = "stdout") -> str:
-    """The first line of the process's `stream` with `text` in it, within `timeout` s while the process runs."""
-    lines = getattr(process, stream)
+    """The first line of the process's `stream` with `text` in it, within `timeout` s while the process runs.
+
+    Reads the pipe a byte at a time: a buffered readline takes in whatever follows its line too, and select, which
+    sees only the pipe, then waits for a line that already came."""
+    fd = getattr(process, stream).fileno()
     deadline = time.monotonic() + timeout
+    line = bytearray()
     while time.monotonic() < deadline:
-        if select.select([lines], [], [], 0.2)[0]:
-            line = lines.readline()
-            if text in line:
-                return line
-        if process.poll() is not None:
-            raise AssertionError(f"{process.args[3:5]} exited ({process.returncode}): {process.stderr.read()}")
+        if not select.select([fd], [], [], 0.2)[0]:
+            if process.poll() is None:
+                continue
+        elif byte := os.read(fd, 1):
+            line += byte
+            if byte == b"\n":
+                if text in (decoded := line.decode(errors="replace")):
+                    return decoded
+                line.clear()
+            continue
+        try:  # the stream ended, or the process did
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{process.args[3:5]} closed its {stream} and runs on") from None
+        raise AssertionError(f"{process.args[3:5]} exited ({process.returncode}): {line.decode(errors='replace')}"
+                             f"{process.stderr.read()}")
     raise AssertionError(f"no {text!r} from {process.args[3:5]} within {timeout} s")
 
 
