@@ -149,8 +149,10 @@ def test_a_snapshot_needs_the_token_and_a_directory(filled, snapshot_service, st
 
 def failing_parts(directory, seen):
     """A table's parts that fail after the first one was written, checking meanwhile that no .parquet file of it
-    is visible yet."""
+    is visible yet. A part is taken while the one before it is written: when the third is asked for, the first
+    was written."""
     yield {"slot": np.arange(10, dtype=np.uint32)}
+    yield {"slot": np.arange(10, 20, dtype=np.uint32)}
     seen.extend(path.name for path in directory.rglob("*") if path.is_file())
     raise OSError(errno.ENOSPC, "No space left on device")
 
