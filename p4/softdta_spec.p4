@@ -47,7 +47,7 @@ const bit<8> FLUSH_OPCODE = 127;
 const bit<8> AETH_KIND_SHIFT = 5;
 const bit<8> AETH_VALUE_MASK = 31;
 const bit<8> ACK_SYNDROME = 31;
-const bit<8> COUNTER_SLOTS = 50;
+const bit<8> COUNTER_SLOTS = 51;
 const bit<8> RESPONDER_COUNTER_SLOTS = 32;
 const bit<8> FLOOR_COUNTER_SLOTS = 4;
 const bit<32> FANOUT_META_MAGIC = 1568280398;
@@ -199,6 +199,7 @@ const bit<8> CNT_PSN_ADOPTED = 46;
 const bit<8> CNT_FLEET_RESOLVED = 47;
 const bit<8> CNT_DROP_CONTROL_SEND = 48;
 const bit<8> CNT_RX_TO_SOCKET = 49;
+const bit<8> CNT_RX_FROM_SOCKET = 50;
 
 // Access: Access rights of a registered memory region (ibv_access_flags).
 const bit<8> ACCESS_LOCAL_WRITE = 1;

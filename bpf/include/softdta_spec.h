@@ -52,7 +52,7 @@
 #define AETH_KIND_SHIFT 5
 #define AETH_VALUE_MASK 31
 #define ACK_SYNDROME 31
-#define COUNTER_SLOTS 50
+#define COUNTER_SLOTS 51
 #define RESPONDER_COUNTER_SLOTS 32
 #define FLOOR_COUNTER_SLOTS 4
 #define FANOUT_META_MAGIC 1568280398 /* 0x5d7a0f4e */
@@ -208,6 +208,7 @@
 #define CNT_FLEET_RESOLVED 47
 #define CNT_DROP_CONTROL_SEND 48
 #define CNT_RX_TO_SOCKET 49
+#define CNT_RX_FROM_SOCKET 50
 
 /* Access: Access rights of a registered memory region (ibv_access_flags). */
 #define ACCESS_LOCAL_WRITE 1

@@ -36,8 +36,8 @@ from softdta.kernel.programs import EngineError, build_object
 from softdta.kernel.resources import BPF_DIR
 from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.kernel.xsk import PacketRing, XskError, XskSocket
-from softdta.spec import TRANSMIT_FRAME_MAX, QpState, TranslatorCounter
-from softdta.wire.columns import frame_lengths
+from softdta.spec import DTA_PORT, TRANSMIT_FRAME_MAX, QpState, TranslatorCounter
+from softdta.wire.columns import FrameRows, frame_lengths, udp_dports
 
 STEER_SOURCE = BPF_DIR / "xsk_steer.bpf.c"
 IO_CHOICES = ("auto", "af_xdp", "af_packet")
@@ -58,10 +58,15 @@ MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) 
 # ring for a good part of it.
 GATHER_NS = 10_000_000
 GATHER_POLL_S = 0.0002
-GATHER_IDLE_NS = 1_000_000  # a stream at more than 1 k frames/s never pauses this long
+# A stream at more than 5 k frames/s never pauses this long; a sender that waits for its reports to be taken (the
+# lab's demo) waits this long for each step: with 1 ms, the demo's mix ran 13-30 % slower.
+GATHER_IDLE_NS = 200_000
 # published after every step, for whoever paces a sender by them (softdta.lab.demo)
 PROGRESS_COUNTERS = (TranslatorCounter.RX_REPORTS, TranslatorCounter.TX_FRAMES)
-STEERING_COUNTERS = (TranslatorCounter.RX_TO_SOCKET,)  # counted by the XDP program itself, not published
+# Reports on their way through the socket, counted outside the translator: by the XDP program as it passes them
+# to the socket, and by the engine as it takes them off it, published before the step translates them, so that a
+# paced sender may fill the ring with the next step meanwhile.
+SOCKET_COUNTERS = (TranslatorCounter.RX_TO_SOCKET, TranslatorCounter.RX_FROM_SOCKET)
 # each RX queue's packet I/O, in map `xsk_io` (bpf/xsk_steer.bpf.c): its socket's statistics, steps and wake-ups
 _IO_RECORD = record("xsk_io_value")
 IO_STATS = tuple(_IO_RECORD.names)
@@ -94,7 +99,9 @@ class PythonEngine:
         except BpfError as error:
             raise EngineError(f"cannot load the AF_XDP steering program: {error}") from None
         self.maps: dict[str, Map] = self.object.maps
-        self._publish_counters(STEERING_COUNTERS)  # from 0, as the engine's own counts: pins may be reused
+        self.from_socket = 0  # reports taken off the AF_XDP sockets (RX_FROM_SOCKET)
+        for counter in SOCKET_COUNTERS:  # from 0, as the engine's own counts: pins may be reused
+            self._publish_count(counter, 0)
         self.queues: list[XskSocket | PacketRing] = []  # packet I/O of RX queue 0, 1, ... (AF_PACKET: one for all)
         self.io_name = ""
         self.attached: list[int] = []
@@ -278,6 +285,9 @@ class PythonEngine:
             if not frames:
                 continue
             self.steps[rx_queue] += 1
+            if isinstance(frames, FrameRows):
+                self.from_socket += int((udp_dports(frames) == DTA_PORT).sum())
+                self._publish_count(TranslatorCounter.RX_FROM_SOCKET, self.from_socket)
             out = self.batch.process_batch(frames, time.monotonic_ns(), rx_queue)
             self.deferred += [(rx_queue, frames[position]) for position in out.deferred]
             self._transmit(io, [*out.runs, out.to_reporter])
@@ -393,14 +403,18 @@ class PythonEngine:
     # stats, in the XDP engine's maps
 
     def _publish_counters(self, which: Iterable[TranslatorCounter]) -> None:
-        counters, tally = self.maps["counters"], self.translator.counters
+        tally = self.translator.counters
         for counter in which:
-            counters.update_percpu(int(counter).to_bytes(4, "little"), [tally[counter].to_bytes(8, "little")])
+            self._publish_count(counter, tally[counter])
+
+    def _publish_count(self, counter: TranslatorCounter, value: int) -> None:
+        self.maps["counters"].update_percpu(int(counter).to_bytes(4, "little"), [value.to_bytes(8, "little")])
 
     def publish(self) -> None:
         """Counters, QP state and CPU time into the pinned maps, where `engine_stats` reads them."""
         # every slot: a reused pin directory may hold another engine's counts
-        self._publish_counters(counter for counter in TranslatorCounter if counter not in STEERING_COUNTERS)
+        self._publish_counters(counter for counter in TranslatorCounter if counter not in SOCKET_COUNTERS)
+        self._publish_count(TranslatorCounter.RX_FROM_SOCKET, self.from_socket)
         layout = map_layout("qp_state")
         for index, runtime in self.translator.qp_state.items():
             self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(

@@ -154,16 +154,17 @@ def _chunk_end(unit_ends: list[int], start: int, chunk: int) -> int:
     return unit_ends[end - 1] if end > start else end
 
 
-def in_flight(sent: int, counts: tuple[int, int, int], before: tuple[int, int, int], written_off: Sequence[int]
-           ) -> tuple[int, int, int]:
+def in_flight(sent: int, counts: tuple[int, int, int, int], before: tuple[int, int, int, int],
+              written_off: Sequence[int]) -> tuple[int, int, int]:
     """Of `sent` reports, those still in the links and those waiting in the translator, and the frames on their way
-    to the collector; from the counters (reports off the link, reports translated, frames not yet executed) now
-    and `before` the reports were sent, less what was `written_off` (lost in the links, given up in the
-    translator, frames lost)."""
-    (off_link, taken, unexecuted), (off_link_0, taken_0, unexecuted_0) = counts, before
-    # without a socket (the XDP translator, or packet I/O), a report is off the link once translated
-    off_link = max(off_link - off_link_0, taken - taken_0)
-    taken -= taken_0
+    to the collector; from the counters (reports off the link, reports taken off the socket into a step, reports
+    translated, frames not yet executed) now and `before` the reports were sent, less what was `written_off` (lost
+    in the links, given up in the translator, frames lost)."""
+    (off_link, stepped, translated, unexecuted), (off_link_0, stepped_0, translated_0, unexecuted_0) = counts, before
+    # a report in a step no longer waits; without a socket (the XDP translator, packet I/O) nothing counts reports
+    # off the link or into a step, and a report is off the link once translated
+    taken = max(stepped - stepped_0, translated - translated_0)
+    off_link = max(off_link - off_link_0, taken)
     lost, given_up, frames_lost = written_off
     return sent - off_link - lost, off_link - taken - given_up, unexecuted - unexecuted_0 - frames_lost
 
@@ -171,9 +172,9 @@ def in_flight(sent: int, counts: tuple[int, int, int], before: tuple[int, int, i
 class _Backlog:
     """What is on its way, from live counters: reports still in the links to the translator (sent, not yet off the
     link: the python engine's XDP program counts those it passes to its socket, the XDP translator translates
-    them where they arrive), reports the translator holds but has not translated (the python engine publishes
-    these after every step), and, with the XDP collector, frames the translator emitted that the collector has
-    not yet executed."""
+    them where they arrive), reports waiting in the translator's socket (the python engine publishes those it
+    takes off it before each step, so that the next step gathers while one is translated), and, with the XDP
+    collector, frames the translator emitted that the collector has not yet executed."""
 
     def __init__(self, pin_dir: Path, collector_pin_dir: Path | None, window: int):
         self.limits = (ROUND, window, window)
@@ -183,13 +184,14 @@ class _Backlog:
         # given up after a stall: reports lost in the links, reports the translator will not take, frames lost
         self.written_off = [0, 0, 0]
 
-    def _counts(self) -> tuple[int, int, int]:
-        """Reports off the link and translated, and frames not yet executed, as the counters stand."""
-        taken = self.counters.counter_total(TranslatorCounter.RX_REPORTS)
-        off_link = self.counters.counter_total(TranslatorCounter.RX_TO_SOCKET)
+    def _counts(self) -> tuple[int, int, int, int]:
+        """Reports off the link, taken into a step and translated, and frames not yet executed, as the counters
+        stand."""
+        off_link, stepped, translated = (self.counters.counter_total(counter) for counter in (
+            TranslatorCounter.RX_TO_SOCKET, TranslatorCounter.RX_FROM_SOCKET, TranslatorCounter.RX_REPORTS))
         unexecuted = 0 if self.responder is None else self.counters.counter_total(TranslatorCounter.TX_FRAMES) - \
             self.responder.counter_total(ResponderCounter.EXECUTED)
-        return off_link, taken, unexecuted
+        return off_link, stepped, translated, unexecuted
 
     def _behind(self, sent: int) -> tuple[int, int, int]:
         return in_flight(sent, self._counts(), self.before, self.written_off)

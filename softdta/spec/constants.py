@@ -217,9 +217,11 @@ class TranslatorCounter(IntEnum):
     DROP_CONTROL_SEND = 48  # a frame a control-plane run wrote out that the interface refused (generic XDP)
     # reports the python engine's XDP program passed to its AF_XDP socket: off the link, not yet translated
     RX_TO_SOCKET = 49
+    # reports the python engine took off its AF_XDP sockets into a step: translated or being translated
+    RX_FROM_SOCKET = 50
 
 
-COUNTER_SLOTS = 50
+COUNTER_SLOTS = 51
 
 
 class Access(IntFlag):

@@ -9,7 +9,7 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-from softdta.spec import Header
+from softdta.spec import ETHERNET, IPV4, UDP, Header
 from softdta.wire.codec import codec
 
 Rows = npt.NDArray[np.uint8]
@@ -98,6 +98,20 @@ def matches(rows: Rows, at: int, header: Header, **fields: int) -> npt.NDArray[n
     lo, hi, mask, want = pattern
     equal: npt.NDArray[np.bool_] = ((rows[:, at + lo:at + hi] & mask) == want).all(axis=1)
     return equal
+
+
+def udp_dports(frames: FrameRows) -> Column:
+    """The UDP destination port of every Ethernet/IPv4/UDP frame, wherever its IPv4 header's length (IHL) puts
+    it; 0 for a frame too short to hold one."""
+    rows, width = frames.rows, frames.rows.shape[1]
+    if width <= ETHERNET.size:
+        return np.zeros(len(frames), dtype=np.uint64)
+    at = ETHERNET.size + gather(rows, ETHERNET.size, IPV4, "ihl").astype(np.int64) * 4 + byte_offset(UDP, "dport")
+    inside = at + 2 <= np.minimum(frames.lengths, width)
+    at = np.where(inside, at, 0)
+    row = np.arange(len(frames))
+    ports: Column = (rows[row, at].astype(np.uint64) << np.uint64(8)) | rows[row, at + 1]
+    return np.where(inside, ports, np.uint64(0))
 
 
 def byte_offset(header: Header, name: str) -> int:

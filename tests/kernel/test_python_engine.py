@@ -26,7 +26,7 @@ from softdta.core.translator import Translator
 from softdta.engines.python import PythonEngine, engine_stats
 from softdta.engines.xdp import EngineError, XdpTranslator
 from softdta.kernel import xsk as xsk_module
-from softdta.kernel.bpf import BpfObject, attach_xdp, detach_xdp, ensure_bpffs
+from softdta.kernel.bpf import BpfObject, Map, attach_xdp, detach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
@@ -127,6 +127,8 @@ def test_python_engine_puts_the_reference_translators_frames_on_the_wire(wire, t
     # what its XDP program passed to the socket, left as it counted it by the engine's publications (a packet
     # ring takes the frames past it)
     assert stats["counters"].get("rx_to_socket", 0) == (len(frames) if io == "af_xdp" else 0)
+    # and what the engine took off the socket
+    assert stats["counters"].get("rx_from_socket", 0) == (len(frames) if io == "af_xdp" else 0)
     assert stats["counters"]["tx_frames"] == len(expected) == reference.counters[TranslatorCounter.TX_FRAMES]
     assert stats["cpu"]["python_engine"]["runs"] == len(frames)
     assert {qp["next_psn"] for qp in stats["qps"]} == {reference.qp_state[qp.index].next_psn for qp in tables.qps}
@@ -325,6 +327,21 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
         assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
 
 
+def test_an_engine_counts_the_reports_through_its_socket_from_zero_in_a_reused_pin_directory(tables, request):
+    """The XDP program and the engine count them outside the translator, whose counts start empty anyway: a
+    count left pinned by the engine before would make the demo's sender wait for reports that never come."""
+    pin = ensure_bpffs() / f"softdta-python-socket-counts-{os.getpid()}"
+    request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
+    socket_counters = (TranslatorCounter.RX_TO_SOCKET, TranslatorCounter.RX_FROM_SOCKET)
+    PythonEngine(tables, pin_dir=pin).close()
+    with Map.from_pinned(pin / "counters") as counters:
+        for counter in socket_counters:
+            counters.update_percpu(int(counter).to_bytes(4, "little"), [(1000).to_bytes(8, "little")])
+        assert all(counters.counter_total(counter) == 1000 for counter in socket_counters)
+        with PythonEngine(tables, pin_dir=pin):
+            assert [counters.counter_total(counter) for counter in socket_counters] == [0, 0]
+
+
 def test_only_acks_from_collectors_reach_the_engine(wire, tables):
     """CM MADs and a collector's SENDs go up the stack to the control plane, as the XDP engine passes them."""
     from softdta.spec import RoceOpcode
@@ -450,16 +467,27 @@ def test_what_the_engines_socket_could_not_take_is_counted_by_reason(wire, table
 
 def test_a_burst_that_ended_is_a_step_and_its_counts_are_published_at_once(wire, tables, request, monkeypatch):
     """With a gather of 30 s and no periodic publication, a burst is taken in one step soon after its last frame
-    (GATHER_IDLE_NS), and the pinned counters a paced sender reads (the lab's demo) show it right after."""
+    (GATHER_IDLE_NS, here longer than any pause of the sending loop), and the pinned counters a paced sender reads
+    (the lab's demo) show it right after: what the step took off the socket before it translated a frame."""
     import softdta.engines.python as python_engine
     far, translator_ns, _ = wire
     monkeypatch.setattr(python_engine, "PUBLISH_INTERVAL_NS", 10**18)
+    monkeypatch.setattr(python_engine, "GATHER_IDLE_NS", 50_000_000)
     frames = [frame for frame in mixed_reports(tables) if frame[42] == DtaOpcode.KEY_WRITE][:60]
     pin = ensure_bpffs() / f"softdta-python-burst-{os.getpid()}"
     request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
     with PythonEngine(tables, pin_dir=pin, flush_idle_ns=NO_FLUSH, gather_ns=30 * 10**9) as engine:
         with in_netns(translator_ns.name):
             engine.attach(["t0"])
+        published_at_translation = []  # the pinned counts as each batch begins to be translated
+        translate = engine.batch.process_batch
+
+        def watched(*args, **kwargs):
+            counters = engine_stats(pin)["counters"]
+            published_at_translation.append((counters.get("rx_from_socket", 0), counters.get("rx_reports", 0)))
+            return translate(*args, **kwargs)
+
+        monkeypatch.setattr(engine.batch, "process_batch", watched)
         stop = threading.Event()
         server = threading.Thread(target=engine.serve, args=(stop,))
         server.start()
@@ -473,4 +501,5 @@ def test_a_burst_that_ended_is_a_step_and_its_counts_are_published_at_once(wire,
             stop.set()
             server.join()
         assert engine.runs == len(frames) and engine.steps == [1]
+        assert published_at_translation == [(len(frames), 0)]
         assert engine_stats(pin)["counters"]["tx_frames"] == engine.translator.counters[TranslatorCounter.TX_FRAMES]

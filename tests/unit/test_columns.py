@@ -2,14 +2,16 @@
 random rows, reads back as `codec.unpack` reads it."""
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from softdta.spec import BTH, DTA_HEADERS, IPV4, ROCE_HEADERS, UDP, Field, Header
+from softdta.spec import BTH, DTA_HEADERS, DTA_PORT, IPV4, ROCE_HEADERS, ROCE_PORT, UDP, Field, Header
 from softdta.spec import ETHERNET as ETH
 from softdta.wire.codec import codec
-from softdta.wire.columns import FrameRows, byte_offset, gather, matches, scatter
+from softdta.wire.columns import FrameRows, byte_offset, gather, matches, scatter, udp_dports
+from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes
 
 # the fixed parts: columns cover those (a Var tail's place depends on each row's lengths)
 HEADERS = [Header(h.name, h.fields, h.doc) for h in (ETH, IPV4, UDP, *DTA_HEADERS, *ROCE_HEADERS)]
@@ -83,3 +85,26 @@ def test_frame_rows_index_to_each_frames_own_bytes():
     assert len(batch) == 3 and list(batch) == frames and batch[-1] == frames[-1]
     assert list(batch[1:]) == frames[1:]
     assert list(FrameRows(np.empty((0, 0), dtype=np.uint8), np.empty(0, dtype=np.int64))) == []
+
+
+def _frame_rows(frames: list[bytes], fill: int = 0xEE) -> FrameRows:
+    rows = np.full((len(frames), max(map(len, frames))), fill, dtype=np.uint8)
+    for row, frame in enumerate(frames):
+        rows[row, :len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+    return FrameRows(rows, np.array([len(frame) for frame in frames]))
+
+
+def test_udp_dports_finds_the_port_wherever_the_ipv4_header_ends():
+    ends = UdpEndpoints(src_mac=b"\x02" * 6, dst_mac=b"\x04" * 6, src_ip=ip_bytes("10.0.0.1"),
+                        dst_ip=ip_bytes("10.0.0.2"), sport=5000, dport=DTA_PORT)
+    plain = build_udp_frame(ends, b"report")
+    ip_at, udp_at = ETH.size, ETH.size + IPV4.size
+    # the same datagram behind an IPv4 header with one word of options (IHL 6); its checksum is not read
+    options = bytearray(plain[:udp_at] + bytes(4) + plain[udp_at:])
+    options[ip_at] = 0x46
+    options[ip_at + 2:ip_at + 4] = (len(options) - ip_at).to_bytes(2, "big")
+    roce = build_udp_frame(replace(ends, dport=ROCE_PORT), b"ack")
+    cut = plain[:udp_at + 3]  # ends inside the port
+    ports = udp_dports(_frame_rows([plain, bytes(options), roce, cut]))
+    assert ports.tolist() == [DTA_PORT, DTA_PORT, ROCE_PORT, 0]
+    assert udp_dports(_frame_rows([plain[:ETH.size]])).tolist() == [0]  # no IPv4 header at all
