@@ -163,6 +163,48 @@ class _Template:
     share_offsets: npt.NDArray[np.int32] = field(default_factory=lambda: np.empty((0, 1), dtype=np.int32))
 
 
+@dataclass
+class _Acks:
+    """A batch's ACKs of vector QPs, as columns: batch positions (ascending), the QP each acknowledges, and its
+    PSN where the oracle would take it but for the PSN (-1: the oracle judges the ACK whole)."""
+
+    positions: npt.NDArray[np.int64]
+    qps: npt.NDArray[np.int64]
+    psns: npt.NDArray[np.int64]
+
+    @classmethod
+    def none(cls) -> _Acks:
+        return cls(*(np.empty(0, dtype=np.int64) for _ in range(3)))
+
+
+@dataclass
+class _ReplyQps:
+    """The tables' QPs by local QPN, as columns (what `Tables.qp_by_local_qpn` finds), with a last row that stands
+    for no QP: nothing vectorized, not RC."""
+
+    local_qpns: npt.NDArray[np.uint64]  # ascending
+    index: npt.NDArray[np.int64]
+    vector: npt.NDArray[np.bool_]
+    collector_ip: npt.NDArray[np.uint64]
+    rc: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, qps: list[QueuePair], vector_qps: set[int]) -> _ReplyQps:
+        by_qpn = {qp.local_qpn: qp for qp in qps}  # a later QP with the same QPN wins, as in the tables' index
+        ordered = [by_qpn[qpn] for qpn in sorted(by_qpn)]
+        return cls(np.array(sorted(by_qpn), dtype=np.uint64),
+                   np.array([qp.index for qp in ordered] + [-1], dtype=np.int64),
+                   np.array([qp.index in vector_qps for qp in ordered] + [False], dtype=bool),
+                   np.array([int.from_bytes(qp.collector_ip, "big") for qp in ordered] + [0], dtype=np.uint64),
+                   np.array([qp.transport is Transport.RC for qp in ordered] + [False], dtype=bool))
+
+    def find(self, local_qpns: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """The row of each QPN's QP; the last row (-1) where no QP has it."""
+        at = np.minimum(np.searchsorted(self.local_qpns, local_qpns), max(len(self.local_qpns) - 1, 0))
+        found = (self.local_qpns[at] == local_qpns) if len(self.local_qpns) else np.zeros(len(local_qpns), bool)
+        return np.where(found, at, -1)
+
+
 class BatchTranslator:
     """Translates batches with `oracle`'s tables and state; the oracle stays usable (and in step) between
     batches, for ticks, flushes and single frames."""
@@ -172,9 +214,8 @@ class BatchTranslator:
         self._tables: Tables | None = None
         self._templates: dict[tuple[int, RoceOpcode, int], _Template] = {}
         self._vector_qps: set[int] = set()
-        self._ack_qp: dict[int, int] = {}  # batch position of an ACK of a vector QP -> that QP's index
-        # batch position of such an ACK that the oracle would take, but for its PSN (`_classify_replies`) -> the PSN
-        self._ack_psn: dict[int, int] = {}
+        self._acks = _Acks.none()  # the batch's ACKs of vector QPs (`_classify_replies`)
+        self._reply_qps = _ReplyQps.of([], set())  # the tables' QPs by local QPN, for replies
         self._resolved = np.zeros(0, dtype=bool)  # by batch position: a report at the fleet's address, vectorized
         self._fleet_address = -1  # the tables' fleet address as an integer (-1: no fleet)
         self._queue = 0  # the RX queue of the batch being translated
@@ -211,7 +252,7 @@ class BatchTranslator:
             for position in range(count):
                 self._through_oracle(frames, position, now_ns, out)
             return out.in_report_order()
-        self._ack_qp, self._ack_psn = {}, {}
+        self._acks = _Acks.none()
         self._resolved = np.zeros(count, dtype=bool)
         roles, pieces = self._classify(frames)
         start = 0
@@ -239,6 +280,7 @@ class BatchTranslator:
         self._qp_path = {qp.index: path for path in self._paths.values() for target in path.targets(tables)
                          if all(owners[each.index] == 1 for each in target.qps) for qp in target.qps}
         self._vector_qps = set(self._qp_path)
+        self._reply_qps = _ReplyQps.of(tables.qps, self._vector_qps)
         self._plugins_write = all(structure.qp.index in self._vector_qps for structure in tables.structures
                                   if (path := self._paths.get(structure.primitive)) is not None and path.takes_writes)
 
@@ -368,35 +410,32 @@ class BatchTranslator:
     def _classify_replies(self, rows: Rows, positions: npt.NDArray[np.int64], payload_len: npt.NDArray[np.int64],
                           roles: npt.NDArray[np.int8]) -> None:
         """ACKs of a vector QP get their own role; replies to other QPs are independent; NAKs are barriers."""
-        tables = self.oracle.tables
         if rows.shape[1] < PAYLOAD_AT + BTH.size + AETH.size:
             return
         src = gather(rows, IP_AT, IPV4, "src")
-        dest_qp = gather(rows, PAYLOAD_AT, BTH, "dest_qp")
         opcode = gather(rows, PAYLOAD_AT, BTH, "opcode")
         kind = gather(rows, PAYLOAD_AT + BTH.size, AETH, "syndrome") >> np.uint64(AETH_KIND_SHIFT)
         ack = np.isin(opcode, [int(code) for code in ACK_OPCODES]) & (kind == int(AethKind.ACK))
         ack &= payload_len >= BTH.size + AETH.size + ICRC_LEN
-        qps = [tables.qp_by_local_qpn(qpn) for qpn in dest_qp.tolist()]
-        vector_qp = np.array([qp is not None and qp.index in self._vector_qps for qp in qps], dtype=bool)
-        from_collector = np.array([qp is not None and int.from_bytes(qp.collector_ip, "big") == ip
-                                   for qp, ip in zip(qps, src.tolist())], dtype=bool)
+        qps = self._reply_qps.find(gather(rows, PAYLOAD_AT, BTH, "dest_qp"))
+        vector_qp = self._reply_qps.vector[qps]
+        from_collector = self._reply_qps.collector_ip[qps] == src
         acks = np.flatnonzero(ack & vector_qp & from_collector)
         roles[positions[acks]] = ACK
-        for position, row in zip(positions[acks].tolist(), acks.tolist()):
-            self._ack_qp[position] = cast(QueuePair, qps[row]).index
         # Of those, the ones the oracle would take: on an RC QP, its headers in front of the pad and the iCRC (the
         # lengths `parse_roce` checks), a right iCRC; `_ack` judges their PSNs in place.
         pad = gather(rows, PAYLOAD_AT, BTH, "pad_count").astype(np.int64)
         headers = np.where(opcode == int(RoceOpcode.RC_ATOMIC_ACK), _ATOMIC_ACK_HEADERS, _ACK_HEADERS)
         end = UDP_AT + UDP.size + payload_len
-        rc = np.array([qp is not None and qp.transport is Transport.RC for qp in qps], dtype=bool)
-        taken = ack & vector_qp & from_collector & rc & (payload_len - ICRC_LEN - pad >= BTH.size + headers)
+        taken = ack & vector_qp & from_collector & self._reply_qps.rc[qps] & \
+            (payload_len - ICRC_LEN - pad >= BTH.size + headers)
+        psn = np.full(len(rows), -1, dtype=np.int64)
         for packet_end in np.unique(end[taken]).tolist():  # packets of one length: in a batch, one or two
             alike = np.flatnonzero(taken & (end == packet_end))
             wire = rows[alike, packet_end - ICRC_LEN:packet_end].view("<u4").reshape(-1)
             right = alike[icrc_of_rows(rows[alike, IP_AT:packet_end - ICRC_LEN]) == wire]
-            self._ack_psn.update(zip(positions[right].tolist(), gather(rows[right], PAYLOAD_AT, BTH, "psn").tolist()))
+            psn[right] = gather(rows[right], PAYLOAD_AT, BTH, "psn").astype(np.int64)
+        self._acks = _Acks(positions[acks], self._reply_qps.index[qps[acks]], psn[acks])
         roles[positions[~vector_qp]] = INDEPENDENT
 
     # ----------------------------------------------------------------------------------------------
@@ -453,7 +492,12 @@ class BatchTranslator:
                                           for number, (_, flushes) in enumerate(asked)), key=_batch_position)
         tokens: list[list[int]] = [[] for _ in asked]
         flush_later, queued = self.oracle.flush_later, 0
-        for position in (np.flatnonzero((taken == INDEPENDENT) | (taken == ACK)) + start).tolist():
+        in_order = taken == INDEPENDENT
+        if in_order.any():
+            in_order |= taken == ACK
+        else:  # only ACKs: none makes a frame, changes the flush queue or another QP's state
+            self._acks_of_segment(frames, start, end, emitted, now_ns, out)
+        for position in (np.flatnonzero(in_order) + start).tolist():
             while queued < len(queue) and queue[queued][0][0] < position:
                 (_, index, target), number = queue[queued]
                 tokens[number].append(flush_later(asked[number][0].primitive, now_ns, index, target))
@@ -497,27 +541,50 @@ class BatchTranslator:
                 made.append(self._writes_path(writes).writes(writes, positions, rows.immediate))
         return made
 
+    def _acks_of_segment(self, frames: Sequence[bytes], start: int, end: int,
+                         emitted: dict[int, npt.NDArray[np.int64]], now_ns: int, out: BatchOutput) -> None:
+        """The segment's ACKs where the oracle translates nothing between them, QP by QP. A QP's ACKs whose PSNs
+        each move its window on from where the ACK before left it are taken at once; else `_ack` judges them one
+        by one, in order."""
+        low, high = np.searchsorted(self._acks.positions, [start, end]).tolist()
+        positions, qps, psns = (column[low:high] for column in (self._acks.positions, self._acks.qps,
+                                                                  self._acks.psns))
+        for qp_index in np.unique(qps).tolist():
+            mine = qps == qp_index
+            at, psn = positions[mine], psns[mine]
+            runtime = self.oracle.qp_state[qp_index]
+            sent = emitted.get(qp_index)
+            # the next PSN as each ACK arrived: without the vector frames sent after it
+            next_psn = (runtime.next_psn - (0 if sent is None else len(sent) - np.searchsorted(sent, at))) & PSN_MASK
+            unacked = np.concatenate(([cast(int, runtime.unacked_psn)], (psn[:-1] + 1) & PSN_MASK))
+            if ((psn >= 0) & ((psn - unacked) & PSN_MASK < (next_psn - unacked) & PSN_MASK)).all():
+                self.oracle.counters[TranslatorCounter.RX_ACKS] += len(psn)
+                runtime.unacked_psn = (int(psn[-1]) + 1) & PSN_MASK
+                continue
+            for position in at.tolist():
+                self._ack(frames, position, emitted, now_ns, out)
+
     def _ack(self, frames: Sequence[bytes], position: int, emitted: dict[int, npt.NDArray[np.int64]], now_ns: int,
              out: BatchOutput) -> None:
         """An ACK of a vectorized QP, judged with the next PSN its QP had when the ACK arrived: without the
         vector frames sent after it (the oracle's own frames before it are counted already)."""
-        qp_index = self._ack_qp[position]
+        row = int(np.searchsorted(self._acks.positions, position))
+        qp_index, psn = int(self._acks.qps[row]), int(self._acks.psns[row])
         runtime = self.oracle.qp_state[qp_index]
         actual, sent = runtime.next_psn, emitted.get(qp_index)
         if sent is not None:
             runtime.next_psn = (actual - (len(sent) - int(np.searchsorted(sent, position)))) & PSN_MASK
         try:
-            if not self._took_ack(position, runtime):
+            if not self._took_ack(psn, runtime):
                 self._through_oracle(frames, position, now_ns, out)
         finally:
             runtime.next_psn = actual
 
-    def _took_ack(self, position: int, runtime: QpRuntime) -> bool:
+    def _took_ack(self, psn: int, runtime: QpRuntime) -> bool:
         """What the oracle's `_reply` does with an ACK it would take but for its PSN (`_classify_replies` checked
-        the rest), without dissecting it again: an outstanding PSN moves the window. False leaves any other ACK to
-        the oracle, which counts its drop."""
-        psn = self._ack_psn.get(position)
-        if psn is None or not runtime.outstanding(psn):
+        the rest; -1: it did not take it), without dissecting it again: an outstanding PSN moves the window. False
+        leaves any other ACK to the oracle, which counts its drop."""
+        if psn < 0 or not runtime.outstanding(psn):
             return False
         self.oracle.counters[TranslatorCounter.RX_ACKS] += 1
         runtime.unacked_psn = (psn + 1) & PSN_MASK  # acknowledges every PSN up to psn, as the oracle does

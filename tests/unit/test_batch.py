@@ -734,6 +734,43 @@ def test_acks_are_taken_in_the_batch_and_those_the_oracle_drops_still_go_to_it(m
                 run_batches(tables, frames, [len(frames)], lambda _: 0))
 
 
+@pytest.mark.parametrize("taken_all", [True, False], ids=["each-moves-the-window", "one-stale"])
+def test_acks_of_a_segment_without_the_oracles_frames_are_judged_qp_by_qp(monkeypatch, taken_all):
+    """ACKs among vector reports only, of two QPs whose PSNs wrap: each QP's, in order, each moving its window on
+    (coalesced, so PSNs skip), are taken at once; a stale one among them (a duplicate) sends that QP's ACKs to
+    `_ack`, one by one, and the duplicate to the oracle, which drops it. Either way the state is the oracle's."""
+    tables = batch_tables()
+    kw, append = tables.structure(C1, DtaOpcode.KEY_WRITE), tables.append_lists[0]
+    to_c1 = reporter(C1, tables)
+
+    def ack(qp, psn_after_start):
+        return reply(tables, C1, qp.local_qpn, (qp.start_psn + psn_after_start) & 0xFFFFFF, ACK_SYNDROME)
+
+    writes = [to_c1.frame(dta.key_write(k, 1, 1)) for k in range(40)]
+    entries = [to_c1.frame(dta.append(append.first_list, value)) for value in range(4 * append.batch)]
+    kw_acks = [ack(kw.qp, 2), ack(kw.qp, 8), ack(kw.qp, 8 if not taken_all else 17), ack(kw.qp, 30)]
+    frames = [*writes[:20], kw_acks[0], *entries[:8], ack(append.qp, 0), kw_acks[1], *writes[20:], kw_acks[2],
+              *entries[8:], ack(append.qp, 2), kw_acks[3]]
+    calls, one_by_one = [], []
+    process, judge = Translator.process, BatchTranslator._ack
+    monkeypatch.setattr(Translator, "process", lambda self, *args: calls.append(args) or process(self, *args))
+    monkeypatch.setattr(BatchTranslator, "_ack",
+                        lambda self, frames, position, *args: one_by_one.append(frames[position]) or
+                        judge(self, frames, position, *args))
+    batch = BatchTranslator(Translator(tables))
+    batch.process_batch(frames, 0)
+    assert one_by_one == ([] if taken_all else kw_acks)
+    assert [args[0] for args in calls] == ([] if taken_all else [kw_acks[2]])
+    counts = batch.oracle.counts()
+    assert counts[TranslatorCounter.RX_ACKS] == (6 if taken_all else 5)
+    assert counts[TranslatorCounter.DROP_REPLY_PSN_OUTSIDE_WINDOW] == (0 if taken_all else 1)
+    assert batch.oracle.qp_state[kw.qp.index].unacked_psn == (kw.qp.start_psn + 31) & 0xFFFFFF
+    assert batch.oracle.qp_state[append.qp.index].unacked_psn == (append.qp.start_psn + 3) & 0xFFFFFF
+    monkeypatch.setattr(Translator, "process", process)
+    assert_same(run_oracle(tables, frames, [len(frames)], lambda _: 0),
+                run_batches(tables, frames, [len(frames)], lambda _: 0))
+
+
 def test_a_nak_splits_the_batch_where_it_arrives():
     """A sequence NAK puts the QP in grace: the reports after it are dropped, the ones before it were sent."""
     tables = batch_tables()
