@@ -247,9 +247,10 @@ def _build(state: LabState) -> None:
         reporter = state.reporter(index)
         ports.append((Namespace.create(reporter["netns"]), reporter["interface"], reporter["mac"],
                       f"{reporter['ip']}/16", f"sw-r{index}"))
-    # forwarded in XDP: frames to the translator, and the XDP translator's to the xdp collector (both ends run XDP
-    # from the start); the python engine's go through the bridge (see below)
-    in_xdp = {TRANSLATOR_MAC, *([COLLECTOR_MAC] if state.collector == "xdp" and state.engine == "xdp" else [])}
+    # forwarded in XDP with the XDP translator: frames to it, and its frames to the xdp collector (both ends run XDP
+    # from the start); with the python engine, everything goes through the bridge (see below)
+    in_xdp = {TRANSLATOR_MAC, *([COLLECTOR_MAC] if state.collector == "xdp" else [])} if state.engine == "xdp" \
+        else set()
     switch_port = map_layout("switch_port")
     with BpfObject(build_object(LAB_SWITCH_SOURCE)) as forwarder:
         for namespace, interface, mac, cidr, port in ports:
@@ -268,9 +269,12 @@ def _build(state: LabState) -> None:
         # discipline makes the socket wait while the switch port's ring is full, where frames sent from XDP
         # would be dropped: a step's burst of thousands of frames then waits for room. Past the switch, a
         # redirect would pour that burst into the collector's ring faster than its responder empties it; the
-        # bridge hands them to sw-c, whose queueing discipline holds them while that ring is full (docs/lab.md).
+        # bridge hands them to sw-c, whose queueing discipline holds them while that ring is full. The same holds
+        # the other way: the replies to a step's frames come back in one burst, which with the reports on their
+        # way overflowed t0's ring; from the bridge they wait in sw-t's queueing discipline (docs/lab.md).
         translator.run("tc", "qdisc", "replace", "dev", "t0", "root", "pfifo", "limit", str(QUEUE_LIMIT))
-        switch.run("tc", "qdisc", "replace", "dev", "sw-c", "root", "pfifo", "limit", str(QUEUE_LIMIT))
+        for port in ("sw-c", "sw-t"):
+            switch.run("tc", "qdisc", "replace", "dev", port, "root", "pfifo", "limit", str(QUEUE_LIMIT))
     if state.collector == "rxe":
         collector.run("ip", "link", "add", "br0", "type", "bridge")
         collector.run("ip", "link", "set", "c0", "master", "br0")
@@ -309,10 +313,10 @@ def _realtime_data_path(state: LabState) -> None:
     """The lab's links and switch stand for hardware, and the translator for a box of its own: their NAPI polls
     must not wait behind the demo's sender or other user processes (netns.realtime_napi).
 
-    With the python engine, sw-t passes its frames to the bridge, at about 1.5 µs each: a step's burst holds its
-    CPU for milliseconds. Behind it wait only the translator's socket and queue, which wait for room anyway; at
-    one priority, the polls of the rings that drop once full (the reporters' ports and sw-c, filled by XDP, and
-    t0, filled by their redirects) would wait too, and overflow. So it polls one priority below them."""
+    With the python engine, sw-t passes the translator's frames to the bridge, at about 1.5 µs each: a step's
+    burst holds its CPU for milliseconds. Behind it wait only the translator's socket and queue, which wait for
+    room anyway; at one priority, the polls of the rings that drop once full (the reporters' ports and sw-c,
+    filled by XDP) would wait too, and overflow. So it polls one priority below them."""
     switch_ports = ["sw-t", "sw-c", *(f"sw-r{index}" for index in range(1, state.reporters + 1))]
     for namespace, interfaces in ((PREFIX + "sw", switch_ports), (PREFIX + "t", ["t0"]), (PREFIX + "c", ["c0"])):
         for interface in interfaces:

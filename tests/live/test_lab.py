@@ -72,8 +72,10 @@ def test_lab_runs_the_python_engine_and_says_so(clean_lab):
     assert "frames out AF_XDP socket because --transmit socket asks for it" in \
         (lab.STATE_DIR / "translator.log").read_text()
     assert "pfifo" in Namespace(lab.PREFIX + "t").run("tc", "qdisc", "show", "dev", "t0").stdout
-    # past the switch its frames queue at the collector's port, which passes them on from the bridge
-    assert "pfifo" in Namespace(lab.PREFIX + "sw").run("tc", "qdisc", "show", "dev", "sw-c").stdout
+    # past the switch its frames queue at the collector's port, which passes them on from the bridge, and the
+    # reports and replies to it at its own port
+    for port in ("sw-c", "sw-t"):
+        assert "pfifo" in Namespace(lab.PREFIX + "sw").run("tc", "qdisc", "show", "dev", port).stdout
     ports = ["c0", "sw-c", "sw-r1", "t0"]
     assert realtime_napi_priorities() == {**dict.fromkeys(ports, lab.NAPI_PRIORITY), "sw-t": lab.NAPI_PRIORITY - 1}
     # its socket's drops by reason, steps and wake-ups: nothing sent, nothing dropped, nothing translated
