@@ -59,7 +59,7 @@ MAX_DRAIN_NS = 100_000_000  # under overload, still tick (tables, flush, stats) 
 GATHER_NS = 10_000_000
 GATHER_POLL_S = 0.0002
 # A stream at more than 5 k frames/s never pauses this long; a sender that waits for its reports to be taken (the
-# lab's demo) waits this long for each step, which at 1 ms cost the demo up to a quarter of its rate (docs/lab.md).
+# lab's demo) waits this long for each step, which at 1 ms cost the demo 11-29 % of its rate (docs/lab.md).
 GATHER_IDLE_NS = 200_000
 # published after every step, for whoever paces a sender by them (softdta.lab.demo)
 PROGRESS_COUNTERS = (TranslatorCounter.RX_REPORTS, TranslatorCounter.TX_FRAMES)

@@ -58,7 +58,7 @@ ROUND = VETH_RING // 2
 # The python engine's steps grow with what waits for it, past their fixed cost. Its frames leave through its
 # socket, which a queueing discipline on t0 makes wait for room on the link (softdta.lab.topology), so a step's
 # burst is not dropped there; its receive ring holds 16384. With 1024 waiting, the replies to a step's frames
-# overflowed t0's ring in 2 runs of 4 (docs/lab.md).
+# overflowed the ring of sw-c, which the responder's XDP_TX fills, in 1 run of 4 (docs/lab.md).
 PYTHON_WINDOW = 512
 # A sender waits while more than ROUND of the reports sent are still in the links to the translator, so that a
 # stall of the translator's core (a CPU hog, the host) is never answered with a burst its ring cannot hold; if
