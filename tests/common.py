@@ -5,11 +5,14 @@ import os
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,3 +379,25 @@ async def read_exported(url: str, subjects: str = f"{DEFAULT_SUBJECT_PREFIX}.>",
         return exported
     finally:
         await client.close()
+
+
+@contextmanager
+def signals_meanwhile(every_s: float = 0.0002) -> Iterator[list[int]]:
+    """SIGUSR1 at the calling thread every `every_s` until the block ends, as a daemon's reloads and stops come: a
+    system call it is in returns EINTR. Yields the signals handled, which Python counts once the call returns."""
+    handled: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda number, _frame: handled.append(number))
+    stop, target = threading.Event(), threading.get_ident()
+
+    def interrupt() -> None:
+        while not stop.wait(every_s):
+            signal.pthread_kill(target, signal.SIGUSR1)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    try:
+        yield handled
+    finally:
+        stop.set()
+        interrupter.join()
+        signal.signal(signal.SIGUSR1, previous)

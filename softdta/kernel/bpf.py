@@ -57,6 +57,11 @@ class BpfError(SoftdtaError, RuntimeError):
     """A libbpf, bpf(2) or netlink operation failed."""
 
 
+class LiveRunInterrupted(BpfError):
+    """A signal ended a live-frames run between two of its bursts: some of its repeats ran, the rest did not. The
+    kernel does not say how many ran; the program's own count does, and the caller resumes from there."""
+
+
 def _error(op: str, err: int, fixes: dict[int, str] | None = None, log_lines: list[str] | None = None,
            detail: str | None = None) -> BpfError:
     msg = f"{op}: {os.strerror(err)}" + (f" ({detail})" if detail else "")
@@ -418,7 +423,11 @@ class Program:
 
     def _run(self, opts: _TestRunOpts, what: str, fixes: dict[int, str]) -> None:
         opts.sz = ctypes.sizeof(opts)
-        _check(_lib.bpf_prog_test_run_opts(self.fd, ctypes.byref(opts)), f"{what} program '{self.name}'", fixes)
+        ret = _lib.bpf_prog_test_run_opts(self.fd, ctypes.byref(opts))
+        # the kernel looks for a pending signal between bursts, and never after the last repeat ran
+        if ret == -errno.EINTR and opts.flags & BPF_F_TEST_XDP_LIVE_FRAMES:
+            raise LiveRunInterrupted(f"{what} program '{self.name}': a signal ended it after some of its repeats")
+        _check(ret, f"{what} program '{self.name}'", fixes)
 
     def test_run(self, data: bytes, *, repeat: int = 1, ctx: bytes | None = None, want_ctx: bool = False,
                  data_size_out: int = 8192, flags: int = 0) -> TestRun:
@@ -452,7 +461,7 @@ class Program:
     def test_run_live(self, data: bytes, *, ifindex: int, repeat: int = 1, batch_size: int = 0,
                       rx_queue: int = 0) -> None:
         """Run an XDP program on repeat copies of data as if received on ifindex (RX queue `rx_queue`);
-        XDP_TX/XDP_REDIRECT really send."""
+        XDP_TX/XDP_REDIRECT really send. A signal may end the run early (LiveRunInterrupted)."""
         ctx = _xdp_ctx(xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue), len(data))
         opts = _TestRunOpts(data_in=data, data_size_in=len(data), ctx_in=ctx, ctx_size_in=len(ctx), repeat=repeat,
                             flags=BPF_F_TEST_XDP_LIVE_FRAMES, batch_size=batch_size)

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 import numpy as np
 
 from softdta.core.generator import GeneratorPlan
-from softdta.kernel.bpf import BpfError, BpfObject, link_xdp
+from softdta.kernel.bpf import BpfError, BpfObject, LiveRunInterrupted, link_xdp
 from softdta.kernel.maps import record
 from softdta.kernel.netns import in_netns
 from softdta.kernel.programs import REPORTER_SOURCE, EngineError, build_object
@@ -37,6 +37,7 @@ class KernelReporter:
         """`holder`: an interface of the namespace whose XDP hook keeps the program in the dispatcher (see
         _keep_dispatched); each generator of a namespace needs its own."""
         self.plan, self.netns, self.holder = plan, netns, holder
+        self.resumed = 0  # runs a signal ended early, each resumed with the reports it did not send
         try:
             with self._inside():
                 self.ifindex = socket.if_nametoindex(interface)
@@ -118,9 +119,19 @@ class KernelReporter:
 
     def _send_here(self, count: int) -> None:
         # in the interface's namespace: the kernel finds ifindex in the calling thread's
-        before = self.sent
+        before = done = self.sent
         try:
-            self._program.test_run_live(self.plan.frame, ifindex=self.ifindex, repeat=count, batch_size=BURST)
+            while True:
+                try:
+                    self._program.test_run_live(self.plan.frame, ifindex=self.ifindex, repeat=count - (done - before),
+                                                batch_size=BURST)
+                    break
+                except LiveRunInterrupted:  # a signal: on with the reports the run did not send
+                    progressed, done = self.sent > done, self.sent
+                    if not progressed:
+                        raise EngineError("kernel report generator: a signal ended a run that sent nothing; this is "
+                                          "a bug") from None
+                    self.resumed += 1
         except BpfError as error:
             raise EngineError(f"kernel report generator: {error}; run as root, or use --engine python") from None
         if self.sent - before != count:

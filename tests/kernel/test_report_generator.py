@@ -24,7 +24,7 @@ from softdta.spec import DTA_PORT, ROCE_PORT, TranslatorCounter
 from softdta.wire import dta
 from softdta.wire.dta import Profile
 from softdta.wire.frames import ip_bytes, mac_bytes
-from tests.common import COLLECTOR_IP, capture_on, generator_wire, udp_frames
+from tests.common import COLLECTOR_IP, capture_on, generator_wire, signals_meanwhile, udp_frames
 
 pytestmark = pytest.mark.privileged
 
@@ -58,6 +58,23 @@ def test_the_reports_on_the_wire_are_the_plans(wire, tables):
         assert result.frames == reporter.sent == 3000
     assert len(seen) == 3000
     assert seen == [generator.frame_at(index) for index in range(3000)]
+
+
+def test_a_signal_in_a_run_loses_no_report_and_sends_none_twice(wire, tables):
+    """A signal ends a live-frames run between bursts with EINTR; the generator sends the rest of the call, so the
+    wire still carries the plan's reports, each once, in order."""
+    generator_ns, far = wire
+    generator = key_write_plan(tables)
+    with capture_on(far.name, "t0") as capture, KernelReporter(generator, "g0", generator_ns.name) as reporter:
+        calls, deadline = 0, time.monotonic() + 10
+        with signals_meanwhile() as handled:
+            while reporter.resumed == 0 and time.monotonic() < deadline:  # until a signal came inside a run
+                reporter.send(2048)
+                calls += 1
+        assert reporter.resumed > 0 and handled, "no signal came during a run: the test proved nothing"
+        assert reporter.sent == calls * 2048
+        seen = udp_frames(capture, DTA_PORT, calls * 2048)
+    assert seen == [generator.frame_at(index) for index in range(calls * 2048)]
 
 
 def test_pages_a_translator_rewrote_in_place_come_back_as_correct_reports(wire, tables):

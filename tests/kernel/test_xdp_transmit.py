@@ -3,6 +3,7 @@ arrive whole and in order, from any thread and namespace, and what does not fit 
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, EngineError, build_object
 from softdta.kernel.xdp_transmit import XdpTransmitter
 from softdta.spec import TRANSMIT_FRAME_MAX, TRANSMIT_SLOTS
-from tests.common import capture_on
+from tests.common import capture_on, signals_meanwhile
 
 pytestmark = pytest.mark.privileged
 
@@ -76,3 +77,18 @@ def test_a_frame_that_fits_no_slot_is_refused_and_nothing_of_its_call_is_sent(tr
         with pytest.raises(EngineError, match="does not fit a transmit slot"):
             sender.send([frame(0, 60), (frame(1, 60) * 9)[:wrong]])
     assert sender.sent == 0 and arrived(capture, 1) == []
+
+
+def test_a_call_that_signals_interrupt_resumes_where_the_kernel_stopped(transmitter):
+    """A signal (the daemon's SIGHUP reload, SIGTERM stop) makes the kernel end a live-frames run between two
+    bursts with EINTR; the call goes on from the first frame not sent, so every frame leaves once, in order."""
+    sender, capture = transmitter
+    frames = [frame(index, 60) for index in range(TRANSMIT_SLOTS)]
+    calls, deadline = 0, time.monotonic() + 10
+    with signals_meanwhile() as handled:
+        while sender.resumed == 0 and time.monotonic() < deadline:  # until a signal came inside a run
+            sender.send(frames)
+            calls += 1
+    assert sender.resumed > 0 and handled, "no signal came during a run: the test proved nothing"
+    assert sender.sent == calls * len(frames)
+    assert arrived(capture, calls * len(frames)) == frames * calls
