@@ -228,7 +228,6 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
     within `seconds`. No more than ROUND reports are ever in the links to the translator, no more than a window
     wait in it, and with the XDP collector, no more than a window of its frames are on their way to the
     collector: ROUND, or PYTHON_WINDOW for the python engine."""
-    sent: Counter[int] = Counter()  # by opcode
     frames_by_reporter = []
     for index, reports in enumerate(load.per_reporter, 1):
         address = state.reporter(index)
@@ -256,6 +255,7 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
     # The pace starts with the first report: counted from before the frames were built, the time spent building
     # them would leave the sender that far behind, and it would catch up in one burst the translator's ring
     # cannot hold.
+    sent = 0
     started = last_poll = paced_from = time.perf_counter()
     try:
         # XDP senders all send from one CPU: the stream stays there, sparing two migrations per call
@@ -267,20 +267,20 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
                     part = frames[offsets[index]:_chunk_end(load.unit_ends[index], offsets[index], chunk)]
                     if not part:
                         continue
-                    backlog.wait_for_room(sum(sent.values()) + len(part))
+                    backlog.wait_for_room(sent + len(part))
                     each = senders[index]
                     if isinstance(each, FrameSender):
                         each.send(rows[index][offsets[index]:offsets[index] + len(part)])
                     else:
                         each.send([frame for _, frame in part])
                     offsets[index] += len(part)
-                    sent.update(report.opcode for report, _ in part)
+                    sent += len(part)
                     if progress:
                         progress(len(part))
                     if time.perf_counter() - last_poll > DRAIN_POLL_S:
                         _drain(load.parts, state.token, exported)
                         last_poll = time.perf_counter()
-                    ahead = sum(sent.values()) / rate - (time.perf_counter() - paced_from)
+                    ahead = sent / rate - (time.perf_counter() - paced_from)
                     if ahead > 0:
                         time.sleep(ahead)
                     elif ahead < -chunk / rate:  # behind (a stall): at most one chunk back to back, then the rate
@@ -290,8 +290,11 @@ def stream(state: lab.LabState, load: Workload, progress: Callable[[int], Any] |
             each.close()
         backlog.close()
     elapsed = time.perf_counter() - started
-    return {"sent": sent, "sent_per_reporter": offsets, "seconds": elapsed,
-            "rate": sum(sent.values()) / elapsed if elapsed else 0,
+    # each reporter sent the first of its reports: tallied once here, not per report while sending
+    by_opcode = Counter(report.opcode for reports, offset in zip(load.per_reporter, offsets)
+                        for report in reports[:offset])
+    return {"sent": by_opcode, "sent_per_reporter": offsets, "seconds": elapsed,
+            "rate": sent / elapsed if elapsed else 0,
             "senders": "XDP" if rows else "AF_PACKET TX rings",
             "complete": all(offset == len(frames) for offset, frames in zip(offsets, frames_by_reporter))}
 
