@@ -114,6 +114,7 @@ class PythonEngine:
         self.transmitter: XdpTransmitter | None = None  # frames from XDP, when the interface takes them
         self.transmit_reason = ""  # why frames do not leave from XDP, when they do not
         self._published_ns = 0
+        self._published_qps: dict[int, tuple[int, ...]] = {}  # what the pins hold of each QP's state
         self._qp_indices: set[int] = set()
         self._restore_qp_state(tables)
         self.apply(tables)
@@ -323,8 +324,12 @@ class PythonEngine:
 
     def _transmit(self, io: XskSocket | PacketRing, runs: list[Sequence[bytes]]) -> None:
         """Runs of frames, in order: from XDP when the interface takes frames from it; else, or when a frame is
-        too long for a transmit slot (a plug-in's), through the queue's socket."""
+        too long for a transmit slot (a plug-in's), through the queue's socket. The QPs' PSNs are pinned first:
+        an engine killed while they leave restarts at or past every PSN it sent, never re-using one (which an RC
+        responder would take for a duplicate, and acknowledge without writing)."""
         runs = [run for run in runs if len(run)]
+        if runs:
+            self._publish_qp_state()
         if self.transmit_path == "XDP" and all(frame_lengths(run).max() <= TRANSMIT_FRAME_MAX for run in runs):
             for run in runs:
                 cast(XdpTransmitter, self.transmitter).send(run)
@@ -415,13 +420,7 @@ class PythonEngine:
         # every slot: a reused pin directory may hold another engine's counts
         self._publish_counters(counter for counter in TranslatorCounter if counter not in SOCKET_COUNTERS)
         self._publish_count(TranslatorCounter.RX_FROM_SOCKET, self.from_socket)
-        layout = map_layout("qp_state")
-        for index, runtime in self.translator.qp_state.items():
-            self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
-                next_psn=runtime.next_psn, state=int(runtime.state), grace_until_ns=runtime.grace_until_ns,
-                flush_mark_ns=runtime.flush_mark_ns, frames_sent=runtime.frames_sent & 0xFFFFFFFF,
-                flush_mark=runtime.flush_mark & 0xFFFFFFFF,
-                unacked_psn=cast(int, runtime.unacked_psn)))  # set by QpRuntime.__post_init__
+        self._publish_qp_state()
         value = record("python_engine_value").pack(run_time_ns=self.run_time_ns, runs=self.runs,
                                                    io=IO_CODES.get(self.io_name, 0),
                                                    transmit=int(self.transmit_path == "XDP"))
@@ -430,6 +429,22 @@ class PythonEngine:
             counts = io.statistics()
             self.maps["xsk_io"].update(rx_queue.to_bytes(4, "little"), _IO_RECORD.pack(
                 **counts, steps=self.steps[rx_queue], wakeups=self.wakeups))
+
+
+    def _publish_qp_state(self) -> None:
+        """Each QP's state into the pinned map where it differs from what the map holds."""
+        layout = map_layout("qp_state")
+        for index, runtime in self.translator.qp_state.items():
+            # unacked_psn is set by QpRuntime.__post_init__
+            state = (runtime.next_psn, int(runtime.state), runtime.grace_until_ns, runtime.flush_mark_ns,
+                     runtime.frames_sent & 0xFFFFFFFF, runtime.flush_mark & 0xFFFFFFFF, cast(int, runtime.unacked_psn))
+            if self._published_qps.get(index) == state:
+                continue
+            next_psn, code, grace_until_ns, flush_mark_ns, frames_sent, flush_mark, unacked_psn = state
+            self.maps["qp_state"].update(layout.key.pack(qp_index=index), layout.value.pack(
+                next_psn=next_psn, state=code, grace_until_ns=grace_until_ns, flush_mark_ns=flush_mark_ns,
+                frames_sent=frames_sent, flush_mark=flush_mark, unacked_psn=unacked_psn))
+            self._published_qps[index] = state
 
 
 class EngineInfo(TypedDict):

@@ -27,6 +27,7 @@ from softdta.engines.python import PythonEngine, engine_stats
 from softdta.engines.xdp import EngineError, XdpTranslator
 from softdta.kernel import xsk as xsk_module
 from softdta.kernel.bpf import BpfObject, Map, attach_xdp, detach_xdp, ensure_bpffs
+from softdta.kernel.maps import map_layout
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.kernel.xsk import XskSocket
@@ -325,6 +326,42 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
     recreated.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp.remote_qpn += 1
     with PythonEngine(recreated, pin_dir=pin) as engine:  # a different QP behind the same index starts afresh
         assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
+
+
+def test_the_psns_are_pinned_before_the_frames_that_use_them_leave(wire, tables, request):
+    """A kill -9 leaves the engine no time to publish: its successor must find every QP's next PSN past every PSN
+    sent, or an RC responder takes the successor's first writes for duplicates and acknowledges them unwritten."""
+    from softdta.spec import PSN_MASK
+    from softdta.wire import dta
+    from softdta.wire.roce import parse_roce
+    far, translator_ns, _ = wire
+    pin = ensure_bpffs() / f"softdta-python-write-ahead-{os.getpid()}"
+    request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    key_write = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp
+    layout = map_layout("qp_state")
+    frames = [reporter.frame(dta.key_write(key, key, 2)) for key in range(300)]
+    checked: list[tuple[int, int]] = []  # (the last PSN of a send, the next PSN pinned as it began)
+    with PythonEngine(tables, pin_dir=pin, flush_idle_ns=NO_FLUSH) as engine, \
+            Map.from_pinned(pin / "qp_state") as pinned:
+        with in_netns(translator_ns.name):
+            engine.attach(["t0"])
+        assert engine.transmit_path == "XDP" and engine.transmitter is not None
+        transmit = engine.transmitter.send
+
+        def send_checked(run):
+            state = layout.value.unpack(pinned.lookup(layout.key.pack(qp_index=key_write.index)))
+            checked.append((parse_roce(run[-1]).bth["psn"], state["next_psn"]))
+            transmit(run)
+        engine.transmitter.send = send_checked
+        send(far, frames)
+        deadline = time.monotonic() + 10
+        while engine.runs < len(frames) and time.monotonic() < deadline:  # steps only: no tick publishes
+            engine.step()
+    assert engine.runs == len(frames) and len(checked) >= 1
+    assert all(0 < (pinned_psn - last) & PSN_MASK <= 2 * len(frames) for last, pinned_psn in checked), checked
+    assert checked[-1][1] == (key_write.start_psn + 2 * len(frames)) & PSN_MASK
 
 
 def test_an_engine_counts_the_reports_through_its_socket_from_zero_in_a_reused_pin_directory(tables, request):

@@ -30,8 +30,9 @@ from softdta.collector.xdp_backend import pin_dir_for
 from softdta.core.workload import ReporterAddress
 from softdta.engines.python import engine_stats
 from softdta.errors import SoftdtaError
-from softdta.kernel.bpf import ensure_bpffs
+from softdta.kernel.bpf import BpfObject, attach_xdp, ensure_bpffs
 from softdta.kernel.netns import Namespace, address, cleanup_prefix, in_netns, veth_pair
+from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 from softdta.links.control import secrets_file_for
 from softdta.spec import ROCE_PORT, KeyHash, RoceOpcode
 from softdta.wire import dta
@@ -77,6 +78,7 @@ class Case:
     restart: str
     recreated: bool
     transport: str
+    engine: str
     tmp: Path
     reporter: Namespace
     translator_ns: Namespace
@@ -115,12 +117,20 @@ class Case:
         self.wait_for_line(self.collector, f"collector {COLLECTOR} up")
         self.log(f"{name} up (pid {self.collector.pid})")
 
+    @property
+    def egress(self) -> str:
+        """The translator's interface towards the collector: the XDP engine's second one, the python engine's only
+        one (one-armed, behind the switch)."""
+        return "t1" if self.engine == "xdp" else "t0"
+
     def translator_up(self, name: str = "translator") -> None:
+        interfaces = ["-i", "t0", "-i", "t1"] if self.engine == "xdp" else ["-i", "t0", "--engine", "python"]
         self.translator = self.spawn(name, [
-            "translator", "up", "--tables", str(self.tmp / "translator.toml"), "-i", "t0", "-i", "t1",
+            "translator", "up", "--tables", str(self.tmp / "translator.toml"), *interfaces,
             "--pin", str(self.pin), "--netns", self.translator_ns.name, "--collector", f"{COLLECTOR_IP}:40050",
             "--token", TOKEN])
-        self.wait_for_line(self.translator, "translator up on t0, t1")
+        self.wait_for_line(self.translator, "translator up on t0, t1" if self.engine == "xdp" else
+                           "translator up on t0")
         self.log(f"{name} up (pid {self.translator.pid})")
 
     def name_of(self, process: subprocess.Popen) -> str:
@@ -276,7 +286,7 @@ class Case:
                 {"reth": {"va": 0, "rkey": 0, "dma_length": len(payload)}}, payload))
             with in_netns(self.translator_ns.name):
                 with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as forger:
-                    forger.bind(("t1", 0))
+                    forger.bind((self.egress, 0))
                     forger.send(frame)
             self.wait_until(lambda: self.responder().get("remote_access_errors", 0) > errors_before,
                             "the collector's queue pair put in ERROR")
@@ -411,8 +421,9 @@ class Case:
         return problems
 
     def summary(self) -> str:
-        lines = [f"case {self.restart} / {'after a QP re-creation' if self.recreated else 'no re-creation'} / "
-                 f"{self.transport.upper()}", "timeline:", *("  " + line for line in self.timeline), *self.state]
+        lines = [f"case {self.engine} engine / {self.restart} / "
+                 f"{'after a QP re-creation' if self.recreated else 'no re-creation'} / {self.transport.upper()}",
+                 "timeline:", *("  " + line for line in self.timeline), *self.state]
         for name, process in self.processes.items():
             for stream in ("out", "err"):
                 text = self.output(process, stream).strip().splitlines()
@@ -462,13 +473,41 @@ def configure(tmp: Path, transport: str, redundancy: int) -> None:
     (tmp / "translator.toml").write_text(f'[translator]\nmac = "{TRANSLATOR_MAC}"\nip = "{TRANSLATOR_IP}"\n')
 
 
-CASES = [pytest.param(restart, recreated, transport,
-                      id=f"{restart}-{'recreated' if recreated else 'plain'}-{transport}")
-         for restart in RESTARTS for recreated in (False, True) for transport in ("uc", "rc")]
+CASES = [pytest.param(engine, restart, recreated, transport,
+                      id=f"{engine}-{restart}-{'recreated' if recreated else 'plain'}-{transport}")
+         for engine in ("xdp", "python") for restart in RESTARTS for recreated in (False, True)
+         for transport in ("uc", "rc")]
 
 
-@pytest.mark.parametrize("restart, recreated, transport", CASES)
-def test_a_restart_keeps_every_acknowledged_write(restart, recreated, transport, tmp_path):
+def wire(engine: str, reporter: Namespace, translator_ns: Namespace, collector_ns: Namespace) -> None:
+    """The XDP engine between two links (reports in on t0, RoCEv2 out of t1); the python engine one-armed on t0,
+    behind a bridge in a switch namespace that joins it to the reporter and the collector. A bridge port whose
+    peer sends from XDP (the collector's responder, the python engine) runs XDP itself, so that those frames
+    arrive."""
+    if engine == "xdp":
+        veth_pair(reporter, "r0", translator_ns, "t0", mac_a=REPORTER_MAC, mac_b=TRANSLATOR_MAC)
+        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=TRANSLATOR_MAC, mac_b=COLLECTOR_MAC)
+        address(translator_ns, "t1", f"{TRANSLATOR_IP}/16")
+        address(collector_ns, "c0", f"{COLLECTOR_IP}/16")
+        return
+    switch = Namespace.create(PREFIX + "s")
+    switch.run("ip", "link", "add", "br0", "type", "bridge")
+    switch.run("ip", "link", "set", "br0", "up")
+    with BpfObject(build_object(VETH_PEER_SOURCE)) as passer:
+        for namespace, interface, mac, port in ((reporter, "r0", REPORTER_MAC, "sr"),
+                                                (translator_ns, "t0", TRANSLATOR_MAC, "st"),
+                                                (collector_ns, "c0", COLLECTOR_MAC, "sc")):
+            veth_pair(namespace, interface, switch, port, mac_a=mac)
+            switch.run("ip", "link", "set", port, "master", "br0")
+            if port != "sr":
+                with in_netns(switch.name):
+                    attach_xdp(socket.if_nametoindex(port), passer.programs["softdta_pass"].fd)
+    address(translator_ns, "t0", f"{TRANSLATOR_IP}/16")
+    address(collector_ns, "c0", f"{COLLECTOR_IP}/16")
+
+
+@pytest.mark.parametrize("engine, restart, recreated, transport", CASES)
+def test_a_restart_keeps_every_acknowledged_write(engine, restart, recreated, transport, tmp_path):
     """Batch 1 executed (and, after a QP re-creation, batch 1b); the restart; batch 2 with new keys and new values
     for old ones; then every key holds its last value, but for batch-2 writes the translator counts as lost."""
     collector_pins = pin_dir_for(COLLECTOR, ip_bytes(COLLECTOR_IP))
@@ -481,12 +520,9 @@ def test_a_restart_keeps_every_acknowledged_write(restart, recreated, transport,
     # takes one with a plain redirect: the two paths out of XDP, each through every restart
     configure(tmp_path, transport, 2 if recreated else 1)
     reporter, translator_ns, collector_ns = (Namespace.create(PREFIX + n) for n in ("r", "t", "c"))
-    case = Case(restart, recreated, transport, tmp_path, reporter, translator_ns, collector_ns, pin)
+    case = Case(restart, recreated, transport, engine, tmp_path, reporter, translator_ns, collector_ns, pin)
     try:
-        veth_pair(reporter, "r0", translator_ns, "t0", mac_a=REPORTER_MAC, mac_b=TRANSLATOR_MAC)
-        veth_pair(translator_ns, "t1", collector_ns, "c0", mac_a=TRANSLATOR_MAC, mac_b=COLLECTOR_MAC)
-        address(translator_ns, "t1", f"{TRANSLATOR_IP}/16")
-        address(collector_ns, "c0", f"{COLLECTOR_IP}/16")
+        wire(engine, reporter, translator_ns, collector_ns)
         try:
             case.collector_up()
             case.translator_up()
