@@ -115,6 +115,7 @@ def _run_translator(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.collector, args.collector_cm, args.etcd))) > 1:
         raise CliError("give one of --collector (softdta collectors), --collector-cm (rdma_cm collectors) and "
                        "--etcd (a fleet)")
+    _own_pins(Path(args.pin))  # before its sessions, programs or pins are touched
     source, tables = _table_source(args)
     try:
         ensure_bpffs()
@@ -155,6 +156,20 @@ def _run_translator(args: argparse.Namespace) -> int:
         source.close()
     print(f"softdta translator down; state kept in {pin} (`softdta translator stats --pin {pin}`)")
     return 0
+
+
+def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
+    """This process the only one on the translator state in `pin` until it exits (the lock's descriptor stays open
+    till then): a running translator's is refused, naming it, and `fix`."""
+    from softdta.kernel.owner import AlreadyOwned, own
+    from softdta.links.control import owner_lock_for
+    try:
+        own(owner_lock_for(pin))
+    except AlreadyOwned as error:
+        raise CliError(f"a translator is already running on the state pinned in {pin} (pid {error.owner}); stop it "
+                       f"first (SIGTERM), {fix}") from None
+    except PermissionError as error:
+        raise CliError(f"{error}; `softdta translator` needs root to run on pinned state") from None
 
 
 def _how_it_runs(engine: LiveEngine, mode: str) -> str:
@@ -352,6 +367,7 @@ def _translator_down(args: argparse.Namespace) -> int:
     import socket
 
     from softdta.kernel.bpf import BpfError, detach_tc, detach_xdp
+    _own_pins(Path(args.pin), "`translator down` is for the state a stopped translator left")
     for name in args.interface:
         try:
             index = socket.if_nametoindex(name)

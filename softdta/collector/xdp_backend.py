@@ -15,10 +15,8 @@ what it pinned (`discard`). One collector at a time owns a pin directory (`lock_
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
-import os
 import re
 import secrets
 from pathlib import Path
@@ -30,6 +28,7 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from softdta.core.responder import Completion
 from softdta.kernel.bpf import BpfError, ensure_bpffs
+from softdta.kernel.owner import AlreadyOwned, own
 from softdta.kernel.programs import EngineError
 from softdta.spec import ARENA_PAGE, Access, Transport
 
@@ -242,20 +241,13 @@ def pin_dir_for(name: str, ip: bytes) -> Path:
 
 def lock_pin_dir(pin_dir: Path) -> int:
     """Make this process the only collector on `pin_dir` for as long as it lives (or until the returned file
-    descriptor is closed): an flock on LOCK_ROOT/<its name>.lock, which holds the owner's pid. A second collector
-    of the same configuration is refused before it touches the first one's program or pins."""
-    LOCK_ROOT.mkdir(parents=True, exist_ok=True)
-    fd = os.open(LOCK_ROOT / f"{pin_dir.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    descriptor is closed; `kernel.owner`). A second collector of the same configuration is refused before it
+    touches the first one's program or pins."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise BackendError(f"a collector of this name and IP is already running (pid {owner}, pins in {pin_dir}); "
-                           "stop it first, or give this one another [collector] name or ip") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        return own(LOCK_ROOT / f"{pin_dir.name}.lock")
+    except AlreadyOwned as error:
+        raise BackendError(f"a collector of this name and IP is already running (pid {error.owner}, pins in "
+                           f"{pin_dir}); stop it first, or give this one another [collector] name or ip") from None
 
 
 def arena_bytes_for(lengths: list[int]) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
-import re
 import ssl
 import threading
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from softdta.collector.control import (
     send,
 )
 from softdta.core.tables import Tables
+from softdta.kernel.owner import flat_name
 
 SECRETS_ROOT = Path("/run/softdta-translator")  # bpffs holds no regular files: the secrets kept for a pin dir
 
@@ -32,7 +32,13 @@ SECRETS_ROOT = Path("/run/softdta-translator")  # bpffs holds no regular files: 
 def secrets_file_for(pin_dir: Path) -> Path:
     """Where `softdta translator up --pin PIN` keeps its control sessions' secrets: a translator restarted on the
     state in PIN reclaims its queue pairs with them; `translator down --forget` removes both."""
-    return SECRETS_ROOT / f"{re.sub(r'[^A-Za-z0-9_-]', '_', str(pin_dir.absolute()).strip('/'))}.json"
+    return SECRETS_ROOT / f"{flat_name(pin_dir)}.json"
+
+
+def owner_lock_for(pin_dir: Path) -> Path:
+    """The lock (`kernel.owner`) that makes one `softdta translator up --pin PIN` the only one on PIN: a second
+    would share its pinned QPs and PSNs, replace its programs and reclaim its sessions."""
+    return SECRETS_ROOT / f"{flat_name(pin_dir)}.lock"
 
 
 class CollectorLinks:

@@ -54,7 +54,7 @@ SOFTDTA = [sys.executable, "-m", "softdta.cli"]
 # translator counters that name writes which never reached the collector's memory
 LOST_WRITE_COUNTERS = ("nak_lost_writes", "drop_grace", "drop_qp_failed")
 RESTARTS = ("collector-sigterm", "collector-kill9", "second-collector", "translator-sigterm", "translator-kill9",
-            "translator-down-forget")
+            "translator-down-forget", "second-translator")
 START_S, WRITES_S, SETTLE_S = 30.0, 10.0, 3.0
 
 
@@ -123,12 +123,15 @@ class Case:
         one (one-armed, behind the switch)."""
         return "t1" if self.engine == "xdp" else "t0"
 
-    def translator_up(self, name: str = "translator") -> None:
+    def start_translator(self, name: str) -> subprocess.Popen:
         interfaces = ["-i", "t0", "-i", "t1"] if self.engine == "xdp" else ["-i", "t0", "--engine", "python"]
-        self.translator = self.spawn(name, [
+        return self.spawn(name, [
             "translator", "up", "--tables", str(self.tmp / "translator.toml"), *interfaces,
             "--pin", str(self.pin), "--netns", self.translator_ns.name, "--collector", f"{COLLECTOR_IP}:40050",
             "--token", TOKEN])
+
+    def translator_up(self, name: str = "translator") -> None:
+        self.translator = self.start_translator(name)
         self.wait_for_line(self.translator, "translator up on t0, t1" if self.engine == "xdp" else
                            "translator up on t0")
         self.log(f"{name} up (pid {self.translator.pid})")
@@ -353,6 +356,24 @@ class Case:
                                   f"{refusal[-400:]!r}")
             if self.collector.poll() is not None:
                 raise AssertionError(f"the first collector exited ({self.collector.returncode}) when the second "
+                                     "one started")
+        elif self.restart == "second-translator":
+            second = self.start_translator("translator-second")
+            code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
+                                   "the second translator refusing to start", START_S)[0]
+            refusal = self.output(second, "err").strip()
+            self.log(f"second translator exited with {code}: {refusal}")
+            if code != 2 or len(refusal.splitlines()) != 1:
+                self.notes.append(f"the second translator exited with {code} (expected 2 and one line): "
+                                  f"{refusal[-400:]!r}")
+            # nor may `down --forget` take the running one's programs and state from under it
+            down = self.softdta("translator", "down", "--pin", str(self.pin), "--forget")
+            self.log(f"translator down --forget while it runs: {down.returncode} {down.stderr.strip()}")
+            if down.returncode != 2 or len(down.stderr.strip().splitlines()) != 1 or not self.pin.exists():
+                self.notes.append(f"translator down --forget while a translator runs: exit {down.returncode}, "
+                                  f"{down.stderr.strip()[-300:]!r}, pins {'kept' if self.pin.exists() else 'gone'}")
+            if self.translator.poll() is not None:
+                raise AssertionError(f"the first translator exited ({self.translator.returncode}) when the second "
                                      "one started")
         elif self.restart in ("translator-sigterm", "translator-kill9", "translator-down-forget"):
             how = "kill9" if self.restart == "translator-kill9" else "sigterm"
