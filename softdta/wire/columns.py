@@ -28,7 +28,10 @@ class FrameRows(Sequence[bytes]):
         return len(self.lengths)
 
     def __iter__(self) -> Iterator[bytes]:
-        blob, width = self.rows.tobytes(), max(self.rows.shape[1], 1)  # no frames: no columns either
+        width = self.rows.shape[1]
+        if width and len(self.lengths) and (self.lengths == width).all():  # each row whole: bytes made in numpy
+            return iter(np.ascontiguousarray(self.rows).view(f"V{width}").reshape(-1).tolist())
+        blob, width = self.rows.tobytes(), max(width, 1)  # no frames: no columns either
         return (blob[at:at + length] for at, length in zip(range(0, len(blob), width), self.lengths.tolist()))
 
     @overload
