@@ -116,6 +116,8 @@ class PythonEngine:
         self._published_ns = 0
         self._published_qps: dict[int, tuple[int, ...]] = {}  # what the pins hold of each QP's state
         self._qp_indices: set[int] = set()
+        # the start PSN each restored QP state was made under, by local QPN (what `apply` compares tables with)
+        self._restored_start_psns: dict[int, int] = {}
         self._restore_qp_state(tables)
         self.apply(tables)
 
@@ -152,12 +154,14 @@ class PythonEngine:
             check_queues(tables, self.interfaces)
         held = {qp.local_qpn: (qp, self.translator.qp_state[qp.index]) for qp in self.translator.tables.qps
                 if qp.index in self.translator.qp_state and self.translator.qp_state[qp.index].state != QpState.FAILED}
+        restored, self._restored_start_psns = self._restored_start_psns, {}
         states: dict[int, QpRuntime] = {}
         restarts: list[PsnRestart] = []
         for qp in tables.qps:
             before, runtime = held.get(qp.local_qpn, (None, None))
             live = None if before is None or runtime is None else LiveQp(
-                before.remote_qpn, before.start_psn, runtime.next_psn, runtime.unacked_psn)
+                before.remote_qpn, restored.get(before.local_qpn, before.start_psn), runtime.next_psn,
+                runtime.unacked_psn)
             psn = restart_psn(qp, live)
             if psn is None:
                 assert runtime is not None  # restart_psn keeps only a QP with live state
@@ -205,6 +209,7 @@ class PythonEngine:
                 continue
             entry, state = qp_layout.value.unpack(pinned_qp), state_layout.value.unpack(pinned_state)
             if (entry["local_qpn"], entry["remote_qpn"]) == (qp.local_qpn, qp.remote_qpn):
+                self._restored_start_psns[qp.local_qpn] = entry["start_psn"]
                 self.translator.qp_state[qp.index] = QpRuntime(
                     state["next_psn"], QpState(state["state"]), state["grace_until_ns"], state["frames_sent"],
                     state["flush_mark"], state["flush_mark_ns"], state["unacked_psn"])

@@ -328,6 +328,32 @@ def test_a_restarted_engine_continues_the_psns_it_left_pinned(tables, request):
         assert engine.translator.qp_state[key_write.index].next_psn == key_write.start_psn
 
 
+def test_a_restarted_engine_adopts_the_psn_its_collector_expects_unless_its_frames_explain_it(tables, request):
+    """The collector's advertisement is the one truth (docs/protocol.md, "Queue-pair PSNs"): compared with the
+    start PSN the pinned state was made under, not with itself. A PSN past every frame the engine sent (written
+    by another run, or the engine died before pinning) is adopted; one inside its unacknowledged frames is not."""
+    from softdta.spec import PSN_MASK
+    from softdta.wire import dta
+    reporter = workload.ReporterAddress(mac_bytes("02:5d:7a:00:09:01"), ip_bytes("10.77.9.1"), tables.mac,
+                                        COLLECTOR_IP)
+    start = tables.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp.start_psn
+
+    def restarted_at(advertised: int) -> int:
+        pin = ensure_bpffs() / f"softdta-python-adopt-{os.getpid()}-{advertised}"
+        request.addfinalizer(lambda: shutil.rmtree(pin, ignore_errors=True))
+        with PythonEngine(tables, pin_dir=pin) as engine:
+            for key in range(7):  # 14 frames, none acknowledged
+                engine.translator.process(reporter.frame(dta.key_write(key, key, 2)), 0)
+        readvertised = Tables.from_toml(EXAMPLE_TABLES)
+        qp = readvertised.structure(COLLECTOR_IP, DtaOpcode.KEY_WRITE).qp
+        qp.start_psn = advertised
+        with PythonEngine(readvertised, pin_dir=pin) as engine:
+            return engine.translator.qp_state[qp.index].next_psn
+
+    assert restarted_at((start + 10) & PSN_MASK) == (start + 14) & PSN_MASK  # frames 10..13 still on their way
+    assert restarted_at((start + 20) & PSN_MASK) == (start + 20) & PSN_MASK
+
+
 def test_the_psns_are_pinned_before_the_frames_that_use_them_leave(wire, tables, request):
     """A kill -9 leaves the engine no time to publish: its successor must find every QP's next PSN past every PSN
     sent, or an RC responder takes the successor's first writes for duplicates and acknowledges them unwritten."""
