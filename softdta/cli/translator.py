@@ -159,8 +159,8 @@ def _run_translator(args: argparse.Namespace) -> int:
 
 
 def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
-    """This process the only one on the translator state in `pin` until it exits (the lock's descriptor stays open
-    till then): a running translator's is refused, naming it, and `fix`."""
+    """Make this process, until it exits, the only one at work on the translator state in `pin` (the lock's
+    descriptor stays open till then). While a translator runs on it: exit 2, naming its pid, with `fix`."""
     from softdta.kernel.owner import AlreadyOwned, own
     from softdta.links.control import owner_lock_for
     try:

@@ -435,7 +435,6 @@ class PythonEngine:
             self.maps["xsk_io"].update(rx_queue.to_bytes(4, "little"), _IO_RECORD.pack(
                 **counts, steps=self.steps[rx_queue], wakeups=self.wakeups))
 
-
     def _publish_qp_state(self) -> None:
         """Each QP's state into the pinned map where it differs from what the map holds."""
         layout = map_layout("qp_state")

@@ -346,35 +346,15 @@ class Case:
             self.collector_up("collector-2")
             self.reconnected()
         elif self.restart == "second-collector":
-            second = self.start_collector("collector-second")
-            code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
-                                   "the second collector refusing to start", START_S)[0]
-            refusal = self.output(second, "err").strip()
-            self.log(f"second collector exited with {code}: {refusal}")
-            if code != 2 or len(refusal.splitlines()) != 1:
-                self.notes.append(f"the second collector exited with {code} (expected 2 and one line): "
-                                  f"{refusal[-400:]!r}")
-            if self.collector.poll() is not None:
-                raise AssertionError(f"the first collector exited ({self.collector.returncode}) when the second "
-                                     "one started")
+            self.refused_second("collector", self.start_collector("collector-second"), self.collector)
         elif self.restart == "second-translator":
-            second = self.start_translator("translator-second")
-            code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
-                                   "the second translator refusing to start", START_S)[0]
-            refusal = self.output(second, "err").strip()
-            self.log(f"second translator exited with {code}: {refusal}")
-            if code != 2 or len(refusal.splitlines()) != 1:
-                self.notes.append(f"the second translator exited with {code} (expected 2 and one line): "
-                                  f"{refusal[-400:]!r}")
+            self.refused_second("translator", self.start_translator("translator-second"), self.translator)
             # nor may `down --forget` take the running one's programs and state from under it
             down = self.softdta("translator", "down", "--pin", str(self.pin), "--forget")
             self.log(f"translator down --forget while it runs: {down.returncode} {down.stderr.strip()}")
             if down.returncode != 2 or len(down.stderr.strip().splitlines()) != 1 or not self.pin.exists():
                 self.notes.append(f"translator down --forget while a translator runs: exit {down.returncode}, "
                                   f"{down.stderr.strip()[-300:]!r}, pins {'kept' if self.pin.exists() else 'gone'}")
-            if self.translator.poll() is not None:
-                raise AssertionError(f"the first translator exited ({self.translator.returncode}) when the second "
-                                     "one started")
         elif self.restart in ("translator-sigterm", "translator-kill9", "translator-down-forget"):
             how = "kill9" if self.restart == "translator-kill9" else "sigterm"
             code = self.stop(self.translator, how)
@@ -389,6 +369,17 @@ class Case:
             self.translator_up("translator-2")
             self.reconnected()
         self.log("restarted")
+
+    def refused_second(self, role: str, second: subprocess.Popen, first: subprocess.Popen) -> None:
+        """A second `role` on the first one's state exits with 2 in one line, and the first one runs on."""
+        code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
+                               f"the second {role} refusing to start", START_S)[0]
+        refusal = self.output(second, "err").strip()
+        self.log(f"second {role} exited with {code}: {refusal}")
+        if code != 2 or len(refusal.splitlines()) != 1:
+            self.notes.append(f"the second {role} exited with {code} (expected 2 and one line): {refusal[-400:]!r}")
+        if first.poll() is not None:
+            raise AssertionError(f"the first {role} exited ({first.returncode}) when the second one started")
 
     # the verdict
 
