@@ -58,8 +58,8 @@ class BpfError(SoftdtaError, RuntimeError):
 
 
 class LiveRunInterrupted(BpfError):
-    """A signal ended a live-frames run between two of its bursts: some of its repeats ran, the rest did not. The
-    kernel does not say how many ran; the program's own count does, and the caller resumes from there."""
+    """A signal ended a live-frames run between two of its bursts: some of its repeats ran, the rest did not
+    (`Program.test_run_live` resumes where the program's own count says)."""
 
 
 def _error(op: str, err: int, fixes: dict[int, str] | None = None, log_lines: list[str] | None = None,
@@ -459,18 +459,33 @@ class Program:
                        meta=out[:meta_len])
 
     def test_run_live(self, data: bytes, *, ifindex: int, repeat: int = 1, batch_size: int = 0,
-                      rx_queue: int = 0) -> None:
+                      rx_queue: int = 0, ran: Callable[[], int] | None = None) -> int:
         """Run an XDP program on repeat copies of data as if received on ifindex (RX queue `rx_queue`);
-        XDP_TX/XDP_REDIRECT really send. A signal may end the run early (LiveRunInterrupted)."""
+        XDP_TX/XDP_REDIRECT really send. A signal (a daemon's reload or stop) may end the run between two bursts;
+        the kernel does not say how many repeats ran. With `ran`, which tells from the program's own count how
+        many it handled since the call began, the run goes on with the rest, each frame once and in order;
+        returns how many times it did. Without, LiveRunInterrupted."""
         ctx = _xdp_ctx(xdp_md(ingress_ifindex=ifindex, rx_queue_index=rx_queue), len(data))
-        opts = _TestRunOpts(data_in=data, data_size_in=len(data), ctx_in=ctx, ctx_size_in=len(ctx), repeat=repeat,
-                            flags=BPF_F_TEST_XDP_LIVE_FRAMES, batch_size=batch_size)
-        self._run(opts, "live-frames run of", {
-            errno.EINVAL: "live frames need an XDP program, a frame of 14 to about 3400 bytes (4 KiB pages) and an "
-                          "RX queue the interface has",
-            errno.E2BIG: "batch_size is at most 256",
-            errno.ENODEV: f"no interface with ifindex {ifindex} in this network namespace",
-        })
+        done = resumed = 0
+        while True:
+            opts = _TestRunOpts(data_in=data, data_size_in=len(data), ctx_in=ctx, ctx_size_in=len(ctx),
+                                repeat=repeat - done, flags=BPF_F_TEST_XDP_LIVE_FRAMES, batch_size=batch_size)
+            try:
+                self._run(opts, "live-frames run of", {
+                    errno.EINVAL: "live frames need an XDP program, a frame of 14 to about 3400 bytes (4 KiB "
+                                  "pages) and an RX queue the interface has",
+                    errno.E2BIG: "batch_size is at most 256",
+                    errno.ENODEV: f"no interface with ifindex {ifindex} in this network namespace",
+                })
+                return resumed
+            except LiveRunInterrupted:
+                if ran is None:
+                    raise
+                before, done = done, ran()
+                if done <= before:
+                    raise BpfError(f"live-frames run of program '{self.name}': a signal ended a run in which the "
+                                   "program counted no repeat") from None
+                resumed += 1
 
 
 class BpfObject:

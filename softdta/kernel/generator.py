@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 import numpy as np
 
 from softdta.core.generator import GeneratorPlan
-from softdta.kernel.bpf import BpfError, BpfObject, LiveRunInterrupted, link_xdp
+from softdta.kernel.bpf import BpfError, BpfObject, link_xdp
 from softdta.kernel.maps import record
 from softdta.kernel.netns import in_netns
 from softdta.kernel.programs import REPORTER_SOURCE, EngineError, build_object
@@ -119,19 +119,10 @@ class KernelReporter:
 
     def _send_here(self, count: int) -> None:
         # in the interface's namespace: the kernel finds ifindex in the calling thread's
-        before = done = self.sent
+        before = self.sent
         try:
-            while True:
-                try:
-                    self._program.test_run_live(self.plan.frame, ifindex=self.ifindex, repeat=count - (done - before),
-                                                batch_size=BURST)
-                    break
-                except LiveRunInterrupted:  # a signal: on with the reports the run did not send
-                    progressed, done = self.sent > done, self.sent
-                    if not progressed:
-                        raise EngineError("kernel report generator: a signal ended a run that sent nothing; this is "
-                                          "a bug") from None
-                    self.resumed += 1
+            self.resumed += self._program.test_run_live(self.plan.frame, ifindex=self.ifindex, repeat=count,
+                                                        batch_size=BURST, ran=lambda: self.sent - before)
         except BpfError as error:
             raise EngineError(f"kernel report generator: {error}; run as root, or use --engine python") from None
         if self.sent - before != count:

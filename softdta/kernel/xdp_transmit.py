@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from softdta.kernel.bpf import BpfError, BpfObject, LiveRunInterrupted
+from softdta.kernel.bpf import BpfError, BpfObject
 from softdta.kernel.maps import record
 from softdta.kernel.netdev import XDP_ACT_NDO_XMIT, xdp_features
 from softdta.kernel.netns import in_netns_of
@@ -54,7 +54,7 @@ class XdpTransmitter:
         self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         self.cpu = min(os.sched_getaffinity(0))
         self.sent = 0
-        self.resumed = 0  # runs a signal ended early, each resumed from the first frame not sent
+        self.resumed = 0  # runs a signal ended early, each resumed from the first frame not sent (test_run_live)
 
     def close(self) -> None:
         if self._netns >= 0:
@@ -97,20 +97,10 @@ class XdpTransmitter:
 
     def _run(self, count: int) -> None:
         self._control_mapping[:_CONTROL.size] = _CONTROL.pack(count=count, next=0, ifindex=self.ifindex)
-        sent = 0
         try:
             with self._placed():
-                while True:
-                    try:
-                        self._program.test_run_live(_RUN_FRAME, ifindex=LOOPBACK_IFINDEX, repeat=count - sent,
-                                                    batch_size=BURST)
-                        break
-                    except LiveRunInterrupted:  # a signal (a reload, a stop): on from the first slot not sent
-                        before, sent = sent, self._next()
-                        if sent == before:
-                            raise EngineError("XDP transmit: a signal ended a run that sent nothing; "
-                                              "this is a bug") from None
-                        self.resumed += 1
+                self.resumed += self._program.test_run_live(_RUN_FRAME, ifindex=LOOPBACK_IFINDEX, repeat=count,
+                                                            batch_size=BURST, ran=self._next)
         except BpfError as error:
             raise EngineError(f"XDP transmit: {error}") from None
         sent = self._next()
