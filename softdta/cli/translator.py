@@ -116,6 +116,7 @@ def _run_translator(args: argparse.Namespace) -> int:
         raise CliError("give one of --collector (softdta collectors), --collector-cm (rdma_cm collectors) and "
                        "--etcd (a fleet)")
     _own_pins(Path(args.pin))  # before its sessions, programs or pins are touched
+    _own_interfaces(args.interface)
     source, tables = _table_source(args)
     try:
         ensure_bpffs()
@@ -170,6 +171,27 @@ def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
                        f"first (SIGTERM), {fix}") from None
     except PermissionError as error:
         raise CliError(f"{error}; `softdta translator` needs root to run on pinned state") from None
+
+
+def _own_interfaces(names: list[str], fix: str = "or give this one other interfaces") -> None:
+    """Make this process, until it exits, the only translator on the interfaces `names`, whatever its --pin. While
+    another one runs on one of them: exit 2, naming it and its pid, with `fix`."""
+    import socket
+
+    from softdta.kernel.owner import AlreadyOwned, own
+    from softdta.links.control import interface_lock_for
+    for name in dict.fromkeys(names):
+        try:
+            index = socket.if_nametoindex(name)
+        except OSError:
+            raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
+        try:
+            own(interface_lock_for(index))
+        except AlreadyOwned as error:
+            raise CliError(f"a translator is already running on {name} (pid {error.owner}); stop it first "
+                           f"(SIGTERM), {fix}") from None
+        except PermissionError as error:
+            raise CliError(f"{error}; `softdta translator` needs root") from None
 
 
 def _how_it_runs(engine: LiveEngine, mode: str) -> str:
@@ -368,12 +390,13 @@ def _translator_down(args: argparse.Namespace) -> int:
 
     from softdta.kernel.bpf import BpfError, detach_tc, detach_xdp
     _own_pins(Path(args.pin), "`translator down` is for the state a stopped translator left")
+    _own_interfaces(args.interface, "`translator down` is for the interfaces a stopped translator left")
     for name in args.interface:
         try:
             index = socket.if_nametoindex(name)
             detach_tc(index)
             detach_xdp(index)
-        except OSError:
+        except OSError:  # gone since it was locked
             raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
         except BpfError as error:
             raise CliError(str(error)) from None

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, link_drops, veth_pair
+from softdta.links.control import interface_lock_for
 
 pytestmark = pytest.mark.privileged
 
@@ -36,3 +37,15 @@ def test_link_drops_count_what_a_queueing_discipline_dropped(link):
                 sender.send(bytes(6) + bytes.fromhex("025d7a000001") + b"\x88\xb5" + bytes(50))
             assert dropped.value.errno == errno.ENOBUFS  # the qdisc's verdict, passed back to the sender
     assert link_drops([near.name, far.name]) == {f"{near.name}/a0": 10}
+
+
+def test_an_interface_lock_names_the_namespace_the_index_is_in(link):
+    """Indexes repeat across namespaces (every namespace's lo is 1): two translators on two namespaces' a0 and b0
+    with the same index must not refuse each other, and one namespace's interface has one lock."""
+    near, far = link
+    with in_netns(near.name):
+        near_lo = interface_lock_for(socket.if_nametoindex("lo"))
+        assert interface_lock_for(1) == near_lo
+    with in_netns(far.name):
+        far_lo = interface_lock_for(socket.if_nametoindex("lo"))
+    assert near_lo != far_lo != interface_lock_for(1)

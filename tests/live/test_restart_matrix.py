@@ -123,12 +123,17 @@ class Case:
         one (one-armed, behind the switch)."""
         return "t1" if self.engine == "xdp" else "t0"
 
-    def start_translator(self, name: str) -> subprocess.Popen:
+    @property
+    def other_pin(self) -> Path:
+        """Where a careless second translator keeps its state: its own, on the first one's interfaces."""
+        return self.pin.with_name(self.pin.name + "-other")
+
+    def start_translator(self, name: str, pin: Path | None = None) -> subprocess.Popen:
         interfaces = ["-i", "t0", "-i", "t1"] if self.engine == "xdp" else ["-i", "t0", "--engine", "python"]
         return self.spawn(name, [
             "translator", "up", "--tables", str(self.tmp / "translator.toml"), *interfaces,
-            "--pin", str(self.pin), "--netns", self.translator_ns.name, "--collector", f"{COLLECTOR_IP}:40050",
-            "--token", TOKEN])
+            "--pin", str(pin or self.pin), "--netns", self.translator_ns.name, "--collector",
+            f"{COLLECTOR_IP}:40050", "--token", TOKEN])
 
     def translator_up(self, name: str = "translator") -> None:
         self.translator = self.start_translator(name)
@@ -355,6 +360,17 @@ class Case:
             if down.returncode != 2 or len(down.stderr.strip().splitlines()) != 1 or not self.pin.exists():
                 self.notes.append(f"translator down --forget while a translator runs: exit {down.returncode}, "
                                   f"{down.stderr.strip()[-300:]!r}, pins {'kept' if self.pin.exists() else 'gone'}")
+            # another --pin is other state, not another interface
+            self.refused_second("translator", self.start_translator("translator-other-pin", self.other_pin),
+                                self.translator)
+            down = subprocess.run(["ip", "netns", "exec", self.translator_ns.name, *SOFTDTA, "translator", "down",
+                                   "-i", "t0", "--pin", str(self.other_pin)], capture_output=True, text=True,
+                                  timeout=60)
+            self.log(f"translator down -i t0 --pin (another) while it runs: {down.returncode} "
+                     f"{down.stderr.strip()}")
+            if down.returncode != 2 or len(down.stderr.strip().splitlines()) != 1:
+                self.notes.append(f"translator down -i t0 under another --pin while a translator runs there: exit "
+                                  f"{down.returncode}, {down.stderr.strip()[-300:]!r}")
         elif self.restart in ("translator-sigterm", "translator-kill9", "translator-down-forget"):
             how = "kill9" if self.restart == "translator-kill9" else "sigterm"
             code = self.stop(self.translator, how)
@@ -560,6 +576,7 @@ def test_a_restart_keeps_every_acknowledged_write(engine, restart, recreated, tr
     finally:
         case.close()
         cleanup_prefix(PREFIX)
-        shutil.rmtree(pin, ignore_errors=True)
-        secrets_file_for(pin).unlink(missing_ok=True)
+        for kept in (pin, case.other_pin):
+            shutil.rmtree(kept, ignore_errors=True)
+            secrets_file_for(kept).unlink(missing_ok=True)
         shutil.rmtree(collector_pins, ignore_errors=True)
