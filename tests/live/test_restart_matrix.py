@@ -1,4 +1,5 @@
-"""The restart matrix: every restart of the collector or the translator keeps every acknowledged write.
+"""The restart matrix: every restart of the collector or the translator, and a storm of table reloads, keeps every
+acknowledged write.
 
 Each case runs the real processes as users run them (`softdta collector up`, `softdta translator up --collector`)
 in reporter, translator and collector namespaces joined by veth pairs, with the translator's defaults (no
@@ -16,9 +17,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +58,7 @@ SOFTDTA = [sys.executable, "-m", "softdta.cli"]
 # translator counters that name writes which never reached the collector's memory
 LOST_WRITE_COUNTERS = ("nak_lost_writes", "drop_grace", "drop_qp_failed")
 RESTARTS = ("collector-sigterm", "collector-kill9", "second-collector", "translator-sigterm", "translator-kill9",
-            "translator-down-forget", "second-translator")
+            "translator-down-forget", "second-translator", "translator-sighup")
 START_S, WRITES_S, SETTLE_S = 30.0, 10.0, 3.0
 
 
@@ -386,6 +390,33 @@ class Case:
             self.reconnected()
         self.log("restarted")
 
+    @contextmanager
+    def meanwhile(self) -> Iterator[None]:
+        """What goes on while batch 2 is written: for translator-sighup, a SIGHUP every millisecond, so tables are
+        reloaded while reports come in and frames leave; else nothing. (A signal that ends the python engine's
+        transmit early is tested where it lands, in tests/kernel/test_xdp_transmit.py: batch 2 leaves in runs too
+        short to be cut.)"""
+        if self.restart != "translator-sighup":
+            yield
+            return
+        translator, done, sent = self.translator, threading.Event(), [0]
+
+        def storm() -> None:
+            while not done.wait(0.001) and translator.poll() is None:
+                translator.send_signal(signal.SIGHUP)
+                sent[0] += 1
+        thread = threading.Thread(target=storm, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            reloads = self.output(translator).count("tables reloaded")
+            self.log(f"{sent[0]} SIGHUPs while batch 2 was written, {reloads} reloads")
+            if not sent[0] or not reloads:
+                self.notes.append(f"translator-sighup: {sent[0]} SIGHUPs sent, {reloads} reloads")
+
     def refused_second(self, role: str, second: subprocess.Popen, first: subprocess.Popen) -> None:
         """A second `role` on the first one's state exits with 2 in one line, and the first one runs on."""
         code = self.wait_until(lambda: second.poll() is not None and (second.returncode,),
@@ -563,7 +594,8 @@ def test_a_restart_keeps_every_acknowledged_write(engine, restart, recreated, tr
             before = case.counters()
             batch_2 = {key: 2 << 24 | key for key in OVERWRITTEN if key in case.latest}
             batch_2.update({key: 2 << 24 | key for key in BATCH_2_NEW})
-            case.write("2", batch_2)
+            with case.meanwhile():
+                case.write("2", batch_2)
             after = case.counters()
             problems = case.verdict(lost_writes(after) - lost_writes(before), before, after)
             case.snapshot()
