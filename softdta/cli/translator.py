@@ -165,7 +165,7 @@ def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
     from softdta.kernel.owner import AlreadyOwned, own
     from softdta.links.control import owner_lock_for
     try:
-        own(owner_lock_for(pin))
+        own(owner_lock_for(pin), "translator")
     except AlreadyOwned as error:
         raise CliError(f"a translator is already running on the state pinned in {pin} (pid {error.owner}); stop it "
                        f"first (SIGTERM), {fix}") from None
@@ -174,22 +174,22 @@ def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
 
 
 def _own_interfaces(names: list[str], fix: str = "or give this one other interfaces") -> None:
-    """Make this process, until it exits, the only translator on the interfaces `names`, whatever its --pin. While
-    another one runs on one of them: exit 2, naming it and its pid, with `fix`."""
+    """Make this process, until it exits, the only softdta daemon on the interfaces `names` (`kernel.owner`),
+    whatever its --pin. While another translator or a collector runs on one of them: exit 2, naming it and its
+    pid, with `fix`."""
     import socket
 
-    from softdta.kernel.owner import AlreadyOwned, own
-    from softdta.links.control import interface_lock_for
+    from softdta.kernel.owner import AlreadyOwned, interface_lock, own
     for name in dict.fromkeys(names):
         try:
             index = socket.if_nametoindex(name)
         except OSError:
             raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
         try:
-            own(interface_lock_for(index))
+            own(interface_lock(index), "translator")
         except AlreadyOwned as error:
-            raise CliError(f"a translator is already running on {name} (pid {error.owner}); stop it first "
-                           f"(SIGTERM), {fix}") from None
+            raise CliError(f"a softdta {error.role or 'daemon'} is already running on {name} (pid {error.owner}); "
+                           f"stop it first (SIGTERM), {fix}") from None
         except PermissionError as error:
             raise CliError(f"{error}; `softdta translator` needs root") from None
 

@@ -17,7 +17,7 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
 from softdta.collector.registration import FleetSettings, current_epoch, register
 from softdta.collector.snapshot import Snapshots
-from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
+from softdta.collector.xdp_backend import XdpBackend, lock_interface, lock_pin_dir, pin_dir_for
 from softdta.core.export import ExportError
 from softdta.errors import SoftdtaError
 from softdta.wire.frames import ip_str
@@ -157,15 +157,20 @@ def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: s
     With [collector] translate_locally, `translate_locally` starts the collector's own translator on it (the
     layer above provides it: softdta.links.local.LocalLink); it stops before the collector closes.
 
-    The xdp backend's pin directory is locked first, so a second collector of the same configuration touches
-    nothing of the first one's. A start that fails leaves no program attached and nothing pinned (`discard`),
-    unless it adopted a killed collector's memory."""
+    The xdp backend's pin directory and interface are locked first, so a second collector of the same
+    configuration, or a collector on another softdta daemon's interface, touches nothing of the first one's. A
+    start that fails leaves no program attached and nothing pinned (`discard`), unless it adopted a killed
+    collector's memory."""
     import uvloop
     signal.signal(signal.SIGHUP, ignore_hangup)  # from the start: the default action would kill mid-load
     raise_descriptor_limit()
     pin_dir = pin_dir_for(config.name, config.ip) if config.backend == "xdp" else None
-    lock = lock_pin_dir(pin_dir) if pin_dir is not None else None
+    locks = []
     try:
+        if pin_dir is not None:
+            locks.append(lock_pin_dir(pin_dir))
+            if config.interface:
+                locks.append(lock_interface(config.interface))
         backend = make_backend(config, pin_dir)
         local: Closeable | None = None
         try:
@@ -203,8 +208,8 @@ def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: s
             local.close()
         collector.close()
     finally:
-        if lock is not None:
-            os.close(lock)
+        for held in locks:
+            os.close(held)
 
 
 def _discard(backend: Backend) -> None:

@@ -1,6 +1,6 @@
-"""One daemon per pinned state: an flock on a lock file that holds the owner's pid, taken before the daemon
-touches its programs, pins or sessions, and held until it exits (kill -9 included: the kernel drops the lock).
-bpffs holds no regular files, so the lock files live under /run."""
+"""One daemon per pinned state, and one per interface: an flock on a lock file that holds the owner's pid and role,
+taken before the daemon touches its programs, pins or sessions, and held until it exits (kill -9 included: the
+kernel drops the lock). bpffs holds no regular files, so the lock files live under /run."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from pathlib import Path
 
 from softdta.errors import SoftdtaError
 
+INTERFACE_LOCKS = Path("/run/softdta/interfaces")
+
 
 class AlreadyOwned(SoftdtaError):
     """Another live process holds the lock."""
 
-    def __init__(self, owner: str):
-        super().__init__(f"held by pid {owner}")
-        self.owner = owner
+    def __init__(self, owner: str, role: str):
+        super().__init__(f"held by pid {owner}" + (f" ({role})" if role else ""))
+        self.owner, self.role = owner, role
 
 
 def flat_name(path: Path) -> str:
@@ -25,17 +27,25 @@ def flat_name(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(path.absolute()).strip("/"))
 
 
-def own(lock_file: Path) -> int:
+def interface_lock(index: int) -> Path:
+    """The lock that makes one softdta daemon (translator or collector) the only one with its XDP program on the
+    interface with `index` in the calling thread's network namespace: an interface runs one XDP program, and
+    attaching a second replaces the first. Indexes repeat across namespaces, so the name holds the namespace's."""
+    namespace = os.stat("/proc/thread-self/ns/net").st_ino
+    return INTERFACE_LOCKS / f"netns{namespace}-if{index}.lock"
+
+
+def own(lock_file: Path, role: str = "") -> int:
     """Make this process the owner of `lock_file` for as long as it lives, or until the returned file descriptor is
-    closed; raises AlreadyOwned, naming the owner's pid, while another process holds it."""
+    closed; raises AlreadyOwned, naming the owner's pid and `role`, while another process holds it."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        held = os.pread(fd, 128, 0).decode(errors="replace").split(maxsplit=1)
         os.close(fd)
-        raise AlreadyOwned(owner) from None
+        raise AlreadyOwned(held[0] if held else "unknown", held[1].strip() if len(held) > 1 else "") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.pwrite(fd, f"{os.getpid()} {role}".strip().encode() + b"\n", 0)
     return fd

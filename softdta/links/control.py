@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import ssl
 import threading
@@ -40,13 +39,6 @@ def owner_lock_for(pin_dir: Path) -> Path:
     """The lock (`kernel.owner`) that makes one `softdta translator up --pin PIN` the only one on PIN: a second
     would share its pinned QPs and PSNs, replace its programs and reclaim its sessions."""
     return SECRETS_ROOT / f"{flat_name(pin_dir)}.lock"
-
-
-def interface_lock_for(index: int) -> Path:
-    """The lock that makes one translator the only one on the interface with `index` in the calling thread's
-    network namespace: a second, under another --pin, would replace the first one's programs there."""
-    namespace = os.stat("/proc/thread-self/ns/net").st_ino
-    return SECRETS_ROOT / "interfaces" / f"netns{namespace}-if{index}.lock"
 
 
 class CollectorLinks:

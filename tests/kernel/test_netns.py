@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, link_drops, veth_pair
-from softdta.links.control import interface_lock_for
+from softdta.kernel.owner import interface_lock
 
 pytestmark = pytest.mark.privileged
 
@@ -44,8 +44,8 @@ def test_an_interface_lock_names_the_namespace_the_index_is_in(link):
     with the same index must not refuse each other, and one namespace's interface has one lock."""
     near, far = link
     with in_netns(near.name):
-        near_lo = interface_lock_for(socket.if_nametoindex("lo"))
-        assert interface_lock_for(1) == near_lo
+        near_lo = interface_lock(socket.if_nametoindex("lo"))
+        assert interface_lock(1) == near_lo
     with in_netns(far.name):
-        far_lo = interface_lock_for(socket.if_nametoindex("lo"))
-    assert near_lo != far_lo != interface_lock_for(1)
+        far_lo = interface_lock(socket.if_nametoindex("lo"))
+    assert near_lo != far_lo != interface_lock(1)

@@ -20,7 +20,7 @@ from softdta.engines.python import STEER_SOURCE
 from softdta.engines.xdp import build_object
 from softdta.kernel.bpf import BpfObject, attach_xdp
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
-from tests.common import wait_for_line
+from tests.common import ROOT, wait_for_line
 from tests.live.test_collector import RcWriter, _start_collector, rc_collector_link
 
 pytestmark = pytest.mark.privileged
@@ -112,8 +112,35 @@ def test_a_second_collector_of_the_same_configuration_is_refused_and_the_first_k
         first.wait(10)
 
 
+def test_no_second_softdta_daemon_takes_the_collectors_interface(lab, tmp_path):
+    """A collector of another name, or a translator, on c0 would replace the responder there: each is refused in
+    one line naming the collector's pid, and the collector goes on acknowledging writes."""
+    first = lab.start()
+    try:
+        writer = lab.writer()
+        qp = writer.connect()
+        assert writer.write(qp, 10, wait_s=5) == 10
+        other = lab.config.name + "-other"
+        elsewhere = lab.text.replace(f'name = "{lab.config.name}"', f'name = "{other}"')  # ports of its own too
+        line = lab.start_failing(elsewhere.replace("control_port = 40050", "control_port = 40051")
+                                 .replace("query_port = 8040", "query_port = 8041"))
+        assert f"a softdta collector is already running on c0 (pid {first.pid})" in line, line
+        assert "another [collector] interface" in line and not pin_dir_for(other, lab.config.ip).exists()
+        translator = subprocess.run(
+            [sys.executable, "-m", "softdta.cli", "translator", "up", "--tables",
+             str(ROOT / "examples" / "tables.toml"), "-i", "c0", "--netns", lab.collector_ns.name,
+             "--pin", str(tmp_path / "translator-pins")], capture_output=True, text=True, timeout=60)
+        assert f"a softdta collector is already running on c0 (pid {first.pid})" in one_line_error(translator)
+        assert first.poll() is None and lab.xdp_attached()
+        assert writer.write(qp, 10, wait_s=5) == 10, "the collector still acknowledges writes"
+    finally:
+        first.kill()
+        first.wait(10)
+
+
 def _late_failures(tmp_path: Path, text: str) -> dict[str, str]:
-    """Configurations that pass validation but fail once the program is loaded (and attached)."""
+    """Configurations that pass validation but fail at start: once the program is loaded (and attached), but for
+    the missing interface, refused before."""
     (tmp_path / "not.pem").write_text("not a certificate\n")
     port_line = "query_port = 8040"
     return {

@@ -9,8 +9,8 @@ import pytest
 
 from softdta.kernel.owner import AlreadyOwned, own
 
-HOLD = "import sys, time; from pathlib import Path; from softdta.kernel.owner import own; own(Path(sys.argv[1])); " \
-       "print('owned', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from pathlib import Path; from softdta.kernel.owner import own; " \
+       "own(Path(sys.argv[1]), 'collector'); print('owned', flush=True); time.sleep(60)"
 
 
 def test_a_second_owner_is_refused_with_the_first_ones_pid_until_the_first_is_killed(tmp_path):
@@ -20,13 +20,13 @@ def test_a_second_owner_is_refused_with_the_first_ones_pid_until_the_first_is_ki
         assert holder.stdout.readline().strip() == "owned"
         with pytest.raises(AlreadyOwned) as refused:
             own(lock)
-        assert refused.value.owner == str(holder.pid)
+        assert (refused.value.owner, refused.value.role) == (str(holder.pid), "collector")
     finally:
         holder.send_signal(signal.SIGKILL)  # no chance to let go: the kernel drops the lock with the process
         holder.wait(10)
     fd = own(lock)
     try:
-        assert lock.read_text() == f"{os.getpid()}\n"
+        assert lock.read_text() == f"{os.getpid()}\n"  # no role: the pid alone
     finally:
         os.close(fd)
 
