@@ -169,8 +169,6 @@ def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
     except AlreadyOwned as error:
         raise CliError(f"a translator is already running on the state pinned in {pin} (pid {error.owner}); stop it "
                        f"first (SIGTERM), {fix}") from None
-    except PermissionError as error:
-        raise CliError(f"{error}; `softdta translator` needs root to run on pinned state") from None
 
 
 def _own_interfaces(names: list[str], fix: str = "or give this one other interfaces") -> None:
@@ -190,8 +188,6 @@ def _own_interfaces(names: list[str], fix: str = "or give this one other interfa
         except AlreadyOwned as error:
             raise CliError(f"a softdta {error.role or 'daemon'} is already running on {name} (pid {error.owner}); "
                            f"stop it first (SIGTERM), {fix}") from None
-        except PermissionError as error:
-            raise CliError(f"{error}; `softdta translator` needs root") from None
 
 
 def _how_it_runs(engine: LiveEngine, mode: str) -> str:

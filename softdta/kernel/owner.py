@@ -14,6 +14,10 @@ from softdta.errors import SoftdtaError
 INTERFACE_LOCKS = Path("/run/softdta/interfaces")
 
 
+class LockUnavailable(SoftdtaError):
+    """The lock file cannot be made or opened (no root, a read-only /run)."""
+
+
 class AlreadyOwned(SoftdtaError):
     """Another live process holds the lock."""
 
@@ -37,9 +41,14 @@ def interface_lock(index: int) -> Path:
 
 def own(lock_file: Path, role: str = "") -> int:
     """Make this process the owner of `lock_file` for as long as it lives, or until the returned file descriptor is
-    closed; raises AlreadyOwned, naming the owner's pid and `role`, while another process holds it."""
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    closed; raises AlreadyOwned, naming the owner's pid and `role`, while another process holds it, and
+    LockUnavailable where the file cannot be opened."""
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise LockUnavailable(f"cannot open the lock {lock_file} ({error.strerror}); softdta daemons run as root")\
+            from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from softdta.kernel.owner import AlreadyOwned, own
+from softdta.kernel.owner import AlreadyOwned, LockUnavailable, own
 
 HOLD = "import sys, time; from pathlib import Path; from softdta.kernel.owner import own; " \
        "own(Path(sys.argv[1]), 'collector'); print('owned', flush=True); time.sleep(60)"
@@ -30,3 +30,11 @@ def test_a_second_owner_is_refused_with_the_first_ones_pid_until_the_first_is_ki
     finally:
         os.close(fd)
 
+
+
+def test_a_lock_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
+    """Not a traceback: where /run is not writable (no root), the daemon says which file and why."""
+    (tmp_path / "run").write_text("a file where the lock directory should be")
+    with pytest.raises(LockUnavailable) as refused:
+        own(tmp_path / "run" / "pins.lock")
+    assert str(tmp_path / "run" / "pins.lock") in refused.value.line() and "root" in refused.value.line()
