@@ -58,7 +58,7 @@ SOFTDTA = [sys.executable, "-m", "softdta.cli"]
 # translator counters that name writes which never reached the collector's memory
 LOST_WRITE_COUNTERS = ("nak_lost_writes", "drop_grace", "drop_qp_failed")
 RESTARTS = ("collector-sigterm", "collector-kill9", "second-collector", "translator-sigterm", "translator-kill9",
-            "translator-down-forget", "second-translator", "translator-sighup")
+            "translator-down-forget", "translator-lost-pin", "second-translator", "translator-sighup")
 START_S, WRITES_S, SETTLE_S = 30.0, 10.0, 3.0
 
 
@@ -375,8 +375,9 @@ class Case:
             if down.returncode != 2 or len(down.stderr.strip().splitlines()) != 1:
                 self.notes.append(f"translator down -i t0 under another --pin while a translator runs there: exit "
                                   f"{down.returncode}, {down.stderr.strip()[-300:]!r}")
-        elif self.restart in ("translator-sigterm", "translator-kill9", "translator-down-forget"):
-            how = "kill9" if self.restart == "translator-kill9" else "sigterm"
+        elif self.restart in ("translator-sigterm", "translator-kill9", "translator-down-forget",
+                              "translator-lost-pin"):
+            how = "kill9" if self.restart in ("translator-kill9", "translator-lost-pin") else "sigterm"
             code = self.stop(self.translator, how)
             if how == "sigterm" and code != 0:
                 self.notes.append(f"the translator exited with {code} on SIGTERM")
@@ -386,6 +387,10 @@ class Case:
                 self.log(f"translator down --forget: {down.returncode} {down.stdout.strip()}")
                 if down.returncode or self.pin.exists() or secrets_file_for(self.pin).exists():
                     raise AssertionError(f"translator down --forget: {down.returncode} {down.stderr.strip()}")
+            if self.restart == "translator-lost-pin":
+                # its maps gone (an operator's rm -rf, a bpffs remounted), its session secrets kept in /run
+                shutil.rmtree(self.pin)
+                self.log("translator pins removed")
             self.translator_up("translator-2")
             self.reconnected()
         self.log("restarted")
