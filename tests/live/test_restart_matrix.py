@@ -398,9 +398,8 @@ class Case:
     @contextmanager
     def meanwhile(self) -> Iterator[None]:
         """What goes on while batch 2 is written: for translator-sighup, a SIGHUP every millisecond, so tables are
-        reloaded while reports come in and frames leave; else nothing. (A signal that ends the python engine's
-        transmit early is tested where it lands, in tests/kernel/test_xdp_transmit.py: batch 2 leaves in runs too
-        short to be cut.)"""
+        reloaded while reports come in and frames leave; else nothing. (Batch 2 leaves in runs too short for a
+        signal to cut the python engine's transmit: tests/live/test_translator_signals.py sends whole steps.)"""
         if self.restart != "translator-sighup":
             yield
             return
