@@ -171,18 +171,20 @@ def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
                        f"first (SIGTERM), {fix}") from None
 
 
-def _own_interfaces(names: list[str], fix: str = "or give this one other interfaces") -> None:
+def _own_interfaces(names: list[str], fix: str = "or give this one other interfaces",
+                    doing: str = "this translator would replace") -> None:
     """Make this process, until it exits, the only softdta daemon on the interfaces `names` (`kernel.owner`),
-    whatever its --pin. While another translator or a collector runs on one of them: exit 2, naming it and its
-    pid, with `fix`."""
+    whatever its --pin. While another translator or a collector runs on one of them, or a program softdta did not
+    attach is there (which it would replace or detach, `doing`): exit 2, naming it, with `fix`."""
     import socket
 
-    from softdta.kernel.owner import AlreadyOwned, interface_lock, own
+    from softdta.kernel.owner import AlreadyOwned, interface_lock, own, refuse_foreign_xdp
     for name in dict.fromkeys(names):
         try:
             index = socket.if_nametoindex(name)
         except OSError:
             raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
+        refuse_foreign_xdp(index, name, doing, fix)
         try:
             own(interface_lock(index), "translator")
         except AlreadyOwned as error:
@@ -386,7 +388,8 @@ def _translator_down(args: argparse.Namespace) -> int:
 
     from softdta.kernel.bpf import BpfError, detach_tc, detach_xdp
     _own_pins(Path(args.pin), "`translator down` is for the state a stopped translator left")
-    _own_interfaces(args.interface, "`translator down` is for the interfaces a stopped translator left")
+    _own_interfaces(args.interface, "`translator down` is for the interfaces a stopped translator left",
+                    "`translator down` would detach")
     for name in args.interface:
         try:
             index = socket.if_nametoindex(name)

@@ -29,7 +29,7 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from softdta.core.responder import Completion
 from softdta.kernel.bpf import BpfError, ensure_bpffs
-from softdta.kernel.owner import AlreadyOwned, interface_lock, own
+from softdta.kernel.owner import AlreadyOwned, interface_lock, own, refuse_foreign_xdp
 from softdta.kernel.programs import EngineError
 from softdta.spec import ARENA_PAGE, Access, Transport
 
@@ -259,12 +259,13 @@ def lock_interface(interface: str) -> int:
     except OSError:
         raise BackendError(f"interface {interface!r} does not exist in this network namespace; check `ip link` "
                            "and [collector] interface") from None
+    fix = "or give this collector another [collector] interface"
+    refuse_foreign_xdp(index, interface, "the collector's responder would replace", fix)
     try:
         return own(interface_lock(index), "collector")
     except AlreadyOwned as error:
         raise BackendError(f"a softdta {error.role or 'daemon'} is already running on {interface} (pid "
-                           f"{error.owner}); stop it first, or give this collector another [collector] interface") \
-            from None
+                           f"{error.owner}); stop it first, {fix}") from None
 
 
 def arena_bytes_for(lengths: list[int]) -> int:

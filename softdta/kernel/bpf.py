@@ -118,6 +118,8 @@ for _name, _res, _args in [
     ("bpf_obj_get_info_by_fd", _I, [_I, _P, ctypes.POINTER(_U32)]),
     ("bpf_prog_test_run_opts", _I, [_I, _P]),
     ("bpf_link_create", _I, [_I, _I, _I, _P]),
+    ("bpf_xdp_query_id", _I, [_I, _I, ctypes.POINTER(_U32)]),
+    ("bpf_prog_get_fd_by_id", _I, [_U32]),
     ("ring_buffer__new", _P, [_I, _SAMPLE_FN, _P, _P]),
     ("ring_buffer__poll", _I, [_P, _I]),
     ("ring_buffer__consume", _I, [_P]),
@@ -143,6 +145,14 @@ class _MapInfo(ctypes.Structure):
                 ("btf_vmlinux_value_type_id", _U32), ("netns_dev", ctypes.c_uint64), ("netns_ino", ctypes.c_uint64),
                 ("btf_id", _U32), ("btf_key_type_id", _U32), ("btf_value_type_id", _U32), ("pad", _U32),
                 ("map_extra", ctypes.c_uint64)]
+
+
+class _ProgInfo(ctypes.Structure):
+    """struct bpf_prog_info up to the name: the kernel fills as much as it is given."""
+    _fields_ = [("type", _U32), ("id", _U32), ("tag", ctypes.c_uint8 * 8), ("jited_prog_len", _U32),
+                ("xlated_prog_len", _U32), ("jited_prog_insns", ctypes.c_uint64),
+                ("xlated_prog_insns", ctypes.c_uint64), ("load_time", ctypes.c_uint64), ("created_by_uid", _U32),
+                ("nr_map_ids", _U32), ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16)]
 
 
 _capture = threading.local()
@@ -662,6 +672,33 @@ def link_xdp(ifindex: int, prog_fd: int) -> int:
         errno.EBUSY: "another XDP program is attached there; detach it first",
         errno.EEXIST: "another XDP program is attached there; detach it first",
     })
+
+
+def attached_xdp(ifindex: int) -> list[tuple[int, str]]:
+    """The XDP programs attached to ifindex, native and generic, as (id, name); the kernel keeps 15 characters of
+    a name."""
+    attached = []
+    for flags in _XDP_MODES.values():
+        prog_id = _U32(0)
+        _check(_lib.bpf_xdp_query_id(ifindex, flags, ctypes.byref(prog_id)), f"query XDP on {_ifname(ifindex)}")
+        name = _program_name(prog_id.value) if prog_id.value else None
+        if name is not None:
+            attached.append((prog_id.value, name))
+    return attached
+
+
+def _program_name(prog_id: int) -> str | None:
+    """None where the program is gone (detached since the query)."""
+    fd = _lib.bpf_prog_get_fd_by_id(prog_id)
+    if fd < 0:
+        return None
+    try:
+        info = _ProgInfo()
+        size = _U32(ctypes.sizeof(info))
+        _check(_lib.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), f"read program {prog_id}")
+        return bytes(info.name).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def detach_xdp(ifindex: int) -> None:

@@ -10,12 +10,17 @@ import re
 from pathlib import Path
 
 from softdta.errors import SoftdtaError
+from softdta.kernel.bpf import attached_xdp
 
 INTERFACE_LOCKS = Path("/run/softdta/interfaces")
 
 
 class LockUnavailable(SoftdtaError):
     """The lock file cannot be made or opened (no root, a read-only /run)."""
+
+
+class ForeignProgram(SoftdtaError):
+    """An XDP program softdta did not attach is on the interface."""
 
 
 class AlreadyOwned(SoftdtaError):
@@ -37,6 +42,16 @@ def interface_lock(index: int) -> Path:
     attaching a second replaces the first. Indexes repeat across namespaces, so the name holds the namespace's."""
     namespace = os.stat("/proc/thread-self/ns/net").st_ino
     return INTERFACE_LOCKS / f"netns{namespace}-if{index}.lock"
+
+
+def refuse_foreign_xdp(index: int, interface: str, doing: str, fix: str) -> None:
+    """Raise ForeignProgram where an XDP program softdta did not attach (each of softdta's is named softdta_*), an
+    operator's, is on `interface` (with `index`), which the caller is `doing` something to ("would replace")."""
+    for prog_id, name in attached_xdp(index):
+        if not name.startswith("softdta_"):
+            raise ForeignProgram(f"{interface} runs the XDP program {name or 'with no name'} (id {prog_id}), which is "
+                                 f"not softdta's and which {doing}; detach it first (`ip link set dev {interface} "
+                                 f"xdp off`), {fix}")
 
 
 def own(lock_file: Path, role: str = "") -> int:

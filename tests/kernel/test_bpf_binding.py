@@ -20,11 +20,14 @@ from softdta.kernel.bpf import (
     RingBuffer,
     attach_tc_ingress,
     attach_xdp,
+    attached_xdp,
     detach_tc,
     detach_xdp,
     ensure_bpffs,
     xdp_md,
 )
+from softdta.kernel.owner import ForeignProgram, refuse_foreign_xdp
+from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 
 pytestmark = pytest.mark.privileged
 
@@ -300,6 +303,28 @@ def test_xdp_and_tc_attach_detach(obj, namespaces):
         assert a.run("tc", "filter", "show", "dev", "va", "ingress").stdout == ""
     with pytest.raises(BpfError, match="No such device"):
         attach_xdp(va + 1000, obj.programs["pass"].fd)
+
+
+def test_attached_xdp_names_the_program_in_either_mode_and_tells_softdtas_from_others(obj, namespaces):
+    """An operator's program (here `pass`) is foreign to softdta, whose programs are all named softdta_*."""
+    a, _ = namespaces
+    va = netns.ifindex(a, "va")
+    with netns.in_netns(a.name), BpfObject(build_object(VETH_PEER_SOURCE)) as ours:
+        assert attached_xdp(va) == []
+        refuse_foreign_xdp(va, "va", "would go", "or not")
+        for mode in ("native", "generic"):
+            attach_xdp(va, obj.programs["pass"].fd, mode=mode)
+            prog_id = attached_xdp(va)[0][0]
+            assert attached_xdp(va) == [(prog_id, "pass")]
+            with pytest.raises(ForeignProgram) as refused:
+                refuse_foreign_xdp(va, "va", "would go", "or not")
+            assert refused.value.line() == (f"va runs the XDP program pass (id {prog_id}), which is not softdta's and "
+                                            "which would go; detach it first (`ip link set dev va xdp off`), or not")
+            detach_xdp(va)
+            attach_xdp(va, ours.programs["softdta_pass"].fd, mode=mode)
+            assert attached_xdp(va)[0][1] == "softdta_pass"
+            refuse_foreign_xdp(va, "va", "would go", "or not")
+            detach_xdp(va)
 
 
 def rx_packets(ns: netns.Namespace, ifname: str) -> int:

@@ -21,6 +21,7 @@ from softdta.engines.xdp import build_object
 from softdta.kernel.bpf import BpfObject, attach_xdp
 from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns
 from tests.common import ROOT, wait_for_line
+from tests.kernel.test_bpf_binding import TINY, compile_bpf
 from tests.live.test_collector import RcWriter, _start_collector, rc_collector_link
 
 pytestmark = pytest.mark.privileged
@@ -136,6 +137,25 @@ def test_no_second_softdta_daemon_takes_the_collectors_interface(lab, tmp_path):
     finally:
         first.kill()
         first.wait(10)
+
+
+def test_an_operators_xdp_program_is_neither_replaced_nor_detached(lab, tmp_path):
+    """A program softdta did not attach (an operator's filter, here `pass`) stays where it is: `collector up`,
+    `translator up` and `translator down -i` on its interface each exit 2 in one line naming it and the fix."""
+    with BpfObject(compile_bpf(TINY, tmp_path / "operator.o")) as operator, in_netns(lab.collector_ns.name):
+        attach_xdp(socket.if_nametoindex("c0"), operator.programs["pass"].fd)
+    line = lab.start_failing(lab.text)
+    assert "c0 runs the XDP program pass (id " in line and "the collector's responder would replace" in line, line
+    assert "`ip link set dev c0 xdp off`" in line and not lab.pins.exists()
+    translator = [sys.executable, "-m", "softdta.cli", "translator"]
+    up = subprocess.run(translator + ["up", "--tables", str(ROOT / "examples" / "tables.toml"), "-i", "c0", "--netns",
+                                      lab.collector_ns.name, "--pin", str(tmp_path / "pins")],
+                        capture_output=True, text=True, timeout=60)
+    assert "which this translator would replace" in one_line_error(up)
+    down = subprocess.run(["ip", "netns", "exec", lab.collector_ns.name, *translator, "down", "-i", "c0", "--pin",
+                           str(tmp_path / "pins")], capture_output=True, text=True, timeout=60)
+    assert "which `translator down` would detach" in one_line_error(down)
+    assert "name pass" in lab.collector_ns.run("ip", "-d", "link", "show", "c0").stdout
 
 
 def _late_failures(tmp_path: Path, text: str) -> dict[str, str]:
