@@ -174,22 +174,11 @@ def _own_pins(pin: Path, fix: str = "or give this one another --pin") -> None:
 def _own_interfaces(names: list[str], fix: str = "or give this one other interfaces",
                     doing: str = "this translator would replace") -> None:
     """Make this process, until it exits, the only softdta daemon on the interfaces `names` (`kernel.owner`),
-    whatever its --pin. While another translator or a collector runs on one of them, or a program softdta did not
-    attach is there (which it would replace or detach, `doing`): exit 2, naming it, with `fix`."""
-    import socket
-
-    from softdta.kernel.owner import AlreadyOwned, interface_lock, own, refuse_foreign_xdp
+    whatever its --pin. Where one is missing, another translator or a collector runs on it, or a program softdta
+    did not attach is there (which it would replace or detach, `doing`): exit 2, naming it, with `fix`."""
+    from softdta.kernel.owner import own_interface
     for name in dict.fromkeys(names):
-        try:
-            index = socket.if_nametoindex(name)
-        except OSError:
-            raise CliError(f"interface {name!r} does not exist; check `ip link`") from None
-        refuse_foreign_xdp(index, name, doing, fix)
-        try:
-            own(interface_lock(index), "translator")
-        except AlreadyOwned as error:
-            raise CliError(f"a softdta {error.role or 'daemon'} is already running on {name} (pid {error.owner}); "
-                           f"stop it first (SIGTERM), {fix}") from None
+        own_interface(name, "translator", doing, fix)
 
 
 def _how_it_runs(engine: LiveEngine, mode: str) -> str:

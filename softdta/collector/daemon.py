@@ -17,9 +17,10 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.control import ControlError, ControlServer, server_tls
 from softdta.collector.registration import FleetSettings, current_epoch, register
 from softdta.collector.snapshot import Snapshots
-from softdta.collector.xdp_backend import XdpBackend, lock_interface, lock_pin_dir, pin_dir_for
+from softdta.collector.xdp_backend import XdpBackend, lock_pin_dir, pin_dir_for
 from softdta.core.export import ExportError
 from softdta.errors import SoftdtaError
+from softdta.kernel.owner import own_interface
 from softdta.wire.frames import ip_str
 
 CHECKPOINT_S = 60.0
@@ -170,7 +171,8 @@ def run(config: CollectorConfig, *, control_host: str = "0.0.0.0", query_host: s
         if pin_dir is not None:
             locks.append(lock_pin_dir(pin_dir))
             if config.interface:
-                locks.append(lock_interface(config.interface))
+                locks.append(own_interface(config.interface, "collector", "the collector's responder would replace",
+                                           "or give this collector another [collector] interface"))
         backend = make_backend(config, pin_dir)
         local: Closeable | None = None
         try:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import re
 import secrets
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from softdta.collector.config import CollectorConfig
 from softdta.collector.xdp_responder import RESPONDER_QP_CAPACITY, ArenaRegion, XdpResponder
 from softdta.core.responder import Completion
 from softdta.kernel.bpf import BpfError, ensure_bpffs
-from softdta.kernel.owner import AlreadyOwned, interface_lock, own, refuse_foreign_xdp
+from softdta.kernel.owner import AlreadyOwned, own
 from softdta.kernel.programs import EngineError
 from softdta.spec import ARENA_PAGE, Access, Transport
 
@@ -249,23 +248,6 @@ def lock_pin_dir(pin_dir: Path) -> int:
     except AlreadyOwned as error:
         raise BackendError(f"a collector of this name and IP is already running (pid {error.owner}, pins in "
                            f"{pin_dir}); stop it first, or give this one another [collector] name or ip") from None
-
-
-def lock_interface(interface: str) -> int:
-    """Make this process the only softdta daemon on `interface` for as long as it lives (`kernel.owner`): a
-    translator's or another collector's program there would be replaced by this one's responder."""
-    try:
-        index = socket.if_nametoindex(interface)
-    except OSError:
-        raise BackendError(f"interface {interface!r} does not exist in this network namespace; check `ip link` "
-                           "and [collector] interface") from None
-    fix = "or give this collector another [collector] interface"
-    refuse_foreign_xdp(index, interface, "the collector's responder would replace", fix)
-    try:
-        return own(interface_lock(index), "collector")
-    except AlreadyOwned as error:
-        raise BackendError(f"a softdta {error.role or 'daemon'} is already running on {interface} (pid "
-                           f"{error.owner}); stop it first, {fix}") from None
 
 
 def arena_bytes_for(lengths: list[int]) -> int:

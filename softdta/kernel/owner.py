@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import socket
 from pathlib import Path
 
 from softdta.errors import SoftdtaError
@@ -19,8 +20,9 @@ class LockUnavailable(SoftdtaError):
     """The lock file cannot be made or opened (no root, a read-only /run)."""
 
 
-class ForeignProgram(SoftdtaError):
-    """An XDP program softdta did not attach is on the interface."""
+class InterfaceUnavailable(SoftdtaError):
+    """The interface is missing, another softdta daemon runs on it, or an XDP program softdta did not attach is
+    there."""
 
 
 class AlreadyOwned(SoftdtaError):
@@ -44,14 +46,27 @@ def interface_lock(index: int) -> Path:
     return INTERFACE_LOCKS / f"netns{namespace}-if{index}.lock"
 
 
-def refuse_foreign_xdp(index: int, interface: str, doing: str, fix: str) -> None:
-    """Raise ForeignProgram where an XDP program softdta did not attach (each of softdta's is named softdta_*), an
-    operator's, is on `interface` (with `index`), which the caller is `doing` something to ("would replace")."""
+def own_interface(interface: str, role: str, doing: str, fix: str) -> int:
+    """Make this process, a softdta `role` ("translator", "collector"), the only softdta daemon on `interface` in
+    the calling thread's network namespace until it exits or closes the returned descriptor. Raises
+    InterfaceUnavailable, in one line ending with `fix`, where the interface is missing, another softdta daemon
+    holds it, or it runs an XDP program softdta did not attach (each of softdta's is named softdta_*), an
+    operator's, which the caller is `doing` something to ("would replace")."""
+    try:
+        index = socket.if_nametoindex(interface)
+    except OSError:
+        raise InterfaceUnavailable(f"interface {interface!r} does not exist in this network namespace; check "
+                                   "`ip link`") from None
     for prog_id, name in attached_xdp(index):
         if not name.startswith("softdta_"):
-            raise ForeignProgram(f"{interface} runs the XDP program {name or 'with no name'} (id {prog_id}), which is "
-                                 f"not softdta's and which {doing}; detach it first (`ip link set dev {interface} "
-                                 f"xdp off`), {fix}")
+            raise InterfaceUnavailable(f"{interface} runs the XDP program {name or 'with no name'} (id {prog_id}), "
+                                       f"which is not softdta's and which {doing}; detach it first (`ip link set dev "
+                                       f"{interface} xdp off`), {fix}")
+    try:
+        return own(interface_lock(index), role)
+    except AlreadyOwned as error:
+        raise InterfaceUnavailable(f"a softdta {error.role or 'daemon'} is already running on {interface} (pid "
+                                   f"{error.owner}); stop it first (SIGTERM), {fix}") from None
 
 
 def own(lock_file: Path, role: str = "") -> int:

@@ -26,7 +26,7 @@ from softdta.kernel.bpf import (
     ensure_bpffs,
     xdp_md,
 )
-from softdta.kernel.owner import ForeignProgram, refuse_foreign_xdp
+from softdta.kernel.owner import InterfaceUnavailable, own_interface
 from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
 
 pytestmark = pytest.mark.privileged
@@ -306,24 +306,27 @@ def test_xdp_and_tc_attach_detach(obj, namespaces):
 
 
 def test_attached_xdp_names_the_program_in_either_mode_and_tells_softdtas_from_others(obj, namespaces):
-    """An operator's program (here `pass`) is foreign to softdta, whose programs are all named softdta_*."""
+    """An operator's program (here `pass`) is foreign to softdta, whose programs are all named softdta_*: a daemon
+    may own an interface with one of softdta's there (a killed daemon's), never with the operator's."""
     a, _ = namespaces
     va = netns.ifindex(a, "va")
+
+    def owned() -> bool:
+        os.close(own_interface("va", "translator", "would go", "or not"))  # let go at once: the next turn takes it
+        return True
     with netns.in_netns(a.name), BpfObject(build_object(VETH_PEER_SOURCE)) as ours:
-        assert attached_xdp(va) == []
-        refuse_foreign_xdp(va, "va", "would go", "or not")
+        assert attached_xdp(va) == [] and owned()
         for mode in ("native", "generic"):
             attach_xdp(va, obj.programs["pass"].fd, mode=mode)
             prog_id = attached_xdp(va)[0][0]
             assert attached_xdp(va) == [(prog_id, "pass")]
-            with pytest.raises(ForeignProgram) as refused:
-                refuse_foreign_xdp(va, "va", "would go", "or not")
+            with pytest.raises(InterfaceUnavailable) as refused:
+                owned()
             assert refused.value.line() == (f"va runs the XDP program pass (id {prog_id}), which is not softdta's and "
                                             "which would go; detach it first (`ip link set dev va xdp off`), or not")
             detach_xdp(va)
             attach_xdp(va, ours.programs["softdta_pass"].fd, mode=mode)
-            assert attached_xdp(va)[0][1] == "softdta_pass"
-            refuse_foreign_xdp(va, "va", "would go", "or not")
+            assert attached_xdp(va)[0][1] == "softdta_pass" and owned()
             detach_xdp(va)
 
 

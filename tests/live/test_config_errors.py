@@ -44,7 +44,7 @@ def test_taking_append_entries_without_the_token(flag):
       "--netns", "sdta-missing"], "network namespace 'sdta-missing' does not exist"),
     pytest.param(["translator", "up", "--tables", str(ROOT / "examples" / "tables.toml"), "-i", "sdta-missing0",
                   "--pin", "/sys/fs/bpf/softdta-config-errors"],
-                 "interface 'sdta-missing0' does not exist; check `ip link`",
+                 "interface 'sdta-missing0' does not exist in this network namespace; check `ip link`",
                  marks=pytest.mark.privileged),
     (["demo", "--burst-seconds", "-1"], "--burst-seconds -1 must be 0 (no burst) or more"),
     (["demo", "--burst-rate", "-5"], "--burst-rate -5 must be 0 (as fast as the generators go) or more reports/s"),

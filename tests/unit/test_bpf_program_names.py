@@ -1,5 +1,5 @@
 """Every XDP program softdta attaches is named softdta_*: that is how a daemon tells its own, or a killed one's,
-from an operator's program it must not replace (`kernel.owner.refuse_foreign_xdp`)."""
+from an operator's program it must not replace (`kernel.owner.own_interface`)."""
 
 import re
 

@@ -87,7 +87,6 @@ def test_frame_rows_index_to_each_frames_own_bytes():
     assert list(FrameRows(np.empty((0, 0), dtype=np.uint8), np.empty(0, dtype=np.int64))) == []
 
 
-
 def test_frame_rows_of_whole_rows_keep_every_byte_of_each_frame():
     """Rows all as long as their frames (a vector run) become bytes in numpy: trailing zero bytes, which an iCRC
     may end with, stay, and a slice of the columns is still cut at the frames' lengths."""
@@ -96,6 +95,7 @@ def test_frame_rows_of_whole_rows_keep_every_byte_of_each_frame():
     assert list(FrameRows(rows, np.full(3, 3))) == frames
     assert list(FrameRows(rows[:, :2], np.full(3, 2))) == [frame[:2] for frame in frames]  # not contiguous
     assert list(FrameRows(rows, np.array([3, 2, 3]))) == [frames[0], frames[1][:2], frames[2]]
+
 
 def _frame_rows(frames: list[bytes], fill: int = 0xEE) -> FrameRows:
     rows = np.full((len(frames), max(map(len, frames))), fill, dtype=np.uint8)

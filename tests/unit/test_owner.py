@@ -31,7 +31,6 @@ def test_a_second_owner_is_refused_with_the_first_ones_pid_until_the_first_is_ki
         os.close(fd)
 
 
-
 def test_a_lock_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
     """Not a traceback: where /run is not writable (no root), the daemon says which file and why."""
     (tmp_path / "run").write_text("a file where the lock directory should be")
