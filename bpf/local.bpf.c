@@ -4,8 +4,9 @@
  * memory writes its RoCEv2 frames would have caused at the responder, executed by the same code
  * (include/execute.h), with no frame built or sent: build_roce is translator/local.h's, and emit drops the report.
  *
- * The responder's maps (arena, responder_qp, responder_counters, ring_writes, completions) are reused from its
- * loaded object (softdta.engines.local.LocalTranslator), which tail-calls softdta_xdp for reports to DTA_PORT.
+ * The responder's maps (arena, responder_config, responder_qp, responder_counters, ring_writes, completions) are
+ * reused from its loaded object (softdta.engines.local.LocalTranslator), which tail-calls softdta_xdp for
+ * reports to DTA_PORT.
  */
 #define SOFTDTA_LOCAL 1
 

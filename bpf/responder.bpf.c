@@ -74,9 +74,8 @@ struct scratch {
 _Static_assert(sizeof(struct scratch) == IP_AT + BUF_SIZE + 8, "the scratch map keeps its size");
 _Static_assert(ICRC_PREFIX == 8 * ICRC_PREFIX_WORDS + 4, "the prefix is whole words and a half");
 
-TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
-TABLE(responder_qp_state, BPF_MAP_TYPE_HASH, struct responder_qp_state_key, struct responder_qp_state_value,
-      RESPONDER_QP_STATE_MAX_ENTRIES);
+TABLE(responder_qp_state, BPF_MAP_TYPE_ARRAY, struct responder_qp_state_key, struct responder_qp_state_value,
+      RESPONDER_QP_STATE_MAX_ENTRIES);	/* by slot, as responder_qp (responder_qp_slot) */
 TABLE(responder_scratch, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct scratch, 1);
 
 /* Local translation (bpf/local.bpf.c): reports to DTA_PORT go to slot 0's program, if there is one. */
@@ -422,6 +421,7 @@ static __always_inline int respond(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
 	struct responder_config_value *cfg;
+	struct responder_qp_state_key state_key;
 	struct responder_qp_state_value *qs;
 	struct responder_qp_value *qp;
 	struct request rq = {};
@@ -471,8 +471,9 @@ static __always_inline int respond(struct xdp_md *ctx)
 		count(reason);
 		return XDP_DROP;
 	}
-	qp = bpf_map_lookup_elem(&responder_qp, &rq.w.qpn);
-	qs = bpf_map_lookup_elem(&responder_qp_state, &rq.w.qpn);
+	qp = responder_qp_find(cfg, rq.w.qpn);
+	state_key.slot = responder_qp_slot(cfg, rq.w.qpn);
+	qs = bpf_map_lookup_elem(&responder_qp_state, &state_key);
 	if (!qp || !qs)
 		reason = RCNT_UNKNOWN_QPN;
 	else if (qp->remote_ip != src)

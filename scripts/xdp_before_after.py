@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""The XDP translator's ns per report, per primitive, at git revisions and in the working tree, side by side.
+"""The XDP translator's ns per report, per primitive, and the XDP responder's ns per request, per case, at git
+revisions and in the working tree, side by side.
 
-    sudo python3 scripts/xdp_before_after.py REVISION... [--rounds 31] [--repeat 100000]
+    sudo taskset -c 1 python3 scripts/xdp_before_after.py REVISION... [--rounds 31] [--repeat 100000]
 
-Each revision is checked out in a temporary worktree, and a worker process runs its own benchmark harness
-(bench/bpf/translator_bench.bpf.c) with its own control plane, so revisions whose map layouts differ compare
-too. The workers take turns: each round runs every primitive's reports once in every revision, with
-BPF_PROG_TEST_RUN and the harness's restore subtracted. It prints the medians, and the median of the per-round
-ratios to the first revision, which holds up where absolute times on a shared VM do not.
+Each revision is checked out in a temporary worktree, and a worker process runs its own benchmark harnesses
+(bench/bpf/translator_bench.bpf.c, bench/bpf/responder_bench.bpf.c) with its own control plane, so revisions
+whose map layouts differ compare too. The workers take turns: each round runs every case once in every
+revision, with BPF_PROG_TEST_RUN and the harness's restore subtracted. It prints the medians, and the median of
+the per-round ratios to the first revision, which holds up where absolute times on a shared VM do not. Unpinned,
+the same code twice came out up to 1.3 apart; with every worker on one CPU (taskset), within 0.95-1.07.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +35,7 @@ def worker(repeat: int) -> None:
     from softdta.core.tables import Tables
     from softdta.core.workload import ReporterAddress
     from softdta.engines.xdp import XdpTranslator
+    from softdta.lab.benchmarks.collector import RESPONDER_CASES, responder_harness
     try:
         from softdta.lab.benchmarks.translator import load_reports
     except ModuleNotFoundError:  # a revision from before the benchmarks were a package
@@ -67,14 +71,21 @@ def worker(repeat: int) -> None:
         kernel = XdpTranslator(tables, source=harness, flush_idle_ns=0)
         load_reports(kernel, frames)  # the revision's own loader, which knows its harness's layout
         kernels[name] = (kernel, frames[0])
-    print("ready", flush=True)
-    for _ in sys.stdin:
-        round_ns = {}
-        for name, (kernel, frame) in kernels.items():
-            programs = kernel.object.programs
-            round_ns[name] = (programs["bench_translate"].test_run(frame, repeat=repeat).duration_ns
-                              - programs["bench_restore"].test_run(frame, repeat=repeat).duration_ns)
-        print(json.dumps(round_ns), flush=True)
+    with contextlib.ExitStack() as stack:
+        responders = {f"responder {case}": stack.enter_context(responder_harness(case))
+                      for case in RESPONDER_CASES}
+        print("ready", flush=True)
+        for _ in sys.stdin:
+            round_ns = {}
+            for name, (kernel, frame) in kernels.items():
+                programs = kernel.object.programs
+                round_ns[name] = (programs["bench_translate"].test_run(frame, repeat=repeat).duration_ns
+                                  - programs["bench_restore"].test_run(frame, repeat=repeat).duration_ns)
+            for name, (responder, _, frame) in responders.items():
+                programs = responder.object.programs
+                round_ns[name] = (programs["bench_respond"].test_run(frame, repeat=repeat).duration_ns
+                                  - programs["bench_restore"].test_run(frame, repeat=repeat).duration_ns)
+            print(json.dumps(round_ns), flush=True)
 
 
 def start(tree: Path, repeat: int) -> subprocess.Popen:
@@ -120,9 +131,9 @@ def main() -> int:
                 process.communicate(timeout=60)
             for tree in trees:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
-    print("| primitive | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
+    print("| case | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
     print("| --- |" + " ---: |" * (2 * len(names) - 1))
-    for case in CASES:
+    for case in samples[0][0]:
         medians = [f"{statistics.median(r[case] for r in taken):.0f} ns" for taken in samples]
         ratios = [f"{statistics.median(a[case] / b[case] for a, b in zip(taken, samples[0])):.2f}"
                   for taken in samples[1:]]

@@ -25,12 +25,15 @@ static __always_inline int restore(struct xdp_md *ctx)
 {
 	__u32 zero = 0;
 	struct bench_request *request = bpf_map_lookup_elem(&bench_request, &zero);
+	struct responder_config_value *cfg = bpf_map_lookup_elem(&responder_config, &zero);
 	struct responder_qp_state_value *qs;
+	struct responder_qp_state_key key;
 	__u64 len, have;
 
-	if (!request || request->len < 1 || request->len > BENCH_FRAME)
+	if (!request || !cfg || request->len < 1 || request->len > BENCH_FRAME)
 		return -1;
-	qs = bpf_map_lookup_elem(&responder_qp_state, &request->qpn);
+	key.slot = responder_qp_slot(cfg, request->qpn);
+	qs = bpf_map_lookup_elem(&responder_qp_state, &key);
 	if (!qs)
 		return -1;
 	qs->expected_psn = request->psn;

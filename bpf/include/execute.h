@@ -13,8 +13,9 @@
 
 #define ARENA_MASK (ARENA_PAGE - 1)
 
-TABLE(responder_qp, BPF_MAP_TYPE_HASH, struct responder_qp_key, struct responder_qp_value,
-      RESPONDER_QP_MAX_ENTRIES);
+TABLE(responder_config, BPF_MAP_TYPE_ARRAY, __u32, struct responder_config_value, 1);
+TABLE(responder_qp, BPF_MAP_TYPE_ARRAY, struct responder_qp_key, struct responder_qp_value,
+      RESPONDER_QP_MAX_ENTRIES);	/* sized at load, a power of two */
 TABLE(responder_counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, RESPONDER_COUNTER_SLOTS);
 
 struct {
@@ -41,6 +42,24 @@ static __always_inline void responder_count(__u32 slot)
 
 	if (value)
 		*value += 1;
+}
+
+/* Queue pair `qpn`'s slot in responder_qp and responder_qp_state. Arrays, not hash maps keyed by QPN: an array
+ * lookup is inline, where a hash lookup (jhash and a compare) costs about 20 ns here. The control plane gives
+ * no two live queue pairs one slot; each entry names its QPN. */
+static __always_inline __u32 responder_qp_slot(const struct responder_config_value *cfg, __u32 qpn)
+{
+	return qpn & cfg->qp_slot_mask;
+}
+
+/* Queue pair `qpn`, or NULL if no queue pair of that number is up (QPN 0 never is). */
+static __always_inline struct responder_qp_value *responder_qp_find(const struct responder_config_value *cfg,
+								   __u32 qpn)
+{
+	struct responder_qp_key key = { .slot = responder_qp_slot(cfg, qpn) };
+	struct responder_qp_value *qp = bpf_map_lookup_elem(&responder_qp, &key);
+
+	return qp && qpn && qp->qpn == qpn ? qp : NULL;
 }
 
 /* What a WRITE asks of the collector's memory: RETH, Immediate, and where its payload sits in the caller's

@@ -1485,16 +1485,18 @@ struct responder_config_value {
 	__u32 ip; /* network order */
 	__u8 _pad0[4];
 	__u64 layout; /* hash of the regions' layout: a restarted collector adopts only its own memory */
+	__u32 qp_slot_mask; /* responder_qp's entries - 1 (a power of two): a queue pair's slot is qpn & this */
+	__u8 _pad1[4];
 };
-_Static_assert(sizeof(struct responder_config_value) == 24, "struct responder_config_value does not match softdta/spec/");
+_Static_assert(sizeof(struct responder_config_value) == 32, "struct responder_config_value does not match softdta/spec/");
 
-/* responder_qp key: a queue pair of the collector and the region it may write */
+/* responder_qp key: a queue pair of the collector and the region it may write (sized at load) */
 struct responder_qp_key {
-	__u32 qpn;
+	__u32 slot; /* qpn & responder_config.qp_slot_mask */
 };
 _Static_assert(sizeof(struct responder_qp_key) == 4, "struct responder_qp_key does not match softdta/spec/");
 
-/* responder_qp value: a queue pair of the collector and the region it may write */
+/* responder_qp value: a queue pair of the collector and the region it may write (sized at load) */
 struct responder_qp_value {
 	__u32 remote_qpn;
 	__u32 remote_ip; /* network order */
@@ -1502,24 +1504,24 @@ struct responder_qp_value {
 	__u8 transport;
 	__u8 access; /* spec.Access */
 	__u32 rkey;
-	__u8 _pad0[4];
+	__u32 qpn; /* the queue pair in this slot; 0: none (QPN 0 is never given) */
 	__u64 base_va;
 	__u64 length;
 	__u64 arena_offset; /* where the region starts in the arena, in bytes */
 	__u32 start_psn; /* the PSN advertised at connect, advertised again by a restarted collector */
 	__u32 ring_bytes; /* Append: the bytes of one list's ring (0: the region holds no rings) */
 	__u32 ring_index; /* Append: the region's first list in ring_writes */
-	__u8 _pad1[4];
+	__u8 _pad0[4];
 };
 _Static_assert(sizeof(struct responder_qp_value) == 64, "struct responder_qp_value does not match softdta/spec/");
 
-/* responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
+/* responder_qp_state key: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates (sized at load) */
 struct responder_qp_state_key {
-	__u32 qpn;
+	__u32 slot; /* the queue pair's slot in responder_qp */
 };
 _Static_assert(sizeof(struct responder_qp_state_key) == 4, "struct responder_qp_state_key does not match softdta/spec/");
 
-/* responder_qp_state value: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates */
+/* responder_qp_state value: per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates (sized at load) */
 struct responder_qp_state_value {
 	__u32 expected_psn;
 	__u32 msn;

@@ -23,15 +23,18 @@ static __noinline __u32 build_roce(struct scratch *s, __u32 at, const struct qp_
 	struct frame_params *fp = &s->frame;
 	struct frame_shape sizes = frame_shape_of(fp);
 	__u32 ext = sizes.ext, payload = sizes.payload, ip_len = sizes.ip_len;
-	struct responder_qp_key key = { .qpn = q->remote_qpn };
-	struct responder_qp_value *rqp;
+	struct responder_config_value *rcfg;
+	struct responder_qp_value *rqp = NULL;
+	__u32 zero = 0;
 
 	if (at > OUT_LIMIT || ETHERNET_SIZE + ip_len > OUT_LIMIT)
 		return 0;
 	qs->frames_sent += 1;
 	qs->next_psn = (qs->next_psn + 1) & PSN_MASK;
 	s->out_executed = 1;
-	rqp = bpf_map_lookup_elem(&responder_qp, &key);
+	rcfg = bpf_map_lookup_elem(&responder_config, &zero);
+	if (rcfg)
+		rqp = responder_qp_find(rcfg, q->remote_qpn);
 	if (!rqp) {
 		responder_count(RCNT_UNKNOWN_QPN);
 	} else if (fp->opcode == ROCE_OP_RC_FETCH_ADD) {

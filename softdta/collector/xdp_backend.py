@@ -141,9 +141,10 @@ class XdpBackend:
         return QpInfo(qpn, peer.psn, transport, region.name)
 
     def _free_qpn(self) -> int:
-        """The next unused QPN after the last one given: a released QPN is reused as late as possible."""
+        """The next unused QPN after the last one given whose slot is free: a released QPN is reused as late as
+        possible."""
         qpn = self._next_qpn
-        while qpn in self.qps or qpn >= QPN_LIMIT:
+        while qpn >= QPN_LIMIT or qpn in self.qps or not self.responder.slot_free(qpn):
             qpn = FIRST_QPN if qpn >= QPN_LIMIT else qpn + 1
         self._next_qpn = qpn + 1
         return qpn

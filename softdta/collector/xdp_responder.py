@@ -36,6 +36,7 @@ class QpEntry(NamedTuple):
     transport: int
     access: int
     rkey: int
+    qpn: int
     base_va: int
     length: int
     arena_offset: int
@@ -70,8 +71,12 @@ class ArenaRegion:
 
 class XdpResponder:
     """One collector port served by the XDP responder. `arena_bytes` is the memory for all its regions and
-    `qp_capacity` the size of its queue-pair table; `source` may name a program that includes
-    bpf/responder.bpf.c and adds to it (the benchmarks do).
+    `qp_capacity` how many queue pairs it holds; `source` may name a program that includes bpf/responder.bpf.c
+    and adds to it (the benchmarks do).
+
+    The queue-pair tables are arrays of `qp_slots` entries, the capacity rounded up to a power of two: QP `qpn`
+    lives in slot `qpn & (qp_slots - 1)`, so the data path finds it without hashing, and two queue pairs whose
+    QPNs share a slot cannot both be up (`slot_free`).
 
     With `pin_dir` (on a bpffs) every map is pinned there. Pinned maps outlive the process: after a kill -9 the
     attached program keeps executing into them, and the next XdpResponder on the same `pin_dir` adopts them
@@ -83,8 +88,9 @@ class XdpResponder:
                  source: Path = SOURCE) -> None:
         if len(ip) != 4:
             raise EngineError("the xdp responder serves RoCEv2 over IPv4; give the collector an IPv4 address")
-        sizes = {"arena": max(1, -(-arena_bytes // ARENA_PAGE)), "responder_qp": qp_capacity,
-                 "responder_qp_state": qp_capacity}
+        self.qp_slots = 1 << (max(1, qp_capacity) - 1).bit_length()
+        sizes = {"arena": max(1, -(-arena_bytes // ARENA_PAGE)), "responder_qp": self.qp_slots,
+                 "responder_qp_state": self.qp_slots}
         self.pin_dir = None if pin_dir is None else Path(pin_dir)
         self.adopted = self.pin_dir is not None and (self.pin_dir / "arena").exists()
         if self.pin_dir is not None and self.adopted:
@@ -107,23 +113,27 @@ class XdpResponder:
         # LocalTranslator of this process may be there (softdta.engines.local)
         self.maps["responder_local"].delete(bytes(4))
         self._write("responder_config", {"index": 0}, mac=mac, udp_sport=udp_sport, ip=int.from_bytes(ip, "little"),
-                    layout=layout)
+                    layout=layout, qp_slot_mask=self.qp_slots - 1)
 
     @staticmethod
     def _check_pinned(pin_dir: Path, sizes: dict[str, int], layout: int) -> None:
         """Refuse pinned maps of another configuration, before libbpf would with a page of log."""
         differs = []
         try:
-            for name, size in sizes.items():
-                with Map.from_pinned(pin_dir / name) as pinned:
-                    if pinned.max_entries != size:
-                        differs.append(f"{name} holds {pinned.max_entries} entries, not {size}")
-            with Map.from_pinned(pin_dir / "responder_config") as pinned:
-                raw = pinned.lookup(bytes(4))
-            if raw is None:
-                differs.append("its responder_config holds no entry")
-            elif map_layout("responder_config").value.unpack(raw)["layout"] != layout:
-                differs.append("its regions are laid out differently")
+            for table in RESPONDER_MAPS:
+                value = map_layout(table.name).value
+                with Map.from_pinned(pin_dir / table.name) as pinned:
+                    if pinned.value_size != value.size:
+                        differs.append(f"{table.name} holds {pinned.value_size}-byte values, not {value.size}: "
+                                       "another softdta version left it")
+                    elif table.name in sizes and pinned.max_entries != sizes[table.name]:
+                        differs.append(f"{table.name} holds {pinned.max_entries} entries, not {sizes[table.name]}")
+                    elif table.name == "responder_config":
+                        config = pinned.lookup(bytes(4))
+                        if config is None:
+                            differs.append("its responder_config holds no entry")
+                        elif value.unpack(config)["layout"] != layout:
+                            differs.append("its regions are laid out differently")
         except BpfError as error:
             differs.append(f"its pins are incomplete: {error}")
         if differs:
@@ -184,40 +194,64 @@ class XdpResponder:
         `ring_bytes` marks an Append region of rings that long, counted from `ring_index` in `ring_writes`."""
         if access & Access.REMOTE_ATOMIC and base_va % 8:
             raise EngineError(f"QP {qpn:#x}: atomics need an 8-byte aligned region, base 0x{base_va:x} is not")
+        if not 0 < qpn < 1 << 24:
+            raise EngineError(f"QP {qpn:#x}: a QPN is 24 bits and not 0")
+        if not self.slot_free(qpn):
+            raise EngineError(f"QP {qpn:#x}: its slot {self._slot(qpn)} holds QP {self._slot_qpn(qpn):#x}; "
+                              "take a QPN that is free in slot_free")
+        entry: dict[str, int | bytes] = {
+            "remote_qpn": remote_qpn, "remote_ip": int.from_bytes(remote_ip, "little"), "remote_mac": remote_mac,
+            "transport": int(transport), "access": int(access), "rkey": rkey, "base_va": base_va,
+            "length": region.length, "arena_offset": region.offset, "start_psn": expected_psn & PSN_MASK,
+            "ring_bytes": ring_bytes, "ring_index": ring_index}
         try:
-            self._write("responder_qp", {"qpn": qpn}, remote_qpn=remote_qpn,
-                        remote_ip=int.from_bytes(remote_ip, "little"), remote_mac=remote_mac, transport=int(transport),
-                        access=int(access), rkey=rkey, base_va=base_va, length=region.length,
-                        arena_offset=region.offset, start_psn=expected_psn & PSN_MASK, ring_bytes=ring_bytes,
-                        ring_index=ring_index)
+            # The state first, then the entry, whole but with no QPN, then the QPN: the data path, which takes
+            # an entry by its QPN, never meets a queue pair half written or with its slot's last state.
             self.reset_qp(qpn, expected_psn)
+            self._write("responder_qp", {"slot": self._slot(qpn)}, qpn=0, **entry)
+            self._write("responder_qp", {"slot": self._slot(qpn)}, qpn=qpn, **entry)
         except BpfError as error:
             self.remove_qp(qpn)
             raise EngineError(f"cannot add QP {qpn:#x}: {error}") from None
 
     def remove_qp(self, qpn: int) -> None:
         """Take a queue pair down: its requests are then dropped as unknown_qpn."""
-        key = map_layout("responder_qp").key.pack(qpn=qpn)
-        self.maps["responder_qp"].delete(key)
-        self.maps["responder_qp_state"].delete(key)
+        if self._slot_qpn(qpn) == qpn:
+            for name in ("responder_qp", "responder_qp_state"):  # the entry first: requests stop finding it
+                layout = map_layout(name)
+                self.maps[name].update(layout.key.pack(slot=self._slot(qpn)), bytes(layout.value.size))
+
+    def slot_free(self, qpn: int) -> bool:
+        """Whether queue pair `qpn` can be brought up: no other queue pair holds its slot."""
+        return self._slot_qpn(qpn) in (0, qpn)
+
+    def _slot(self, qpn: int) -> int:
+        return qpn & (self.qp_slots - 1)
+
+    def _slot_qpn(self, qpn: int) -> int:
+        layout = map_layout("responder_qp")
+        raw = self.maps["responder_qp"].lookup(layout.key.pack(slot=self._slot(qpn)))
+        return 0 if raw is None else layout.value.unpack(raw)["qpn"]
 
     def qp_entries(self) -> dict[int, QpEntry]:
         """The queue pairs in the table (those of an adopted table too), by QPN."""
         layout, table = map_layout("responder_qp"), self.maps["responder_qp"]
         entries: dict[int, QpEntry] = {}
-        for raw in table.keys():
-            value = table.lookup(raw)
-            if value is not None:
-                fields = layout.value.unpack(value)
-                entries[layout.key.unpack(raw)["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
+        for slot in range(self.qp_slots):
+            value = table.lookup(layout.key.pack(slot=slot))
+            fields = layout.value.unpack(value) if value is not None else {"qpn": 0}
+            if fields["qpn"]:
+                entries[fields["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
         return entries
 
     def reset_qp(self, qpn: int, expected_psn: int) -> None:
         """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""
-        self._write("responder_qp_state", {"qpn": qpn}, expected_psn=expected_psn & PSN_MASK)
+        self._write("responder_qp_state", {"slot": self._slot(qpn)}, expected_psn=expected_psn & PSN_MASK)
 
     def qp_state(self, qpn: int) -> QpState | None:
-        raw = self.maps["responder_qp_state"].lookup(map_layout("responder_qp_state").key.pack(qpn=qpn))
+        if self._slot_qpn(qpn) != qpn:
+            return None
+        raw = self.maps["responder_qp_state"].lookup(map_layout("responder_qp_state").key.pack(slot=self._slot(qpn)))
         if raw is None:
             return None
         fields = map_layout("responder_qp_state").value.unpack(raw)

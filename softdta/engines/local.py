@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from softdta.collector.xdp_responder import XdpResponder
 
 LOCAL_SOURCE = BPF_DIR / "local.bpf.c"
-SHARED_MAPS = ("arena", "responder_qp", "responder_counters", "ring_writes", "completions")
+SHARED_MAPS = ("arena", "responder_config", "responder_qp", "responder_counters", "ring_writes", "completions")
 _SLOT = bytes(4)
 
 

@@ -126,19 +126,21 @@ RESPONDER_MAPS = (
     Map("responder_config", (Field("index", 32),), (
         Raw("mac", 6), Field("udp_sport", 16), Field("ip", 32, "network order"),
         Field("layout", 64, "hash of the regions' layout: a restarted collector adopts only its own memory"),
+        Field("qp_slot_mask", 32, "responder_qp's entries - 1 (a power of two): a queue pair's slot is qpn & this"),
     ), 1, "the collector port"),
-    Map("responder_qp", (Field("qpn", 32),), (
+    Map("responder_qp", (Field("slot", 32, "qpn & responder_config.qp_slot_mask"),), (
         Field("remote_qpn", 32), Field("remote_ip", 32, "network order"), Raw("remote_mac", 6),
-        Field("transport", 8), Field("access", 8, "spec.Access"), Field("rkey", 32), Field("base_va", 64),
+        Field("transport", 8), Field("access", 8, "spec.Access"), Field("rkey", 32),
+        Field("qpn", 32, "the queue pair in this slot; 0: none (QPN 0 is never given)"), Field("base_va", 64),
         Field("length", 64), Field("arena_offset", 64, "where the region starts in the arena, in bytes"),
         Field("start_psn", 32, "the PSN advertised at connect, advertised again by a restarted collector"),
         Field("ring_bytes", 32, "Append: the bytes of one list's ring (0: the region holds no rings)"),
         Field("ring_index", 32, "Append: the region's first list in ring_writes"),
-    ), 1024, "a queue pair of the collector and the region it may write"),
-    Map("responder_qp_state", (Field("qpn", 32),), (
+    ), 1024, "a queue pair of the collector and the region it may write (sized at load)"),
+    Map("responder_qp_state", (Field("slot", 32, "the queue pair's slot in responder_qp"),), (
         Field("expected_psn", 32), Field("msn", 32), Field("error", 8), Field("nak_sent", 8),
         Field("atomic_valid", 8), Field("pad", 8), Field("atomic_psn", 32), Field("atomic_original", 64),
-    ), 1024, "per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates"),
+    ), 1024, "per-QP responder state: expected PSN, MSN, error, the last Fetch&Add for duplicates (sized at load)"),
     Map("arena", (Field("page", 32),), (Raw("bytes", ARENA_PAGE),), 262144,
           "the collector's memory, every region page-aligned in it (BPF_F_MMAPABLE; sized at load)"),
     Map("ring_writes", (Field("ring", 32),), (Field("writes", 64),), 65536,

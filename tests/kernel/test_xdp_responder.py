@@ -4,19 +4,26 @@ Frames come from the reference translator (every primitive, UC and RC) and then 
 duplication, reordering, corruption, a stranger's source address, wrong keys and addresses.
 """
 
+import os
 import random
+import shutil
+import uuid
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from softdta.collector.backend import BackendError, Peer
+from softdta.collector.xdp_backend import XdpBackend
 from softdta.collector.xdp_responder import XdpResponder
 from softdta.core import workload
 from softdta.core.responder import MemoryRegion, Responder, ResponderQp
 from softdta.core.tables import Tables
 from softdta.core.translator import Translator
 from softdta.core.workload import ReporterAddress
-from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, ResponderCounter, RoceOpcode, Transport
+from softdta.kernel.bpf import BPF_MAP_TYPE_ARRAY, Map, ensure_bpffs, pin
+from softdta.kernel.programs import EngineError
+from softdta.spec import RESPONDER_IP_LIMIT, ROCE_PORT, Access, ResponderCounter, RoceOpcode, Transport
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes, parse_udp_frame
 from softdta.wire.roce import build_roce_frame, parse_roce, transport_payload
 from tests.common import COLLECTOR_IP, EXAMPLE_TABLES
@@ -302,3 +309,85 @@ def test_every_request_size_up_to_the_ip_limit_matches_the_reference():
             assert replies
             psn += 1
         pair.assert_same_state()
+
+
+def test_a_qpn_of_no_live_queue_pair_is_unknown_whatever_slot_it_names_like_the_reference():
+    """The queue-pair tables are arrays indexed by qpn & (slots - 1), each entry naming its QPN: a request to
+    another QPN of a live queue pair's slot, to an empty slot, or to QPN 0 must meet no queue pair."""
+    tables = Tables.from_toml(EXAMPLE_TABLES)
+    pair = Pair(tables, rc=False)
+    with pair.kernel:
+        slots, kw = pair.kernel.qp_slots, tables.qps[0]
+        live = {qp.remote_qpn & (slots - 1) for qp in tables.qps}
+        empty = next(slot for slot in range(1, slots) if slot not in live)
+        strangers = [kw.remote_qpn + slots, kw.remote_qpn ^ 1 << 23, empty, 0]
+        for qpn in strangers:
+            forged = replace(kw, remote_qpn=qpn)
+            pair.deliver(request(tables, forged, RoceOpcode.UC_WRITE_ONLY, kw.start_psn, payload=b"12345678"), hex(qpn))
+        pair.assert_same_state()
+        assert pair.kernel.counters()[ResponderCounter.UNKNOWN_QPN] == len(strangers)
+        assert not pair.kernel.counters()[ResponderCounter.EXECUTED]
+
+
+def test_two_queue_pairs_never_share_a_slot():
+    mac, ip = mac_bytes("02:5d:7a:00:01:01"), ip_bytes("10.77.1.1")
+    with XdpResponder(mac, ip, arena_bytes=4096, qp_capacity=5) as responder:
+        assert responder.qp_slots == 8
+        region = responder.allocate(4096)
+
+        def add(qpn: int) -> None:
+            responder.add_qp(qpn, Transport.UC, remote_ip=ip_bytes("10.77.0.1"), remote_mac=mac, remote_qpn=0x201,
+                             region=region, base_va=0x1000, rkey=7, expected_psn=qpn)
+
+        add(0x101)
+        assert not responder.slot_free(0x109) and responder.slot_free(0x101) and responder.slot_free(0x102)
+        with pytest.raises(EngineError, match=r"QP 0x109: its slot 1 holds QP 0x101"):
+            add(0x109)
+        responder.remove_qp(0x109)  # not up: the queue pair in its slot stays
+        assert set(responder.qp_entries()) == {0x101} and responder.qp_state(0x101).expected_psn == 0x101
+        assert responder.qp_state(0x109) is None
+        responder.remove_qp(0x101)
+        add(0x109)
+        assert set(responder.qp_entries()) == {0x109} and responder.qp_state(0x101) is None
+        assert responder.qp_state(0x109).expected_psn == 0x109
+        for qpn in (0, 1 << 24):
+            with pytest.raises(EngineError, match="a QPN is 24 bits and not 0"):
+                add(qpn)
+
+
+def test_the_backend_gives_queue_pairs_free_slots_through_any_churn():
+    rng = random.Random(34)
+    backend = XdpBackend(mac_bytes("02:5d:7a:00:01:01"), ip_bytes("10.77.1.1"), regions=[("r", 4096)], qp_capacity=3)
+    try:
+        region = backend.register("r", 4096, Access.REMOTE_WRITE)
+        peer = Peer(ip_bytes("10.77.0.1"), mac_bytes("02:5d:7a:00:00:01"), 0x201, 0)
+        for _ in range(200):
+            if len(backend.qps) == 3 or (backend.qps and rng.random() < 0.4):
+                backend.release(rng.choice(sorted(backend.qps)))
+            else:
+                backend.connect(region, Transport.UC, peer)
+            assert set(backend.responder.qp_entries()) == set(backend.qps)
+            assert len({qpn & (backend.responder.qp_slots - 1) for qpn in backend.qps}) == len(backend.qps)
+        while len(backend.qps) < 3:
+            backend.connect(region, Transport.UC, peer)
+        with pytest.raises(BackendError, match=r"the queue-pair table is full \(3 queue pairs\)"):
+            backend.connect(region, Transport.UC, peer)
+    finally:
+        backend.discard()
+
+
+@pytest.fixture
+def bpffs_dir():
+    path = ensure_bpffs() / f"sdta-t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_pins_of_another_softdta_version_are_refused_in_one_line(bpffs_dir):
+    mac, ip = mac_bytes("02:5d:7a:00:01:01"), ip_bytes("10.77.1.1")
+    XdpResponder(mac, ip, arena_bytes=4096, pin_dir=bpffs_dir).close()  # a kill -9 leaves the pins
+    (bpffs_dir / "responder_config").unlink()
+    with Map.create("responder_config", BPF_MAP_TYPE_ARRAY, 4, 24, 1) as older:  # its value before qp_slot_mask
+        pin(older.fd, bpffs_dir / "responder_config")
+    with pytest.raises(EngineError, match=r"responder_config holds 24-byte values, not 32: another softdta version"):
+        XdpResponder(mac, ip, arena_bytes=4096, pin_dir=bpffs_dir)

@@ -977,7 +977,8 @@ def test_pinned_memory_and_queue_pairs_are_adopted_only_by_the_same_configuratio
         assert not second.released, "the translator that came back holds its queue pair again"
         second.backend.responder.close()
         with pytest.raises(BackendError, match=r"holds the memory of a collector configured differently \("
-                                               r"responder_qp holds 1024 entries, not 5; .*regions are laid out"):
+                                               r"its regions are laid out differently; responder_qp holds 1024 "
+                                               r"entries, not 8; "):
             XdpBackend.for_config(replace(config, max_qps=5), pin_dir=pins)
         Collector(config, XdpBackend.for_config(config, pin_dir=pins)).close()  # a clean stop: saved, unpinned
         assert not pins.exists()
