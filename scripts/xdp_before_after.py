@@ -8,8 +8,9 @@ Each revision is checked out in a temporary worktree, and a worker process runs 
 (bench/bpf/translator_bench.bpf.c, bench/bpf/responder_bench.bpf.c) with its own control plane, so revisions
 whose map layouts differ compare too. The workers take turns: each round runs every case once in every
 revision, with BPF_PROG_TEST_RUN and the harness's restore subtracted. It prints the medians, and the median of
-the per-round ratios to the first revision, which holds up where absolute times on a shared VM do not. Unpinned,
-the same code twice came out up to 1.3 apart; with every worker on one CPU (taskset), within 0.95-1.07.
+the per-round ratios to the first revision, which holds up where absolute times on a shared VM do not. Every
+other round runs the workers in reverse order. Unpinned, the same code twice came out up to 1.3 apart; with
+every worker on one CPU (taskset), within 0.94-1.13.
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def main() -> int:
         try:
             workers = [start(tree, args.repeat) for tree in [*trees, ROOT]]
             samples: list[list[dict]] = [[] for _ in workers]
-            for _ in range(args.rounds):
-                for process, taken in zip(workers, samples):
+            for round_number in range(args.rounds):
+                turns = list(zip(workers, samples))
+                # every other round in reverse, so that going first or last favours no revision
+                for process, taken in turns if round_number % 2 == 0 else reversed(turns):
                     assert process.stdin is not None and process.stdout is not None
                     process.stdin.write("round\n")
                     process.stdin.flush()

@@ -118,14 +118,13 @@ class XdpResponder:
     @staticmethod
     def _check_pinned(pin_dir: Path, sizes: dict[str, int], layout: int) -> None:
         """Refuse pinned maps of another configuration, before libbpf would with a page of log."""
-        differs = []
+        versions, differs = [], []
         try:
             for table in RESPONDER_MAPS:
                 value = map_layout(table.name).value
                 with Map.from_pinned(pin_dir / table.name) as pinned:
                     if pinned.value_size != value.size:
-                        differs.append(f"{table.name} holds {pinned.value_size}-byte values, not {value.size}: "
-                                       "another softdta version left it")
+                        versions.append(f"{table.name} holds {pinned.value_size}-byte values, not {value.size}")
                     elif table.name in sizes and pinned.max_entries != sizes[table.name]:
                         differs.append(f"{table.name} holds {pinned.max_entries} entries, not {sizes[table.name]}")
                     elif table.name == "responder_config":
@@ -136,11 +135,15 @@ class XdpResponder:
                             differs.append("its regions are laid out differently")
         except BpfError as error:
             differs.append(f"its pins are incomplete: {error}")
+        discard = f"or delete {pin_dir} to discard what it wrote since its last save"
+        if versions:
+            raise EngineError(f"{pin_dir} holds the memory of a collector of another softdta version "
+                              f"({'; '.join(versions)}), left by one that was killed: start that version with this "
+                              f"configuration and stop it (the regions are then saved), {discard}")
         if differs:
             raise EngineError(f"{pin_dir} holds the memory of a collector configured differently "
                               f"({'; '.join(differs)}), left by one that was killed: start it with its old "
-                              f"configuration and stop it (the regions are then saved), or delete {pin_dir} "
-                              "to discard what it wrote since its last save")
+                              f"configuration and stop it (the regions are then saved), {discard}")
 
     def unpin(self) -> None:
         """Remove the pins: the maps then end with this process (a clean stop, after saving the regions)."""

@@ -389,5 +389,6 @@ def test_pins_of_another_softdta_version_are_refused_in_one_line(bpffs_dir):
     (bpffs_dir / "responder_config").unlink()
     with Map.create("responder_config", BPF_MAP_TYPE_ARRAY, 4, 24, 1) as older:  # its value before qp_slot_mask
         pin(older.fd, bpffs_dir / "responder_config")
-    with pytest.raises(EngineError, match=r"responder_config holds 24-byte values, not 32: another softdta version"):
+    with pytest.raises(EngineError, match=r"holds the memory of a collector of another softdta version \(responder_"
+                                          r"config holds 24-byte values, not 32\), .*start that version"):
         XdpResponder(mac, ip, arena_bytes=4096, pin_dir=bpffs_dir)
