@@ -7,11 +7,13 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 from softdta.core import workload
 from softdta.core.batch import BatchTranslator
 from softdta.core.translator import Translator
+from softdta.errors import SoftdtaError
 from softdta.lab.benchmarks.translator import reference_ns_per_frame, translator_kernel, translator_reference_cases
 from softdta.lab.benchmarks.workloads import (
     ROUNDS,
@@ -46,13 +48,18 @@ def translator_python_engine(count: int) -> dict[str, EngineRate | TranslatorRat
     """Reports/s per core of the python engine (Key-Write N=1, 4-byte keys and data) over AF_XDP and over the
     AF_PACKET fallback, and on the demo's mix of every primitive over AF_XDP, beside the XDP engine on the same
     Key-Writes: CPU time of the engine's thread per report (take the batch from the ring, translate, transmit),
-    live on a veth pair between two namespaces. The far end runs XDP, so on AF_XDP frames leave from XDP; the
-    thread stays on the transmitting CPU, as `serve` keeps it."""
+    live on a veth pair between two namespaces. The thread stays on the transmitting CPU, as `serve` keeps it.
+
+    The far end is the floor's sink (bpf/floor.bpf.c: count, drop), the least a receiver does: a veth peer's
+    receive runs on the sending CPU, inside the engine's system calls, where a collector's runs on its own
+    machine. Every frame the engine counts as sent must reach it. Since the sink runs XDP, frames leave from XDP
+    on AF_XDP."""
     from softdta.engines.python import BATCH, PythonEngine
     from softdta.kernel.bpf import BpfObject, attach_xdp
     from softdta.kernel.netns import Namespace, cleanup_prefix, in_netns, veth_pair
-    from softdta.kernel.programs import VETH_PEER_SOURCE, build_object
+    from softdta.kernel.programs import FLOOR_SOURCE, build_object
     from softdta.kernel.tx_ring import RingReporter
+    from softdta.spec import FloorCounter, TranslatorCounter
     tables = example_tables()
     reporter = example_reporter(tables)
     key_writes = [reporter.frame(report) for report in workload.key_write(count, 11, redundancy=1)]
@@ -64,28 +71,37 @@ def translator_python_engine(count: int) -> dict[str, EngineRate | TranslatorRat
     try:
         far, near = Namespace.create(prefix + "r"), Namespace.create(prefix + "t")
         veth_pair(far, "r0", near, "t0", mac_b=":".join(f"{b:02x}" for b in tables.mac))
-        with BpfObject(build_object(VETH_PEER_SOURCE)) as passer, in_netns(far.name):
-            attach_xdp(socket.if_nametoindex("r0"), passer.programs["softdta_pass"].fd)
-        for case, io, frames in (("af_xdp", "af_xdp", key_writes), ("af_packet", "af_packet", key_writes),
-                                 ("af_xdp_mixed", "af_xdp", mixed)):
-            samples = []
-            for _ in range(ROUNDS):
-                with in_netns(near.name):
-                    engine = PythonEngine(example_tables(), io=io, flush_idle_ns=10**12)
-                    engine.attach(["t0"])
-                pinned: AbstractContextManager[object] = (
-                    engine.transmitter.pinned() if engine.transmitter is not None else nullcontext())
-                with engine, RingReporter("r0", far.name, 256) as ring, pinned:
-                    for first in range(0, len(frames), BATCH):  # a burst of what one step takes
-                        for chunk in range(first, min(first + BATCH, len(frames)), 128):
-                            ring.send(frames[chunk:chunk + 128])
-                        time.sleep(0.003)  # the kernel moves the burst into the engine's ring (AF_PACKET: 1 ms)
-                        while engine.step():
-                            pass
-                    samples.append(engine.run_time_ns / max(engine.runs, 1))
-                    received, transmit = engine.runs, engine.transmit_path
-            results[case] = EngineRate(**stats(samples), received=received, sent=len(frames), transmit=transmit,
-                                       reports_per_s_per_core=round(1e9 / statistics.median(samples)))
+        with BpfObject(build_object(FLOOR_SOURCE)) as sink:
+            with in_netns(far.name):
+                attach_xdp(socket.if_nametoindex("r0"), sink.programs["softdta_floor_sink"].fd)
+
+            def sunk() -> int:
+                return sink.maps["floor_counters"].counter_total(FloorCounter.SUNK)
+
+            for case, io, frames in (("af_xdp", "af_xdp", key_writes), ("af_packet", "af_packet", key_writes),
+                                     ("af_xdp_mixed", "af_xdp", mixed)):
+                samples = []
+                for _ in range(ROUNDS):
+                    with in_netns(near.name):
+                        engine = PythonEngine(example_tables(), io=io, flush_idle_ns=10**12)
+                        engine.attach(["t0"])
+                    pinned: AbstractContextManager[object] = (
+                        engine.transmitter.pinned() if engine.transmitter is not None else nullcontext())
+                    before = sunk()
+                    with engine, RingReporter("r0", far.name, 256) as ring, pinned:
+                        for first in range(0, len(frames), BATCH):  # a burst of what one step takes
+                            for chunk in range(first, min(first + BATCH, len(frames)), 128):
+                                ring.send(frames[chunk:chunk + 128])
+                            time.sleep(0.003)  # the kernel moves the burst into the engine's ring (AF_PACKET: 1 ms)
+                            while engine.step():
+                                pass
+                        samples.append(engine.run_time_ns / max(engine.runs, 1))
+                        received, transmit = engine.runs, engine.transmit_path
+                        sent = engine.translator.counters[TranslatorCounter.TX_FRAMES]
+                    _until_arrived(lambda: sunk() - before, sent, case)
+                results[case] = EngineRate(**stats(samples), received=received, sent=len(frames),
+                                           transmit=transmit,
+                                           reports_per_s_per_core=round(1e9 / statistics.median(samples)))
     finally:
         cleanup_prefix(prefix)
     reference = translator_reference_cases({"key-write-n1": workload.key_write(count, 11, redundancy=1)},
@@ -96,6 +112,16 @@ def translator_python_engine(count: int) -> dict[str, EngineRate | TranslatorRat
     results["xdp"] = TranslatorRate(**kernel["key-write-n1"],
                                     reports_per_s_per_core=round(1e9 / kernel["key-write-n1"]["median"]))
     return results
+
+
+def _until_arrived(arrived: Callable[[], int], sent: int, case: str, within: float = 5.0) -> None:
+    """Every frame the engine sent reached the far end (a veth peer may take them in a later softirq)."""
+    deadline = time.monotonic() + within
+    while arrived() != sent or not sent:
+        if time.monotonic() > deadline:
+            raise SoftdtaError(f"python engine benchmark, {case}: the far end took {arrived()} of the {sent} frames "
+                               f"the engine sent, within {within} s")
+        time.sleep(0.01)
 
 
 def translator_batch(count: int) -> dict[str, dict[str, TranslatorRate]]:
