@@ -199,9 +199,12 @@ class XdpResponder:
             raise EngineError(f"QP {qpn:#x}: atomics need an 8-byte aligned region, base 0x{base_va:x} is not")
         if not 0 < qpn < 1 << 24:
             raise EngineError(f"QP {qpn:#x}: a QPN is 24 bits and not 0")
-        if not self.slot_free(qpn):
-            raise EngineError(f"QP {qpn:#x}: its slot {self._slot(qpn)} holds QP {self._slot_qpn(qpn):#x}; "
-                              "take a QPN that is free in slot_free")
+        holder = self._slot_qpn(qpn)
+        if holder == qpn:
+            raise EngineError(f"QP {qpn:#x} is already up; remove_qp it first")
+        if holder:
+            raise EngineError(f"QP {qpn:#x}: its slot {self._slot(qpn)} holds QP {holder:#x}; bring the queue pair "
+                              "up under a QPN whose slot is free (slot_free)")
         entry: dict[str, int | bytes] = {
             "remote_qpn": remote_qpn, "remote_ip": int.from_bytes(remote_ip, "little"), "remote_mac": remote_mac,
             "transport": int(transport), "access": int(access), "rkey": rkey, "base_va": base_va,
@@ -210,7 +213,7 @@ class XdpResponder:
         try:
             # The state first, then the entry, whole but with no QPN, then the QPN: the data path, which takes
             # an entry by its QPN, never meets a queue pair half written or with its slot's last state.
-            self.reset_qp(qpn, expected_psn)
+            self._write_state(qpn, expected_psn)
             self._write("responder_qp", {"slot": self._slot(qpn)}, qpn=0, **entry)
             self._write("responder_qp", {"slot": self._slot(qpn)}, qpn=qpn, **entry)
         except BpfError as error:
@@ -225,8 +228,8 @@ class XdpResponder:
                 self.maps[name].update(layout.key.pack(slot=self._slot(qpn)), bytes(layout.value.size))
 
     def slot_free(self, qpn: int) -> bool:
-        """Whether queue pair `qpn` can be brought up: no other queue pair holds its slot."""
-        return self._slot_qpn(qpn) in (0, qpn)
+        """Whether queue pair `qpn` can be brought up: no queue pair holds its slot."""
+        return self._slot_qpn(qpn) == 0
 
     def _slot(self, qpn: int) -> int:
         return qpn & (self.qp_slots - 1)
@@ -242,13 +245,18 @@ class XdpResponder:
         entries: dict[int, QpEntry] = {}
         for slot in range(self.qp_slots):
             value = table.lookup(layout.key.pack(slot=slot))
-            fields = layout.value.unpack(value) if value is not None else {"qpn": 0}
-            if fields["qpn"]:
+            fields = layout.value.unpack(value) if value is not None else None
+            if fields is not None and fields["qpn"]:
                 entries[fields["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
         return entries
 
     def reset_qp(self, qpn: int, expected_psn: int) -> None:
         """Start a QP over at `expected_psn`, out of ERROR (re-creating it, for the translator)."""
+        if self._slot_qpn(qpn) != qpn:
+            raise EngineError(f"no QP {qpn:#x} is up to reset")
+        self._write_state(qpn, expected_psn)
+
+    def _write_state(self, qpn: int, expected_psn: int) -> None:
         self._write("responder_qp_state", {"slot": self._slot(qpn)}, expected_psn=expected_psn & PSN_MASK)
 
     def qp_state(self, qpn: int) -> QpState | None:

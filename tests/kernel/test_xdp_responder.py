@@ -340,9 +340,13 @@ def test_two_queue_pairs_never_share_a_slot():
                              region=region, base_va=0x1000, rkey=7, expected_psn=qpn)
 
         add(0x101)
-        assert not responder.slot_free(0x109) and responder.slot_free(0x101) and responder.slot_free(0x102)
+        assert not responder.slot_free(0x109) and not responder.slot_free(0x101) and responder.slot_free(0x102)
         with pytest.raises(EngineError, match=r"QP 0x109: its slot 1 holds QP 0x101"):
             add(0x109)
+        with pytest.raises(EngineError, match=r"QP 0x101 is already up"):
+            add(0x101)
+        with pytest.raises(EngineError, match=r"no QP 0x109 is up to reset"):
+            responder.reset_qp(0x109, 5)  # the slot's queue pair keeps its state
         responder.remove_qp(0x109)  # not up: the queue pair in its slot stays
         assert set(responder.qp_entries()) == {0x101} and responder.qp_state(0x101).expected_psn == 0x101
         assert responder.qp_state(0x109) is None

@@ -116,8 +116,10 @@ def translator_python_engine(count: int) -> dict[str, EngineRate | TranslatorRat
 
 def _until_arrived(arrived: Callable[[], int], sent: int, case: str, within: float = 5.0) -> None:
     """Every frame the engine sent reached the far end (a veth peer may take them in a later softirq)."""
+    if not sent:
+        raise SoftdtaError(f"python engine benchmark, {case}: the engine sent no frame")
     deadline = time.monotonic() + within
-    while arrived() != sent or not sent:
+    while arrived() != sent:
         if time.monotonic() > deadline:
             raise SoftdtaError(f"python engine benchmark, {case}: the far end took {arrived()} of the {sent} frames "
                                f"the engine sent, within {within} s")
