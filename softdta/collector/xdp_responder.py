@@ -241,13 +241,13 @@ class XdpResponder:
 
     def qp_entries(self) -> dict[int, QpEntry]:
         """The queue pairs in the table (those of an adopted table too), by QPN."""
-        layout, table = map_layout("responder_qp"), self.maps["responder_qp"]
+        layout = map_layout("responder_qp").value
+        rows = np.frombuffer(b"".join(self.maps["responder_qp"].values()), dtype=np.uint8).reshape(-1, layout.size)
+        at = layout.offsets["qpn"]
         entries: dict[int, QpEntry] = {}
-        for slot in range(self.qp_slots):
-            value = table.lookup(layout.key.pack(slot=slot))
-            fields = layout.value.unpack(value) if value is not None else None
-            if fields is not None and fields["qpn"]:
-                entries[fields["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
+        for slot in np.flatnonzero(rows[:, at:at + 4].copy().view("<u4")).tolist():  # the slots in use
+            fields = layout.unpack(rows[slot].tobytes())
+            entries[fields["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
         return entries
 
     def reset_qp(self, qpn: int, expected_psn: int) -> None:

@@ -112,6 +112,7 @@ for _name, _res, _args in [
     ("bpf_map_update_elem", _I, [_I, _P, _P, ctypes.c_uint64]),
     ("bpf_map_delete_elem", _I, [_I, _P]),
     ("bpf_map_get_next_key", _I, [_I, _P, _P]),
+    ("bpf_map_lookup_batch", _I, [_I, _P, _P, _P, _P, ctypes.POINTER(_U32), _P]),
     ("bpf_obj_get", _I, [ctypes.c_char_p]),
     ("bpf_obj_pin", _I, [_I, ctypes.c_char_p]),
     ("bpf_enable_stats", _I, [_I]),
@@ -339,6 +340,26 @@ class Map:
             _check(ret, f"iterate map '{self.name}'")
             key = following.raw
             yield key
+
+    def values(self, chunk: int = 4096) -> Iterator[bytes]:
+        """Every value of an array map in index order, `chunk` per system call: an array of a million entries is
+        read in a fraction of a second, where a lookup each takes seconds."""
+        if self.map_type != BPF_MAP_TYPE_ARRAY:
+            raise BpfError(f"map '{self.name}': values() reads array maps only; use items()")
+        keys = ctypes.create_string_buffer(self.key_size * chunk)
+        values = ctypes.create_string_buffer(self.value_size * chunk)
+        after, token = None, ctypes.create_string_buffer(max(self.key_size, 8))
+        while True:
+            count = _U32(chunk)
+            ret = _lib.bpf_map_lookup_batch(self.fd, after, token, keys, values, ctypes.byref(count), None)
+            if ret < 0 and ret != -errno.ENOENT:
+                _check(ret, f"read map '{self.name}'")
+            raw = values.raw
+            for i in range(count.value):
+                yield raw[i * self.value_size:(i + 1) * self.value_size]
+            if ret == -errno.ENOENT:
+                return
+            after = ctypes.create_string_buffer(token.raw, len(token))
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """(key, value) pairs of a map that is not per-CPU."""

@@ -173,6 +173,17 @@ def test_array_and_hash_maps(obj):
     assert list(h.keys()) == []
 
 
+def test_values_reads_a_whole_array_in_batches():
+    written = {0: 1, 1: 2, 4095: 4096, 4096: 4097, 9999: 10000}
+    with Map.create("batch", BPF_MAP_TYPE_ARRAY, 4, 8, 10_000) as array:
+        for index, value in written.items():
+            array.update(u32(index), struct.pack("Q", value))
+        for chunk in (1, 1000, 4096, 20_000):
+            values = [struct.unpack("Q", value)[0] for value in array.values(chunk)]
+            assert len(values) == 10_000
+            assert {index: value for index, value in enumerate(values) if value} == written
+
+
 def test_wrong_sizes_and_unsupported_operations_raise(obj):
     with pytest.raises(BpfError, match="key is 2 bytes, expected 4"):
         obj.maps["hash"].lookup(b"ab")
@@ -180,6 +191,8 @@ def test_wrong_sizes_and_unsupported_operations_raise(obj):
         obj.maps["arr"].update(u32(0), u32(0))
     with pytest.raises(BpfError, match="only hash maps"):
         obj.maps["arr"].clear()
+    with pytest.raises(BpfError, match="array maps only"):
+        next(obj.maps["hash"].values())
     with pytest.raises(BpfError, match="array entries cannot be deleted"):
         obj.maps["arr"].delete(u32(0))
     with pytest.raises(BpfError, match="lookup_percpu"):
