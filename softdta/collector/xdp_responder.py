@@ -245,7 +245,7 @@ class XdpResponder:
         rows = np.frombuffer(b"".join(self.maps["responder_qp"].values()), dtype=np.uint8).reshape(-1, layout.size)
         at = layout.offsets["qpn"]
         entries: dict[int, QpEntry] = {}
-        for slot in np.flatnonzero(rows[:, at:at + 4].copy().view("<u4")).tolist():  # the slots in use
+        for slot in np.flatnonzero(rows[:, at:at + 4].any(axis=1)).tolist():  # the slots whose QPN is not 0
             fields = layout.unpack(rows[slot].tobytes())
             entries[fields["qpn"]] = QpEntry._make(fields[name] for name in QpEntry._fields)
         return entries
