@@ -81,7 +81,7 @@ from softdta.spec import (
     TranslatorCounter,
     Transport,
 )
-from softdta.wire.columns import FrameRows, Rows, frame_lengths, gather, matches, scatter
+from softdta.wire.columns import FrameRows, Rows, frame_lengths, gather, matches, scatter, stack
 from softdta.wire.frames import UdpEndpoints
 from softdta.wire.hashing import linear_crc_position_tables
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
@@ -122,8 +122,8 @@ class BatchOutput:
         """The frames sorted by the report that made them (frames of one report keep their order)."""
         if len(self.made_by) > 1:
             order = np.argsort(np.concatenate(self.made_by), kind="stable")
-            frames = self.frames
-            self.runs = [[frames[index] for index in order.tolist()]]
+            frames = stack(self.runs)
+            self.runs = [FrameRows(frames.rows[order], frames.lengths[order])]
         self.made_by = []
         return self
 

@@ -30,6 +30,7 @@ from softdta.core.translator import QpRuntime, Translator
 from softdta.engines.engine import QpStatus, Stop, report_adoptions
 from softdta.engines.xdp import CpuTime, QpStats, check_queues, pinned_stats, rx_queues
 from softdta.kernel.bpf import BpfError, BpfObject, Map, attach_xdp, detach_xdp
+from softdta.kernel.heap import keep_freed_memory
 from softdta.kernel.maps import map_layout, record
 from softdta.kernel.netdev import NetdevError
 from softdta.kernel.programs import EngineError, build_object
@@ -90,6 +91,7 @@ class PythonEngine:
         if transmit not in TRANSMIT_CHOICES:
             raise EngineError(f"--transmit {transmit}: choose one of {', '.join(TRANSMIT_CHOICES)}")
         self.transmit_choice = transmit
+        keep_freed_memory()  # else each step faults its arrays' memory in again (softdta.kernel.heap)
         self.translator = Translator(tables, tuple(plugins))
         self.batch = BatchTranslator(self.translator)
         self.flush_idle_ns, self.io_choice = flush_idle_ns, io

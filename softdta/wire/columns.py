@@ -53,6 +53,24 @@ def frame_lengths(frames: Sequence[bytes]) -> npt.NDArray[np.int64]:
     return np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
 
 
+def stack(runs: Sequence[Sequence[bytes]]) -> FrameRows:
+    """The frames of every run, in order, as the rows of one array as long as the longest frame."""
+    lengths = np.concatenate([frame_lengths(run) for run in runs]) if runs else np.empty(0, dtype=np.int64)
+    width = int(lengths.max(initial=0))
+    rows = np.zeros((len(lengths), width), dtype=np.uint8)
+    at = 0
+    for run in runs:
+        if isinstance(run, FrameRows):
+            used = min(run.rows.shape[1], width)
+            rows[at:at + len(run), :used] = run.rows[:, :used]
+        elif len(run):
+            longest = max(map(len, run))
+            rows[at:at + len(run), :longest] = np.frombuffer(
+                b"".join(frame.ljust(longest, b"\0") for frame in run), dtype=np.uint8).reshape(len(run), longest)
+        at += len(run)
+    return FrameRows(rows, lengths)
+
+
 def gather(rows: Rows, at: int, header: Header, name: str) -> Column:
     """Field `name` of the `header` that starts at byte `at` of every row, as unsigned integers."""
     start, bits = _span(header, name)

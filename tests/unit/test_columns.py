@@ -10,7 +10,7 @@ import pytest
 from softdta.spec import BTH, DTA_HEADERS, DTA_PORT, IPV4, ROCE_HEADERS, ROCE_PORT, UDP, Field, Header
 from softdta.spec import ETHERNET as ETH
 from softdta.wire.codec import codec
-from softdta.wire.columns import FrameRows, byte_offset, gather, matches, scatter, udp_dports
+from softdta.wire.columns import FrameRows, byte_offset, gather, matches, scatter, stack, udp_dports
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes
 
 # the fixed parts: columns cover those (a Var tail's place depends on each row's lengths)
@@ -95,6 +95,18 @@ def test_frame_rows_of_whole_rows_keep_every_byte_of_each_frame():
     assert list(FrameRows(rows, np.full(3, 3))) == frames
     assert list(FrameRows(rows[:, :2], np.full(3, 2))) == [frame[:2] for frame in frames]  # not contiguous
     assert list(FrameRows(rows, np.array([3, 2, 3]))) == [frames[0], frames[1][:2], frames[2]]
+
+
+def test_stack_keeps_every_runs_frames_in_order_whatever_they_come_as():
+    """Runs of rows (some wider than their frames) and of bytes (of one length or several), and empty runs."""
+    wide = _frame_rows([b"\x01" * 9, b"\x02" * 40])
+    narrow = FrameRows(np.full((2, 5), 3, dtype=np.uint8), np.array([5, 4]))
+    padded = FrameRows(np.full((1, 80), 8, dtype=np.uint8), np.array([7]))
+    runs = [wide, [], [b"\x04" * 12, b"\x05" * 12], narrow, [b"\x06" * 3, b"\x07" * 60, b""], wide[:0], padded]
+    stacked = stack(runs)
+    assert list(stacked) == [frame for run in runs for frame in run]
+    assert stacked.rows.shape == (10, 60)
+    assert list(stack([])) == []
 
 
 def _frame_rows(frames: list[bytes], fill: int = 0xEE) -> FrameRows:
