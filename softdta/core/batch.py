@@ -98,6 +98,8 @@ VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
 # calls, about ten frames' worth of the oracle (docs/primitives.md).
 MIN_VECTOR_BATCH = 12
 OPCODES = 256  # a DTA base header's opcode is a byte
+_VA_LEN = RETH.span("va")[1] // 8  # ATOMIC_ETH's is as long
+_ATOMIC_LEN = ATOMIC_ETH.span("swap_add")[1] // 8  # what a Fetch&Add reads and writes
 COPY_ORDER = MAX_REDUNDANCY  # a frame's place in its report's order: position * COPY_ORDER + its copy
 
 
@@ -626,6 +628,7 @@ class BatchTranslator:
                tags: npt.NDArray[np.uint32], payloads: Rows) -> Sequence[bytes]:
         """RDMA WRITE (with immediate `tags` where `immediate`) frames of `payloads` to `va`, with the QP's next
         PSNs, in PSN order (`vector.FrameMaker`)."""
+        _check_region(qp, va, payloads.shape[1])
         psn, ack_req = self._sequence(qp, len(va))
         payload_len = payloads.shape[1]
         built: list[tuple[npt.NDArray[np.bool_], Rows]] = []
@@ -647,6 +650,7 @@ class BatchTranslator:
         """RDMA Fetch&Add frames adding `values` at `va`, with the QP's next PSNs, in PSN order
         (`vector.FrameMaker`)."""
         sent = len(va)
+        _check_region(qp, va, _ATOMIC_LEN)
         psn, ack_req = self._sequence(qp, sent)
         template = self._template(qp, RoceOpcode.RC_FETCH_ADD, 0, {"atomic_eth": {"rkey": qp.rkey}})
         frames = _stamp(template, psn, ack_req)
@@ -663,15 +667,25 @@ class BatchTranslator:
             ends = UdpEndpoints(src_mac=tables.mac, dst_mac=qp.collector_mac, src_ip=tables.ip,
                                 dst_ip=qp.collector_ip, sport=tables.udp_sport, dport=ROCE_PORT, dscp=tables.dscp,
                                 ttl=tables.ttl)
+            # the leading bytes of the VA that every address in the region shares are the template's (writes()
+            # checks that each VA is in the region); the rest are each frame's
+            va_header = ATOMIC_ETH if opcode is RoceOpcode.RC_FETCH_ADD else RETH
+            shared = _shared_va_bytes(qp)
+            headers = {**headers, va_header.name: {**headers.get(va_header.name, {}),
+                                                   "va": qp.base_va & ~((1 << 8 * (_VA_LEN - shared)) - 1)}}
             frame = build_roce_frame(ends, transport_payload(opcode, qp.remote_qpn, 0, headers, bytes(payload_len)))
             extension_at = PAYLOAD_AT + BTH.size
             payload_at = extension_at + sum(header.size for header in ROCE_OPCODE_HEADERS[opcode])
             template = _Template(np.frombuffer(frame, dtype=np.uint8), extension_at, payload_at)
-            variable = [*_columns(PAYLOAD_AT, BTH, "ack_req"), *_columns(PAYLOAD_AT, BTH, "psn")]
+            # AckReq stays 0 but on an RC QP that asks for ACKs
+            variable = [*_columns(PAYLOAD_AT, BTH, "ack_req")] \
+                if qp.transport is Transport.RC and tables.ack_request_interval > 0 else []
+            variable += _columns(PAYLOAD_AT, BTH, "psn")
             if opcode is RoceOpcode.RC_FETCH_ADD:
-                variable += [*_columns(extension_at, ATOMIC_ETH, "va"), *_columns(extension_at, ATOMIC_ETH, "swap_add")]
+                variable += [*_columns(extension_at, ATOMIC_ETH, "va")[shared:],
+                             *_columns(extension_at, ATOMIC_ETH, "swap_add")]
             else:
-                variable += _columns(extension_at, RETH, "va")
+                variable += _columns(extension_at, RETH, "va")[shared:]
                 if IMMDT in ROCE_OPCODE_HEADERS[opcode]:
                     variable += _columns(extension_at + RETH.size, IMMDT, "immediate")
                 variable += range(payload_at, payload_at + payload_len)
@@ -688,6 +702,20 @@ class BatchTranslator:
 
 # --------------------------------------------------------------------------------------------------
 # helpers over arrays
+
+def _shared_va_bytes(qp: QueuePair) -> int:
+    """How many leading bytes of a VA every address in the QP's region has in common."""
+    varying_bits = (qp.base_va ^ (qp.base_va + max(qp.length, 1) - 1)).bit_length()
+    return _VA_LEN - (varying_bits + 7) // 8
+
+
+def _check_region(qp: QueuePair, va: npt.NDArray[np.uint64], length: int) -> None:
+    """Every access of `length` bytes at `va` lies in the QP's region: the frame template's VA bytes and the
+    collector's memory depend on it."""
+    if len(va) and (int(va.min()) < qp.base_va or int(va.max()) + length > qp.base_va + qp.length):
+        raise AssertionError(f"a {length}-byte access at VA {int(va.min()):#x}..{int(va.max()):#x} leaves the region "
+                             f"of qp {qp.name} ({qp.base_va:#x} + {qp.length})")
+
 
 def _ethertype(rows: Rows) -> npt.NDArray[np.uint64]:
     return gather(rows, 0, ETHERNET, "ethertype")

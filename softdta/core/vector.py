@@ -513,7 +513,7 @@ class KeyedPath(VectorPath[KeyedPiece]):
             order = np.lexsort((copies, positions))
             positions, slots, immediate, checksums, values = (
                 column[order] for column in (positions, slots, immediate, checksums, values))
-        slots &= np.uint32(structure.slot_count - 1)
+        slots = slots & np.uint32(structure.slot_count - 1)  # a new array: the column may be the piece's own
         va = np.uint64(qp.base_va) + slots.astype(np.uint64) * np.uint64(structure.slot_size)
         run = self.frames_of(qp, structure, va, immediate, checksums, values)
         self.count(sum(len(piece.positions) for piece in parts if piece.reports), len(positions))
@@ -528,9 +528,9 @@ def _requests(piece: KeyedPiece) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.
         counts = piece.copy_counts()
         rows = np.repeat(np.arange(len(piece.positions)), counts)
         copies = cast(npt.NDArray[np.int64], piece.first_copy)[rows] + piece.copy_step[rows] * ranks(counts)
-    elif piece.redundancy.max() == 1:
-        rows = np.arange(len(piece.positions))
-        copies = np.zeros(len(rows), dtype=np.int64)
+    elif piece.redundancy.max() == 1:  # a frame per row: the columns as they are
+        return (piece.positions, np.zeros(len(piece.positions), dtype=np.int64), piece.slot_hashes[0],
+                piece.immediate, piece.checksums, piece.values)
     else:
         rows = np.repeat(np.arange(len(piece.positions)), piece.redundancy)
         copies = ranks(piece.redundancy)

@@ -2,7 +2,7 @@
 
 A step allocates and frees a few arrays of hundreds of kilobytes each (4,096 frames' rows and columns). glibc maps
 a block that large afresh, or trims the freed top of its heap back to the kernel, so every step page-faults its
-memory in again: about 290 faults a step of Key-Writes, 0.2-0.3 us of each report's 1.1 us, live
+memory in again: about 290 faults a step of Key-Writes, about 0.1 us of each report's 1.1 us, live
 (docs/benchmarks.md). Fixed thresholds keep the freed memory for the next step.
 """
 

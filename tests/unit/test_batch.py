@@ -382,6 +382,45 @@ def test_a_batch_of_key_writes_is_vectorized_not_sent_through_the_oracle(monkeyp
     assert out.frames == expected  # one QP: the very order
 
 
+@pytest.mark.parametrize("base_va", [0x7F000000FFF0, 0xFFFFFF00, 0xFFFFFFFFFFFFFC00, 0], ids=hex)
+@pytest.mark.parametrize("transport", [Transport.UC, Transport.RC])
+def test_vector_frames_equal_the_oracles_wherever_the_region_lies(monkeypatch, base_va, transport):
+    """The template holds the VA bytes that every address in a region shares and each frame the rest: regions
+    that cross a 64 KiB, a 4 GiB or no boundary, at the top and the bottom of the address space."""
+    mac = mac_bytes("02:5d:7a:00:01:01")
+    qps = [QueuePair(name, C1, mac, remote_qpn=0x111 + n, local_qpn=0x211 + n, rkey=0x1111 + n,
+                     base_va=base_va + n * 512, length=512, transport=kind)
+           for n, (name, kind) in enumerate((("kw", transport), ("ki", Transport.RC)))]  # Fetch&Add needs RC
+    tables = Tables(mac=mac_bytes("02:5d:7a:00:00:01"), ip=ip_bytes("10.77.0.1"), qps=qps,
+                    structures=[Structure(DtaOpcode.KEY_WRITE, qps[0]), Structure(DtaOpcode.KEY_INCREMENT, qps[1])],
+                    ack_request_interval=3)
+    rng = random.Random(base_va)
+    frames = [reporter(C1, tables).frame(rng.choice([dta.key_write(rng.randbytes(4), rng.randrange(1 << 32), 2),
+                                                      dta.key_increment(rng.randbytes(4), rng.randrange(9), 1)]))
+              for _ in range(400)]
+    expected = run_oracle(tables, frames, [400], lambda _: 0)
+    calls = []
+    process = Translator.process
+    monkeypatch.setattr(Translator, "process", lambda self, *args: calls.append(args) or process(self, *args))
+    assert_same(expected, run_batches(tables, frames, [400], lambda _: 0))
+    assert calls == []
+
+
+def test_a_vector_write_outside_its_qps_region_is_refused():
+    tables = batch_tables()
+    batch = BatchTranslator(Translator(tables))
+    qp = tables.qps[0]
+    inside = np.array([qp.base_va, qp.base_va + qp.length - 8], dtype=np.uint64)
+    assert len(batch.writes(qp, inside, np.zeros(2, dtype=bool), np.zeros(2, dtype=np.uint32),
+                            np.zeros((2, 8), dtype=np.uint8))) == 2
+    for va in (qp.base_va - 8, qp.base_va + qp.length - 4):
+        with pytest.raises(AssertionError, match="leaves the region"):
+            batch.writes(qp, np.array([va], dtype=np.uint64), np.zeros(1, dtype=bool), np.zeros(1, dtype=np.uint32),
+                         np.zeros((1, 8), dtype=np.uint8))
+        with pytest.raises(AssertionError, match="leaves the region"):
+            batch.fetch_adds(qp, np.array([va], dtype=np.uint64), np.ones(1, dtype=np.uint64))
+
+
 def test_a_batch_of_appends_is_vectorized_not_sent_through_the_oracle(monkeypatch):
     """Lists that fill several batches within one batch of reports, from batches begun in the batch before."""
     tables = batch_tables()
