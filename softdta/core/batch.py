@@ -125,7 +125,7 @@ class BatchOutput:
         if len(self.made_by) > 1:
             order = np.argsort(np.concatenate(self.made_by), kind="stable")
             frames = stack(self.runs)
-            self.runs = [FrameRows(frames.rows[order], frames.lengths[order])]
+            self.runs = [FrameRows(frames.rows.take(order, axis=0), frames.lengths[order])]  # take: 1/4 the time
         self.made_by = []
         return self
 
@@ -330,12 +330,13 @@ class BatchTranslator:
         # a report in a frame too short for the extended base header is the oracle's (a drop, or a dta-v1 base)
         reports = shaped & (dport == DTA_PORT) & (lengths >= PAYLOAD_AT + DTA_BASE_EXT.size)
         if reports.any():
-            self._classify_reports(rows[reports], lengths[reports], positions[reports], payload_len[reports], roles,
-                                   pieces)
+            # compress and take: a fraction of the time boolean and integer indexing of rows take
+            self._classify_reports(rows.compress(reports, axis=0), lengths[reports], positions[reports],
+                                   payload_len[reports], roles, pieces)
         # replies too short for an ACK's headers stay barriers: the oracle's, at their places
         replies = shaped & (dport == ROCE_PORT) & (lengths >= PAYLOAD_AT + BTH.size + AETH.size)
         if replies.any():
-            self._classify_replies(rows[replies], positions[replies], payload_len[replies], roles)
+            self._classify_replies(rows.compress(replies, axis=0), positions[replies], payload_len[replies], roles)
 
     def _classify_alike(self, rows: Rows, lengths: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
                         roles: npt.NDArray[np.int8], pieces: list[Piece]) -> bool:
@@ -394,7 +395,8 @@ class BatchTranslator:
         for length, packed, members in groups:
             whole = len(members) == len(rows) and length == rows.shape[1]  # then taken as they are, not copied
             path = self._paths[(packed >> 48) & 0xFF]
-            found = path.decode(rows if whole else rows[members, :length], positions if whole else positions[members],
+            found = path.decode(rows if whole else rows.take(members, axis=0)[:, :length],
+                                positions if whole else positions[members],
                                 Layout(bool(packed >> 63), (packed >> 32) & 0xFFFF, packed & 0xFFFFFFFF, base),
                                 self._writable)
             for piece in found:
