@@ -642,11 +642,12 @@ class BatchTranslator:
                 continue
             template = self._template(qp, _write_opcode(qp.transport, with_immediate), payload_len,
                                       {"reth": {"rkey": qp.rkey, "dma_length": payload_len}})
-            frames = _stamp(template, psn[mine], ack_req[mine])
-            scatter(frames, template.extension_at, RETH, "va", va[mine])
+            psns, acks, vas, marks, rows = _where(mine, psn, ack_req, va, tags, payloads)
+            frames = _stamp(template, psns, acks)
+            scatter(frames, template.extension_at, RETH, "va", vas)
             if with_immediate:
-                scatter(frames, template.extension_at + RETH.size, IMMDT, "immediate", tags[mine])
-            frames[:, template.payload_at:template.payload_at + payload_len] = payloads[mine]
+                scatter(frames, template.extension_at + RETH.size, IMMDT, "immediate", marks)
+            frames[:, template.payload_at:template.payload_at + payload_len] = rows
             built.append((mine, _seal(template, frames)))
         return _in_order(built, len(psn))
 
@@ -706,6 +707,13 @@ class BatchTranslator:
 
 # --------------------------------------------------------------------------------------------------
 # helpers over arrays
+
+def _where(mine: npt.NDArray[np.bool_], *columns: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], ...]:
+    """The columns' entries (rows) where `mine` is set: the columns themselves where it is set throughout."""
+    if mine.all():
+        return columns
+    return tuple(column.compress(mine, axis=0) for column in columns)
+
 
 def _shared_va_bytes(qp: QueuePair) -> int:
     """How many leading bytes of a VA every address in the QP's region has in common."""

@@ -495,7 +495,8 @@ class KeyedPath(VectorPath[KeyedPiece]):
         redundancy = gather(rows, sub_at, sub, "redundancy").astype(np.int64)
         take &= (redundancy >= 1) & (redundancy <= structure.redundancy)  # the oracle drops the others
         if not take.all():
-            rows, positions, redundancy, immediate = rows[take], positions[take], redundancy[take], immediate[take]
+            rows, positions, redundancy, immediate = (column.compress(take, axis=0)
+                                                      for column in (rows, positions, redundancy, immediate))
         keys = rows[:, key_at:key_at + key_len]
         checksums, slot_hashes = key_hashes_rows(keys, int(redundancy.max(initial=1)), structure.key_hash)
         values = rows[:, data_at:data_at + data_len] if self.carries_data else gather(rows, sub_at, sub, "counter")
@@ -535,4 +536,4 @@ def _requests(piece: KeyedPiece) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.
         rows = np.repeat(np.arange(len(piece.positions)), piece.redundancy)
         copies = ranks(piece.redundancy)
     return (piece.positions[rows], copies, piece.slot_hashes[copies, rows], piece.immediate[rows],
-            piece.checksums[rows], piece.values[rows])
+            piece.checksums[rows], piece.values.take(rows, axis=0))
