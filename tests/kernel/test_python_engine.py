@@ -242,7 +242,7 @@ print(*faults)
 
 def test_the_engines_steps_reuse_their_memory_instead_of_faulting_it_in_again():
     """A step frees arrays of hundreds of kilobytes that glibc would return to the kernel: the next step faulted
-    them in again (about 300 faults a step of 4,096 Key-Writes, a fifth of the engine's CPU live). In the
+    them in again (about 300 faults a step of 4,096 Key-Writes, about a tenth of the engine's CPU live). In the
     engine's process, steps past the first few fault nothing; a bare batch translator shows that they would."""
     def faults(variant: str) -> list[int]:
         result = subprocess.run([sys.executable, "-c", STEPS_FAULTS, variant], capture_output=True, text=True,
