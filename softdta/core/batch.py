@@ -99,6 +99,11 @@ VECTOR, INDEPENDENT, ACK, BARRIER = range(4)  # the role of a frame in its batch
 MIN_VECTOR_BATCH = 12
 OPCODES = 256  # a DTA base header's opcode is a byte
 _VA_LEN = RETH.span("va")[1] // 8  # ATOMIC_ETH's is as long
+# AckReq and the PSN lie in one 32-bit BTH word: where it starts, and where each field sits in it
+_SEQUENCE_WORD_AT = BTH.span("ack_req")[0] // 8
+_ACK_REQ_SHIFT, _PSN_SHIFT = (32 - (BTH.span(name)[0] - 8 * _SEQUENCE_WORD_AT) - BTH.span(name)[1]
+                              for name in ("ack_req", "psn"))
+assert _ACK_REQ_SHIFT >= 0 and _PSN_SHIFT >= 0 and BTH.span("psn")[0] >= 8 * _SEQUENCE_WORD_AT, "one BTH word"
 _ATOMIC_LEN = ATOMIC_ETH.span("swap_add")[1] // 8  # what a Fetch&Add reads and writes
 COPY_ORDER = MAX_REDUNDANCY  # a frame's place in its report's order: position * COPY_ORDER + its copy
 
@@ -154,15 +159,14 @@ class _Template:
     """One QP's frame of one opcode and payload length, with zeros where each frame's own values go.
 
     The iCRC of a frame is `icrc_constant` XOR, for each of the `variable` byte columns, that byte's share of
-    the linear CRC (`shares`: column j's 256-entry table at j * 256): the rest of the frame is the template's."""
+    the linear CRC (`shares[j]`: column j's 256-entry table): the rest of the frame is the template's."""
 
     frame: Rows
     extension_at: int  # where the opcode's first extended header starts
     payload_at: int
     icrc_constant: int = 0
-    variable: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    shares: npt.NDArray[np.uint32] = field(default_factory=lambda: np.empty(0, dtype=np.uint32))
-    share_offsets: npt.NDArray[np.int32] = field(default_factory=lambda: np.empty((0, 1), dtype=np.int32))
+    variable: list[int] = field(default_factory=list)
+    shares: npt.NDArray[np.uint32] = field(default_factory=lambda: np.empty((0, 256), dtype=np.uint32))
 
 
 @dataclass
@@ -697,10 +701,8 @@ class BatchTranslator:
             tail_at = IP_AT + VARIABLE_FROM
             tail = frame[tail_at:-ICRC_LEN]
             template.icrc_constant = constant(frame[IP_AT:-ICRC_LEN]) ^ linear_crc(tail)
-            template.variable = np.array(variable, dtype=np.int64)
-            shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
-            template.shares = shares.reshape(-1)
-            template.share_offsets = (np.arange(len(variable), dtype=np.int32) * 256)[:, None]
+            template.variable = list(variable)
+            template.shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
             self._templates[key] = template
         return template
 
@@ -790,18 +792,22 @@ def _write_opcode(transport: Transport, immediate: bool) -> RoceOpcode:
 
 
 def _stamp(template: _Template, psn: npt.NDArray[np.uint64], ack_req: npt.NDArray[np.bool_]) -> Rows:
-    """Copies of the template with each frame's PSN and AckReq."""
+    """Copies of the template with each frame's PSN and AckReq, written as the one BTH word that holds both."""
     frames = np.tile(template.frame, (len(psn), 1))
-    scatter(frames, PAYLOAD_AT, BTH, "psn", psn)
-    scatter(frames, PAYLOAD_AT, BTH, "ack_req", ack_req)
+    at = PAYLOAD_AT + _SEQUENCE_WORD_AT
+    kept = int.from_bytes(template.frame[at:at + 4].tobytes(), "big")  # the word's other bits (reserved: zero)
+    word = psn << np.uint64(_PSN_SHIFT) | ack_req.astype(np.uint64) << np.uint64(_ACK_REQ_SHIFT) | np.uint64(kept)
+    frames[:, at:at + 4] = word.astype(">u4").view(np.uint8).reshape(-1, 4)
     return frames
 
 
 def _seal(template: _Template, frames: Rows) -> Rows:
     """Each frame's iCRC: the template's constant XOR the shares of the frame's variable bytes."""
-    # (variable bytes, frames): the XOR then runs along whole rows
-    shares = template.shares.take(frames[:, template.variable].T + template.share_offsets)
-    state = np.bitwise_xor.reduce(shares, axis=0) ^ np.uint32(template.icrc_constant)
+    # a lookup in one column's table at a time: a sixth of the time of one lookup of every column's bytes in all
+    # the tables at once
+    state = np.full(len(frames), template.icrc_constant, dtype=np.uint32)
+    for table, column in zip(template.shares, template.variable):
+        state ^= table.take(frames[:, column])
     frames[:, -ICRC_LEN:] = state.astype("<u4").view(np.uint8).reshape(-1, ICRC_LEN)
     return frames
 

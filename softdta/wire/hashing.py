@@ -136,9 +136,12 @@ def keys_to_rows(keys: npt.ArrayLike, key_len: int = 4) -> np.ndarray:
 def key_hashes_rows(key_rows: np.ndarray, copies: int,
                     scheme: KeyHash = KeyHash.DTA_V1) -> tuple[np.ndarray, np.ndarray]:
     """Checksums (count,) and unbounded slot hashes (copies, count) for wire-order key rows."""
-    shares, offsets, zeros_crc = _reversed_key_shares(key_rows.shape[1])
-    # the CRC is affine: the CRC of the reversed key is that of as many zero bytes XOR each byte's share
-    checksums = np.bitwise_xor.reduce(shares.take(key_rows.T + offsets), axis=0) ^ zeros_crc
+    shares, zeros_crc = _reversed_key_shares(key_rows.shape[1])
+    # the CRC is affine: the CRC of the reversed key is that of as many zero bytes XOR each byte's share (a
+    # column's lookups at a time: a sixth of the time of all columns' at once)
+    checksums = np.full(key_rows.shape[0], zeros_crc, dtype=np.uint32)
+    for position, table in enumerate(shares):
+        checksums ^= table.take(key_rows[:, position])
     state = checksums ^ np.uint32(_MASK32)  # the CRC register after the key
     slot_hashes = np.empty((copies, key_rows.shape[0]), dtype=np.uint32)
     table = _np_table()
@@ -155,13 +158,12 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int,
 
 
 @cache
-def _reversed_key_shares(length: int) -> tuple[np.ndarray, np.ndarray, np.uint32]:
-    """For wire-order keys of `length` bytes: byte j's share of the reversed key's linear CRC at index
-    j * 256 + byte of a flat table, the offsets j * 256 as a column, and the CRC-32 of `length` zero bytes."""
-    shares = np.ascontiguousarray(linear_crc_position_tables(length)[::-1]).reshape(-1)
+def _reversed_key_shares(length: int) -> tuple[np.ndarray, np.uint32]:
+    """For wire-order keys of `length` bytes: (length, 256) tables, row j mapping byte j to its share of the
+    reversed key's linear CRC, and the CRC-32 of `length` zero bytes."""
+    shares = np.ascontiguousarray(linear_crc_position_tables(length)[::-1])
     shares.flags.writeable = False  # cached and shared
-    offsets = (np.arange(length, dtype=np.uint16) * np.uint16(256))[:, None]
-    return shares, offsets, np.uint32(zlib.crc32(bytes(length)))
+    return shares, np.uint32(zlib.crc32(bytes(length)))
 
 
 def postcard_hashes_rows(key_rows: np.ndarray, hops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
