@@ -111,7 +111,7 @@ def crc32_update_rows(state: np.ndarray, rows: np.ndarray, polynomial: int = CRC
     state = state.astype(np.uint32, copy=True)
     for column in range(rows.shape[1]):
         index = (state ^ rows[:, column]) & 0xFF
-        state = table[index] ^ (state >> np.uint32(8))
+        state = table.take(index) ^ (state >> np.uint32(8))  # take: half the time of indexing
     return state
 
 
@@ -150,7 +150,7 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int,
             # dta-v1 copies share the key's CRC state; one more byte (the copy index) finishes each. So does
             # copy 0 of the independent scheme, whose polynomial is the checksum's.
             index = (state ^ np.uint32(copy)) & 0xFF
-            slot_hashes[copy] = (table[index] ^ (state >> np.uint32(8))) ^ np.uint32(_MASK32)
+            slot_hashes[copy] = (table.take(index) ^ (state >> np.uint32(8))) ^ np.uint32(_MASK32)
         else:
             copy_column = np.full((key_rows.shape[0], 1), copy, dtype=np.uint8)
             slot_hashes[copy] = crc32_rows(np.hstack([key_rows[:, ::-1], copy_column]), KEY_HASH_POLYNOMIALS[copy])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,8 +96,10 @@ def icrc_of_rows(packets: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint32]:
         raise ValueError(f"a RoCEv2 IPv4 packet has at least {_IPV4_PACKET_VARIANT.size} bytes, not {length}")
     masked = packets.copy()
     masked[:, :_IPV4_PACKET_VARIANT.size] |= _IPV4_PACKET_VARIANT
-    linear = np.bitwise_xor.reduce(linear_crc_position_tables(length)[np.arange(length), masked], axis=1)
-    return cast(npt.NDArray[np.uint32], linear ^ np.uint32(zlib.crc32(bytes(length), _LRH_STAND_IN_CRC)))
+    crc = np.full(len(packets), zlib.crc32(bytes(length), _LRH_STAND_IN_CRC), dtype=np.uint32)
+    for table, column in zip(linear_crc_position_tables(length), masked.T):  # a column at a time: a third of the time
+        crc ^= table.take(column)
+    return crc
 
 
 def aeth_syndrome(kind: AethKind, value: int) -> int:
