@@ -676,8 +676,8 @@ class BatchTranslator:
             ends = UdpEndpoints(src_mac=tables.mac, dst_mac=qp.collector_mac, src_ip=tables.ip,
                                 dst_ip=qp.collector_ip, sport=tables.udp_sport, dport=ROCE_PORT, dscp=tables.dscp,
                                 ttl=tables.ttl)
-            # the leading bytes of the VA that every address in the region shares are the template's (writes()
-            # checks that each VA is in the region); the rest are each frame's
+            # the leading bytes of the VA that every address in the region shares are the template's (writes and
+            # Fetch&Adds are checked to lie in the region); the rest are each frame's
             va_header = ATOMIC_ETH if opcode is RoceOpcode.RC_FETCH_ADD else RETH
             shared = _shared_va_bytes(qp)
             headers = {**headers, va_header.name: {**headers.get(va_header.name, {}),
