@@ -463,14 +463,15 @@ def test_only_acks_from_collectors_reach_the_engine(wire, tables):
         assert sum(counters[counter] for counter in refused) == 1
 
 
-# Holds one CPU for a while at a real-time priority above the NAPI thread pinned there.
+# Holds one CPU at a real-time priority above the NAPI thread pinned there, for the seconds given or until its
+# stdin closes, whichever comes first.
 CPU_HOLDER = """
-import os, sys, time
+import os, select, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(90))
 print("holding", flush=True)
 until = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < until:
+while time.monotonic() < until and not select.select([sys.stdin], [], [], 0)[0]:
     pass
 """
 
@@ -485,7 +486,10 @@ def test_the_socket_waits_for_room_behind_a_full_ring_where_the_link_has_a_queue
                                                                                              stall_s):
     """`--transmit socket` in the lab: while the peer's NAPI cannot run, its 256-slot ring fills; with a qdisc on
     the link the socket's frames wait for room instead of being dropped, and all of them arrive. A send that
-    gives up waiting (TX_STALL_S shorter than the stall) leaves the rest queued, for a later kick to send."""
+    gives up waiting (TX_STALL_S shorter than the stall) leaves the rest queued, for a later kick to send.
+
+    The socket is made before the CPU is held, so that the hold covers the sends alone; a send that must give up
+    finds the CPU held until it has (the holder lets go when its stdin closes)."""
     monkeypatch.setattr(xsk_module, "TX_STALL_S", stall_s)
     far, translator, _ = wire
     if len(os.sched_getaffinity(0)) < 2:
@@ -502,24 +506,29 @@ def test_the_socket_waits_for_room_behind_a_full_ring_where_the_link_has_a_queue
     frame = toward_r0.frame(workload.key_write(1, 1, redundancy=1)[0])
     before = link_counts(far, "r0")
     affinity = os.sched_getaffinity(0)
-    holder = subprocess.Popen([sys.executable, "-c", CPU_HOLDER, str(held), "0.3"], stdout=subprocess.PIPE, text=True)
+    os.sched_setaffinity(0, {sending})
+    with in_netns(translator.name):
+        xsk = XskSocket("t0", 0)
+    hold_s = "0.3" if stall_s > 0.3 else "30"
+    holder = subprocess.Popen([sys.executable, "-c", CPU_HOLDER, str(held), hold_s], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
-        os.sched_setaffinity(0, {sending})
-        with in_netns(translator.name):
-            xsk = XskSocket("t0", 0)
-        try:
-            started = time.monotonic()
-            for _ in range(12):
-                xsk.send([frame] * 250)
-            waited = time.monotonic() - started
-            left = xsk.tx_ring.available()
-            eventually(lambda: xsk.transmit_pending() == 0, 5, "the queued frames sent")
-        finally:
-            xsk.close()
-    finally:
-        os.sched_setaffinity(0, affinity)
+        started = time.monotonic()
+        for _ in range(12):
+            xsk.send([frame] * 250)
+        waited = time.monotonic() - started
+        left = xsk.tx_ring.available()
+        assert holder.stdin is not None
+        holder.stdin.close()  # the peer's NAPI runs again
         holder.wait(timeout=10)
+        eventually(lambda: xsk.transmit_pending() == 0, 5, "the queued frames sent")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=10)
+        xsk.close()
+        os.sched_setaffinity(0, affinity)
     # the ring filled: the send waited for the held CPU, or gave up with frames still queued
     assert (waited > 0.1 and left == 0) if stall_s > 0.3 else left > 0
     eventually(lambda: link_counts(far, "r0")["rx"] - before["rx"] == 3000, 5, "every frame arrived")
