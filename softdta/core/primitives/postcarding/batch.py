@@ -202,11 +202,11 @@ def _postcard_hashes(keys: Rows, hops: npt.NDArray[np.int64]) -> tuple[npt.NDArr
     keyed_shares, hop_shares, zeros = _hash_shares(key_len)
     columns = np.ascontiguousarray(keys.T, dtype=np.intp)  # (key bytes, rows)
     keyed = np.zeros(len(hops), dtype=np.uint64)
-    hop_hashes = zeros[hops + 1]
+    hop_hashes = zeros.take(hops + 1)
     hop_at = (hops - 1) * (key_len * 256)
-    for byte, column in enumerate(columns):
-        keyed ^= keyed_shares[column + byte * 256]
-        hop_hashes ^= hop_shares[hop_at + column + byte * 256]
+    for byte, column in enumerate(columns):  # take: half the time of indexing
+        keyed ^= keyed_shares.take(column + byte * 256)
+        hop_hashes ^= hop_shares.take(hop_at + column + byte * 256)
     slot_hashes = keyed.astype(np.uint32) ^ zeros[0]
     checksums = (keyed >> np.uint64(32)).astype(np.uint32) ^ zeros[1]
     return slot_hashes, checksums, hop_hashes
