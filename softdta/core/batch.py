@@ -83,7 +83,7 @@ from softdta.spec import (
 )
 from softdta.wire.columns import FrameRows, Rows, frame_lengths, gather, matches, scatter, stack
 from softdta.wire.frames import UdpEndpoints
-from softdta.wire.hashing import linear_crc_position_tables
+from softdta.wire.hashing import linear_crc_position_tables, xor_of_shares
 from softdta.wire.icrc_split import VARIABLE_FROM, constant, linear_crc
 from softdta.wire.roce import build_roce_frame, icrc_of_rows, transport_payload
 
@@ -803,11 +803,7 @@ def _stamp(template: _Template, psn: npt.NDArray[np.uint64], ack_req: npt.NDArra
 
 def _seal(template: _Template, frames: Rows) -> Rows:
     """Each frame's iCRC: the template's constant XOR the shares of the frame's variable bytes."""
-    # a lookup in one column's table at a time: a sixth of the time of one lookup of every column's bytes in all
-    # the tables at once
-    state = np.full(len(frames), template.icrc_constant, dtype=np.uint32)
-    for table, column in zip(template.shares, template.variable):
-        state ^= table.take(frames[:, column])
+    state = xor_of_shares(template.shares, frames, template.variable, template.icrc_constant)
     frames[:, -ICRC_LEN:] = state.astype("<u4").view(np.uint8).reshape(-1, ICRC_LEN)
     return frames
 

@@ -137,11 +137,8 @@ def key_hashes_rows(key_rows: np.ndarray, copies: int,
                     scheme: KeyHash = KeyHash.DTA_V1) -> tuple[np.ndarray, np.ndarray]:
     """Checksums (count,) and unbounded slot hashes (copies, count) for wire-order key rows."""
     shares, zeros_crc = _reversed_key_shares(key_rows.shape[1])
-    # the CRC is affine: the CRC of the reversed key is that of as many zero bytes XOR each byte's share (a
-    # column's lookups at a time: a sixth of the time of all columns' at once)
-    checksums = np.full(key_rows.shape[0], zeros_crc, dtype=np.uint32)
-    for position, table in enumerate(shares):
-        checksums ^= table.take(key_rows[:, position])
+    # the CRC is affine: the CRC of the reversed key is that of as many zero bytes XOR each byte's share
+    checksums = xor_of_shares(shares, key_rows, list(range(key_rows.shape[1])), int(zeros_crc))
     state = checksums ^ np.uint32(_MASK32)  # the CRC register after the key
     slot_hashes = np.empty((copies, key_rows.shape[0]), dtype=np.uint32)
     table = _np_table()
@@ -191,3 +188,24 @@ def linear_crc_position_tables(length: int, polynomial: int = CRC32_POLYNOMIAL) 
         share = table[share & 0xFF] ^ (share >> np.uint32(8))  # one more zero byte after it
     tables.flags.writeable = False  # cached and shared
     return tables
+
+
+# From this many rows, the shares are looked up a column at a time: each lookup then stays in one column's 1 KiB
+# table. Below it, one lookup of every column's bytes at once costs fewer numpy calls. (For 4096 rows of 14
+# columns: 130 us against 500 us; for 64 rows of 160 columns: 270 us against 37 us.)
+BY_COLUMN_FROM = 1024
+
+
+def xor_of_shares(tables: np.ndarray, rows: npt.NDArray[np.uint8], columns: list[int], start: int
+                  ) -> npt.NDArray[np.uint32]:
+    """Per row, `start` XOR the share `tables[j]` gives the byte in column `columns[j]`, for every j: a linear
+    CRC's value over those bytes, from `linear_crc_position_tables`' rows."""
+    if len(rows) < BY_COLUMN_FROM:
+        index = rows[:, columns].T + (np.arange(len(columns), dtype=np.int32) * 256)[:, None]
+        state: npt.NDArray[np.uint32] = np.bitwise_xor.reduce(tables.reshape(-1).take(index), axis=0) ^ \
+            np.uint32(start)
+        return state
+    state = np.full(len(rows), start, dtype=np.uint32)
+    for table, column in zip(tables, columns):
+        state ^= table.take(rows[:, column])
+    return state

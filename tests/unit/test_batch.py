@@ -4,6 +4,7 @@ however the workload is cut into batches."""
 
 import random
 import tomllib
+import zlib
 from collections import defaultdict
 from dataclasses import replace
 
@@ -23,7 +24,7 @@ from softdta.wire import dta
 from softdta.wire.columns import FrameRows
 from softdta.wire.dta import Profile
 from softdta.wire.frames import UdpEndpoints, build_udp_frame, ip_bytes, mac_bytes
-from softdta.wire.hashing import linear_crc_position_tables
+from softdta.wire.hashing import BY_COLUMN_FROM, linear_crc_position_tables, xor_of_shares
 from softdta.wire.icrc_split import linear_crc
 from softdta.wire.roce import NAK_REMOTE_ACCESS_SYNDROME, aeth_syndrome, build_roce_frame, parse_roce, transport_payload
 from tests.common import EXAMPLE_TABLES, hop_frames
@@ -834,6 +835,17 @@ def test_the_crc_shares_of_a_message_add_up_to_its_linear_crc():
         shares = linear_crc_position_tables(length)
         total = np.bitwise_xor.reduce([shares[position][byte] for position, byte in enumerate(message)])
         assert int(total) == linear_crc(message)
+
+
+@pytest.mark.parametrize("count", [0, 1, BY_COLUMN_FROM - 1, BY_COLUMN_FROM])
+def test_shares_looked_up_all_at_once_or_a_column_at_a_time_give_each_rows_crc(count):
+    """Both ways `xor_of_shares` looks shares up (below and from BY_COLUMN_FROM rows) give each row's CRC-32 of
+    the bytes in the columns named, in their order."""
+    rng = np.random.default_rng(count)
+    rows = rng.integers(0, 256, (count, 40), dtype=np.uint8)
+    columns = [int(column) for column in rng.permutation(40)[:23]]
+    got = xor_of_shares(linear_crc_position_tables(len(columns)), rows, columns, zlib.crc32(bytes(len(columns))))
+    assert got.dtype == np.uint32 and got.tolist() == [zlib.crc32(row[columns].tobytes()) for row in rows]
 
 
 @pytest.mark.parametrize("count", [0, 1, MIN_VECTOR_BATCH - 1, MIN_VECTOR_BATCH])
