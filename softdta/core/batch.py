@@ -514,14 +514,12 @@ class BatchTranslator:
                 self._ack(frames, position, emitted, now_ns, out)
             else:
                 self._through_oracle(frames, position, now_ns, out)
-        rest = queue[queued:]
-        first = oracle.flush_later_all([(asked[number][0].primitive, index, target)
-                                         for (_, index, target), number in rest], now_ns)
         if len(asked) == 1:
-            tokens[0] += range(first, first + len(rest))
+            primitive = asked[0][0].primitive
+            tokens[0] += [flush_later(primitive, now_ns, index, target) for (_, index, target), _ in queue[queued:]]
         else:
-            for token, (_, number) in enumerate(rest, first):
-                tokens[number].append(token)
+            for (_, index, target), number in queue[queued:]:
+                tokens[number].append(flush_later(asked[number][0].primitive, now_ns, index, target))
         # only the oracle's frames were translated since the emits, and those cannot touch the vector rows' state
         for (path, flushes), named in zip(asked, tokens):
             path.queued_all(flushes, named, now_ns)

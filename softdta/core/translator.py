@@ -9,7 +9,6 @@ argument, never read from a clock, so runs are reproducible.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -325,14 +324,6 @@ class Translator:
         self._tokens += 1
         self.flush_queue.append((self._tokens, now_ns, index, target, self.queue, by))
         return self._tokens
-
-    def flush_later_all(self, entries: Sequence[tuple[Primitive, int, Target | None]], now_ns: int) -> int:
-        """`flush_later` for each entry (by, index, target), in order; returns the first one's token."""
-        first, queue = self._tokens + 1, self.queue
-        self.flush_queue.extend((token, now_ns, index, target, queue, by)
-                                for token, (by, index, target) in enumerate(entries, first))
-        self._tokens += len(entries)
-        return first
 
     # ----------------------------------------------------------------------------------------------
     # frames
