@@ -27,6 +27,7 @@ belongs to one structure or Append range. So the frames the oracle handles fall 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections import Counter
@@ -642,8 +643,7 @@ class BatchTranslator:
             mine = immediate == with_immediate
             if not mine.any():
                 continue
-            template = self._template(qp, _write_opcode(qp.transport, with_immediate), payload_len,
-                                      {"reth": {"rkey": qp.rkey, "dma_length": payload_len}})
+            template = self._template(qp, _write_opcode(qp.transport, with_immediate), payload_len)
             psns, acks, vas, marks, rows = _where(mine, psn, ack_req, va, tags, payloads)
             frames = _stamp(template, psns, acks)
             scatter(frames, template.extension_at, RETH, "va", vas)
@@ -659,14 +659,13 @@ class BatchTranslator:
         sent = len(va)
         _check_region(qp, va, _ATOMIC_LEN)
         psn, ack_req = self._sequence(qp, sent)
-        template = self._template(qp, RoceOpcode.RC_FETCH_ADD, 0, {"atomic_eth": {"rkey": qp.rkey}})
+        template = self._template(qp, RoceOpcode.RC_FETCH_ADD, 0)
         frames = _stamp(template, psn, ack_req)
         scatter(frames, template.extension_at, ATOMIC_ETH, "va", va)
         scatter(frames, template.extension_at, ATOMIC_ETH, "swap_add", values)
         return _in_order([(np.ones(sent, dtype=bool), _seal(template, frames))], sent)
 
-    def _template(self, qp: QueuePair, opcode: RoceOpcode, payload_len: int,
-                  headers: dict[str, dict[str, int]]) -> _Template:
+    def _template(self, qp: QueuePair, opcode: RoceOpcode, payload_len: int) -> _Template:
         key = (qp.index, opcode, payload_len)
         template = self._templates.get(key)
         if template is None:
@@ -674,35 +673,47 @@ class BatchTranslator:
             ends = UdpEndpoints(src_mac=tables.mac, dst_mac=qp.collector_mac, src_ip=tables.ip,
                                 dst_ip=qp.collector_ip, sport=tables.udp_sport, dport=ROCE_PORT, dscp=tables.dscp,
                                 ttl=tables.ttl)
-            # the leading bytes of the VA that every address in the region shares are the template's (writes and
-            # Fetch&Adds are checked to lie in the region); the rest are each frame's
-            va_header = ATOMIC_ETH if opcode is RoceOpcode.RC_FETCH_ADD else RETH
-            shared = _shared_va_bytes(qp)
-            headers = {**headers, va_header.name: {**headers.get(va_header.name, {}),
-                                                   "va": qp.base_va & ~((1 << 8 * (_VA_LEN - shared)) - 1)}}
-            frame = build_roce_frame(ends, transport_payload(opcode, qp.remote_qpn, 0, headers, bytes(payload_len)))
-            extension_at = PAYLOAD_AT + BTH.size
-            payload_at = extension_at + sum(header.size for header in ROCE_OPCODE_HEADERS[opcode])
-            template = _Template(np.frombuffer(frame, dtype=np.uint8), extension_at, payload_at)
-            # AckReq stays 0 but on an RC QP that asks for ACKs
-            variable = [*_columns(PAYLOAD_AT, BTH, "ack_req")] \
-                if qp.transport is Transport.RC and tables.ack_request_interval > 0 else []
-            variable += _columns(PAYLOAD_AT, BTH, "psn")
-            if opcode is RoceOpcode.RC_FETCH_ADD:
-                variable += [*_columns(extension_at, ATOMIC_ETH, "va")[shared:],
-                             *_columns(extension_at, ATOMIC_ETH, "swap_add")]
-            else:
-                variable += _columns(extension_at, RETH, "va")[shared:]
-                if IMMDT in ROCE_OPCODE_HEADERS[opcode]:
-                    variable += _columns(extension_at + RETH.size, IMMDT, "immediate")
-                variable += range(payload_at, payload_at + payload_len)
-            tail_at = IP_AT + VARIABLE_FROM
-            tail = frame[tail_at:-ICRC_LEN]
-            template.icrc_constant = constant(frame[IP_AT:-ICRC_LEN]) ^ linear_crc(tail)
-            template.variable = list(variable)
-            template.shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
-            self._templates[key] = template
+            asks_acks = qp.transport is Transport.RC and tables.ack_request_interval > 0
+            template = self._templates[key] = _make_template(ends, qp.remote_qpn, qp.rkey, qp.base_va, qp.length,
+                                                             asks_acks, opcode, payload_len)
         return template
+
+
+# a template's shares take 1 KiB a variable byte (14 KiB for a Key-Write's, 160 KiB for a wide sketch's)
+@functools.lru_cache(maxsize=256)
+def _make_template(ends: UdpEndpoints, remote_qpn: int, rkey: int, base_va: int, length: int, asks_acks: bool,
+                   opcode: RoceOpcode, payload_len: int) -> _Template:
+    """A QP's template, made once per process for what it is made of: a new translator (a restart, new tables,
+    a fleet's next epoch) finds the templates of the QPs that stayed the same made already. Templates are never
+    changed once made."""
+    # the leading bytes of the VA that every address in the region shares are the template's (writes and
+    # Fetch&Adds are checked to lie in the region); the rest are each frame's
+    shared = _shared_va_bytes(base_va, length)
+    va = base_va & ~((1 << 8 * (_VA_LEN - shared)) - 1)
+    headers = {ATOMIC_ETH.name: {"rkey": rkey, "va": va}} if opcode is RoceOpcode.RC_FETCH_ADD else \
+        {RETH.name: {"rkey": rkey, "dma_length": payload_len, "va": va}}
+    frame = build_roce_frame(ends, transport_payload(opcode, remote_qpn, 0, headers, bytes(payload_len)))
+    extension_at = PAYLOAD_AT + BTH.size
+    payload_at = extension_at + sum(header.size for header in ROCE_OPCODE_HEADERS[opcode])
+    template = _Template(np.frombuffer(frame, dtype=np.uint8), extension_at, payload_at)
+    # AckReq stays 0 but on an RC QP that asks for ACKs
+    variable = [*_columns(PAYLOAD_AT, BTH, "ack_req")] if asks_acks else []
+    variable += _columns(PAYLOAD_AT, BTH, "psn")
+    if opcode is RoceOpcode.RC_FETCH_ADD:
+        variable += [*_columns(extension_at, ATOMIC_ETH, "va")[shared:],
+                     *_columns(extension_at, ATOMIC_ETH, "swap_add")]
+    else:
+        variable += _columns(extension_at, RETH, "va")[shared:]
+        if IMMDT in ROCE_OPCODE_HEADERS[opcode]:
+            variable += _columns(extension_at + RETH.size, IMMDT, "immediate")
+        variable += range(payload_at, payload_at + payload_len)
+    tail_at = IP_AT + VARIABLE_FROM
+    tail = frame[tail_at:-ICRC_LEN]
+    template.icrc_constant = constant(frame[IP_AT:-ICRC_LEN]) ^ linear_crc(tail)
+    template.variable = list(variable)
+    template.shares = linear_crc_position_tables(len(tail))[[column - tail_at for column in variable]]
+    template.shares.flags.writeable = False
+    return template
 
 
 # --------------------------------------------------------------------------------------------------
@@ -715,9 +726,9 @@ def _where(mine: npt.NDArray[np.bool_], *columns: npt.NDArray[Any]) -> tuple[npt
     return tuple(column.compress(mine, axis=0) for column in columns)
 
 
-def _shared_va_bytes(qp: QueuePair) -> int:
-    """How many leading bytes of a VA every address in the QP's region has in common."""
-    varying_bits = (qp.base_va ^ (qp.base_va + max(qp.length, 1) - 1)).bit_length()
+def _shared_va_bytes(base_va: int, length: int) -> int:
+    """How many leading bytes of a VA every address in a region has in common."""
+    varying_bits = (base_va ^ (base_va + max(length, 1) - 1)).bit_length()
     return _VA_LEN - (varying_bits + 7) // 8
 
 

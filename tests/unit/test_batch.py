@@ -407,6 +407,23 @@ def test_vector_frames_equal_the_oracles_wherever_the_region_lies(monkeypatch, b
     assert calls == []
 
 
+def test_templates_made_for_other_tables_are_not_reused_where_a_qp_changed():
+    """Frame templates outlive their translator (a restart or new tables finds them made): a QP whose rkey,
+    remote QPN, region or collector changed gets frames of its own, equal to the oracle's."""
+    def tables_with(qp: dict[str, int], collector_mac: str = "02:5d:7a:00:01:01") -> Tables:
+        document = tomllib.loads(EXAMPLE_TABLES.read_text())
+        document["collectors"][0]["mac"] = collector_mac
+        key_write = next(entry for entry in document["structures"] if entry["primitive"] == "key-write")
+        key_write["qp"].update(qp, transport="rc")
+        return Tables.from_dict(document)
+
+    first = tables_with({})
+    frames = [reporter(C1, first).frame(report) for report in workload.key_write(64, 3, 2)]
+    for tables in (first, tables_with({"rkey": 0x1009}), tables_with({"remote_qpn": 0x109}),
+                   tables_with({"base": 0x7f0200000000}), tables_with({}, collector_mac="02:5d:7a:00:0e:0e")):
+        assert_same(run_oracle(tables, frames, [64], lambda _: 0), run_batches(tables, frames, [64], lambda _: 0))
+
+
 def test_a_vector_write_outside_its_qps_region_is_refused():
     tables = batch_tables()
     batch = BatchTranslator(Translator(tables))
