@@ -297,14 +297,7 @@ class BatchTranslator:
         lengths = frame_lengths(frames)
         roles = np.full(len(frames), BARRIER, dtype=np.int8)
         pieces: list[Piece] = []
-        longest = int(lengths.max())
-        if isinstance(frames, FrameRows):
-            rows = frames.rows
-        elif int(lengths.min()) == longest:
-            rows = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(len(frames), longest)
-        else:
-            rows = np.frombuffer(b"".join(frame.ljust(longest, b"\0") for frame in frames),
-                                 dtype=np.uint8).reshape(len(frames), longest)
+        rows = (frames if isinstance(frames, FrameRows) else stack([frames])).rows
         self._classify_rows(rows, lengths, np.arange(len(frames)), roles, pieces)
         return roles, pieces
 

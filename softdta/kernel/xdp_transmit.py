@@ -25,7 +25,7 @@ from softdta.kernel.netdev import XDP_ACT_NDO_XMIT, xdp_features
 from softdta.kernel.netns import in_netns_of
 from softdta.kernel.programs import EngineError
 from softdta.spec import ETHERNET, LOOPBACK_IFINDEX, TRANSMIT_FRAME_MAX, TRANSMIT_SLOTS
-from softdta.wire.columns import FrameRows, frame_lengths
+from softdta.wire.columns import FrameRows, frame_lengths, stack
 
 BURST = 64  # frames the kernel sends before it flushes them to the interface: a quarter of a veth ring
 _CONTROL = record("transmit_control")
@@ -82,17 +82,9 @@ class XdpTransmitter:
         if len(unfit):
             raise EngineError(f"a frame of {int(unfit[0])} bytes does not fit a transmit slot "
                               f"({ETHERNET.size}..{TRANSMIT_FRAME_MAX}): send it through the socket")
-        if isinstance(frames, FrameRows):
-            width = min(frames.rows.shape[1], TRANSMIT_FRAME_MAX)  # what is past a frame's length is not sent
-            self._bytes[:len(frames), :width] = frames.rows[:, :width]
-        elif lengths.min() == lengths.max():  # the common case: a row copy, no index
-            length = len(frames[0])
-            self._bytes[:len(frames), :length] = np.frombuffer(b"".join(frames), dtype=np.uint8).reshape(-1, length)
-        else:
-            for length in np.unique(lengths).tolist():
-                positions = np.flatnonzero(lengths == length)
-                chosen = [frames[at] for at in positions.tolist()]
-                self._bytes[positions, :length] = np.frombuffer(b"".join(chosen), dtype=np.uint8).reshape(-1, length)
+        rows = (frames if isinstance(frames, FrameRows) else stack([frames])).rows
+        width = min(rows.shape[1], TRANSMIT_FRAME_MAX)  # what is past a frame's length is not sent
+        self._bytes[:len(frames), :width] = rows[:, :width]
         self._lengths[:len(frames)] = lengths
 
     def _run(self, count: int) -> None:
